@@ -1,0 +1,263 @@
+/*
+ * kernels: the math of a horizontally fused training array.
+ *
+ * Every op works on B models at once.  Parameters are [B, ...] (member-major);
+ * activations are [N, B, ...] (sample-major, member-minor), so an image
+ * activation [N, B, C, H, W] is also [N, B*C, H, W].  An op whose input is the
+ * shared minibatch ("shared" = true) reads [N, ...] once for all members.
+ *
+ * Ops are reached through a backend handle (fb_backend_t): the plain-C
+ * reference ("cpu-ref"), the fast CPU path ("cpu": OpenBLAS, vectorised loops)
+ * and, where built, CUDA.  Pointers given to ops are memory of that backend
+ * (fb_backend_alloc).  Argument order: outputs first, then inputs, then sizes.
+ *
+ * Backward ops ADD into their gradient outputs (din, dw, dbias, dgamma, ...)
+ * so that branches and shards accumulate; the caller zeroes gradients before a
+ * step.  A gradient pointer documented "may be NULL" is skipped when NULL.
+ * The loss ops overwrite their outputs.
+ */
+#ifndef FB_KERNELS_H
+#define FB_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fb_backend fb_backend_t;
+
+/* Ops a backend may lack; see fb_backend_supports(). */
+typedef enum fb_op {
+    FB_OP_LINEAR,
+    FB_OP_CONV2D,
+    FB_OP_MAXPOOL2D,
+    FB_OP_AVGPOOL2D,
+    FB_OP_GLOBAL_AVGPOOL,
+    FB_OP_ACT,
+    FB_OP_DROPOUT,
+    FB_OP_BATCHNORM,
+    FB_OP_LAYERNORM,
+    FB_OP_ADD,
+    FB_OP_SOFTMAX_XENT,
+    FB_OP_MSE,
+    FB_OP_OPTIM,
+    FB_OP_COUNT
+} fb_op;
+
+typedef enum fb_act {
+    FB_ACT_RELU,
+    FB_ACT_GELU,      /* exact: x * Phi(x) (PyTorch approximate='none') */
+    FB_ACT_GELU_TANH, /* PyTorch approximate='tanh' */
+    FB_ACT_TANH,
+    FB_ACT_SIGMOID
+} fb_act;
+
+/* ---- backends ---------------------------------------------------------- */
+
+/* The plain-C reference backend: short, readable loops; the ground truth. */
+fb_backend_t *fb_backend_cpu_ref(void);
+/* The fast CPU backend: OpenBLAS GEMMs and loops the compiler vectorises. */
+fb_backend_t *fb_backend_cpu(void);
+/* The CUDA backend on device `device`, or NULL where CUDA is not built or no
+ * such device exists. */
+fb_backend_t *fb_backend_cuda(int device);
+
+const char *fb_backend_name(const fb_backend_t *be);
+/* Whether the backend implements op; callers must not call a missing op. */
+bool fb_backend_supports(const fb_backend_t *be, fb_op op);
+/* Number of threads the backend's CPU work may use (OpenBLAS included). */
+void fb_backend_set_threads(fb_backend_t *be, int n);
+
+/* Backend memory.  alloc returns zeroed memory aligned to 64 bytes or NULL. */
+void *fb_backend_alloc(fb_backend_t *be, size_t bytes);
+void fb_backend_free(fb_backend_t *be, void *p); /* accepts NULL */
+void fb_backend_zero(fb_backend_t *be, void *p, size_t bytes);
+void fb_backend_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes);   /* within */
+void fb_backend_upload(fb_backend_t *be, void *dst, const void *host, size_t bytes); /* host->be */
+void fb_backend_download(fb_backend_t *be, void *host, const void *src, size_t bytes);
+/* Waits for queued work (no-op on CPU). */
+void fb_backend_sync(fb_backend_t *be);
+
+/* ---- linear ------------------------------------------------------------ */
+
+/*
+ * out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O], Bi = shared ? 1 : B.
+ * The shared case is one wide GEMM against w viewed as [B*O, I].
+ * bias may be NULL.
+ */
+void fb_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                       const float *bias, int N, int B, int I, int O, bool shared);
+/* din[N, Bi, I] (may be NULL; shared: summed over members), dw[B, O, I],
+ * dbias[B, O] (may be NULL); all accumulate. */
+void fb_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+                        const float *in, const float *w, int N, int B, int I, int O, bool shared);
+
+/* ---- conv2d ------------------------------------------------------------ */
+
+/*
+ * Geometry of a B-batched 2-D convolution (cross-correlation, as PyTorch).
+ * in [N, Bi*C, H, W] with Bi = shared ? 1 : B; w [B, K, C, kh, kw];
+ * bias [B, K]; out [N, B*K, Ho, Wo], Ho = (H + 2ph - kh) / sh + 1.
+ * Not shared, this is a grouped convolution with groups = B.
+ */
+typedef struct fb_conv_geom {
+    int N, B, C, H, W, K;
+    int kh, kw, sh, sw, ph, pw;
+    int Ho, Wo;
+    bool shared;
+} fb_conv_geom;
+
+/* Fills Ho and Wo from the other fields. */
+void fb_conv_geom_finish(fb_conv_geom *g);
+/* Floats of scratch memory conv2d forward/backward need for this geometry. */
+size_t fb_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g);
+void fb_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                       const float *bias, const fb_conv_geom *g, float *scratch);
+/* din may be NULL (and is NULL-only when shared), dbias may be NULL. */
+void fb_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+                        const float *in, const float *w, const fb_conv_geom *g, float *scratch);
+
+/* ---- pooling ----------------------------------------------------------- */
+
+/* in [N, BC, H, W] -> out [N, BC, Ho, Wo]; BC = B*C. */
+typedef struct fb_pool_geom {
+    int N, BC, H, W;
+    int kh, kw, sh, sw, ph, pw;
+    int Ho, Wo;
+} fb_pool_geom;
+
+void fb_pool_geom_finish(fb_pool_geom *g);
+/* Max pooling; padding counts as -inf.  argmax [N, BC, Ho, Wo] records the
+ * winning input index within its (n, channel) plane, for backward. */
+void fb_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+                          const fb_pool_geom *g);
+void fb_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                           const int32_t *argmax, const fb_pool_geom *g);
+/* Average pooling, padding counted in the divisor (count_include_pad). */
+void fb_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                           const fb_pool_geom *g);
+/* out [N, BC] = mean over HW of in [N, BC, HW]. */
+void fb_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+                               int HW);
+void fb_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+                                int HW);
+
+/* ---- elementwise ------------------------------------------------------- */
+
+void fb_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
+/* din += dout * act'(in); out is the forward output (used by tanh/sigmoid). */
+void fb_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+                     const float *in, const float *out, size_t n);
+/* out = a + b over n floats (out may alias a or b). */
+void fb_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
+/* y += x over n floats. */
+void fb_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
+
+/*
+ * Inverted dropout over x [N, B, F]: member b keeps element (n, f) when
+ * fb_rng_uniform(seeds[b], stream, (n_offset + n) * F + f) >= p, and scales
+ * kept elements by 1 / (1 - p).  The mask depends only on the member's seed,
+ * the stream (the caller mixes layer and step into it) and the element's
+ * position in the global batch, never on B or the member's slot, so a member's
+ * masks are the same fused or alone.  seeds is host memory [B].  Backward
+ * regenerates the mask from the same arguments.
+ */
+void fb_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+                        uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
+void fb_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+                         uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
+
+/* ---- normalisation ----------------------------------------------------- */
+
+/*
+ * Batch norm over channels of x [N, BC, HW] (HW = 1 for feature vectors):
+ * statistics per channel over N*HW.  Training: normalise with the biased batch
+ * variance, save mean and rstd [BC] for backward, and update running_mean and
+ * running_var (unbiased variance) with PyTorch's momentum.  gamma and beta
+ * [BC] may be NULL (no affine).
+ */
+void fb_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+                                float *running_mean, float *running_var, const float *in,
+                                const float *gamma, const float *beta, int N, int BC, int HW,
+                                float eps, float momentum);
+void fb_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+                               const float *gamma, const float *beta,
+                               const float *running_mean, const float *running_var, int N,
+                               int BC, int HW, float eps);
+/* dgamma/dbeta may be NULL (no affine). */
+void fb_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                           const float *dout, const float *in, const float *mean,
+                           const float *rstd, const float *gamma, int N, int BC, int HW);
+
+/* Layer norm of each x[n, b, :] over its F features; gamma, beta [B, F] or
+ * NULL; mean and rstd [N, B] saved for backward. */
+void fb_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+                          const float *in, const float *gamma, const float *beta, int N, int B,
+                          int F, float eps);
+void fb_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                           const float *dout, const float *in, const float *mean,
+                           const float *rstd, const float *gamma, int N, int B, int F);
+
+/* ---- losses ------------------------------------------------------------ */
+
+/*
+ * Softmax cross-entropy of logits [N, B, K] against labels [N] (shared by all
+ * members, values in [0, K)).  loss[B] = mean over the N samples of member b.
+ * dlogits [N, B, K] (may be NULL) is OVERWRITTEN with
+ * (softmax - onehot) * grad_scale (grad_scale = 1/N for a whole batch, or
+ * 1/global N for a data-parallel shard).  correct [B] (may be NULL) receives
+ * the count of samples whose argmax equals the label.  loss and correct are
+ * backend memory.
+ */
+void fb_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+                     const float *logits, const int32_t *labels, int N, int B, int K,
+                     float grad_scale);
+/* Mean squared error of pred [N, B, K] against target [N, K]: loss[B] = mean
+ * over N*K; dpred (may be NULL) OVERWRITTEN with 2 (pred - target) * grad_scale
+ * / K (grad_scale = 1/N for a whole batch). */
+void fb_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+            int N, int B, int K, float grad_scale);
+
+/* ---- optimizers -------------------------------------------------------- */
+
+typedef enum fb_optim_kind { FB_OPTIM_KIND_SGD, FB_OPTIM_KIND_ADAM, FB_OPTIM_KIND_ADAMW } fb_optim_kind;
+
+/* One parameter tensor inside the parameter slab: floats [offset, offset +
+ * B * per_member), laid out [B, per_member]. Gradient and state slabs share
+ * the same offsets. */
+typedef struct fb_param_block {
+    size_t offset;
+    size_t per_member;
+} fb_param_block;
+
+/* One member's hyperparameters for this update (host memory).  lr already has
+ * the schedule applied; t is the member's 1-based update count. */
+typedef struct fb_optim_hparams {
+    float lr, weight_decay;
+    float momentum, dampening; /* sgd */
+    int nesterov;              /* sgd */
+    float beta1, beta2, eps;   /* adam, adamw */
+    int64_t t;
+} fb_optim_hparams;
+
+/*
+ * One fused update of every parameter of every member, with torch.optim's
+ * exact semantics:
+ *   sgd:   g += wd p; buf = t == 1 ? g : momentum buf + (1 - dampening) g;
+ *          g = nesterov ? g + momentum buf : buf (when momentum != 0); p -= lr g
+ *   adam:  g += wd p; m, v moments; p -= lr/(1-beta1^t) m / (sqrt(v)/sqrt(1-beta2^t) + eps)
+ *   adamw: p *= 1 - lr wd; then adam without the wd term.
+ * state1 is the momentum buffer (sgd) or first moment; state2 the second
+ * moment (adam/adamw; may be NULL for sgd).  A member whose hp.lr is 0 and
+ * whose t is 0 is skipped (an empty slot).
+ */
+void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+                   float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
+                   int B, const fb_optim_hparams *hp);
+
+/* ---- GEMM (benchmarks) ------------------------------------------------- */
+
+/* C[M, N] = A[M, K] . B[K, N], row-major, float; the backend's best GEMM. */
+void fb_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+
+#endif
