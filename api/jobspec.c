@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +239,17 @@ static int get_pair(parse_ctx *c, json_t *obj, const char *key, const char *path
     out[0] = (int)x[0];
     out[1] = (int)x[1];
     return FB_OK;
+}
+
+/* Writes a JSON path; a path too long for buf is cut (messages only). */
+static void path_fmt(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void path_fmt(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- shapes -------------------------------------------------------------- */
@@ -513,11 +525,11 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
         if (!body)
             return fb_errf(c->msg, c->cap, FB_ERR_MISSING_FIELD, "%s.body: required field missing",
                            path);
-        snprintf(sub, sizeof sub, "%s.body", path);
+        path_fmt(sub, sizeof sub, "%s.body", path);
         if ((err = parse_layers(c, body, sub, depth + 1, in, &L->body, &L->n_body, &body_out)))
             return err;
         if (sc) {
-            snprintf(sub, sizeof sub, "%s.shortcut", path);
+            path_fmt(sub, sizeof sub, "%s.shortcut", path);
             if (json_is_array(sc) && json_array_size(sc) == 0) {
                 /* an empty shortcut is the identity */
             } else if ((err = parse_layers(c, sc, sub, depth + 1, in, &L->shortcut,
@@ -576,7 +588,7 @@ static int parse_layers(parse_ctx *c, json_t *arr, const char *path, int depth, 
     size_t done = 0;
     for (size_t i = 0; i < n; i++) {
         char sub[256];
-        snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+        path_fmt(sub, sizeof sub, "%s[%zu]", path, i);
         err = parse_layer(c, json_array_get(arr, i), sub, depth, cur, &layers[i]);
         done = i + 1;
         if (err) goto fail;

@@ -22,8 +22,20 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 typedef struct fb_backend fb_backend_t;
+
+/* Invariant check for fusebox code at and above the kernels: prints the
+ * expression, file and line, then aborts.  Never compiled out. */
+#define FB_ASSERT(expr)                                                                            \
+    do {                                                                                           \
+        if (!(expr)) {                                                                             \
+            fprintf(stderr, "%s:%d: FB_ASSERT(%s) failed\n", __FILE__, __LINE__, #expr);           \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 /* Ops a backend may lack; see fb_backend_supports(). */
 typedef enum fb_op {
