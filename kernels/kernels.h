@@ -25,6 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct fb_backend fb_backend_t;
 
 /* Invariant check for fusebox code at and above the kernels: prints the
@@ -271,5 +275,9 @@ void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const fl
 
 /* C[M, N] = A[M, K] . B[K, N], row-major, float; the backend's best GEMM. */
 void fb_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,200 @@
+/*
+ * The two CPU backends' functions, shared by their op tables.
+ *
+ * fb_ref_* is the plain-C reference ("cpu-ref"): short loops over flat
+ * arrays, double accumulators, written to be obviously correct.  fb_cpu_* is
+ * the fast path ("cpu"): OpenBLAS GEMMs, im2col, contiguous restrict loops.
+ * Every function has the signature of its entry in struct fb_backend_ops
+ * (backend_impl.h) and the semantics documented in kernels.h; the shapes are
+ * repeated above each definition.  Memory of both is plain host memory.
+ */
+#ifndef FB_KERNELS_CPU_H
+#define FB_KERNELS_CPU_H
+
+#include "backend_impl.h"
+
+/* ---- memory shared by both CPU backends (cpu_mem.c) ---- */
+void *fb_cpumem_alloc(fb_backend_t *be, size_t bytes);
+void fb_cpumem_free(fb_backend_t *be, void *p);
+void fb_cpumem_zero(fb_backend_t *be, void *p, size_t bytes);
+void fb_cpumem_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes);
+
+/* ---- reference ---- */
+void fb_ref_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                           const float *bias, int N, int B, int I, int O, bool shared);
+void fb_ref_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int N, int B, int I,
+                            int O, bool shared);
+void fb_ref_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+
+void fb_ref_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                           const float *bias, const fb_conv_geom *g, float *scratch);
+void fb_ref_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w,
+                            const fb_conv_geom *g, float *scratch);
+
+void fb_ref_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+                              const fb_pool_geom *g);
+void fb_ref_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g);
+void fb_ref_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_ref_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                               const fb_pool_geom *g);
+void fb_ref_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+                                   int HW);
+void fb_ref_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+                                    int HW);
+
+void fb_ref_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
+void fb_ref_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n);
+void fb_ref_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void fb_ref_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
+void fb_ref_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+                            uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
+void fb_ref_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+                             uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
+
+void fb_ref_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+                                    float *running_mean, float *running_var, const float *in,
+                                    const float *gamma, const float *beta, int N, int BC, int HW,
+                                    float eps, float momentum);
+void fb_ref_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+                                   const float *gamma, const float *beta, const float *running_mean,
+                                   const float *running_var, int N, int BC, int HW, float eps);
+void fb_ref_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                               const float *dout, const float *in, const float *mean,
+                               const float *rstd, const float *gamma, int N, int BC, int HW);
+void fb_ref_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+                              const float *in, const float *gamma, const float *beta, int N, int B,
+                              int F, float eps);
+void fb_ref_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                               const float *dout, const float *in, const float *mean,
+                               const float *rstd, const float *gamma, int N, int B, int F);
+
+void fb_ref_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+                         const float *logits, const int32_t *labels, int N, int B, int K,
+                         float grad_scale);
+void fb_ref_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+                int N, int B, int K, float grad_scale);
+
+void fb_ref_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+                       float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
+                       int B, const fb_optim_hparams *hp);
+
+/* ---- fast ---- */
+void fb_cpu_set_threads(fb_backend_t *be, int n);
+
+void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                           const float *bias, int N, int B, int I, int O, bool shared);
+void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int N, int B, int I,
+                            int O, bool shared);
+void fb_cpu_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+
+size_t fb_cpu_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g);
+void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                           const float *bias, const fb_conv_geom *g, float *scratch);
+void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w,
+                            const fb_conv_geom *g, float *scratch);
+
+void fb_cpu_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+                              const fb_pool_geom *g);
+void fb_cpu_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g);
+void fb_cpu_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_cpu_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+                               const fb_pool_geom *g);
+void fb_cpu_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+                                   int HW);
+void fb_cpu_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+                                    int HW);
+
+void fb_cpu_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
+void fb_cpu_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n);
+void fb_cpu_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void fb_cpu_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
+
+void fb_cpu_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+                                    float *running_mean, float *running_var, const float *in,
+                                    const float *gamma, const float *beta, int N, int BC, int HW,
+                                    float eps, float momentum);
+void fb_cpu_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+                                   const float *gamma, const float *beta, const float *running_mean,
+                                   const float *running_var, int N, int BC, int HW, float eps);
+void fb_cpu_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                               const float *dout, const float *in, const float *mean,
+                               const float *rstd, const float *gamma, int N, int BC, int HW);
+void fb_cpu_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+                              const float *in, const float *gamma, const float *beta, int N, int B,
+                              int F, float eps);
+void fb_cpu_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+                               const float *dout, const float *in, const float *mean,
+                               const float *rstd, const float *gamma, int N, int B, int F);
+
+void fb_cpu_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+                         const float *logits, const int32_t *labels, int N, int B, int K,
+                         float grad_scale);
+void fb_cpu_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+                int N, int B, int K, float grad_scale);
+
+void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+                       float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
+                       int B, const fb_optim_hparams *hp);
+
+/* ---- small helpers of the fast path ---- */
+
+/* Sum of x[0..n) in double with four independent accumulators. */
+static inline double fb_cpu_sum(const float *restrict x, size_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i];
+        s1 += x[i + 1];
+        s2 += x[i + 2];
+        s3 += x[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += x[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* Sum of (x[i] - c)^2 over [0, n) in double. */
+static inline double fb_cpu_sum_sqdev(const float *restrict x, size_t n, double c)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        double d0 = x[i] - c, d1 = x[i + 1] - c, d2 = x[i + 2] - c, d3 = x[i + 3] - c;
+        s0 += d0 * d0;
+        s1 += d1 * d1;
+        s2 += d2 * d2;
+        s3 += d3 * d3;
+    }
+    for (; i < n; i++) {
+        double d = x[i] - c;
+        s0 += d * d;
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* Sum of x[i] * y[i] over [0, n) in double. */
+static inline double fb_cpu_dot(const float *restrict x, const float *restrict y, size_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)x[i] * y[i];
+        s1 += (double)x[i + 1] * y[i + 1];
+        s2 += (double)x[i + 2] * y[i + 2];
+        s3 += (double)x[i + 3] * y[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += (double)x[i] * y[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+#endif

@@ -1,0 +1,51 @@
+/*
+ * The "cpu" backend: the table of fast functions.  Dropout keeps the
+ * reference loops, whose cost is the counter-based RNG; everything else has
+ * its own fast path.
+ */
+#include "cpu.h"
+
+static const struct fb_backend_ops fb_cpu_ops = {
+    .alloc = fb_cpumem_alloc,
+    .free = fb_cpumem_free,
+    .zero = fb_cpumem_zero,
+    .copy = fb_cpumem_copy,
+    .upload = fb_cpumem_copy,
+    .download = fb_cpumem_copy,
+    .sync = NULL,
+    .set_threads = fb_cpu_set_threads,
+    .linear_forward = fb_cpu_linear_forward,
+    .linear_backward = fb_cpu_linear_backward,
+    .conv2d_scratch_floats = fb_cpu_conv2d_scratch_floats,
+    .conv2d_forward = fb_cpu_conv2d_forward,
+    .conv2d_backward = fb_cpu_conv2d_backward,
+    .maxpool2d_forward = fb_cpu_maxpool2d_forward,
+    .maxpool2d_backward = fb_cpu_maxpool2d_backward,
+    .avgpool2d_forward = fb_cpu_avgpool2d_forward,
+    .avgpool2d_backward = fb_cpu_avgpool2d_backward,
+    .global_avgpool_forward = fb_cpu_global_avgpool_forward,
+    .global_avgpool_backward = fb_cpu_global_avgpool_backward,
+    .act_forward = fb_cpu_act_forward,
+    .act_backward = fb_cpu_act_backward,
+    .add_forward = fb_cpu_add_forward,
+    .accumulate = fb_cpu_accumulate,
+    .dropout_forward = fb_ref_dropout_forward,
+    .dropout_backward = fb_ref_dropout_backward,
+    .batchnorm_forward_train = fb_cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = fb_cpu_batchnorm_forward_eval,
+    .batchnorm_backward = fb_cpu_batchnorm_backward,
+    .layernorm_forward = fb_cpu_layernorm_forward,
+    .layernorm_backward = fb_cpu_layernorm_backward,
+    .softmax_xent = fb_cpu_softmax_xent,
+    .mse = fb_cpu_mse,
+    .optim_step = fb_cpu_optim_step,
+    .sgemm = fb_cpu_sgemm,
+};
+
+static fb_backend_t fb_cpu_backend = {.name = "cpu", .ops = &fb_cpu_ops};
+
+/* The process-wide fast CPU backend; never freed. */
+fb_backend_t *fb_backend_cpu(void)
+{
+    return &fb_cpu_backend;
+}

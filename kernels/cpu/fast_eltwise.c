@@ -1,0 +1,95 @@
+/*
+ * Fast elementwise ops: one branch-free loop per activation in float.
+ * Dropout reuses the reference, whose cost is the counter-based RNG itself.
+ */
+#include "cpu.h"
+
+#include <math.h>
+
+#define FB_SQRT_2_OVER_PI_F 0.79788456080286535588f
+#define FB_INV_SQRT_2PI_F 0.39894228040143267794f
+#define FB_SQRT1_2_F 0.70710678118654752440f
+#define FB_GELU_TANH_C_F 0.044715f
+
+/* out[n] = act(in[n]); out may equal in, so no restrict here. */
+void fb_cpu_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n)
+{
+    switch (act) {
+    case FB_ACT_RELU:
+        for (size_t i = 0; i < n; i++)
+            out[i] = in[i] < 0.0f ? 0.0f : in[i];
+        return;
+    case FB_ACT_GELU:
+        for (size_t i = 0; i < n; i++)
+            out[i] = 0.5f * in[i] * (1.0f + erff(in[i] * FB_SQRT1_2_F));
+        return;
+    case FB_ACT_GELU_TANH:
+        for (size_t i = 0; i < n; i++) {
+            float x = in[i];
+            out[i] =
+                0.5f * x * (1.0f + tanhf(FB_SQRT_2_OVER_PI_F * (x + FB_GELU_TANH_C_F * x * x * x)));
+        }
+        return;
+    case FB_ACT_TANH:
+        for (size_t i = 0; i < n; i++)
+            out[i] = tanhf(in[i]);
+        return;
+    case FB_ACT_SIGMOID:
+        for (size_t i = 0; i < n; i++)
+            out[i] = 1.0f / (1.0f + expf(-in[i]));
+        return;
+    }
+}
+
+/* din[n] += dout * act'(in) (relu, gelu) or act'(out) (tanh, sigmoid). */
+void fb_cpu_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n)
+{
+    float *restrict d = din;
+    const float *restrict dy = dout, *restrict x = in, *restrict y = out;
+    switch (act) {
+    case FB_ACT_RELU:
+        for (size_t i = 0; i < n; i++)
+            d[i] += x[i] <= 0.0f ? 0.0f : dy[i];
+        return;
+    case FB_ACT_GELU:
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i];
+            float cdf = 0.5f * (1.0f + erff(v * FB_SQRT1_2_F));
+            d[i] += dy[i] * (cdf + v * FB_INV_SQRT_2PI_F * expf(-0.5f * v * v));
+        }
+        return;
+    case FB_ACT_GELU_TANH:
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i];
+            float t = tanhf(FB_SQRT_2_OVER_PI_F * (v + FB_GELU_TANH_C_F * v * v * v));
+            d[i] += dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * FB_SQRT_2_OVER_PI_F *
+                                                     (1.0f + 3.0f * FB_GELU_TANH_C_F * v * v));
+        }
+        return;
+    case FB_ACT_TANH:
+        for (size_t i = 0; i < n; i++)
+            d[i] += dy[i] * (1.0f - y[i] * y[i]);
+        return;
+    case FB_ACT_SIGMOID:
+        for (size_t i = 0; i < n; i++)
+            d[i] += dy[i] * (y[i] * (1.0f - y[i]));
+        return;
+    }
+}
+
+/* out[n] = a[n] + b[n]; out may alias a or b. */
+void fb_cpu_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* y[n] += x[n]; y and x do not overlap. */
+void fb_cpu_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
+{
+    float *restrict yy = y;
+    const float *restrict xx = x;
+    for (size_t i = 0; i < n; i++)
+        yy[i] += xx[i];
+}
