@@ -1,0 +1,250 @@
+/*
+ * fusebox-train: train one job spec, or many, locally without a server.
+ *
+ * Specs that share a fusion key train together as one fused array; groups
+ * with different keys train one after another.  Progress goes to stdout: a
+ * progress bar per member on a terminal, JSON lines otherwise.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "idx.h"
+#include "jobspec.h"
+#include "kernels.h"
+#include "train.h"
+
+#define EXIT_USAGE 2
+
+typedef struct cli {
+    bool json;
+    int group, n_groups;
+} cli;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: fusebox-train [options] SPEC.json [SPEC.json ...]\n"
+            "\n"
+            "Trains job specs locally. Specs with equal fusion keys train as one fused array.\n"
+            "\n"
+            "options:\n"
+            "  --log-every N   report each member's step and loss every N steps (default 100;\n"
+            "                  0 reports only the last step)\n"
+            "  --out DIR       write final weights (and checkpoints) as safetensors to DIR\n"
+            "                  (default: fusebox-out)\n"
+            "  --no-out        do not write weights\n"
+            "  --data-dir DIR  where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
+            "                  /usr/share/datasets)\n"
+            "  --threads N     CPU threads for the math (default 1)\n"
+            "  --backend NAME  cpu (default) or cpu-ref (the plain-C reference)\n"
+            "  --json          JSON lines even on a terminal\n"
+            "  --no-eval       skip evaluation on the test split\n"
+            "  -h, --help      this text\n");
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+static void on_event(const fb_train_event *ev, void *user)
+{
+    const cli *c = user;
+    static const char *const kinds[] = {"step", "eval", "done"};
+    if (c->json) {
+        printf("{\"event\":\"%s\",\"job\":", kinds[ev->kind]);
+        json_str(ev->spec->name);
+        printf(",\"member\":%d,\"group\":%d,\"array_size\":%d,\"step\":%lld,\"steps\":%lld",
+               ev->member, c->group, ev->array_size, (long long)ev->step, (long long)ev->steps);
+        if (ev->kind == FB_TRAIN_STEP)
+            printf(",\"loss\":%.9g,\"train_accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f",
+                   ev->loss, ev->accuracy, ev->lr, ev->samples_per_s);
+        else
+            printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->loss, ev->accuracy);
+        if (ev->weights_path) {
+            printf(",\"weights\":");
+            json_str(ev->weights_path);
+        }
+        printf("}\n");
+        fflush(stdout);
+        return;
+    }
+    if (ev->kind == FB_TRAIN_STEP) {
+        int width = 24, fill = (int)(width * ev->step / (ev->steps ? ev->steps : 1));
+        char bar[32];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
+        bar[width] = '\0';
+        printf("%-20.20s [%s] %3d%%  step %lld/%lld  loss %.4f  lr %.3g  B=%d  %.0f samples/s\n",
+               ev->spec->name, bar, (int)(100 * ev->step / (ev->steps ? ev->steps : 1)),
+               (long long)ev->step, (long long)ev->steps, ev->loss, ev->lr, ev->array_size,
+               ev->samples_per_s);
+    } else if (ev->kind == FB_TRAIN_EVAL) {
+        printf("%-20.20s eval at step %lld: test loss %.4f, test accuracy %.4f\n",
+               ev->spec->name, (long long)ev->step, ev->loss, ev->accuracy);
+    } else {
+        printf("%-20.20s done after %lld steps%s%s\n", ev->spec->name, (long long)ev->step,
+               ev->weights_path ? "; weights: " : "", ev->weights_path ? ev->weights_path : "");
+    }
+    fflush(stdout);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option long_opts[] = {
+        {"log-every", required_argument, NULL, 'l'}, {"out", required_argument, NULL, 'o'},
+        {"no-out", no_argument, NULL, 'O'},          {"data-dir", required_argument, NULL, 'd'},
+        {"threads", required_argument, NULL, 't'},   {"backend", required_argument, NULL, 'b'},
+        {"json", no_argument, NULL, 'j'},            {"no-eval", no_argument, NULL, 'E'},
+        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+    int log_every = 100, threads = 1, opt;
+    const char *out_dir = "fusebox-out", *data_dir = NULL, *backend = "cpu";
+    bool force_json = false, eval = true;
+    while ((opt = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        switch (opt) {
+        case 'l':
+            if (parse_int(optarg, 0, 1000000000, &log_every)) {
+                fprintf(stderr, "fusebox-train: --log-every needs an integer >= 0\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'o': out_dir = optarg; break;
+        case 'O': out_dir = NULL; break;
+        case 'd': data_dir = optarg; break;
+        case 't':
+            if (parse_int(optarg, 1, 1024, &threads)) {
+                fprintf(stderr, "fusebox-train: --threads needs an integer in [1, 1024]\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'b': backend = optarg; break;
+        case 'j': force_json = true; break;
+        case 'E': eval = false; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return EXIT_USAGE;
+        }
+    }
+    int n = argc - optind;
+    if (n < 1) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    fb_backend_t *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
+                       : strcmp(backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
+                                                          : NULL;
+    if (!be) {
+        fprintf(stderr, "fusebox-train: unknown backend '%s' (cpu, cpu-ref)\n", backend);
+        return EXIT_USAGE;
+    }
+    fb_backend_set_threads(be, threads);
+
+    int rc = 0;
+    char msg[1024];
+    fb_job_spec *specs = calloc((size_t)n, sizeof *specs);
+    const fb_job_spec **group = calloc((size_t)n, sizeof *group);
+    int *group_of = calloc((size_t)n, sizeof *group_of), *index = calloc((size_t)n, sizeof *index);
+    double *floss = calloc((size_t)n, sizeof *floss), *facc = calloc((size_t)n, sizeof *facc);
+    double *all_loss = calloc((size_t)n, sizeof *all_loss);
+    double *all_acc = calloc((size_t)n, sizeof *all_acc);
+    fb_dataset train = {0}, test = {0};
+    int loaded = 0;
+    if (!specs || !group || !group_of || !index || !floss || !facc || !all_loss || !all_acc) {
+        fprintf(stderr, "fusebox-train: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    for (int i = 0; i < n; i++, loaded++) {
+        int err = fb_job_spec_load(argv[optind + i], NULL, &specs[i], msg, sizeof msg);
+        if (err) {
+            fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
+            rc = EXIT_USAGE;
+            goto done;
+        }
+    }
+    /* groups by fusion key, in order of first appearance */
+    int n_groups = 0;
+    for (int i = 0; i < n; i++) {
+        group_of[i] = -1;
+        for (int j = 0; j < i; j++)
+            if (fb_job_spec_fusible(&specs[i], &specs[j])) group_of[i] = group_of[j];
+        if (group_of[i] < 0) group_of[i] = n_groups++;
+    }
+    bool json = force_json || !isatty(STDOUT_FILENO);
+    cli c = {.json = json, .n_groups = n_groups};
+    fb_train_opts o = {.log_every = log_every, .out_dir = out_dir, .cb = on_event, .user = &c};
+    for (int g = 0; g < n_groups; g++) {
+        int B = 0;
+        for (int i = 0; i < n; i++)
+            if (group_of[i] == g) {
+                index[B] = i;
+                group[B++] = &specs[i];
+            }
+        const char *ds = group[0]->dataset;
+        fb_dataset_free(&train);
+        fb_dataset_free(&test);
+        int err = fb_dataset_open_named(ds, "train", data_dir, &train, msg, sizeof msg);
+        if (!err && eval) err = fb_dataset_open_named(ds, "test", data_dir, &test, msg, sizeof msg);
+        if (err) {
+            fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
+            rc = 1;
+            goto done;
+        }
+        c.group = g;
+        if (!json)
+            printf("array %d/%d: %d member%s, fusion key %s, dataset %s (%lld samples)\n", g + 1,
+                   n_groups, B, B == 1 ? "" : "s", group[0]->fusion_key, ds,
+                   (long long)train.n);
+        err = fb_train_run(be, group, B, &train, eval ? &test : NULL, &o, floss, facc, msg,
+                           sizeof msg);
+        if (err) {
+            fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
+            rc = 1;
+            goto done;
+        }
+        for (int b = 0; b < B; b++) {
+            all_loss[index[b]] = floss[b];
+            all_acc[index[b]] = facc[b];
+        }
+    }
+    if (!json && eval) {
+        printf("\n%-24s %12s %14s\n", "job", "test loss", "test accuracy");
+        for (int i = 0; i < n; i++)
+            printf("%-24.24s %12.4f %14.4f\n", specs[i].name, all_loss[i], all_acc[i]);
+    }
+done:
+    fb_dataset_free(&train);
+    fb_dataset_free(&test);
+    for (int i = 0; i < loaded; i++) fb_job_spec_free(&specs[i]);
+    free(specs);
+    free(group);
+    free(group_of);
+    free(index);
+    free(floss);
+    free(facc);
+    free(all_loss);
+    free(all_acc);
+    return rc;
+}

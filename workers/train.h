@@ -1,0 +1,64 @@
+/*
+ * The training loop of fusebox-train and the worker: trains 1..B fusible job
+ * specs as one array over an in-memory dataset, evaluates, writes weights.
+ *
+ * Every member sees the same minibatches (drawn from data_seed; a fresh
+ * permutation per epoch when data.shuffle is true, the file order otherwise;
+ * the last partial batch of an epoch is dropped, so an epoch is
+ * floor(n / batch_size) steps).  A member that reaches its step count leaves
+ * the array and the others continue unchanged.
+ */
+#ifndef FB_WORKERS_TRAIN_H
+#define FB_WORKERS_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "idx.h"
+#include "jobspec.h"
+#include "kernels.h"
+
+typedef enum fb_train_event_kind {
+    FB_TRAIN_STEP, /* a logged training step */
+    FB_TRAIN_EVAL, /* an evaluation on the test split */
+    FB_TRAIN_DONE  /* the member finished and left the array */
+} fb_train_event_kind;
+
+typedef struct fb_train_event {
+    fb_train_event_kind kind;
+    int member;               /* index into the specs given to fb_train_run */
+    const fb_job_spec *spec;
+    int64_t step, steps;      /* updates done, updates in total */
+    int array_size;           /* members in the array at this moment */
+    double loss;              /* training loss of this step, or eval loss */
+    double accuracy;          /* eval (and done, when evaluated): test accuracy; else train */
+    double lr;
+    double samples_per_s;     /* array throughput since the last log (samples x members) */
+    const char *weights_path; /* done: where the final weights went, or NULL */
+} fb_train_event;
+
+typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
+
+typedef struct fb_train_opts {
+    int log_every;       /* report a step event every N steps (and the last); 0 = last only */
+    const char *out_dir; /* final weights and checkpoints go here; NULL = not written */
+    fb_train_cb cb;      /* may be NULL */
+    void *user;
+} fb_train_opts;
+
+/* Total updates a spec trains on a dataset of n_train samples. */
+int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train);
+
+/*
+ * Trains specs[0..n) (equal fusion keys) as one array on backend be over the
+ * train split, evaluating on test (may be NULL) at each member's eval_every
+ * and at its end.  Checks that the dataset fits the model (sample shape,
+ * classes vs outputs).  final_loss/final_acc [n] (may be NULL) receive each
+ * member's final test loss and accuracy (NaN without a test split).  Returns
+ * FB_OK or a negative fb_err with msg filled.
+ */
+int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
+                 const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,
+                 double *final_loss, double *final_acc, char *msg, size_t msg_cap);
+
+#endif
