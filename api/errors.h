@@ -37,7 +37,27 @@
     X(FB_ERR_DATA, -40, "bad_data", 400, "a dataset file is missing, corrupt or does not fit")      \
     X(FB_ERR_CHECKPOINT, -41, "bad_checkpoint", 400, "a weights file is corrupt or does not fit")   \
     X(FB_ERR_UNSUPPORTED, -42, "unsupported", 501, "the operation is not supported here")           \
-    X(FB_ERR_NOT_FOUND, -43, "not_found", 404, "the object does not exist")
+    X(FB_ERR_NOT_FOUND, -43, "not_found", 404, "the object does not exist")                       \
+    X(FB_ERR_UNAUTHORIZED, -50, "unauthorized", 401, "no valid API key was presented")            \
+    X(FB_ERR_FORBIDDEN, -51, "forbidden", 403, "the key may not use this route")                  \
+    X(FB_ERR_NO_ROUTE, -52, "route_not_found", 404, "no route has this path")                     \
+    X(FB_ERR_METHOD_NOT_ALLOWED, -53, "method_not_allowed", 405, "the route has no such method")  \
+    X(FB_ERR_PAYLOAD_TOO_LARGE, -54, "payload_too_large", 413, "the body exceeds the size limit") \
+    X(FB_ERR_UNSUPPORTED_MEDIA_TYPE, -55, "unsupported_media_type", 415,                          \
+      "the body is not application/json")                                                         \
+    X(FB_ERR_RATE_LIMITED, -56, "rate_limited", 429, "too many requests; retry later")            \
+    X(FB_ERR_UNAVAILABLE, -57, "unavailable", 503, "the database is unreachable or busy; retry")  \
+    X(FB_ERR_STATE_CONFLICT, -58, "state_conflict", 409, "the object's state forbids this")       \
+    X(FB_ERR_IDEMPOTENCY_CONFLICT, -59, "idempotency_conflict", 422,                              \
+      "an Idempotency-Key was reused with a different request")                                   \
+    X(FB_ERR_QUOTA_EXCEEDED, -60, "quota_exceeded", 403, "a tenant quota would be exceeded")      \
+    X(FB_ERR_ALREADY_EXISTS, -61, "already_exists", 409, "an object with this name exists")       \
+    X(FB_ERR_BAD_QUERY, -62, "bad_query", 400, "a query parameter is malformed or out of range")  \
+    X(FB_ERR_JSON_TOO_DEEP, -63, "json_too_deep", 400, "the body nests arrays/objects too deeply") \
+    X(FB_ERR_BAD_HEADER, -64, "bad_header", 400, "a request header is malformed")                 \
+    X(FB_ERR_BAD_ENCODING, -65, "bad_encoding", 400, "the body is not valid UTF-8")               \
+    X(FB_ERR_NO_MODEL, -66, "no_model", 404, "the job has no exported model yet")                 \
+    X(FB_ERR_TOO_MANY_TRIALS, -67, "too_many_trials", 400, "a sweep expands into too many jobs")
 
 typedef enum fb_err {
 #define FB_ERR_ENUM_(name, value, code, http, desc) name = value,

@@ -43,6 +43,23 @@ run as root, or install them: apt-get install --no-install-recommends ${missing[
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 }
 
+# Installs the npm modules the server tests use (the OpenAPI linter and
+# response validator), exactly as tests/server/package-lock.json pins them.
+fb_npm_setup() {
+    local dir=$FB_ROOT/tests/server
+    [[ -f $dir/package-lock.json ]] || return 0
+    if ! command -v npm >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm ||
+            fb_die "npm is missing and could not be installed"
+    fi
+    if [[ $dir/node_modules/.package-lock.json -nt $dir/package-lock.json ]]; then
+        fb_say "npm: tests/server modules up to date"
+        return 0
+    fi
+    fb_say "npm: installing tests/server modules (npm ci)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || fb_die "npm ci in tests/server failed"
+}
+
 # --- build -----------------------------------------------------------------
 
 # CMake arguments for the CUDA backend: on when nvcc exists, unless the

@@ -1,0 +1,243 @@
+/*
+ * Flag and environment parsing for fuseboxd, driven by one table so that
+ * --help, the environment names and the bounds cannot drift apart.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+#ifndef FB_DEFAULT_SCHEMA_DIR
+#define FB_DEFAULT_SCHEMA_DIR "schema"
+#endif
+
+typedef enum opt_kind { OPT_STR, OPT_INT, OPT_SIZE, OPT_LEVEL } opt_kind;
+
+typedef struct opt {
+    const char *flag; /* without the leading dashes */
+    const char *env;
+    opt_kind kind;
+    size_t offset;
+    size_t cap;       /* OPT_STR: buffer size */
+    long long lo, hi; /* OPT_INT, OPT_SIZE */
+    const char *help;
+} opt;
+
+#define STR(f, e, field, h)                                                                        \
+    {                                                                                              \
+        f, e, OPT_STR, offsetof(fb_config, field), sizeof(((fb_config *)0)->field), 0, 0, h        \
+    }
+#define INT(f, e, field, lo, hi, h)                                                                \
+    {                                                                                              \
+        f, e, OPT_INT, offsetof(fb_config, field), 0, lo, hi, h                                    \
+    }
+
+static const opt opts[] = {
+    STR("listen", "FUSEBOX_LISTEN", listen, "IPv4 address to listen on"),
+    INT("port", "FUSEBOX_PORT", port, 0, 65535, "TCP port; 0 picks a free one (see --port-file)"),
+    STR("port-file", "FUSEBOX_PORT_FILE", port_file,
+        "write the bound port to this file once listening"),
+    STR("database-url", "FUSEBOX_DATABASE_URL", database_url,
+        "PostgreSQL URI or conninfo (required)"),
+    STR("data-dir", "FUSEBOX_DATA_DIR", data_dir, "state directory; the admin key is written here"),
+    STR("artifacts-dir", "FUSEBOX_ARTIFACTS_DIR", artifacts_dir,
+        "checkpoints and models (default DATA_DIR/artifacts)"),
+    STR("schema-dir", "FUSEBOX_SCHEMA_DIR", schema_dir, "directory of NNN_*.sql migrations"),
+    {"max-body-bytes", "FUSEBOX_MAX_BODY_BYTES", OPT_SIZE, offsetof(fb_config, max_body_bytes), 0,
+     64, 1LL << 30, "largest request body accepted (413 above)"},
+    INT("threads", "FUSEBOX_THREADS", threads, 1, 256,
+        "HTTP worker threads (default: 2 per core, 4..32)"),
+    INT("db-pool", "FUSEBOX_DB_POOL", db_pool, 1, 256,
+        "PostgreSQL connections (default: as --threads)"),
+    INT("max-connections", "FUSEBOX_MAX_CONNECTIONS", max_connections, 1, 65536,
+        "concurrent HTTP connections"),
+    INT("connection-timeout", "FUSEBOX_CONNECTION_TIMEOUT", connection_timeout_s, 1, 3600,
+        "seconds an idle or stalled HTTP connection is kept"),
+    INT("request-timeout-ms", "FUSEBOX_REQUEST_TIMEOUT_MS", request_timeout_ms, 10, 600000,
+        "limit for each SQL statement of a request"),
+    INT("db-wait-ms", "FUSEBOX_DB_WAIT_MS", db_wait_ms, 0, 600000,
+        "how long a request waits for a database connection or a reconnect before 503"),
+    INT("startup-wait", "FUSEBOX_STARTUP_WAIT", startup_wait_s, 0, 3600,
+        "seconds to wait for PostgreSQL at start"),
+    INT("json-max-depth", "FUSEBOX_JSON_MAX_DEPTH", json_max_depth, 2, 256,
+        "deepest nesting of arrays and objects in a body"),
+    INT("shutdown-timeout", "FUSEBOX_SHUTDOWN_TIMEOUT", shutdown_timeout_s, 0, 3600,
+        "seconds in-flight requests get to finish after SIGTERM"),
+    {"log-level", "FUSEBOX_LOG_LEVEL", OPT_LEVEL, offsetof(fb_config, log_level), 0, 0, 0,
+     "debug, info, warn or error"},
+};
+#define N_OPTS (sizeof opts / sizeof opts[0])
+
+void fb_config_defaults(fb_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1");
+    cfg->port = 8080;
+    snprintf(cfg->data_dir, sizeof cfg->data_dir, "fuseboxd-data");
+    snprintf(cfg->schema_dir, sizeof cfg->schema_dir, "%s", FB_DEFAULT_SCHEMA_DIR);
+    cfg->max_body_bytes = 1 << 20;
+    /* two HTTP threads and two connections per core: more only adds
+     * context switches between PostgreSQL backends */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = cores < 2 ? 4 : cores > 16 ? 32 : (int)cores * 2;
+    cfg->threads = per;
+    cfg->db_pool = per;
+    cfg->max_connections = 1024;
+    cfg->connection_timeout_s = 30;
+    cfg->request_timeout_ms = 5000;
+    cfg->db_wait_ms = 3000;
+    cfg->startup_wait_s = 30;
+    cfg->json_max_depth = 32;
+    cfg->shutdown_timeout_s = 10;
+    cfg->log_level = FB_LOG_INFO;
+}
+
+static void default_text(const opt *o, char *buf, size_t cap)
+{
+    fb_config d;
+    fb_config_defaults(&d);
+    const char *base = (const char *)&d + o->offset;
+    switch (o->kind) {
+    case OPT_STR:
+        snprintf(buf, cap, "%s", base[0] ? base : "-");
+        break;
+    case OPT_INT:
+        snprintf(buf, cap, "%d", *(const int *)base);
+        break;
+    case OPT_SIZE:
+        snprintf(buf, cap, "%zu", *(const size_t *)base);
+        break;
+    case OPT_LEVEL:
+        snprintf(buf, cap, "info");
+        break;
+    }
+}
+
+void fb_config_usage(FILE *out)
+{
+    fprintf(out, "usage: fuseboxd [--flag value | --flag=value]...\n\n"
+                 "fuseboxd serves fusebox's REST API (/v1) in front of PostgreSQL.\n"
+                 "Every flag may also be given as an environment variable; flags win.\n\n");
+    fprintf(out, "  %-22s %-28s %-18s %s\n", "flag", "environment", "default", "meaning");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char def[64];
+        default_text(&opts[i], def, sizeof def);
+        fprintf(out, "  --%-20s %-28s %-18s %s\n", opts[i].flag, opts[i].env, def, opts[i].help);
+    }
+    fprintf(out, "  --%-20s %-28s %-18s %s\n", "help", "", "", "print this text");
+    fprintf(out, "  --%-20s %-28s %-18s %s\n", "version", "", "", "print the version");
+    fprintf(out, "\nOn first start fuseboxd creates the admin tenant and writes its API key\n"
+                 "to DATA_DIR/admin.key (mode 0600).  SIGTERM or SIGINT stop it gracefully.\n");
+}
+
+/* Stores one value into the field of o; errors name where it came from. */
+static int set_opt(fb_config *cfg, const opt *o, const char *val, const char *from, char *msg,
+                   size_t cap)
+{
+    char *base = (char *)cfg + o->offset;
+    switch (o->kind) {
+    case OPT_STR: {
+        size_t n = strlen(val);
+        if (n >= o->cap)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: value longer than %zu bytes", from,
+                           o->cap - 1);
+        memcpy(base, val, n + 1);
+        return FB_OK;
+    }
+    case OPT_INT:
+    case OPT_SIZE: {
+        if (!val[0] || !(isdigit((unsigned char)val[0]) || val[0] == '-'))
+            return fb_errf(msg, cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
+                           val);
+        errno = 0;
+        char *end = NULL;
+        long long x = strtoll(val, &end, 10);
+        if (errno || !end || *end)
+            return fb_errf(msg, cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
+                           val);
+        if (x < o->lo || x > o->hi)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: %lld is out of range [%lld, %lld]",
+                           from, x, o->lo, o->hi);
+        if (o->kind == OPT_INT)
+            *(int *)base = (int)x;
+        else
+            *(size_t *)base = (size_t)x;
+        return FB_OK;
+    }
+    case OPT_LEVEL: {
+        fb_log_level lvl;
+        if (!fb_log_level_parse(val, &lvl))
+            return fb_errf(msg, cap, FB_ERR_BAD_ENUM,
+                           "%s: \"%.64s\" is not one of debug, info, warn, error", from, val);
+        *(fb_log_level *)base = lvl;
+        return FB_OK;
+    }
+    }
+    return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: unknown option kind", from);
+}
+
+int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap)
+{
+    fb_config work = *cfg;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *v = getenv(opts[i].env);
+        if (v && v[0]) {
+            int err = set_opt(&work, &opts[i], v, opts[i].env, msg, cap);
+            if (err) return err;
+        }
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fb_config_usage(stdout);
+            return 1;
+        }
+        if (strcmp(arg, "--version") == 0) {
+            printf("fuseboxd %s\n", FB_VERSION_STRING);
+            return 1;
+        }
+        if (strncmp(arg, "--", 2) != 0)
+            return fb_errf(msg, cap, FB_ERR_BAD_ENUM, "unexpected argument \"%.64s\" (see --help)",
+                           arg);
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
+        const opt *o = NULL;
+        for (size_t i = 0; i < N_OPTS; i++)
+            if (strlen(opts[i].flag) == name_len && strncmp(opts[i].flag, name, name_len) == 0)
+                o = &opts[i];
+        if (!o)
+            return fb_errf(msg, cap, FB_ERR_UNKNOWN_FIELD, "unknown flag \"%.64s\" (see --help)",
+                           arg);
+        const char *val = eq ? eq + 1 : NULL;
+        if (!val) {
+            if (a + 1 >= argc)
+                return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--%s needs a value", o->flag);
+            val = argv[++a];
+        }
+        char from[80];
+        snprintf(from, sizeof from, "--%s", o->flag);
+        int err = set_opt(&work, o, val, from, msg, cap);
+        if (err) return err;
+    }
+    if (!work.database_url[0])
+        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD,
+                       "--database-url (or FUSEBOX_DATABASE_URL) is required");
+    if (!work.data_dir[0])
+        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--data-dir must not be empty");
+    if (!work.artifacts_dir[0]) {
+        int n =
+            snprintf(work.artifacts_dir, sizeof work.artifacts_dir, "%s/artifacts", work.data_dir);
+        if (n < 0 || (size_t)n >= sizeof work.artifacts_dir)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+    }
+    *cfg = work;
+    return FB_OK;
+}

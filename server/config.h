@@ -1,0 +1,54 @@
+/*
+ * fuseboxd's configuration: command-line flags, each with an environment
+ * variable fallback (FUSEBOX_<FLAG>, e.g. --database-url and
+ * FUSEBOX_DATABASE_URL), checked with bounds before anything starts.  A flag
+ * given on the command line wins over the variable, which wins over the
+ * default.  `fuseboxd --help` prints the table fb_config_usage() writes.
+ */
+#ifndef FB_SERVER_CONFIG_H
+#define FB_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "log.h"
+
+#define FB_CONFIG_PATH_MAX 1024
+#define FB_CONFIG_URL_MAX 2048
+
+typedef struct fb_config {
+    char listen[64];                        /* IPv4 address to bind, default 127.0.0.1 */
+    int port;                               /* 0 = any free port (see port_file) */
+    char port_file[FB_CONFIG_PATH_MAX];     /* written with the bound port once listening */
+    char database_url[FB_CONFIG_URL_MAX];   /* libpq connection string or URI */
+    char data_dir[FB_CONFIG_PATH_MAX];      /* admin key file lives here */
+    char artifacts_dir[FB_CONFIG_PATH_MAX]; /* checkpoints and models; default data_dir/artifacts */
+    char schema_dir[FB_CONFIG_PATH_MAX];    /* schema/NNN_*.sql migrations */
+    size_t max_body_bytes;                  /* request bodies above this get 413 */
+    int threads;                            /* HTTP worker threads */
+    int db_pool;                            /* PostgreSQL connections */
+    int max_connections;                    /* concurrent HTTP connections */
+    int connection_timeout_s;               /* idle HTTP connection limit */
+    int request_timeout_ms;                 /* per-statement limit inside PostgreSQL */
+    int db_wait_ms;                         /* waiting for a pooled connection or a reconnect */
+    int startup_wait_s;                     /* waiting for PostgreSQL at start */
+    int json_max_depth;                     /* nesting of arrays and objects in bodies */
+    int shutdown_timeout_s;                 /* SIGTERM: time in-flight requests get */
+    fb_log_level log_level;
+} fb_config;
+
+/* Fills cfg with the defaults (no database URL). */
+void fb_config_defaults(fb_config *cfg);
+
+/*
+ * Reads the environment, then argv, into cfg (which should hold the
+ * defaults).  Returns FB_OK, 1 when --help or --version was handled (the text
+ * went to stdout; the caller exits 0), or a negative fb_err with a message
+ * naming the flag.  Derived defaults (artifacts_dir) are filled here.
+ */
+int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap);
+
+/* Prints the flag table with defaults and environment variables. */
+void fb_config_usage(FILE *out);
+
+#endif

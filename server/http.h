@@ -1,0 +1,132 @@
+/*
+ * fuseboxd's HTTP layer over libmicrohttpd: the route table, the checks
+ * every request passes before a handler runs, and the request and response
+ * types handlers use.
+ *
+ * In the order of Redis's processCommand, a request is refused before any
+ * handler runs when its route is unknown (404), its method is not the
+ * route's (405), its key is missing, malformed, unknown or revoked (401), it
+ * asks for an admin route without an admin key (403), its tenant is over its
+ * request rate (429 with Retry-After), its body is larger than the limit
+ * (413) or is not application/json where JSON is expected (415), or the
+ * JSON is malformed, not UTF-8, nested too deeply or not an object (400).
+ * Every error answer is {"error": {"code", "message", "field"?}} with a code
+ * from api/errors.h, and is counted per code for /metrics.
+ */
+#ifndef FB_SERVER_HTTP_H
+#define FB_SERVER_HTTP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "errors.h"
+#include "metrics.h"
+
+typedef struct fb_server fb_server_t;
+typedef struct fb_req fb_req;
+
+typedef enum fb_route_auth {
+    FB_AUTH_NONE,   /* health, readiness, metrics */
+    FB_AUTH_TENANT, /* any valid key */
+    FB_AUTH_ADMIN   /* keys of the admin tenant only */
+} fb_route_auth;
+
+typedef enum fb_route_body {
+    FB_BODY_NONE,         /* a body, if any, is read (size-limited) and ignored */
+    FB_BODY_JSON,         /* a JSON object is required */
+    FB_BODY_JSON_OPTIONAL /* a JSON object or nothing */
+} fb_route_body;
+
+/* A handler fills the response through fb_req_reply_* and returns FB_OK, or
+ * returns a negative fb_err after fb_req_fail() described the problem. */
+typedef int (*fb_route_fn)(fb_req *req);
+
+typedef struct fb_route {
+    const char *method;  /* "GET", "POST", "PATCH", "DELETE" */
+    const char *pattern; /* "/v1/jobs/{id}": {name} matches one path segment */
+    fb_route_auth auth;
+    fb_route_body body;
+    fb_route_fn fn;
+} fb_route;
+
+#define FB_MAX_PATH_PARAMS 4
+#define FB_PATH_PARAM_MAX 128
+#define FB_MSG_MAX 512
+
+/* The route table (routes.c) and its length. */
+extern const fb_route fb_routes[];
+extern const int fb_n_routes;
+
+/*
+ * Per-request state, owned by the HTTP layer from the first byte of the
+ * request until its response is sent.  Handlers read the public fields.
+ */
+struct fb_req {
+    fb_server_t *srv;
+    const fb_route *route;
+    const char *method;
+    char path[1024];
+    char params[FB_MAX_PATH_PARAMS][FB_PATH_PARAM_MAX + 1];
+    fb_auth_entry key; /* the caller's key when the route needs one */
+    json_t *json;      /* the parsed body, when there is one */
+    const char *body;  /* raw body bytes (body_len of them; NUL-terminated) */
+    size_t body_len;
+    void *impl; /* the HTTP layer's private part */
+};
+
+/* The server a request belongs to (for its pool, auth cache and config). */
+struct fb_db_pool *fb_req_db(fb_req *req);
+
+/* Path parameter i (in pattern order). */
+const char *fb_req_param(const fb_req *req, int i);
+
+/* A request header (case-insensitive name), or NULL. */
+const char *fb_req_header(fb_req *req, const char *name);
+
+/*
+ * Query parameters: fb_req_check_query() refuses any parameter not in the
+ * NULL-terminated allowed list and any given twice (FB_ERR_BAD_QUERY);
+ * fb_req_query() returns a parameter's value or NULL.
+ */
+int fb_req_check_query(fb_req *req, const char *const *allowed);
+const char *fb_req_query(fb_req *req, const char *name);
+
+/*
+ * Records why the request failed: the error's message (printf-style) and
+ * the offending field (NULL for none).  Returns err, for
+ * `return fb_req_fail(req, FB_ERR_NOT_FOUND, NULL, "no job %s", id);`.
+ */
+int fb_req_fail(fb_req *req, int err, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Fails with a message already in msg (from a callee), deriving the field
+ * from a leading JSON path ("optimizer.lr: ..."), prefixed by field_prefix. */
+int fb_req_fail_msg(fb_req *req, int err, const char *msg, const char *field_prefix);
+
+/* Responds with a JSON document (stolen) and status. */
+void fb_req_reply_json(fb_req *req, int status, json_t *body);
+
+/* Responds with text (copied) of the given content type. */
+void fb_req_reply_text(fb_req *req, int status, const char *content_type, const char *text,
+                       size_t len);
+
+/* Responds with text the HTTP layer takes ownership of (malloc'd, len bytes). */
+void fb_req_reply_owned(fb_req *req, int status, const char *content_type, char *text, size_t len);
+
+/* Responds with the bytes of an open file (fd is closed by the HTTP layer)
+ * offered for download as filename. */
+void fb_req_reply_file(fb_req *req, int fd, uint64_t size, const char *content_type,
+                       const char *filename);
+
+/* Adds a response header (both copied); at most a few per response. */
+void fb_req_add_header(fb_req *req, const char *name, const char *value);
+
+/* Starts the daemon on cfg's address; NULL with msg on failure. */
+struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap);
+
+/* The bound port of a started daemon. */
+int fb_http_port(struct MHD_Daemon *d);
+
+#endif

@@ -1,0 +1,191 @@
+/*
+ * Lock-free request counters and their Prometheus rendering.
+ */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+
+static const int statuses[] = {200, 201, 204, 400, 401, 403, 404, 405,
+                               409, 413, 415, 422, 429, 500, 501, 503};
+#define N_STATUS ((int)(sizeof statuses / sizeof statuses[0]) + 1) /* + "other" */
+
+static const double bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                0.1,    0.25,  0.5,    1,     2.5,  5};
+#define N_BOUNDS ((int)(sizeof bounds / sizeof bounds[0]))
+
+static const int err_values[] = {
+#define X_(name, value, code, http, desc) name,
+    FB_ERR_TABLE(X_)
+#undef X_
+};
+#define N_ERRS ((int)(sizeof err_values / sizeof err_values[0]))
+
+typedef struct route_stats {
+    _Atomic uint64_t by_status[N_STATUS];
+    _Atomic uint64_t buckets[N_BOUNDS + 1]; /* last = +Inf */
+    _Atomic uint64_t sum_us;
+} route_stats;
+
+struct fb_metrics {
+    int n_routes;
+    const char *const *names;
+    const char *const *methods;
+    route_stats *routes; /* n_routes + 1 */
+    _Atomic uint64_t errors[N_ERRS];
+};
+
+void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...)
+{
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = vsnprintf(b->data ? b->data + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = 1;
+            return;
+        }
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap - b->len <= (size_t)n)
+            cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d) {
+            b->failed = 1;
+            return;
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+}
+
+fb_metrics_t *fb_metrics_new(int n_routes, const char *const *route_names,
+                             const char *const *route_methods)
+{
+    fb_metrics_t *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->routes = calloc((size_t)n_routes + 1, sizeof *m->routes);
+    if (!m->routes) {
+        free(m);
+        return NULL;
+    }
+    m->n_routes = n_routes;
+    m->names = route_names;
+    m->methods = route_methods;
+    return m;
+}
+
+void fb_metrics_free(fb_metrics_t *m)
+{
+    if (!m) return;
+    free(m->routes);
+    free(m);
+}
+
+void fb_metrics_record(fb_metrics_t *m, int route, int status, double seconds, int err)
+{
+    if (route < 0 || route > m->n_routes) route = m->n_routes;
+    route_stats *r = &m->routes[route];
+    int si = N_STATUS - 1;
+    for (int i = 0; i < N_STATUS - 1; i++)
+        if (statuses[i] == status) si = i;
+    atomic_fetch_add_explicit(&r->by_status[si], 1, memory_order_relaxed);
+    int bi = N_BOUNDS;
+    for (int i = 0; i < N_BOUNDS; i++) {
+        if (seconds <= bounds[i]) {
+            bi = i;
+            break;
+        }
+    }
+    atomic_fetch_add_explicit(&r->buckets[bi], 1, memory_order_relaxed);
+    uint64_t us = seconds > 0 ? (uint64_t)(seconds * 1e6) : 0;
+    atomic_fetch_add_explicit(&r->sum_us, us, memory_order_relaxed);
+    if (err) {
+        for (int i = 0; i < N_ERRS; i++) {
+            if (err_values[i] == err) {
+                atomic_fetch_add_explicit(&m->errors[i], 1, memory_order_relaxed);
+                break;
+            }
+        }
+    }
+}
+
+void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b)
+{
+    fb_textbuf_printf(b, "# HELP fusebox_http_requests_total HTTP requests by route, method and "
+                         "status.\n# TYPE fusebox_http_requests_total counter\n");
+    for (int r = 0; r <= m->n_routes; r++) {
+        const char *name = r < m->n_routes ? m->names[r] : "unmatched";
+        const char *method = r < m->n_routes ? m->methods[r] : "any";
+        for (int s = 0; s < N_STATUS; s++) {
+            uint64_t v = atomic_load_explicit(&m->routes[r].by_status[s], memory_order_relaxed);
+            if (!v) continue;
+            char code[8];
+            if (s < N_STATUS - 1)
+                snprintf(code, sizeof code, "%d", statuses[s]);
+            else
+                snprintf(code, sizeof code, "other");
+            fb_textbuf_printf(b,
+                              "fusebox_http_requests_total{route=\"%s\",method=\"%s\","
+                              "code=\"%s\"} %llu\n",
+                              name, method, code, (unsigned long long)v);
+        }
+    }
+    fb_textbuf_printf(b, "# HELP fusebox_http_request_duration_seconds Time from the first byte "
+                         "of a request to its completion.\n"
+                         "# TYPE fusebox_http_request_duration_seconds histogram\n");
+    for (int r = 0; r <= m->n_routes; r++) {
+        const char *name = r < m->n_routes ? m->names[r] : "unmatched";
+        const char *method = r < m->n_routes ? m->methods[r] : "any";
+        uint64_t cum = 0;
+        uint64_t counts[N_BOUNDS + 1];
+        for (int i = 0; i <= N_BOUNDS; i++)
+            counts[i] = atomic_load_explicit(&m->routes[r].buckets[i], memory_order_relaxed);
+        uint64_t total = 0;
+        for (int i = 0; i <= N_BOUNDS; i++)
+            total += counts[i];
+        if (!total) continue;
+        for (int i = 0; i <= N_BOUNDS; i++) {
+            cum += counts[i];
+            char le[32];
+            if (i < N_BOUNDS)
+                snprintf(le, sizeof le, "%g", bounds[i]);
+            else
+                snprintf(le, sizeof le, "+Inf");
+            fb_textbuf_printf(b,
+                              "fusebox_http_request_duration_seconds_bucket{route=\"%s\","
+                              "method=\"%s\",le=\"%s\"} %llu\n",
+                              name, method, le, (unsigned long long)cum);
+        }
+        uint64_t sum_us = atomic_load_explicit(&m->routes[r].sum_us, memory_order_relaxed);
+        fb_textbuf_printf(b,
+                          "fusebox_http_request_duration_seconds_sum{route=\"%s\",method=\"%s\"} "
+                          "%.6f\n",
+                          name, method, (double)sum_us / 1e6);
+        fb_textbuf_printf(b,
+                          "fusebox_http_request_duration_seconds_count{route=\"%s\","
+                          "method=\"%s\"} %llu\n",
+                          name, method, (unsigned long long)total);
+    }
+    fb_textbuf_printf(b, "# HELP fusebox_errors_total Failed requests by error code "
+                         "(api/errors.h).\n# TYPE fusebox_errors_total counter\n");
+    for (int i = 0; i < N_ERRS; i++) {
+        if (err_values[i] == FB_OK) continue;
+        uint64_t v = atomic_load_explicit(&m->errors[i], memory_order_relaxed);
+        fb_textbuf_printf(b, "fusebox_errors_total{code=\"%s\",status=\"%d\"} %llu\n",
+                          fb_err_code(err_values[i]), fb_err_http_status(err_values[i]),
+                          (unsigned long long)v);
+    }
+}

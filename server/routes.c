@@ -1,0 +1,145 @@
+/*
+ * The route table, and helpers every handler uses.
+ */
+#include "routes.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_impl.h"
+
+const fb_route fb_routes[] = {
+    {"GET", "/healthz", FB_AUTH_NONE, FB_BODY_NONE, fb_route_healthz},
+    {"GET", "/readyz", FB_AUTH_NONE, FB_BODY_NONE, fb_route_readyz},
+    {"GET", "/metrics", FB_AUTH_NONE, FB_BODY_NONE, fb_route_metrics},
+
+    {"POST", "/v1/tenants", FB_AUTH_ADMIN, FB_BODY_JSON, fb_route_tenant_create},
+    {"GET", "/v1/tenants", FB_AUTH_ADMIN, FB_BODY_NONE, fb_route_tenant_list},
+    {"GET", "/v1/tenant", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_tenant_self},
+    {"GET", "/v1/tenants/{id}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_tenant_get},
+    {"PATCH", "/v1/tenants/{id}", FB_AUTH_ADMIN, FB_BODY_JSON, fb_route_tenant_update},
+    {"POST", "/v1/tenants/{id}/keys", FB_AUTH_TENANT, FB_BODY_JSON_OPTIONAL, fb_route_key_create},
+    {"GET", "/v1/tenants/{id}/keys", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_key_list},
+    {"DELETE", "/v1/tenants/{id}/keys/{key_id}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_key_revoke},
+
+    {"POST", "/v1/jobs", FB_AUTH_TENANT, FB_BODY_JSON, fb_route_job_create},
+    {"GET", "/v1/jobs", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_list},
+    {"GET", "/v1/jobs/{id}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_get},
+    {"POST", "/v1/jobs/{id}/cancel", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_cancel},
+    {"GET", "/v1/jobs/{id}/metrics", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_metrics},
+    {"GET", "/v1/jobs/{id}/events", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_events},
+    {"GET", "/v1/jobs/{id}/checkpoints", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_checkpoints},
+    {"GET", "/v1/jobs/{id}/model", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_job_model},
+
+    {"POST", "/v1/sweeps", FB_AUTH_TENANT, FB_BODY_JSON, fb_route_sweep_create},
+    {"GET", "/v1/sweeps", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_sweep_list},
+    {"GET", "/v1/sweeps/{id}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_sweep_get},
+    {"POST", "/v1/sweeps/{id}/cancel", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_sweep_cancel},
+
+    {"GET", "/v1/workers", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_workers},
+    {"GET", "/v1/cluster", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_cluster},
+};
+const int fb_n_routes = (int)(sizeof fb_routes / sizeof fb_routes[0]);
+
+bool fb_is_uuid(const char *s)
+{
+    if (strlen(s) != 36) return false;
+    for (int i = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-') return false;
+        } else if (!isxdigit((unsigned char)s[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int fb_route_txn(fb_req *req, fb_db_fn fn, void *arg)
+{
+    char msg[FB_MSG_MAX] = "";
+    int err = fb_db_run(req->srv->db, fn, arg, msg, sizeof msg);
+    if (err) fb_req_fail_msg(req, err, msg, NULL);
+    return err;
+}
+
+json_t *fb_pg_json(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col)) return json_null();
+    const char *v = PQgetvalue(r, row, col);
+    return json_loadb(v, (size_t)PQgetlength(r, row, col), JSON_DECODE_ANY, NULL);
+}
+
+int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,
+                 long long *out)
+{
+    const char *v = fb_req_query(req, name);
+    if (!v) {
+        *out = def;
+        return FB_OK;
+    }
+    errno = 0;
+    char *end = NULL;
+    long long x = strtoll(v, &end, 10);
+    bool digits =
+        v[0] && (isdigit((unsigned char)v[0]) || (v[0] == '-' && isdigit((unsigned char)v[1])));
+    if (!digits || errno || !end || *end)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: expected an integer", name);
+    if (x < lo || x > hi)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: %lld is out of range [%lld, %lld]",
+                           name, x, lo, hi);
+    *out = x;
+    return FB_OK;
+}
+
+int fb_query_str(fb_req *req, const char *name, char *out, size_t cap)
+{
+    const char *v = fb_req_query(req, name);
+    out[0] = '\0';
+    if (!v) return FB_OK;
+    size_t n = strlen(v);
+    if (n == 0 || n >= cap)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: must be 1..%zu bytes", name, cap - 1);
+    memcpy(out, v, n + 1);
+    return FB_OK;
+}
+
+int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out)
+{
+    const char *v = fb_req_header(req, "Idempotency-Key");
+    *out = NULL;
+    if (!v) return FB_OK;
+    size_t n = strlen(v);
+    if (n == 0 || n > 128 || n >= cap)
+        return fb_req_fail(req, FB_ERR_BAD_HEADER, "Idempotency-Key",
+                           "Idempotency-Key must be 1..128 bytes");
+    for (size_t i = 0; i < n; i++) {
+        char c = v[i];
+        if (!(isalnum((unsigned char)c) || c == '.' || c == '_' || c == ':' || c == '-'))
+            return fb_req_fail(req, FB_ERR_BAD_HEADER, "Idempotency-Key",
+                               "Idempotency-Key may hold only letters, digits, '.', '_', ':', '-'");
+    }
+    memcpy(buf, v, n + 1);
+    *out = buf;
+    return FB_OK;
+}
+
+bool fb_init_path_ok(const char *p)
+{
+    if (!p[0]) return true;
+    if (p[0] == '/') return false;
+    const char *s = p;
+    while (*s) {
+        const char *e = strchr(s, '/');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+            return false;
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)s[i] < 0x20 || s[i] == '\\') return false;
+        s += n;
+        if (*s == '/') s++;
+    }
+    return true;
+}

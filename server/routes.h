@@ -1,0 +1,123 @@
+/*
+ * The handlers behind fb_routes[] (routes.c) and what they share: id
+ * checks, running a transaction on behalf of a request, and the SQL that
+ * renders jobs, tenants and keys as JSON.  Private to server/.
+ */
+#ifndef FB_SERVER_ROUTES_H
+#define FB_SERVER_ROUTES_H
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+#include "db.h"
+#include "http.h"
+
+/*
+ * The handlers.  Each is called by the HTTP layer after the request passed
+ * every check of its route (http.h); it reads its path parameters, query
+ * and body from req, runs one transaction, and either answers through
+ * fb_req_reply_*() and returns FB_OK or returns a negative fb_err after
+ * fb_req_fail() described the problem.  The request owns all memory.
+ */
+
+/* health.c: GET /healthz, GET /readyz, GET /metrics. */
+int fb_route_healthz(fb_req *req);
+int fb_route_readyz(fb_req *req);
+int fb_route_metrics(fb_req *req);
+
+/* routes_tenants.c: tenants (create, list, read, update) and their keys
+ * (create, list, revoke). */
+int fb_route_tenant_create(fb_req *req);
+int fb_route_tenant_list(fb_req *req);
+int fb_route_tenant_self(fb_req *req);
+int fb_route_tenant_get(fb_req *req);
+int fb_route_tenant_update(fb_req *req);
+int fb_route_key_create(fb_req *req);
+int fb_route_key_list(fb_req *req);
+int fb_route_key_revoke(fb_req *req);
+
+/* routes_jobs.c: submit, list, read and cancel jobs; their metrics, events,
+ * checkpoints and model. */
+int fb_route_job_create(fb_req *req);
+int fb_route_job_list(fb_req *req);
+int fb_route_job_get(fb_req *req);
+int fb_route_job_cancel(fb_req *req);
+int fb_route_job_metrics(fb_req *req);
+int fb_route_job_events(fb_req *req);
+int fb_route_job_checkpoints(fb_req *req);
+int fb_route_job_model(fb_req *req);
+
+/* routes_sweeps.c: submit, list, read and cancel sweeps. */
+int fb_route_sweep_create(fb_req *req);
+int fb_route_sweep_list(fb_req *req);
+int fb_route_sweep_get(fb_req *req);
+int fb_route_sweep_cancel(fb_req *req);
+
+/* routes_cluster.c: GET /v1/workers and GET /v1/cluster. */
+int fb_route_workers(fb_req *req);
+int fb_route_cluster(fb_req *req);
+
+/* ---- shared helpers (routes.c) ---- */
+
+/* True for a canonical textual UUID (hex digits and four dashes). */
+bool fb_is_uuid(const char *s);
+
+/* Runs fn in a transaction (fb_db_run) and, on failure, records the error on
+ * the request.  Returns fb_db_run's result. */
+int fb_route_txn(fb_req *req, fb_db_fn fn, void *arg);
+
+/* Parses a JSON text cell of r; JSON null for SQL NULL; NULL when out of
+ * memory or malformed. */
+json_t *fb_pg_json(const PGresult *r, int row, int col);
+
+/* Reads an optional integer query parameter in [lo, hi] into *out (def when
+ * absent); FB_ERR_BAD_QUERY naming it otherwise. */
+int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,
+                 long long *out);
+
+/* Stores text of at most cap-1 bytes, else fails with FB_ERR_BAD_QUERY. */
+int fb_query_str(fb_req *req, const char *name, char *out, size_t cap);
+
+/* Idempotency-Key header: NULL when absent, else validated into buf (1-128
+ * bytes of [A-Za-z0-9._:-]); FB_ERR_BAD_HEADER when malformed. */
+int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out);
+
+/* True when a job spec's "init" path is acceptable to the server: empty, or
+ * relative without "." or ".." parts (it names an artifact, never an
+ * arbitrary server file). */
+bool fb_init_path_ok(const char *init);
+
+/* The JSON rendering of a job row aliased j, in SQL; position is an SQL
+ * expression for queue.position (use "NULL" when not computed). */
+#define FB_SQL_JOB_JSON(position, extra)                                                           \
+    "json_build_object('id', j.id, 'name', j.name, 'state', j.state,"                              \
+    " 'queue', CASE WHEN j.state = 'queued' THEN json_build_object('reason', j.queue_reason,"      \
+    " 'position', " position ") END,"                                                              \
+    " 'sweep_id', j.sweep_id, 'trial_index', j.trial_index, 'group_id', j.group_id,"               \
+    " 'fusion_key', j.fusion_key, 'dataset', j.dataset, 'priority', j.priority,"                   \
+    " 'step', j.step, 'steps', j.steps, 'epochs', j.epochs, 'restarts', j.restarts,"               \
+    " 'max_restarts', j.max_restarts, 'slowdown', j.slowdown,"                                     \
+    " 'latest_metrics', j.latest_metrics, 'n_params', j.n_params,"                                 \
+    " 'flops_per_sample', j.flops_per_sample, 'error', j.error,"                                   \
+    " 'created_at', j.created_at, 'scheduled_at', j.scheduled_at,"                                 \
+    " 'started_at', j.started_at, 'finished_at', j.finished_at, 'updated_at', j.updated_at" extra  \
+    ")"
+
+/* Full view: adds the canonical spec and the trial parameters. */
+#define FB_SQL_JOB_FULL(position)                                                                  \
+    FB_SQL_JOB_JSON(position, ", 'trial_params', j.trial_params, 'spec', j.spec")
+
+/* Queue position: 1 + the queued jobs ahead of j (higher priority first,
+ * then earlier submission).  Both counts are range scans of the jobs_queue
+ * index that stop after FB_QUEUE_POSITION_MAX entries, so a GET reads at
+ * most that many; the position is null when more jobs are ahead. */
+#define FB_QUEUE_POSITION_MAX 100
+#define FB_SQL_QUEUE_POSITION                                                                      \
+    "(SELECT CASE WHEN a.n + b.n < 100 THEN a.n + b.n + 1 END"                                     \
+    " FROM (SELECT count(*) AS n FROM (SELECT 1 FROM jobs q WHERE q.state = 'queued'"              \
+    " AND q.priority > j.priority LIMIT 100) x) a,"                                                \
+    " (SELECT count(*) AS n FROM (SELECT 1 FROM jobs q WHERE q.state = 'queued'"                   \
+    " AND q.priority = j.priority AND q.seq < j.seq LIMIT 100) y) b)"
+
+#endif

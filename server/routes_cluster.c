@@ -1,0 +1,110 @@
+/*
+ * Read-only views of the cluster: GET /v1/workers and GET /v1/cluster.
+ * Workers fill these tables when they register (a later part of the
+ * control plane); until then the answers are empty but well-formed.  A
+ * tenant sees the devices and its own usage; only the admin sees every
+ * tenant's usage.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "routes.h"
+#include "server_impl.h"
+
+typedef struct cluster_read {
+    const char *tenant; /* NULL: the admin, who sees every tenant */
+    json_t *out;
+} cluster_read;
+
+static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+{
+    cluster_read *x = arg;
+    int err;
+    PGresult *r = fb_db_query(
+        c, "workers",
+        "SELECT coalesce(json_agg(json_build_object('id', w.id, 'name', w.name, 'state', w.state,"
+        " 'registered_at', w.registered_at, 'last_seen_at', w.last_seen_at,"
+        " 'devices', coalesce((SELECT json_agg(json_build_object('index', d.idx, 'kind', d.kind,"
+        " 'name', d.name, 'memory_bytes', d.memory_bytes, 'utilization', d.utilization,"
+        " 'busy', d.group_id IS NOT NULL) ORDER BY d.idx) FROM devices d"
+        " WHERE d.worker_id = w.id), '[]'::json)) ORDER BY w.name, w.id), '[]'::json)"
+        " FROM workers w",
+        0, NULL, &err, msg, cap);
+    if (!r) return err;
+    json_decref(x->out);
+    x->out = fb_pg_json(r, 0, 0);
+    PQclear(r);
+    return FB_OK;
+}
+
+int fb_route_workers(fb_req *req)
+{
+    static const char *const none[] = {NULL};
+    int err;
+    if ((err = fb_req_check_query(req, none))) return err;
+    cluster_read x = {0};
+    if ((err = fb_route_txn(req, workers_txn, &x))) {
+        json_decref(x.out);
+        return err;
+    }
+    if (!x.out) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
+    fb_req_reply_json(req, 200, json_pack("{s:o}", "workers", x.out));
+    return FB_OK;
+}
+
+static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+{
+    cluster_read *x = arg;
+    int err;
+    const char *v[1] = {x->tenant};
+    PGresult *r = fb_db_query(
+        c, "cluster",
+        "SELECT json_build_object("
+        " 'workers', (SELECT json_build_object('total', count(*),"
+        " 'ready', count(*) FILTER (WHERE state = 'ready')) FROM workers),"
+        " 'devices', (SELECT json_build_object('total', count(*),"
+        " 'busy', count(*) FILTER (WHERE group_id IS NOT NULL),"
+        " 'cpu', count(*) FILTER (WHERE kind = 'cpu'),"
+        " 'cuda', count(*) FILTER (WHERE kind = 'cuda')) FROM devices),"
+        " 'utilization', (SELECT coalesce(avg(utilization), 0) FROM devices),"
+        " 'groups', (SELECT json_build_object('total', count(*),"
+        " 'scheduled', count(*) FILTER (WHERE state = 'scheduled'),"
+        " 'running', count(*) FILTER (WHERE state = 'running'),"
+        " 'mean_members', coalesce(avg(n_members), 0)) FROM groups WHERE state <> 'finished'),"
+        " 'jobs', (SELECT json_build_object("
+        " 'queued', count(*) FILTER (WHERE state = 'queued'),"
+        " 'scheduled', count(*) FILTER (WHERE state = 'scheduled'),"
+        " 'running', count(*) FILTER (WHERE state = 'running'))"
+        " FROM jobs WHERE state IN ('queued', 'scheduled', 'running')),"
+        " 'slowdown', (SELECT json_build_object('max', max(slowdown), 'mean', avg(slowdown))"
+        " FROM jobs WHERE state = 'running' AND slowdown IS NOT NULL),"
+        " 'tenants', coalesce((SELECT json_agg(json_build_object('tenant_id', t.id, 'name', t.name,"
+        " 'weight', t.weight,"
+        " 'queued_jobs', (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
+        " WHERE q.tenant_id = t.id),"
+        " 'active_jobs', (SELECT count(*) FROM jobs a WHERE a.tenant_id = t.id"
+        " AND a.state IN ('scheduled', 'running')),"
+        " 'devices_in_use', (SELECT count(*) FROM devices d WHERE d.tenant_id = t.id))"
+        " ORDER BY t.name) FROM tenants t WHERE $1::uuid IS NULL OR t.id = $1::uuid), '[]'::json))",
+        1, v, &err, msg, cap);
+    if (!r) return err;
+    json_decref(x->out);
+    x->out = fb_pg_json(r, 0, 0);
+    PQclear(r);
+    return FB_OK;
+}
+
+int fb_route_cluster(fb_req *req)
+{
+    static const char *const none[] = {NULL};
+    int err;
+    if ((err = fb_req_check_query(req, none))) return err;
+    cluster_read x = {.tenant = req->key.is_admin ? NULL : req->key.tenant_id};
+    if ((err = fb_route_txn(req, cluster_txn, &x))) {
+        json_decref(x.out);
+        return err;
+    }
+    if (!x.out) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
+    fb_req_reply_json(req, 200, x.out);
+    return FB_OK;
+}

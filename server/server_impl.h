@@ -1,0 +1,35 @@
+/*
+ * The server's state as the HTTP layer and the route handlers see it.
+ * Private to server/: everything outside uses the opaque fb_server_t of
+ * server.h.
+ */
+#ifndef FB_SERVER_SERVER_IMPL_H
+#define FB_SERVER_SERVER_IMPL_H
+
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "auth.h"
+#include "config.h"
+#include "db.h"
+#include "metrics.h"
+
+struct MHD_Daemon;
+
+struct fb_server {
+    fb_config cfg;
+    fb_db_pool_t *db;
+    fb_auth_t *auth;
+    fb_metrics_t *metrics;
+    struct MHD_Daemon *mhd;
+    int port;                      /* bound port */
+    int schema_latest;             /* highest migration version this binary knows */
+    char artifacts_real[PATH_MAX]; /* canonical artifacts directory ("" when absent) */
+    char instance[9];              /* random hex prefix of request ids */
+    atomic_uint_fast64_t next_request;
+    atomic_int in_flight; /* requests between first byte and completion */
+    atomic_bool draining; /* SIGTERM received */
+};
+
+#endif
