@@ -50,6 +50,8 @@ static const opt opts[] = {
     STR("artifacts-dir", "FUSEBOX_ARTIFACTS_DIR", artifacts_dir,
         "checkpoints and models (default DATA_DIR/artifacts)"),
     STR("schema-dir", "FUSEBOX_SCHEMA_DIR", schema_dir, "directory of NNN_*.sql migrations"),
+    STR("web-dir", "FUSEBOX_WEB_DIR", web_dir,
+        "the dashboard's files, served at / and /static/ (empty: none)"),
     {"max-body-bytes", "FUSEBOX_MAX_BODY_BYTES", OPT_SIZE, offsetof(fb_config, max_body_bytes), 0,
      64, 1LL << 30, "largest request body accepted (413 above)"},
     INT("threads", "FUSEBOX_THREADS", threads, 1, 256,
@@ -82,6 +84,7 @@ void fb_config_defaults(fb_config *cfg)
     cfg->port = 8080;
     snprintf(cfg->data_dir, sizeof cfg->data_dir, "fuseboxd-data");
     snprintf(cfg->schema_dir, sizeof cfg->schema_dir, "%s", FB_DEFAULT_SCHEMA_DIR);
+    snprintf(cfg->web_dir, sizeof cfg->web_dir, "%s", FB_DEFAULT_WEB_DIR);
     cfg->max_body_bytes = 1 << 20;
     /* two HTTP threads and two connections per core: more only adds
      * context switches between PostgreSQL backends */

@@ -24,6 +24,7 @@ typedef struct fb_config {
     char data_dir[FB_CONFIG_PATH_MAX];      /* admin key file lives here */
     char artifacts_dir[FB_CONFIG_PATH_MAX]; /* checkpoints and models; default data_dir/artifacts */
     char schema_dir[FB_CONFIG_PATH_MAX];    /* schema/NNN_*.sql migrations */
+    char web_dir[FB_CONFIG_PATH_MAX];       /* the dashboard's files; "" serves none */
     size_t max_body_bytes;                  /* request bodies above this get 413 */
     int threads;                            /* HTTP worker threads */
     int db_pool;                            /* PostgreSQL connections */

@@ -232,7 +232,7 @@ void fb_req_reply_file(fb_req *req, int fd, uint64_t size, const char *content_t
     if (im->file_fd >= 0) close(im->file_fd);
     im->file_fd = fd;
     im->file_size = size;
-    snprintf(im->filename, sizeof im->filename, "%s", filename);
+    snprintf(im->filename, sizeof im->filename, "%s", filename ? filename : "");
 }
 
 void fb_req_add_header(fb_req *req, const char *name, const char *value)
@@ -608,9 +608,11 @@ static enum MHD_Result send_response(fb_req *req)
         r = MHD_create_response_from_fd64(im->file_size, im->file_fd);
         if (r) {
             im->file_fd = -1; /* libmicrohttpd closes it now */
-            char disp[256];
-            snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", im->filename);
-            add_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disp);
+            if (im->filename[0]) {
+                char disp[256];
+                snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", im->filename);
+                add_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disp);
+            }
         }
     } else {
         r = MHD_create_response_from_buffer(
@@ -621,7 +623,11 @@ static enum MHD_Result send_response(fb_req *req)
     if (!r) return MHD_NO;
     add_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                im->content_type ? im->content_type : "application/json");
-    add_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    /* API answers are never cached; a handler may say otherwise (static files) */
+    bool cache_set = false;
+    for (int i = 0; i < im->n_headers; i++)
+        if (strcasecmp(im->hdr_name[i], MHD_HTTP_HEADER_CACHE_CONTROL) == 0) cache_set = true;
+    if (!cache_set || im->err) add_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     add_header(r, "X-Request-Id", im->request_id);
     add_header(r, "X-Content-Type-Options", "nosniff");
     if (im->err == FB_ERR_UNAUTHORIZED)
@@ -746,6 +752,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return send_response(req);
 }
 
+static int hex_value(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c - 'A' + 10;
+}
+
+/* libmicrohttpd's unescaping of paths and query values, except that %00 is
+ * left as it is: a decoded NUL would cut the C string short, so that
+ * "/static/index.html%00.js" would read as "/static/index.html". */
+static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *val)
+{
+    (void)cls;
+    (void)conn;
+    char *r = val, *w = val;
+    while (*r) {
+        if (r[0] == '%' && isxdigit((unsigned char)r[1]) && isxdigit((unsigned char)r[2])) {
+            int v = hex_value(r[1]) * 16 + hex_value(r[2]);
+            if (v != 0) {
+                *w++ = (char)v;
+                r += 3;
+                continue;
+            }
+        }
+        *w++ = *r++;
+    }
+    *w = '\0';
+    return (size_t)(w - val);
+}
+
 /* Keeps a log line printable and short. */
 static void sanitize(char *dst, size_t cap, const char *src)
 {
@@ -826,7 +860,8 @@ struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap)
         (unsigned)srv->cfg.threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->cfg.connection_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_END);
+        (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, srv, MHD_OPTION_END);
     if (!d)
         fb_errf(msg, cap, FB_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
                 srv->cfg.listen, srv->cfg.port);

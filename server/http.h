@@ -116,11 +116,12 @@ void fb_req_reply_text(fb_req *req, int status, const char *content_type, const 
 void fb_req_reply_owned(fb_req *req, int status, const char *content_type, char *text, size_t len);
 
 /* Responds with the bytes of an open file (fd is closed by the HTTP layer)
- * offered for download as filename. */
+ * offered for download as filename, or shown inline when filename is NULL. */
 void fb_req_reply_file(fb_req *req, int fd, uint64_t size, const char *content_type,
                        const char *filename);
 
-/* Adds a response header (both copied); at most a few per response. */
+/* Adds a response header (both copied); at most a few per response.  A
+ * Cache-Control header replaces the default "no-store" of successful answers. */
 void fb_req_add_header(fb_req *req, const char *name, const char *value);
 
 /* Starts the daemon on cfg's address; NULL with msg on failure. */

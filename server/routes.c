@@ -15,6 +15,8 @@ const fb_route fb_routes[] = {
     {"GET", "/healthz", FB_AUTH_NONE, FB_BODY_NONE, fb_route_healthz},
     {"GET", "/readyz", FB_AUTH_NONE, FB_BODY_NONE, fb_route_readyz},
     {"GET", "/metrics", FB_AUTH_NONE, FB_BODY_NONE, fb_route_metrics},
+    {"GET", "/", FB_AUTH_NONE, FB_BODY_NONE, fb_route_static_index},
+    {"GET", "/static/{file}", FB_AUTH_NONE, FB_BODY_NONE, fb_route_static_file},
 
     {"POST", "/v1/tenants", FB_AUTH_ADMIN, FB_BODY_JSON, fb_route_tenant_create},
     {"GET", "/v1/tenants", FB_AUTH_ADMIN, FB_BODY_NONE, fb_route_tenant_list},

@@ -54,6 +54,10 @@ int fb_route_sweep_list(fb_req *req);
 int fb_route_sweep_get(fb_req *req);
 int fb_route_sweep_cancel(fb_req *req);
 
+/* routes_static.c: the dashboard's files, GET / and GET /static/{file}. */
+int fb_route_static_index(fb_req *req);
+int fb_route_static_file(fb_req *req);
+
 /* routes_cluster.c: GET /v1/workers and GET /v1/cluster. */
 int fb_route_workers(fb_req *req);
 int fb_route_cluster(fb_req *req);

@@ -225,6 +225,11 @@ fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
         return NULL;
     }
     s->cfg = *cfg;
+    /* the dashboard is optional: without its directory only the API is served */
+    s->web_fd = cfg->web_dir[0] ? open(cfg->web_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (s->web_fd < 0)
+        fb_log_json(FB_LOG_WARN, "no dashboard",
+                    json_pack("{s:s}", "web_dir", cfg->web_dir[0] ? cfg->web_dir : "(none)"));
     uint8_t inst[4];
     randombytes_buf(inst, sizeof inst);
     sodium_bin2hex(s->instance, sizeof s->instance, inst, sizeof inst);
@@ -305,5 +310,6 @@ void fb_server_free(fb_server_t *s)
     fb_db_pool_free(s->db);
     fb_auth_free(s->auth);
     fb_metrics_free(s->metrics);
+    if (s->web_fd >= 0) close(s->web_fd);
     free(s);
 }

@@ -26,6 +26,7 @@ struct fb_server {
     int port;                      /* bound port */
     int schema_latest;             /* highest migration version this binary knows */
     char artifacts_real[PATH_MAX]; /* canonical artifacts directory ("" when absent) */
+    int web_fd;                    /* the dashboard's directory (routes_static.c), -1 when absent */
     char instance[9];              /* random hex prefix of request ids */
     atomic_uint_fast64_t next_request;
     atomic_int in_flight; /* requests between first byte and completion */

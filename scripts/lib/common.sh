@@ -43,21 +43,26 @@ run as root, or install them: apt-get install --no-install-recommends ${missing[
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 }
 
-# Installs the npm modules the server tests use (the OpenAPI linter and
-# response validator), exactly as tests/server/package-lock.json pins them.
+# Installs the npm modules, exactly as each package-lock.json pins them:
+# tests/server (the OpenAPI linter and response validator), web/ (uPlot,
+# which the build copies next to the dashboard) and tests/web
+# (playwright-core for the browser test).
 fb_npm_setup() {
-    local dir=$FB_ROOT/tests/server
-    [[ -f $dir/package-lock.json ]] || return 0
-    if ! command -v npm >/dev/null; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm ||
-            fb_die "npm is missing and could not be installed"
-    fi
-    if [[ $dir/node_modules/.package-lock.json -nt $dir/package-lock.json ]]; then
-        fb_say "npm: tests/server modules up to date"
-        return 0
-    fi
-    fb_say "npm: installing tests/server modules (npm ci)"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || fb_die "npm ci in tests/server failed"
+    local rel dir
+    for rel in tests/server web tests/web; do
+        dir=$FB_ROOT/$rel
+        [[ -f $dir/package-lock.json ]] || continue
+        if ! command -v npm >/dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm ||
+                fb_die "npm is missing and could not be installed"
+        fi
+        if [[ $dir/node_modules/.package-lock.json -nt $dir/package-lock.json ]]; then
+            fb_say "npm: $rel modules up to date"
+            continue
+        fi
+        fb_say "npm: installing $rel modules (npm ci)"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || fb_die "npm ci in $rel failed"
+    done
 }
 
 # --- build -----------------------------------------------------------------
