@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "datadir.h"
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
@@ -39,7 +40,12 @@ static void usage(FILE *f)
             "                  (default: fusebox-out)\n"
             "  --no-out        do not write weights\n"
             "  --data-dir DIR  where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
-            "                  /usr/share/datasets)\n"
+            "                  /usr/share/datasets); DIR/NAME/manifest.json makes NAME a shard\n"
+            "                  dataset (docs/data-format.md), read by a prefetching loader\n"
+            "  --data-threads N  loader reader threads for shard datasets (default 2)\n"
+            "  --stage DIR     copy shard datasets to this node-local cache first, and read\n"
+            "                  them from there (verified on every use)\n"
+            "  --stage-bytes N  bound of the --stage cache in bytes (default 16 GiB)\n"
             "  --threads N     CPU threads for the math (default 1)\n"
             "  --backend NAME  cpu (default) or cpu-ref (the plain-C reference)\n"
             "  --json          JSON lines even on a terminal\n"
@@ -71,8 +77,9 @@ static void on_event(const fb_train_event *ev, void *user)
         printf(",\"member\":%d,\"group\":%d,\"array_size\":%d,\"step\":%lld,\"steps\":%lld",
                ev->member, c->group, ev->array_size, (long long)ev->step, (long long)ev->steps);
         if (ev->kind == FB_TRAIN_STEP)
-            printf(",\"loss\":%.9g,\"train_accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f",
-                   ev->loss, ev->accuracy, ev->lr, ev->samples_per_s);
+            printf(",\"loss\":%.9g,\"train_accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
+                   ",\"io_wait_ms\":%.4f",
+                   ev->loss, ev->accuracy, ev->lr, ev->samples_per_s, ev->io_wait_ms);
         else
             printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->loss, ev->accuracy);
         if (ev->weights_path) {
@@ -88,10 +95,11 @@ static void on_event(const fb_train_event *ev, void *user)
         char bar[32];
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
         bar[width] = '\0';
-        printf("%-20.20s [%s] %3d%%  step %lld/%lld  loss %.4f  lr %.3g  B=%d  %.0f samples/s\n",
+        printf("%-20.20s [%s] %3d%%  step %lld/%lld  loss %.4f  lr %.3g  B=%d  %.0f samples/s"
+               "  io %.2f ms\n",
                ev->spec->name, bar, (int)(100 * ev->step / (ev->steps ? ev->steps : 1)),
                (long long)ev->step, (long long)ev->steps, ev->loss, ev->lr, ev->array_size,
-               ev->samples_per_s);
+               ev->samples_per_s, ev->io_wait_ms);
     } else if (ev->kind == FB_TRAIN_EVAL) {
         printf("%-20.20s eval at step %lld: test loss %.4f, test accuracy %.4f\n",
                ev->spec->name, (long long)ev->step, ev->loss, ev->accuracy);
@@ -119,7 +127,13 @@ int main(int argc, char **argv)
         {"no-out", no_argument, NULL, 'O'},          {"data-dir", required_argument, NULL, 'd'},
         {"threads", required_argument, NULL, 't'},   {"backend", required_argument, NULL, 'b'},
         {"json", no_argument, NULL, 'j'},            {"no-eval", no_argument, NULL, 'E'},
+        {"data-threads", required_argument, NULL, 'D'}, {"stage", required_argument, NULL, 'S'},
+        {"stage-bytes", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+    int data_threads = 2;
+    const char *stage_dir = NULL;
+    unsigned long long stage_bytes = 16ULL << 30;
+    char *end;
     int log_every = 100, threads = 1, opt;
     const char *out_dir = "fusebox-out", *data_dir = NULL, *backend = "cpu";
     bool force_json = false, eval = true;
@@ -143,6 +157,22 @@ int main(int argc, char **argv)
         case 'b': backend = optarg; break;
         case 'j': force_json = true; break;
         case 'E': eval = false; break;
+        case 'D':
+            if (parse_int(optarg, 1, FB_LOADER_MAX_THREADS, &data_threads)) {
+                fprintf(stderr, "fusebox-train: --data-threads needs an integer in [1, %d]\n",
+                        FB_LOADER_MAX_THREADS);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'S': stage_dir = optarg; break;
+        case 'B':
+            errno = 0;
+            stage_bytes = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || stage_bytes == 0 || optarg[0] == '-') {
+                fprintf(stderr, "fusebox-train: --stage-bytes needs a positive integer\n");
+                return EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
@@ -170,6 +200,7 @@ int main(int argc, char **argv)
     double *all_loss = calloc((size_t)n, sizeof *all_loss);
     double *all_acc = calloc((size_t)n, sizeof *all_acc);
     fb_dataset train = {0}, test = {0};
+    fb_loader *loader = NULL;
     int loaded = 0;
     if (!specs || !group || !group_of || !index || !floss || !facc || !all_loss || !all_acc) {
         fprintf(stderr, "fusebox-train: out of memory\n");
@@ -205,8 +236,16 @@ int main(int argc, char **argv)
         const char *ds = group[0]->dataset;
         fb_dataset_free(&train);
         fb_dataset_free(&test);
-        int err = fb_dataset_open_named(ds, "train", data_dir, &train, msg, sizeof msg);
-        if (!err && eval) err = fb_dataset_open_named(ds, "test", data_dir, &test, msg, sizeof msg);
+        fb_loader_free(loader);
+        loader = NULL;
+        /* a shard dataset trains through the loader; an IDX dataset from memory */
+        fb_data_source_opts so = {.batch_size = group[0]->batch_size,
+                                  .shuffle = group[0]->shuffle,
+                                  .data_seed = group[0]->data_seed, .threads = data_threads,
+                                  .cache_dir = stage_dir, .cache_bytes = stage_bytes,
+                                  .want_test = eval};
+        int err = fb_data_open_named(&train, &test, &loader, ds, data_dir, &so, msg, sizeof msg);
+        o.loader = loader;
         if (err) {
             fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
             rc = 1;
@@ -235,6 +274,7 @@ int main(int argc, char **argv)
             printf("%-24.24s %12.4f %14.4f\n", specs[i].name, all_loss[i], all_acc[i]);
     }
 done:
+    fb_loader_free(loader);
     fb_dataset_free(&train);
     fb_dataset_free(&test);
     for (int i = 0; i < loaded; i++) fb_job_spec_free(&specs[i]);

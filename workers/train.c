@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "array.h"
+#include "loader.h"
 #include "rng.h"
 
 #define DATA_STREAM 0x64617461ULL /* "data": the shuffle's RNG stream */
@@ -130,15 +131,22 @@ int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
     int *member = malloc((size_t)n * sizeof *member);      /* slot -> index into specs */
     int64_t *total = malloc((size_t)n * sizeof *total);     /* by index */
     char (*files)[160] = calloc((size_t)n, sizeof *files);   /* by index */
-    int64_t *perm = malloc((size_t)train->n * sizeof *perm);
+    fb_loader *loader = opts ? opts->loader : NULL;
+    int64_t *perm = loader ? NULL : malloc((size_t)train->n * sizeof *perm);
     float *x = malloc((size_t)bs * (size_t)in_numel * sizeof *x);
     int32_t *y = malloc((size_t)bs * sizeof *y);
     float *loss = malloc((size_t)n * sizeof *loss), *correct = malloc((size_t)n * sizeof *correct);
     double *eloss = malloc((size_t)n * sizeof *eloss), *eacc = malloc((size_t)n * sizeof *eacc);
     fb_optim_hparams *hp = malloc((size_t)n * sizeof *hp);
-    if (!member || !total || !files || !perm || !x || !y || !loss || !correct || !eloss || !eacc ||
-        !hp) {
+    if (!member || !total || !files || (!perm && !loader) || !x || !y || !loss || !correct ||
+        !eloss || !eacc || !hp) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (loader && fb_loader_batch_size(loader) != bs) {
+        err = fb_errf(msg, cap, FB_ERR_INTERNAL, "the loader delivers batches of %lld, the "
+                      "specs train with %lld", (long long)fb_loader_batch_size(loader),
+                      (long long)bs);
         goto done;
     }
     int64_t max_total = 0;
@@ -168,20 +176,34 @@ int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
 
     int64_t per_epoch = train->n / bs, epoch = -1;
     double t_log = now_s();
-    int64_t samples_since = 0;
+    int64_t samples_since = 0, steps_since = 0;
+    double wait_since = 0;
     for (int64_t step = 0; step < max_total && fb_array_size(a) > 0; step++) {
-        int64_t e = step / per_epoch, k = step % per_epoch;
-        if (e != epoch) {
-            epoch_order(perm, train->n, s0->data_seed, e, s0->shuffle);
-            epoch = e;
+        /* the minibatch, and how long the step waited for it */
+        double t_data = now_s();
+        const float *bx = x;
+        const int32_t *by = y;
+        if (loader) {
+            fb_loader_batch lb;
+            if ((err = fb_loader_next(&lb, loader, msg, cap))) goto done;
+            bx = lb.x;
+            by = lb.y;
+        } else {
+            int64_t e = step / per_epoch, k = step % per_epoch;
+            if (e != epoch) {
+                epoch_order(perm, train->n, s0->data_seed, e, s0->shuffle);
+                epoch = e;
+            }
+            for (int64_t i = 0; i < bs; i++) {
+                int64_t src = perm[k * bs + i];
+                memcpy(x + i * in_numel, train->x + src * in_numel, (size_t)in_numel * sizeof *x);
+                y[i] = train->y[src];
+            }
         }
-        for (int64_t i = 0; i < bs; i++) {
-            int64_t src = perm[k * bs + i];
-            memcpy(x + i * in_numel, train->x + src * in_numel, (size_t)in_numel * sizeof *x);
-            y[i] = train->y[src];
-        }
+        wait_since += now_s() - t_data;
+        steps_since++;
         int B = fb_array_size(a);
-        if ((err = fb_array_forward_backward(a, x, y, (int)bs, true, (uint64_t)step, loss,
+        if ((err = fb_array_forward_backward(a, bx, by, (int)bs, true, (uint64_t)step, loss,
                                              correct, msg, cap)))
             goto done;
         for (int b = 0; b < B; b++) fb_array_hparams(a, b, step + 1, total[member[b]], &hp[b]);
@@ -191,15 +213,18 @@ int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
         /* reports, evaluations and departures, in that order */
         int64_t done_steps = step + 1;
         bool log_now = opts && opts->log_every > 0 && done_steps % opts->log_every == 0;
-        double rate = 0;
+        double rate = 0, io_ms = 0;
         /* a member's last step is reported too, so it needs a rate even off the log grid */
         bool any_last = false;
         for (int b = 0; b < B; b++) any_last |= done_steps == total[member[b]];
         if (log_now || any_last) {
             double t = now_s();
             rate = (double)samples_since / (t - t_log > 1e-9 ? t - t_log : 1e-9);
+            io_ms = 1e3 * wait_since / (double)steps_since;
             t_log = t;
             samples_since = 0;
+            steps_since = 0;
+            wait_since = 0;
         }
         bool need_eval = false;
         for (int b = 0; b < B; b++) {
@@ -210,7 +235,7 @@ int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
                                      .step = done_steps, .steps = total[member[b]],
                                      .array_size = B, .loss = loss[b],
                                      .accuracy = correct[b] / (double)bs, .lr = hp[b].lr,
-                                     .samples_per_s = rate};
+                                     .samples_per_s = rate, .io_wait_ms = io_ms};
                 emit(opts, &ev);
             }
             if (test && (last || (s->eval_every && done_steps % s->eval_every == 0)))

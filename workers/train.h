@@ -7,6 +7,11 @@
  * the last partial batch of an epoch is dropped, so an epoch is
  * floor(n / batch_size) steps).  A member that reaches its step count leaves
  * the array and the others continue unchanged.
+ *
+ * With opts.loader set, minibatches come from a shard-dataset loader
+ * (workers/data/loader.h) instead, in its order (docs/data-format.md; file
+ * order too when data.shuffle is false), and each step reports how long the
+ * loop waited for its minibatch.
  */
 #ifndef FB_WORKERS_TRAIN_H
 #define FB_WORKERS_TRAIN_H
@@ -34,16 +39,22 @@ typedef struct fb_train_event {
     double accuracy;          /* eval (and done, when evaluated): test accuracy; else train */
     double lr;
     double samples_per_s;     /* array throughput since the last log (samples x members) */
+    double io_wait_ms;        /* step: mean wait per step for the minibatch since the last log */
     const char *weights_path; /* done: where the final weights went, or NULL */
 } fb_train_event;
 
 typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
+
+struct fb_loader; /* workers/data/loader.h */
 
 typedef struct fb_train_opts {
     int log_every;       /* report a step event every N steps (and the last); 0 = last only */
     const char *out_dir; /* final weights and checkpoints go here; NULL = not written */
     fb_train_cb cb;      /* may be NULL */
     void *user;
+    /* when set, training minibatches come from it (batches of the spec's batch_size, last
+     * partial batch dropped, from its start) and train->x, train->y are not read */
+    struct fb_loader *loader;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */

@@ -1,0 +1,391 @@
+/*
+ * The loader, on a dataset whose samples carry their own record index
+ * (1000 records in 4 shards of chunks of 7 records, so shard ends, short
+ * chunks and many shuffle windows all occur):
+ *   - every epoch visits every sample exactly once, with 1 and 4 threads,
+ *     and agrees with fb_loader_epoch_order; epochs and seeds differ;
+ *   - the delivered order is the same for 1, 2 and 4 threads and any queue
+ *     depth, and across runs;
+ *   - shuffle false is file order;
+ *   - resuming from (epoch, offset) continues the identical sequence, also
+ *     from offsets that are not a batch multiple and across epochs;
+ *   - rank sharding with uneven splits is disjoint and covers every global
+ *     batch, also when the split and the world change at a step boundary;
+ *   - a corrupt chunk and a label outside the manifest's classes stop the
+ *     loader with FB_ERR_DATA naming the file and chunk, and bad options are
+ *     refused.
+ */
+#include "data_util.h"
+
+#include <inttypes.h>
+
+#define N_REC 1000
+#define CLASSES 4
+
+static char g_dir[512], g_ds[1024];
+static char g_msg[1024];
+
+static fb_loader *open_loader(const char *dir, int64_t N, bool shuffle, bool drop_last,
+                              int threads, int queue, uint64_t seed, fb_loader_pos start)
+{
+    fb_loader_opts o = {.dir = dir, .split = "train", .batch_size = N, .shuffle = shuffle,
+                        .data_seed = seed, .shuffle_buffer = 50, .drop_last = drop_last,
+                        .threads = threads, .queue_batches = queue, .start = start};
+    fb_loader *l = NULL;
+    int rc = fb_loader_open(&l, &o, g_msg, sizeof g_msg);
+    if (rc) fprintf(stderr, "open: %s\n", g_msg);
+    CHECK_INT_EQ(rc, 0);
+    return l;
+}
+
+/* Reads one batch and writes its record indices to ids; checks the sample
+ * and label agree with the index. */
+static fb_loader_batch next_ids(fb_loader *l, int64_t *ids)
+{
+    fb_loader_batch b;
+    int rc = fb_loader_next(&b, l, g_msg, sizeof g_msg);
+    if (rc) fprintf(stderr, "next: %s\n", g_msg);
+    CHECK_INT_EQ(rc, 0);
+    for (int64_t k = 0; k < b.n; k++) {
+        float v = b.x[2 * k];
+        int64_t id = (int64_t)v;
+        CHECK(v == (float)id && id >= 0 && id < N_REC);
+        CHECK(b.x[2 * k + 1] == -v);
+        CHECK_INT_EQ(b.y[k], id % CLASSES);
+        ids[k] = id;
+    }
+    return b;
+}
+
+static void test_exactly_once(void)
+{
+    int64_t *order = malloc(N_REC * sizeof *order), ids[64];
+    int *seen = calloc(N_REC, sizeof *seen);
+    int64_t first_epoch[N_REC];
+    CHECK(order && seen);
+    static const int threads[] = {1, 4};
+    for (int t = 0; t < 2; t++) {
+        fb_loader *l = open_loader(g_ds, 64, true, false, threads[t], 4, 42,
+                                   (fb_loader_pos){0, 0});
+        CHECK_INT_EQ(fb_loader_samples(l), N_REC);
+        for (int64_t e = 0; e < 3; e++) {
+            memset(seen, 0, N_REC * sizeof *seen);
+            CHECK_INT_EQ(fb_loader_epoch_order(order, l, e, g_msg, sizeof g_msg), 0);
+            int64_t at = 0;
+            for (int k = 0; k < 16; k++) { /* ceil(1000 / 64) */
+                fb_loader_batch b = next_ids(l, ids);
+                CHECK_INT_EQ(b.pos.epoch, e);
+                CHECK_INT_EQ(b.pos.offset, at);
+                CHECK_INT_EQ(b.n, k < 15 ? 64 : N_REC - 15 * 64);
+                CHECK_INT_EQ(b.global_n, b.n);
+                for (int64_t i = 0; i < b.n; i++) {
+                    CHECK_INT_EQ(ids[i], order[at + i]);
+                    seen[ids[i]]++;
+                }
+                at += b.n;
+            }
+            for (int i = 0; i < N_REC; i++) CHECK_INT_EQ(seen[i], 1);
+            if (e == 0) {
+                if (t == 0) memcpy(first_epoch, order, sizeof first_epoch);
+                /* shuffled: not the file order, and records of one chunk are spread out */
+                int64_t in_place = 0, same_chunk_neighbours = 0;
+                for (int i = 0; i < N_REC; i++) in_place += order[i] == i;
+                for (int i = 1; i < N_REC; i++)
+                    same_chunk_neighbours += order[i] / 7 == order[i - 1] / 7;
+                CHECK(in_place < 50);
+                CHECK(same_chunk_neighbours < 200);
+            } else {
+                int64_t same = 0;
+                for (int i = 0; i < N_REC; i++) same += order[i] == first_epoch[i];
+                CHECK(same < 50); /* epochs differ */
+            }
+        }
+        fb_loader_stats st;
+        fb_loader_get_stats(&st, l);
+        CHECK_INT_EQ(st.batches, 48);
+        CHECK_INT_EQ(st.samples, 3 * N_REC);
+        CHECK(st.wait_s >= 0 && st.max_wait_s <= st.wait_s + 1e-12);
+        CHECK(st.chunks >= 3 * 144);
+        CHECK(st.bytes_decoded > st.bytes_read);
+        fb_loader_free(l);
+    }
+    /* another seed, another order */
+    fb_loader *l = open_loader(g_ds, 64, true, false, 1, 4, 43, (fb_loader_pos){0, 0});
+    CHECK_INT_EQ(fb_loader_epoch_order(order, l, 0, g_msg, sizeof g_msg), 0);
+    int64_t same = 0;
+    for (int i = 0; i < N_REC; i++) same += order[i] == first_epoch[i];
+    CHECK(same < 50);
+    fb_loader_free(l);
+    free(order);
+    free(seen);
+}
+
+/* The first nb batches' ids, concatenated. */
+static int64_t *sequence(const char *dir, int threads, int queue, int nb, int64_t N,
+                         bool shuffle, bool drop_last)
+{
+    int64_t *all = malloc((size_t)nb * (size_t)N * sizeof *all);
+    CHECK(all != NULL);
+    fb_loader *l = open_loader(dir, N, shuffle, drop_last, threads, queue, 7,
+                               (fb_loader_pos){0, 0});
+    for (int k = 0; k < nb; k++) {
+        fb_loader_batch b = next_ids(l, all + (size_t)k * (size_t)N);
+        CHECK_INT_EQ(b.n, N);
+    }
+    fb_loader_free(l);
+    return all;
+}
+
+static void test_deterministic(void)
+{
+    int nb = 45; /* two epochs and a bit (bpe = 20) */
+    int64_t *ref = sequence(g_ds, 1, 1, nb, 48, true, true);
+    static const int cfg[][2] = {{1, 4}, {2, 1}, {2, 8}, {4, 3}, {4, 16}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        int64_t *s = sequence(g_ds, cfg[c][0], cfg[c][1], nb, 48, true, true);
+        CHECK(memcmp(s, ref, (size_t)nb * 48 * sizeof *s) == 0);
+        free(s);
+    }
+    /* drop_last: epoch 1 starts after 20 batches with a new order */
+    fb_loader *l = open_loader(g_ds, 48, true, true, 2, 4, 7, (fb_loader_pos){0, 0});
+    int64_t *order = malloc(N_REC * sizeof *order);
+    CHECK(order != NULL);
+    CHECK_INT_EQ(fb_loader_epoch_order(order, l, 1, g_msg, sizeof g_msg), 0);
+    CHECK(memcmp(ref + 20 * 48, order, 48 * sizeof *order) == 0);
+    fb_loader_free(l);
+    free(order);
+    free(ref);
+
+    /* shuffle false: file order, every epoch, whatever the threads */
+    for (int t = 1; t <= 3; t += 2) {
+        fb_loader *f = open_loader(g_ds, 64, false, false, t, 2, 99, (fb_loader_pos){0, 0});
+        int64_t ids[64];
+        for (int e = 0; e < 2; e++) {
+            int64_t at = 0;
+            for (int k = 0; k < 16; k++) {
+                fb_loader_batch b = next_ids(f, ids);
+                for (int64_t i = 0; i < b.n; i++) CHECK_INT_EQ(ids[i], at + i);
+                at += b.n;
+            }
+            CHECK_INT_EQ(at, N_REC);
+        }
+        fb_loader_free(f);
+    }
+}
+
+static void test_resume(void)
+{
+    int nb = 50;
+    int64_t N = 48;
+    int64_t *ref = malloc((size_t)nb * (size_t)N * sizeof *ref);
+    fb_loader_pos *pos_after = malloc((size_t)(nb + 1) * sizeof *pos_after);
+    CHECK(ref && pos_after);
+    fb_loader *a = open_loader(g_ds, N, true, true, 2, 4, 5, (fb_loader_pos){0, 0});
+    pos_after[0] = fb_loader_position(a);
+    for (int k = 0; k < nb; k++) {
+        fb_loader_batch b = next_ids(a, ref + (size_t)k * (size_t)N);
+        fb_loader_pos p = fb_loader_pos_at_step(N_REC, N, true, k);
+        CHECK_INT_EQ(b.pos.epoch, p.epoch);
+        CHECK_INT_EQ(b.pos.offset, p.offset);
+        pos_after[k + 1] = fb_loader_position(a);
+    }
+    fb_loader_free(a);
+    static const int ks[] = {0, 1, 5, 19, 20, 21, 33, 40};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        int k = ks[i];
+        fb_loader_pos p = pos_after[k], q = fb_loader_pos_at_step(N_REC, N, true, k);
+        CHECK_INT_EQ(p.epoch, q.epoch);
+        CHECK_INT_EQ(p.offset, q.offset);
+        fb_loader *b = open_loader(g_ds, N, true, true, 1 + (int)(i % 4), 3, 5, p);
+        int64_t ids[48];
+        for (int j = k; j < nb && j < k + 12; j++) {
+            fb_loader_batch bt = next_ids(b, ids);
+            CHECK_INT_EQ(bt.seq, j - k);
+            CHECK(memcmp(ids, ref + (size_t)j * (size_t)N, (size_t)N * sizeof *ids) == 0);
+        }
+        fb_loader_free(b);
+    }
+    /* an offset that is not a batch multiple: positions 17.. of epoch 1 */
+    int64_t *order = malloc(N_REC * sizeof *order), ids[48];
+    CHECK(order != NULL);
+    fb_loader *c = open_loader(g_ds, N, true, true, 2, 4, 5, (fb_loader_pos){1, 17});
+    CHECK_INT_EQ(fb_loader_epoch_order(order, c, 1, g_msg, sizeof g_msg), 0);
+    int64_t at = 17;
+    while (at + N <= N_REC) {
+        fb_loader_batch b = next_ids(c, ids);
+        CHECK_INT_EQ(b.pos.epoch, 1);
+        CHECK_INT_EQ(b.pos.offset, at);
+        CHECK(memcmp(ids, order + at, (size_t)N * sizeof *ids) == 0);
+        at += N;
+    }
+    fb_loader_batch b = next_ids(c, ids); /* then epoch 2 from its start */
+    CHECK_INT_EQ(b.pos.epoch, 2);
+    CHECK_INT_EQ(b.pos.offset, 0);
+    fb_loader_free(c);
+    /* a start with no full batch left moves to the next epoch */
+    c = open_loader(g_ds, N, true, true, 1, 2, 5, (fb_loader_pos){3, 990});
+    CHECK_INT_EQ(fb_loader_position(c).epoch, 4);
+    CHECK_INT_EQ(fb_loader_position(c).offset, 0);
+    b = next_ids(c, ids);
+    CHECK_INT_EQ(b.pos.epoch, 4);
+    fb_loader_free(c);
+    free(order);
+    free(ref);
+    free(pos_after);
+}
+
+static void test_sharding(void)
+{
+    int64_t N = 16;
+    fb_loader *ref = open_loader(g_ds, N, true, false, 1, 4, 11, (fb_loader_pos){0, 0});
+    fb_loader *rk[3];
+    int64_t counts[3] = {5, 0, 11};
+    for (int r = 0; r < 3; r++) {
+        fb_loader_opts o = {.dir = g_ds, .split = "train", .batch_size = N, .shuffle = true,
+                            .data_seed = 11, .shuffle_buffer = 50, .threads = 1 + r,
+                            .queue_batches = 2 + r, .rank = r, .world = 3, .split_counts = counts};
+        CHECK_INT_EQ(fb_loader_open(&rk[r], &o, g_msg, sizeof g_msg), 0);
+    }
+    int world = 3;
+    int64_t rids[16], gids[16];
+    int seen_partial = 0;
+    for (int step = 0; step < 150; step++) {
+        if (step == 40) { /* rebalance: another uneven split */
+            int64_t c2[3] = {8, 4, 4};
+            for (int r = 0; r < 3; r++)
+                CHECK_INT_EQ(fb_loader_set_split(rk[r], r, 3, c2, g_msg, sizeof g_msg), 0);
+        }
+        if (step == 90) { /* a device leaves: world 2, default even split */
+            world = 2;
+            for (int r = 0; r < 2; r++)
+                CHECK_INT_EQ(fb_loader_set_split(rk[r], r, 2, NULL, g_msg, sizeof g_msg), 0);
+        }
+        if (step == 120) { /* and one of 2 takes everything */
+            int64_t c3[2] = {0, 16};
+            for (int r = 0; r < 2; r++)
+                CHECK_INT_EQ(fb_loader_set_split(rk[r], r, 2, c3, g_msg, sizeof g_msg), 0);
+        }
+        fb_loader_batch g = next_ids(ref, gids);
+        int64_t at = 0;
+        for (int r = 0; r < world; r++) {
+            fb_loader_batch b = next_ids(rk[r], rids);
+            CHECK_INT_EQ(b.pos.epoch, g.pos.epoch);
+            CHECK_INT_EQ(b.pos.offset, g.pos.offset);
+            CHECK_INT_EQ(b.global_n, g.n);
+            CHECK_INT_EQ(b.first, g.pos.offset + at);
+            /* rank parts, in rank order, are exactly the global batch */
+            CHECK(at + b.n <= g.n);
+            CHECK(memcmp(rids, gids + at, (size_t)b.n * sizeof *rids) == 0);
+            at += b.n;
+        }
+        CHECK_INT_EQ(at, g.n);
+        seen_partial |= g.n < N;
+    }
+    CHECK(seen_partial); /* the short last batch of an epoch was split too */
+    /* a bad split changes nothing */
+    int64_t bad[2] = {10, 10};
+    CHECK_INT_EQ(fb_loader_set_split(rk[0], 0, 2, bad, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    CHECK_CONTAINS(g_msg, "add up to 20");
+    CHECK_INT_EQ(fb_loader_set_split(rk[0], 2, 2, NULL, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    int64_t neg[2] = {-1, 17};
+    CHECK_INT_EQ(fb_loader_set_split(rk[0], 0, 2, neg, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    fb_loader_batch g = next_ids(ref, gids);
+    fb_loader_batch b = next_ids(rk[1], rids);
+    CHECK_INT_EQ(b.n, g.n); /* rank 1 of {0, 16} still */
+    for (int r = 0; r < 3; r++) fb_loader_free(rk[r]);
+    fb_loader_free(ref);
+}
+
+static void test_errors(void)
+{
+    fb_loader *l = NULL;
+    fb_loader_opts o = {.dir = g_ds, .split = "train", .batch_size = 10};
+    o.threads = FB_LOADER_MAX_THREADS + 1;
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    o.threads = 1;
+    o.batch_size = 0;
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    o.batch_size = 2000;
+    o.drop_last = true;
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "fewer than the batch size");
+    o.batch_size = 10;
+    o.split = "validation";
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_NOT_FOUND);
+    o.split = "train";
+    o.world = 2;
+    o.rank = 2;
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    o.rank = 0;
+    o.start.offset = -1;
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+    o.start.offset = 0;
+    o.dir = g_dir; /* no manifest */
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "manifest.json");
+    CHECK(l == NULL);
+    fb_loader_free(NULL);
+
+    /* a flipped byte inside chunk 5 of the second shard */
+    char bad[1100], cmd[2400], shard[1200];
+    snprintf(bad, sizeof bad, "%s/bad", g_dir);
+    du_make_index_dataset(bad, "train", N_REC, CLASSES, 7, 300);
+    snprintf(shard, sizeof shard, "%s/train/train-00001.fbs", bad);
+    fb_shard_reader *r;
+    CHECK_INT_EQ(fb_shard_open(&r, shard, g_msg, sizeof g_msg), 0);
+    const fb_shard_chunk_entry *e = fb_shard_get_chunk(r, 5);
+    uint64_t off = e->offset + e->stored / 2;
+    fb_shard_close(r);
+    du_flip(shard, off, 0x10);
+    for (int t = 1; t <= 4; t += 3) {
+        l = open_loader(bad, 32, true, false, t, 4, 1, (fb_loader_pos){0, 0});
+        fb_loader_batch b;
+        int rc = 0, k;
+        for (k = 0; k < 100 && rc == 0; k++) rc = fb_loader_next(&b, l, g_msg, sizeof g_msg);
+        CHECK_INT_EQ(rc, FB_ERR_DATA);
+        CHECK_CONTAINS(g_msg, "train-00001.fbs");
+        CHECK_CONTAINS(g_msg, "chunk 5: checksum mismatch");
+        /* and it stays stopped */
+        CHECK_INT_EQ(fb_loader_next(&b, l, g_msg, sizeof g_msg), FB_ERR_DATA);
+        fb_loader_free(l);
+    }
+    /* labels outside the classes the manifest promises */
+    du_make_index_dataset(bad, "train", N_REC, CLASSES, 7, 300);
+    snprintf(cmd, sizeof cmd, "%s/manifest.json", bad);
+    size_t len;
+    char *m = (char *)du_read(cmd, &len);
+    char *at = strstr(m, "\"classes\": 4");
+    CHECK(at != NULL);
+    at[11] = '3';
+    du_write(cmd, m, len);
+    free(m);
+    l = open_loader(bad, 32, false, false, 2, 4, 1, (fb_loader_pos){0, 0});
+    fb_loader_batch b;
+    CHECK_INT_EQ(fb_loader_next(&b, l, g_msg, sizeof g_msg), FB_ERR_DATA);
+    /* readers decode chunks in parallel: whichever bad chunk they meet first */
+    CHECK_CONTAINS(g_msg, "train-00000.fbs: chunk ");
+    CHECK_CONTAINS(g_msg, " has label 3, outside [0, 3) of the manifest");
+    fb_loader_free(l);
+    /* a shard truncated behind the manifest's back: refused at open */
+    du_make_index_dataset(bad, "train", N_REC, CLASSES, 7, 300);
+    CHECK(truncate(shard, 1000) == 0);
+    o = (fb_loader_opts){.dir = bad, .split = "train", .batch_size = 10};
+    CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "train-00001.fbs");
+}
+
+int main(void)
+{
+    du_scratch(g_dir, sizeof g_dir, "loader");
+    snprintf(g_ds, sizeof g_ds, "%s/index", g_dir);
+    du_make_index_dataset(g_ds, "train", N_REC, CLASSES, 7, 300);
+    double t0 = du_now();
+    test_exactly_once();
+    test_deterministic();
+    test_resume();
+    test_sharding();
+    test_errors();
+    du_rm_rf(g_dir);
+    printf("test_loader: ok (%.2f s)\n", du_now() - t0);
+    return 0;
+}

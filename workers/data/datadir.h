@@ -1,0 +1,147 @@
+/*
+ * Dataset directories as a whole: importing IDX and CSV files into shards
+ * plus a manifest, verifying every checksum, loading a split into memory,
+ * and resolving the dataset name of a job spec to either a shard directory
+ * (<data dir>/<name>/manifest.json) or the IDX files fb_dataset_open_named
+ * reads.  fusebox-data and the training runtime are built on it.
+ *
+ * An import writes one split: its shards go to <out>/<split>/, each written
+ * atomically, then the manifest is rewritten atomically to list them (other
+ * splits already in the manifest are kept; their dtype and shape must
+ * agree), then shard files of that split the manifest no longer lists are
+ * removed.
+ *
+ * Functions that can fail return 0 or a negative fb_err and fill the
+ * caller's message buffer (msg, msg_cap); on failure outputs are untouched.
+ */
+#ifndef FB_WORKERS_DATA_DATADIR_H
+#define FB_WORKERS_DATA_DATADIR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+#include "idx.h"
+#include "loader.h"
+#include "manifest.h"
+#include "shard.h"
+
+#define FB_IMPORT_DEFAULT_CHUNK_BYTES ((int64_t)256 << 10) /* decoded bytes per chunk */
+#define FB_IMPORT_DEFAULT_SHARD_BYTES ((int64_t)64 << 20)  /* decoded bytes per shard */
+#define FB_IMPORT_DEFAULT_LEVEL 3
+#define FB_CSV_MAX_BYTES ((size_t)1 << 30)
+
+typedef struct fb_import_opts {
+    const char *out_dir;   /* the dataset directory (created if missing) */
+    const char *name;      /* dataset name, a-z 0-9 . _ - */
+    const char *split;     /* split name, a-z 0-9 _ - */
+    int64_t chunk_records; /* 0 = about FB_IMPORT_DEFAULT_CHUNK_BYTES per chunk */
+    int64_t shard_records; /* 0 = about FB_IMPORT_DEFAULT_SHARD_BYTES per shard */
+    int level;             /* zstd level; 0 = FB_IMPORT_DEFAULT_LEVEL */
+} fb_import_opts;
+
+/* What an import wrote. */
+typedef struct fb_import_result {
+    int64_t samples, shards, chunks;
+    uint64_t bytes, raw_bytes;
+    int n_classes;
+} fb_import_result;
+
+/*
+ * Imports n records: values [n, numel] of dtype (numel the product of
+ * shape[0..ndim), ndim 1 or 3) and labels [n] (each in [0, 2^24)) as split
+ * o->split of the dataset in o->out_dir.  The manifest's class count
+ * becomes the largest label + 1 (at least 2, and never less than before).
+ * FB_ERR_OUT_OF_RANGE for bad options, FB_ERR_DATA for bad records or a
+ * directory holding a different dataset, FB_ERR_IO, FB_ERR_NOMEM.
+ */
+int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
+                      int ndim, const int64_t *shape, const void *values, const int32_t *labels,
+                      int64_t n, char *msg, size_t msg_cap);
+
+/*
+ * Imports an IDX pair (raw or gzip): images of unsigned bytes [N, H, W]
+ * (stored as [1, H, W]) or [N, C, H, W], or float32 [N, F] / [N, C, H, W];
+ * labels of any integer IDX type, shape [N].  Errors as fb_datadir_import
+ * and fb_idx_read, naming the file.
+ */
+int fb_datadir_import_idx(fb_import_result *res, const fb_import_opts *o, const char *images,
+                          const char *labels, char *msg, size_t msg_cap);
+
+/* Whether the first CSV line is a header. */
+typedef enum fb_csv_header { FB_CSV_HEADER_AUTO, FB_CSV_HEADER_YES, FB_CSV_HEADER_NO } fb_csv_header;
+
+/*
+ * Imports a CSV file of numeric features and one integer label column
+ * (label_column: a header name, or a 0-based column index) as float32
+ * records of shape [F].  With FB_CSV_HEADER_AUTO the first line is a header
+ * when one of its fields is not a number.  Fields may be double-quoted.
+ * Every row must have the header's field count; every feature must be a
+ * finite number and every label an integer in [0, 2^24).  FB_ERR_DATA
+ * naming the file, line and column; others as fb_datadir_import.
+ */
+int fb_datadir_import_csv(fb_import_result *res, const fb_import_opts *o, const char *csv_path,
+                          const char *label_column, fb_csv_header header, char *msg,
+                          size_t msg_cap);
+
+/* What verifying one shard found. */
+typedef struct fb_verify_result {
+    int64_t records, chunks;
+    uint64_t bytes, raw_bytes;
+} fb_verify_result;
+
+/*
+ * Verifies shard sh of dataset m in dir completely: size and whole-file
+ * CRC32C against the manifest, header and index checksums, agreement of the
+ * header with the manifest, then every chunk (checksum, decompression,
+ * layout, labels within the manifest's classes).  FB_ERR_DATA naming the
+ * file (and chunk), FB_ERR_IO, FB_ERR_NOMEM.
+ */
+int fb_datadir_verify_shard(fb_verify_result *res, const fb_manifest *m, const char *dir,
+                            const fb_manifest_shard *sh, char *msg, size_t msg_cap);
+
+/*
+ * Loads a whole split of a fixed-record dataset into memory, in file order,
+ * as an fb_dataset (uint8 values become value / 255; shape [F] becomes
+ * C = 1, H = 1, W = F).  FB_ERR_NOT_FOUND for an unknown split,
+ * FB_ERR_UNSUPPORTED for variable records, FB_ERR_DATA, FB_ERR_IO,
+ * FB_ERR_NOMEM.
+ */
+int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, char *msg,
+                          size_t msg_cap);
+
+/*
+ * Resolves a dataset name: dir receives <data_dir>/<name> and the result is
+ * 1 when it holds a manifest.json (a shard dataset), 0 otherwise.  data_dir
+ * NULL means $FUSEBOX_DATA_DIR when set and non-empty, else
+ * /usr/share/datasets.  -1 for a name that is not a valid dataset name or a
+ * path that does not fit dir_cap.
+ */
+int fb_datadir_resolve(char *dir, size_t dir_cap, const char *name, const char *data_dir);
+
+/* How fb_data_open_named reads a shard dataset's training split. */
+typedef struct fb_data_source_opts {
+    int64_t batch_size;
+    bool shuffle;
+    uint64_t data_seed;
+    int threads;            /* loader reader threads; 0 = 2 */
+    const char *cache_dir;  /* staging cache, or NULL */
+    uint64_t cache_bytes;
+    bool want_test;         /* also load the test split into memory */
+} fb_data_source_opts;
+
+/*
+ * Opens a named dataset for training.  A shard dataset (see
+ * fb_datadir_resolve) gets a loader over its train split (*loader; batches
+ * of o->batch_size, drop_last, from position {0, 0}); *train then describes
+ * the split (n, C, H, W, n_classes) with x and y NULL.  Otherwise the IDX
+ * files are loaded by fb_dataset_open_named and *loader is NULL.  test is
+ * loaded into memory when o->want_test (left zeroed otherwise).  Release
+ * with fb_dataset_free and fb_loader_free.  Errors as the functions named.
+ */
+int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, const char *name,
+                       const char *data_dir, const fb_data_source_opts *o, char *msg,
+                       size_t msg_cap);
+
+#endif

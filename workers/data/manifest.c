@@ -1,0 +1,595 @@
+/*
+ * manifest.json: strict parser, canonical writer, and the comparison of a
+ * manifest with the shard files it lists.
+ */
+#include "manifest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+typedef struct mctx {
+    const char *src;
+    char *msg;
+    size_t cap;
+} mctx;
+
+static int mbad(const mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int mbad(const mctx *c, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return fb_errf(c->msg, c->cap, FB_ERR_DATA, "%s: %s", c->src, what);
+}
+
+/* Rejects any key of obj not in allowed (NULL-terminated). */
+static int only_keys(const mctx *c, json_t *obj, const char *where, const char *const *allowed)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) {
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++) ok |= strcmp(*a, k) == 0;
+        if (!ok) return mbad(c, "unknown field \"%.64s\" in %s", k, where);
+    }
+    return 0;
+}
+
+static int get_obj(const mctx *c, json_t *obj, const char *key, const char *where, json_t **out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v) return mbad(c, "missing field %s.%s", where, key);
+    if (!json_is_object(v)) return mbad(c, "%s.%s must be an object", where, key);
+    *out = v;
+    return 0;
+}
+
+static int get_int(const mctx *c, json_t *obj, const char *key, const char *where, int64_t lo,
+                   int64_t hi, int64_t *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v) return mbad(c, "missing field %s.%s", where, key);
+    if (!json_is_integer(v)) return mbad(c, "%s.%s must be an integer", where, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return mbad(c, "%s.%s is %lld; allowed %lld to %lld", where, key, (long long)x,
+                    (long long)lo, (long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int get_str(const mctx *c, json_t *obj, const char *key, const char *where,
+                   const char **out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v) return mbad(c, "missing field %s.%s", where, key);
+    if (!json_is_string(v)) return mbad(c, "%s.%s must be a string", where, key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+int fb_manifest_valid_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 1 || n > FB_MANIFEST_NAME_MAX) return 0;
+    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+              ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int valid_split_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 1 || n > FB_MANIFEST_SPLIT_MAX) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* A relative path of components made of A-Z a-z 0-9 . _ -, none of them
+ * empty, "." or "..": it can only name a file inside the dataset directory. */
+static int valid_rel_path(const char *p)
+{
+    size_t n = strlen(p);
+    if (n < 1 || n > FB_MANIFEST_PATH_MAX) return 0;
+    const char *seg = p;
+    for (size_t i = 0; i <= n; i++) {
+        char ch = p[i];
+        if (ch == '/' || ch == '\0') {
+            size_t len = (size_t)(p + i - seg);
+            if (len == 0) return 0;
+            if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+                return 0;
+            seg = p + i + 1;
+            continue;
+        }
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int parse_hex32(const char *s, uint32_t *out)
+{
+    if (strlen(s) != 8) return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        char ch = s[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint32_t)d;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_split(const mctx *c, json_t *js, const char *name, fb_manifest_split *sp)
+{
+    char where[64];
+    snprintf(where, sizeof where, "splits.%s", name);
+    static const char *const k_split[] = {"samples", "shards", NULL};
+    static const char *const k_shard[] = {"path", "bytes", "records", "chunks", "crc32c", NULL};
+    if (!json_is_object(js)) return mbad(c, "%s must be an object", where);
+    int rc = only_keys(c, js, where, k_split);
+    if (rc) return rc;
+    int64_t samples;
+    if ((rc = get_int(c, js, "samples", where, 1, FB_SHARD_MAX_RECORDS, &samples))) return rc;
+    json_t *arr = json_object_get(js, "shards");
+    if (!arr) return mbad(c, "missing field %s.shards", where);
+    if (!json_is_array(arr)) return mbad(c, "%s.shards must be an array", where);
+    size_t n = json_array_size(arr);
+    if (n < 1 || n > FB_MANIFEST_MAX_SHARDS)
+        return mbad(c, "%s.shards has %zu entries; allowed 1 to %d", where, n,
+                    FB_MANIFEST_MAX_SHARDS);
+    fb_manifest_shard *sh = calloc(n, sizeof *sh);
+    if (!sh) return fb_errf(c->msg, c->cap, FB_ERR_NOMEM, "out of memory");
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        char w2[96];
+        snprintf(w2, sizeof w2, "%s.shards[%zu]", where, i);
+        json_t *o = json_array_get(arr, i);
+        if (!json_is_object(o)) {
+            rc = mbad(c, "%s must be an object", w2);
+            goto fail;
+        }
+        const char *path, *crc;
+        int64_t bytes, records, chunks;
+        if ((rc = only_keys(c, o, w2, k_shard)) || (rc = get_str(c, o, "path", w2, &path)) ||
+            (rc = get_int(c, o, "bytes", w2, FB_SHARD_HEADER_BYTES + FB_SHARD_INDEX_ENTRY_BYTES,
+                          INT64_MAX, &bytes)) ||
+            (rc = get_int(c, o, "records", w2, 1, FB_SHARD_MAX_RECORDS, &records)) ||
+            (rc = get_int(c, o, "chunks", w2, 1, FB_SHARD_MAX_CHUNKS, &chunks)) ||
+            (rc = get_str(c, o, "crc32c", w2, &crc)))
+            goto fail;
+        if (!valid_rel_path(path)) {
+            rc = mbad(c, "%s.path \"%.80s\" is not a relative path of A-Z a-z 0-9 . _ - "
+                      "components (at most %d bytes, no . or ..)",
+                      w2, path, FB_MANIFEST_PATH_MAX);
+            goto fail;
+        }
+        if (!parse_hex32(crc, &sh[i].crc32c)) {
+            rc = mbad(c, "%s.crc32c must be 8 lowercase hex digits", w2);
+            goto fail;
+        }
+        if (chunks > records) {
+            rc = mbad(c, "%s has %lld chunks for %lld records", w2, (long long)chunks,
+                      (long long)records);
+            goto fail;
+        }
+        snprintf(sh[i].path, sizeof sh[i].path, "%s", path);
+        sh[i].bytes = (uint64_t)bytes;
+        sh[i].records = records;
+        sh[i].chunks = chunks;
+        total += records;
+        if (total > FB_SHARD_MAX_RECORDS) {
+            rc = mbad(c, "%s: too many records", where);
+            goto fail;
+        }
+    }
+    if (total != samples) {
+        rc = mbad(c, "%s.samples is %lld but its shards hold %lld records", where,
+                  (long long)samples, (long long)total);
+        goto fail;
+    }
+    snprintf(sp->name, sizeof sp->name, "%s", name);
+    sp->samples = samples;
+    sp->n_shards = (int)n;
+    sp->shards = sh;
+    return 0;
+fail:
+    free(sh);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int parse_root(const mctx *c, json_t *root, fb_manifest *m)
+{
+    static const char *const k_root[] = {"format", "version", "name", "sample", "label", "splits",
+                                         NULL};
+    static const char *const k_sample[] = {"dtype", "shape", NULL};
+    static const char *const k_label[] = {"dtype", "classes", NULL};
+    if (!json_is_object(root)) return mbad(c, "the manifest must be a JSON object");
+    int rc;
+    const char *s;
+    int64_t v;
+    /* format and version first: a newer manifest gets a message about its version */
+    if ((rc = get_str(c, root, "format", "manifest", &s))) return rc;
+    if (strcmp(s, FB_MANIFEST_FORMAT) != 0)
+        return mbad(c, "format is \"%.64s\", expected \"%s\"", s, FB_MANIFEST_FORMAT);
+    if ((rc = get_int(c, root, "version", "manifest", 1, INT32_MAX, &v))) return rc;
+    if (v != FB_MANIFEST_VERSION)
+        return mbad(c, "manifest version %lld; this fusebox reads version %d", (long long)v,
+                    FB_MANIFEST_VERSION);
+    if ((rc = only_keys(c, root, "the manifest", k_root))) return rc;
+    if ((rc = get_str(c, root, "name", "manifest", &s))) return rc;
+    if (!fb_manifest_valid_name(s))
+        return mbad(c, "name \"%.80s\" must be 1-64 of a-z 0-9 . _ -", s);
+    snprintf(m->name, sizeof m->name, "%s", s);
+
+    json_t *o;
+    if ((rc = get_obj(c, root, "sample", "manifest", &o)) ||
+        (rc = only_keys(c, o, "sample", k_sample)) || (rc = get_str(c, o, "dtype", "sample", &s)))
+        return rc;
+    if (!fb_data_dtype_parse(&m->dtype, s))
+        return mbad(c, "sample.dtype \"%.32s\" is not uint8 or float32", s);
+    json_t *shape = json_object_get(o, "shape");
+    if (!shape) return mbad(c, "missing field sample.shape");
+    if (json_is_string(shape) && strcmp(json_string_value(shape), "variable") == 0) {
+        m->ndim = 0;
+        m->sample_numel = 0;
+    } else if (json_is_array(shape)) {
+        size_t nd = json_array_size(shape);
+        if (nd != 1 && nd != 3)
+            return mbad(c, "sample.shape has %zu dimensions; expected [F] or [C, H, W]", nd);
+        int64_t numel = 1;
+        for (size_t i = 0; i < nd; i++) {
+            json_t *d = json_array_get(shape, i);
+            if (!json_is_integer(d) || json_integer_value(d) < 1 ||
+                json_integer_value(d) > FB_SHARD_MAX_SAMPLE_NUMEL)
+                return mbad(c, "sample.shape[%zu] must be an integer in 1..%lld", i,
+                            (long long)FB_SHARD_MAX_SAMPLE_NUMEL);
+            m->shape[i] = json_integer_value(d);
+            numel *= m->shape[i];
+            if (numel > FB_SHARD_MAX_SAMPLE_NUMEL)
+                return mbad(c, "sample.shape has more than %lld values",
+                            (long long)FB_SHARD_MAX_SAMPLE_NUMEL);
+        }
+        m->ndim = (int)nd;
+        m->sample_numel = numel;
+    } else {
+        return mbad(c, "sample.shape must be an array of dimensions or \"variable\"");
+    }
+
+    if ((rc = get_obj(c, root, "label", "manifest", &o)) ||
+        (rc = only_keys(c, o, "label", k_label)) || (rc = get_str(c, o, "dtype", "label", &s)))
+        return rc;
+    if (strcmp(s, "int32") != 0) return mbad(c, "label.dtype \"%.32s\" is not int32", s);
+    if ((rc = get_int(c, o, "classes", "label", 1, FB_MANIFEST_MAX_CLASSES, &v))) return rc;
+    m->n_classes = (int)v;
+
+    json_t *splits;
+    if ((rc = get_obj(c, root, "splits", "manifest", &splits))) return rc;
+    size_t ns = json_object_size(splits);
+    if (ns < 1 || ns > FB_MANIFEST_MAX_SPLITS)
+        return mbad(c, "splits has %zu entries; allowed 1 to %d", ns, FB_MANIFEST_MAX_SPLITS);
+    const char *k;
+    json_t *js;
+    json_object_foreach(splits, k, js) {
+        if (!valid_split_name(k))
+            return mbad(c, "split name \"%.64s\" must be 1-32 of a-z 0-9 _ -", k);
+        if ((rc = parse_split(c, js, k, &m->splits[m->n_splits]))) return rc;
+        m->n_splits++;
+    }
+    /* no shard file may be listed twice, in one split or across splits */
+    size_t total = 0, k2 = 0;
+    for (int a = 0; a < m->n_splits; a++) total += (size_t)m->splits[a].n_shards;
+    const char **paths = malloc(total * sizeof *paths);
+    if (!paths) return fb_errf(c->msg, c->cap, FB_ERR_NOMEM, "out of memory");
+    for (int a = 0; a < m->n_splits; a++)
+        for (int i = 0; i < m->splits[a].n_shards; i++) paths[k2++] = m->splits[a].shards[i].path;
+    qsort(paths, total, sizeof *paths, cmp_str);
+    rc = 0;
+    for (size_t i = 1; i < total && !rc; i++)
+        if (strcmp(paths[i - 1], paths[i]) == 0) rc = mbad(c, "shard %s is listed twice", paths[i]);
+    free(paths);
+    return rc;
+}
+
+int fb_manifest_parse(fb_manifest *out, const char *json, size_t len, const char *source,
+                      char *msg, size_t msg_cap)
+{
+    if (!out || (!json && len))
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_parse: NULL argument");
+    mctx c = {.src = source ? source : "manifest", .msg = msg, .cap = msg_cap};
+    if (len > FB_MANIFEST_MAX_BYTES)
+        return mbad(&c, "%zu bytes; a manifest may have at most %zu", len, FB_MANIFEST_MAX_BYTES);
+    json_error_t jerr;
+    json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return mbad(&c, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                    jerr.column);
+    fb_manifest m;
+    memset(&m, 0, sizeof m);
+    int rc = parse_root(&c, root, &m);
+    json_decref(root);
+    if (rc) {
+        fb_manifest_free(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+static int slurp(char **buf, size_t *len, const char *path, size_t max, char *msg, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fb_errf(msg, cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
+                           "cannot open %s: %s", path, strerror(errno));
+    size_t n = 0, bcap = 65536;
+    char *b = malloc(bcap);
+    int rc = 0;
+    if (!b) {
+        fclose(f);
+        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    }
+    for (;;) {
+        if (n == bcap) {
+            if (bcap > max) {
+                rc = fb_errf(msg, cap, FB_ERR_DATA, "%s: larger than %zu bytes", path, max);
+                break;
+            }
+            char *nb = realloc(b, 2 * bcap);
+            if (!nb) {
+                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                break;
+            }
+            b = nb;
+            bcap *= 2;
+        }
+        size_t k = fread(b + n, 1, bcap - n, f);
+        n += k;
+        if (k == 0) {
+            if (ferror(f)) rc = fb_errf(msg, cap, FB_ERR_IO, "cannot read %s", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int fb_manifest_read(fb_manifest *out, const char *path, char *msg, size_t msg_cap)
+{
+    if (!out || !path) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_read: NULL argument");
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = slurp(&buf, &len, path, FB_MANIFEST_MAX_BYTES, msg, msg_cap);
+    if (rc) return rc;
+    rc = fb_manifest_parse(out, buf, len, path, msg, msg_cap);
+    free(buf);
+    return rc;
+}
+
+int fb_manifest_open_dir(fb_manifest *out, const char *dir, char *msg, size_t msg_cap)
+{
+    if (!out || !dir) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_open_dir: NULL argument");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FB_MANIFEST_FILE) >= sizeof path)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset directory path is too long");
+    fb_manifest m;
+    int rc = fb_manifest_read(&m, path, msg, msg_cap);
+    if (rc) return rc;
+    if ((rc = fb_manifest_check_files(&m, dir, NULL, msg, msg_cap))) {
+        fb_manifest_free(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+static json_t *manifest_json(const fb_manifest *m)
+{
+    json_t *shape;
+    if (m->ndim == 0) {
+        shape = json_string("variable");
+    } else {
+        shape = json_array();
+        for (int i = 0; i < m->ndim; i++) json_array_append_new(shape, json_integer(m->shape[i]));
+    }
+    json_t *splits = json_object();
+    for (int s = 0; s < m->n_splits; s++) {
+        const fb_manifest_split *sp = &m->splits[s];
+        json_t *arr = json_array();
+        for (int i = 0; i < sp->n_shards; i++) {
+            const fb_manifest_shard *sh = &sp->shards[i];
+            char crc[9];
+            snprintf(crc, sizeof crc, "%08" PRIx32, sh->crc32c);
+            json_array_append_new(
+                arr, json_pack("{s:s, s:I, s:I, s:I, s:s}", "path", sh->path, "bytes",
+                               (json_int_t)sh->bytes, "records", (json_int_t)sh->records,
+                               "chunks", (json_int_t)sh->chunks, "crc32c", crc));
+        }
+        json_object_set_new(splits, sp->name,
+                            json_pack("{s:I, s:o}", "samples", (json_int_t)sp->samples, "shards",
+                                      arr));
+    }
+    return json_pack("{s:s, s:i, s:s, s:{s:s, s:o}, s:{s:s, s:i}, s:o}", "format",
+                     FB_MANIFEST_FORMAT, "version", FB_MANIFEST_VERSION, "name", m->name, "sample",
+                     "dtype", fb_data_dtype_name(m->dtype), "shape", shape, "label", "dtype",
+                     "int32", "classes", m->n_classes, "splits", splits);
+}
+
+int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg_cap)
+{
+    if (!json || !m) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_to_json: NULL argument");
+    if (!fb_data_dtype_name(m->dtype))
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "manifest with unknown dtype %d", m->dtype);
+    json_t *root = manifest_json(m);
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(root);
+    if (!text) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    /* what we write must be what we read back */
+    fb_manifest back;
+    int rc = fb_manifest_parse(&back, text, strlen(text), "the manifest being written", msg,
+                               msg_cap);
+    if (rc) {
+        free(text);
+        return rc == FB_ERR_DATA ? FB_ERR_INTERNAL : rc;
+    }
+    fb_manifest_free(&back);
+    *json = text;
+    return 0;
+}
+
+int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t msg_cap)
+{
+    if (!path || !m) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_write: NULL argument");
+    char *text = NULL, tmp[4200];
+    int rc = fb_manifest_to_json(&text, m, msg, msg_cap);
+    if (rc) return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        free(text);
+        return rc;
+    }
+    size_t len = strlen(text), off = 0;
+    text[len] = '\n'; /* json_dumps leaves no final newline; the NUL is not needed any more */
+    len++;
+    while (off < len) {
+        ssize_t k = write(fd, text + off, len - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+            goto fail;
+        }
+        off += (size_t)k;
+    }
+    if (fsync(fd) != 0) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    int cfd = fd;
+    fd = -1;
+    if (close(cfd) != 0) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s to %s: %s", tmp, path,
+                     strerror(errno));
+        goto fail;
+    }
+    free(text);
+    char *copy = strdup(path);
+    if (copy) {
+        int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            if (fsync(dfd) != 0 && errno != EINVAL)
+                rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync the directory of %s", path);
+            close(dfd);
+        }
+        free(copy);
+    }
+    return rc;
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    free(text);
+    return rc;
+}
+
+int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *split, char *msg,
+                            size_t msg_cap)
+{
+    if (!m || !dir) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_check_files: NULL argument");
+    char path[4400];
+    for (int s = 0; s < m->n_splits; s++) {
+        const fb_manifest_split *sp = &m->splits[s];
+        if (split && strcmp(split, sp->name) != 0) continue;
+        for (int i = 0; i < sp->n_shards; i++) {
+            const fb_manifest_shard *sh = &sp->shards[i];
+            snprintf(path, sizeof path, "%s/%s", dir, sh->path);
+            struct stat st;
+            if (stat(path, &st) != 0)
+                return fb_errf(msg, msg_cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
+                               "%s: listed in the manifest (split %s) but cannot be read: %s",
+                               path, sp->name, strerror(errno));
+            if ((uint64_t)st.st_size != sh->bytes)
+                return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                               "%s: the manifest says %" PRIu64 " bytes, the file has %lld",
+                               path, sh->bytes, (long long)st.st_size);
+            fb_shard_reader *r;
+            int rc = fb_shard_open(&r, path, msg, msg_cap);
+            if (rc) return rc;
+            const fb_shard_meta *mt = fb_shard_get_meta(r);
+            if (mt->dtype != m->dtype || mt->sample_numel != m->sample_numel)
+                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                             "%s: holds %s records of %" PRId64 " values; the manifest says %s "
+                             "records of %" PRId64,
+                             path, fb_data_dtype_name(mt->dtype), mt->sample_numel,
+                             fb_data_dtype_name(m->dtype), m->sample_numel);
+            else if (mt->records != sh->records || mt->chunks != sh->chunks)
+                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                             "%s: holds %" PRId64 " records in %" PRId64 " chunks; the manifest "
+                             "says %" PRId64 " in %" PRId64,
+                             path, mt->records, mt->chunks, sh->records, sh->chunks);
+            fb_shard_close(r);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+const fb_manifest_split *fb_manifest_find_split(const fb_manifest *m, const char *name)
+{
+    for (int s = 0; s < m->n_splits; s++)
+        if (strcmp(m->splits[s].name, name) == 0) return &m->splits[s];
+    return NULL;
+}
+
+uint64_t fb_manifest_split_bytes(const fb_manifest_split *s)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < s->n_shards; i++) b += s->shards[i].bytes;
+    return b;
+}
+
+void fb_manifest_free(fb_manifest *m)
+{
+    if (!m) return;
+    for (int s = 0; s < m->n_splits; s++) free(m->splits[s].shards);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,117 @@
+/*
+ * The manifest of a shard dataset: manifest.json at the top of the dataset
+ * directory (docs/data-format.md).
+ *
+ * It names the dataset, gives the sample dtype and shape (or "variable"),
+ * the label type and class count, and for each split (train, test, ...) its
+ * sample count and its shards in order, each with its path relative to the
+ * directory, size in bytes, record and chunk counts and the CRC32C of the
+ * whole file.  Parsing is strict: an unknown field, a missing field, a wrong
+ * type, a value out of range, a path that could leave the directory, or
+ * counts that disagree with each other is FB_ERR_DATA with a message naming
+ * the manifest and the field.  fb_manifest_check_files then compares the
+ * manifest with the shard files themselves (sizes, headers).
+ *
+ * Functions that can fail return 0 or a negative fb_err and fill the
+ * caller's message buffer (msg, msg_cap); on failure outputs are untouched.
+ */
+#ifndef FB_WORKERS_DATA_MANIFEST_H
+#define FB_WORKERS_DATA_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+#include "shard.h"
+
+#define FB_MANIFEST_FILE "manifest.json"
+#define FB_MANIFEST_FORMAT "fusebox-dataset"
+#define FB_MANIFEST_VERSION 1
+#define FB_MANIFEST_NAME_MAX 64      /* dataset name: a-z 0-9 . _ - */
+#define FB_MANIFEST_SPLIT_MAX 32     /* split name: a-z 0-9 _ - */
+#define FB_MANIFEST_PATH_MAX 255     /* shard path, relative */
+#define FB_MANIFEST_MAX_SPLITS 8
+#define FB_MANIFEST_MAX_SHARDS 65536 /* per split */
+#define FB_MANIFEST_MAX_DIMS 3
+#define FB_MANIFEST_MAX_CLASSES (1 << 24)
+#define FB_MANIFEST_MAX_BYTES ((size_t)64 << 20)
+
+typedef struct fb_manifest_shard {
+    char path[FB_MANIFEST_PATH_MAX + 1]; /* relative to the dataset directory */
+    uint64_t bytes;
+    int64_t records, chunks;
+    uint32_t crc32c; /* of the whole file */
+} fb_manifest_shard;
+
+typedef struct fb_manifest_split {
+    char name[FB_MANIFEST_SPLIT_MAX + 1];
+    int64_t samples; /* = sum of the shards' records */
+    int n_shards;
+    fb_manifest_shard *shards; /* owned */
+} fb_manifest_split;
+
+/*
+ * A parsed manifest.  shape[0..ndim) is the per-sample shape ((F) or
+ * (C, H, W)); ndim is 0 and sample_numel 0 for variable-size records.
+ * Labels are int32 class indices in [0, n_classes).
+ */
+typedef struct fb_manifest {
+    char name[FB_MANIFEST_NAME_MAX + 1];
+    fb_data_dtype dtype;
+    int ndim;
+    int64_t shape[FB_MANIFEST_MAX_DIMS];
+    int64_t sample_numel;
+    int n_classes;
+    int n_splits;
+    fb_manifest_split splits[FB_MANIFEST_MAX_SPLITS];
+} fb_manifest;
+
+/*
+ * Parses len bytes of manifest JSON; source names it in messages.  *out
+ * must be released with fb_manifest_free.  FB_ERR_DATA for anything outside
+ * the format, FB_ERR_NOMEM.
+ */
+int fb_manifest_parse(fb_manifest *out, const char *json, size_t len, const char *source,
+                      char *msg, size_t msg_cap);
+
+/* Reads and parses the manifest file at path (FB_ERR_IO when unreadable). */
+int fb_manifest_read(fb_manifest *out, const char *path, char *msg, size_t msg_cap);
+
+/*
+ * Loads <dir>/manifest.json and checks it against the shard files of every
+ * split (fb_manifest_check_files).
+ */
+int fb_manifest_open_dir(fb_manifest *out, const char *dir, char *msg, size_t msg_cap);
+
+/*
+ * Serialises m (which must be valid: it is checked as fb_manifest_parse
+ * would) as canonical JSON; *json is malloc'd, NUL-terminated.
+ */
+int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg_cap);
+
+/* Writes m to path atomically (temporary file, fsync, rename). */
+int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t msg_cap);
+
+/*
+ * Checks the shard files of split (every split when NULL) under dir against
+ * m: each exists, has the manifest's size, and its header agrees on dtype,
+ * sample size, records and chunks.  Does not read chunks or whole-file
+ * checksums (fb_datadir_verify does).  FB_ERR_DATA naming the file; FB_ERR_IO.
+ */
+int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *split, char *msg,
+                            size_t msg_cap);
+
+/* The split called name, or NULL. */
+const fb_manifest_split *fb_manifest_find_split(const fb_manifest *m, const char *name);
+
+/* Total bytes of a split's shards. */
+uint64_t fb_manifest_split_bytes(const fb_manifest_split *s);
+
+/* Frees every split's shard list and zeroes *m.  Accepts NULL. */
+void fb_manifest_free(fb_manifest *m);
+
+/* 1 when name is a valid dataset name (1-64 of a-z 0-9 . _ -, not "." or ".."). */
+int fb_manifest_valid_name(const char *name);
+
+#endif
