@@ -68,8 +68,9 @@ bool fb_backend_supports(const fb_backend_t *be, fb_op op)
     return false;
 }
 
-/* Records n and passes it to the backend (OpenBLAS threads on the fast CPU
- * backend).  n <= 0 asks for the backend's default. */
+/* Records n and passes it to the backend (on the fast CPU backend, the
+ * OpenMP threads its ops use, with OpenBLAS single-threaded inside each).
+ * n <= 0 asks for the backend's default. */
 void fb_backend_set_threads(fb_backend_t *be, int n)
 {
     FB_ASSERT(be != NULL);

@@ -124,7 +124,9 @@ typedef struct fb_conv_geom {
 
 /* Fills Ho and Wo from the other fields. */
 void fb_conv_geom_finish(fb_conv_geom *g);
-/* Floats of scratch memory conv2d forward/backward need for this geometry. */
+/* Floats of scratch memory conv2d forward/backward need for this geometry.
+ * On a multi-threaded backend the size grows with the thread count: size
+ * scratch after fb_backend_set_threads, and again after raising the count. */
 size_t fb_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g);
 void fb_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
                        const float *bias, const fb_conv_geom *g, float *scratch);

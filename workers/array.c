@@ -33,6 +33,13 @@ typedef struct tensor_def {
 
 typedef enum node_kind { NODE_LAYER, NODE_EXPAND } node_kind;
 
+/* An activation buffer of per_sample floats per (sample, member), at off. */
+typedef struct grad_region {
+    size_t off;
+    int64_t per_sample;
+    uint64_t gen;
+} grad_region;
+
 typedef struct node node;
 struct node {
     node_kind kind;
@@ -75,6 +82,13 @@ struct fb_array {
     size_t x_off, y_off, tgt_off, loss_off, correct_off, logits_off;
     int last_n;
     bool oom; /* an allocation failed while planning */
+
+    /* Activation buffers whose gradients a backward pass accumulates into,
+     * each zeroed (over the batch's N*B rows only) by the first op of a
+     * backward pass that adds into it; gen says which pass zeroed it last. */
+    grad_region *regions;
+    int n_regions, cap_regions;
+    uint64_t gen;
 };
 
 /* ---- building ------------------------------------------------------------ */
@@ -121,9 +135,25 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
                         size_t in, bool shared, node **out, int *n_out, size_t *out_off,
                         char *msg, size_t cap);
 
-/* Plans one layer: its output buffer, saved statistics and parameters. */
+/* Records an activation buffer that backward may accumulate into. */
+static bool add_region(fb_array *a, size_t off, int64_t per_sample)
+{
+    if (a->n_regions == a->cap_regions) {
+        int nc = a->cap_regions ? 2 * a->cap_regions : 16;
+        grad_region *r = realloc(a->regions, (size_t)nc * sizeof *r);
+        if (!r) return false;
+        a->regions = r;
+        a->cap_regions = nc;
+    }
+    a->regions[a->n_regions++] = (grad_region){.off = off, .per_sample = per_sample, .gen = 0};
+    return true;
+}
+
+/* Plans one layer: its output buffer, saved statistics and parameters.
+ * numel > 0 runs an elementwise layer on numel values per sample instead of
+ * its own shape (a relu moved behind a max pool, see build_layers). */
 static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name, size_t in,
-                      bool shared, char *msg, size_t cap)
+                      bool shared, int64_t numel, char *msg, size_t cap)
 {
     size_t NB = (size_t)a->max_n * (size_t)a->Bcap;
     memset(nd, 0, sizeof *nd);
@@ -131,8 +161,8 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
     nd->L = L;
     nd->id = a->n_ids++;
     nd->shared_in = shared;
-    nd->in_numel = fb_shape_numel(&L->in);
-    nd->out_numel = fb_shape_numel(&L->out);
+    nd->in_numel = numel > 0 ? numel : fb_shape_numel(&L->in);
+    nd->out_numel = numel > 0 ? numel : fb_shape_numel(&L->out);
     nd->in = in;
     nd->save1 = nd->save2 = nd->sc_out = NONE;
     nd->w = nd->b = nd->rm = nd->rv = nd->bn_index = -1;
@@ -213,7 +243,8 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
     }
     if (a->oom) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     nd->out = take(A, NB * (size_t)nd->out_numel);
-    return FB_OK;
+    return add_region(a, nd->out, nd->out_numel) ? FB_OK
+                                                 : fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
 }
 
 static void nodes_free(node *nodes, int n)
@@ -252,6 +283,10 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
             e->w = e->b = e->rm = e->rv = e->bn_index = -1;
             e->save1 = e->save2 = e->sc_out = NONE;
             e->out = take(&a->act_floats, (size_t)a->max_n * a->Bcap * (size_t)e->out_numel);
+            if (!add_region(a, e->out, e->out_numel)) {
+                err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
             cur = e->out;
             shared = false;
         }
@@ -260,7 +295,35 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
             snprintf(name, sizeof name, "%s.%d", prefix, i);
         else
             snprintf(name, sizeof name, "%d", i);
-        err = build_node(a, &nodes[k], L, name, cur, shared, msg, cap);
+        if (!shared && L->type == FB_LAYER_RELU && i + 1 < n &&
+            layers[i + 1].type == FB_LAYER_MAXPOOL2D) {
+            /*
+             * relu then max pool runs as max pool then relu: relu is
+             * non-decreasing, so max(relu(x)) = relu(max(x)) value for value,
+             * and the gradient is the same (a window whose maximum is positive
+             * picks the same first maximum either way; one whose maximum is
+             * not gets a zero gradient either way).  The relu then touches a
+             * quarter of the data (2x2 pooling) and the full-size relu output
+             * and its gradient are never stored.
+             */
+            char pname[NAME_CAP];
+            if (*prefix)
+                snprintf(pname, sizeof pname, "%s.%d", prefix, i + 1);
+            else
+                snprintf(pname, sizeof pname, "%d", i + 1);
+            err = build_node(a, &nodes[k], &layers[i + 1], pname, cur, false, 0, msg, cap);
+            k++;
+            if (err) goto fail;
+            cur = nodes[k - 1].out;
+            err = build_node(a, &nodes[k], L, name, cur, false,
+                             fb_shape_numel(&layers[i + 1].out), msg, cap);
+            k++;
+            if (err) goto fail;
+            cur = nodes[k - 1].out;
+            i++;
+            continue;
+        }
+        err = build_node(a, &nodes[k], L, name, cur, shared, 0, msg, cap);
         k++;
         if (err) goto fail;
         cur = nodes[k - 1].out;
@@ -389,6 +452,7 @@ void fb_array_free(fb_array *a)
     fb_backend_free(a->be, a->scratch);
     free(a->params);
     free(a->bufs);
+    free(a->regions);
     free(a->blocks);
     free(a->specs);
     free(a->seeds);
@@ -436,6 +500,14 @@ static fb_conv_geom conv_geom(const fb_array *a, const node *nd, int N)
                       .ph = L->padding[0], .pw = L->padding[1], .shared = nd->shared_in};
     fb_conv_geom_finish(&g);
     return g;
+}
+
+/* The conv workspace, after checking that it still fits g: a backend's need
+ * grows with its thread count, which may have been raised since building. */
+static float *conv_scratch(const fb_array *a, const fb_conv_geom *g)
+{
+    FB_ASSERT(fb_conv2d_scratch_floats(a->be, g) <= (a->scratch_floats ? a->scratch_floats : 16));
+    return a->scratch;
 }
 
 static fb_pool_geom pool_geom(const fb_array *a, const node *nd, int N)
@@ -489,7 +561,7 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
         break;
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
-        fb_conv2d_forward(be, ACT(nd->out), ACT(nd->in), PW(nd), PB(nd), &g, a->scratch);
+        fb_conv2d_forward(be, ACT(nd->out), ACT(nd->in), PW(nd), PB(nd), &g, conv_scratch(a, &g));
         break;
     }
     case FB_LAYER_MAXPOOL2D: {
@@ -557,6 +629,34 @@ static void forward_nodes(fb_array *a, node *nodes, int n, int N, bool train, ui
 
 static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stream);
 
+/* The gradient of the activation buffer at off, zeroed over the batch's rows
+ * if this backward pass has not added into it yet.  Zeroing here, just before
+ * the first op that accumulates into the buffer, touches only what the pass
+ * uses and finds it in cache more often than zeroing the whole slab would. */
+static float *grad_buf(fb_array *a, size_t off, int N)
+{
+    for (int r = 0; r < a->n_regions; r++) {
+        grad_region *g = &a->regions[r];
+        if (g->off != off) continue;
+        if (g->gen != a->gen) {
+            g->gen = a->gen;
+            fb_backend_zero(a->be, DACT(off),
+                            (size_t)N * (size_t)a->B * (size_t)g->per_sample * sizeof(float));
+        }
+        return DACT(off);
+    }
+    FB_ASSERT(!"an activation buffer without a gradient region");
+    return NULL;
+}
+
+/* Zeroes the current members' part of parameter tensor t's gradient. */
+static void zero_param_grad(fb_array *a, int t)
+{
+    if (t < 0) return;
+    fb_backend_zero(a->be, a->g + a->params[t].offset,
+                    (size_t)a->B * a->params[t].per_member * sizeof(float));
+}
+
 static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
 {
     fb_backend_t *be = a->be;
@@ -564,7 +664,10 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     size_t count = (size_t)N * (size_t)B * (size_t)nd->out_numel;
     if (nd->kind == NODE_EXPAND) return; /* the shared input needs no gradient */
     const fb_layer *L = nd->L;
-    float *din = nd->shared_in ? NULL : DACT(nd->in);
+    /* each parameter belongs to one node, which is its gradient's only writer */
+    zero_param_grad(a, nd->w);
+    zero_param_grad(a, nd->b);
+    float *din = nd->shared_in || L->type == FB_LAYER_FLATTEN ? NULL : grad_buf(a, nd->in, N);
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
@@ -575,7 +678,7 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
         fb_conv2d_backward(be, din, GW(nd), GB(nd), DACT(nd->out), ACT(nd->in), PW(nd), &g,
-                           a->scratch);
+                           conv_scratch(a, &g));
         break;
     }
     case FB_LAYER_MAXPOOL2D: {
@@ -618,8 +721,8 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
         break;
     case FB_LAYER_RESIDUAL:
         /* out = body(x) + shortcut(x): the output gradient reaches both */
-        fb_accumulate(be, DACT(nd->save1), DACT(nd->out), count);
-        fb_accumulate(be, DACT(nd->sc_out), DACT(nd->out), count);
+        fb_accumulate(be, grad_buf(a, nd->save1, N), DACT(nd->out), count);
+        fb_accumulate(be, grad_buf(a, nd->sc_out, N), DACT(nd->out), count);
         backward_nodes(a, nd->body, nd->n_body, N, stream);
         backward_nodes(a, nd->sc, nd->n_sc, N, stream);
         break;
@@ -660,8 +763,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     bool grad = train;
     float *dlogits = NULL;
     if (grad) {
-        fb_backend_zero(a->be, a->dact, a->act_floats * sizeof(float));
-        fb_backend_zero(a->be, a->g, a->params_floats * sizeof(float));
+        a->gen++; /* a new backward pass: every gradient buffer starts unzeroed */
         dlogits = DACT(a->logits_off);
     }
     float *dev_loss = ACT(a->loss_off), *dev_correct = ACT(a->correct_off);

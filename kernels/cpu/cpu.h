@@ -13,6 +13,8 @@
 
 #include "backend_impl.h"
 
+#include <omp.h>
+
 /* ---- memory shared by both CPU backends (cpu_mem.c) ---- */
 void *fb_cpumem_alloc(fb_backend_t *be, size_t bytes);
 void fb_cpumem_free(fb_backend_t *be, void *p);
@@ -84,6 +86,7 @@ void fb_ref_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, cons
 
 /* ---- fast ---- */
 void fb_cpu_set_threads(fb_backend_t *be, int n);
+void fb_cpu_zero(fb_backend_t *be, void *p, size_t bytes);
 
 void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
@@ -143,6 +146,57 @@ void fb_cpu_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, 
 void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp);
+
+/* ---- threads of the fast path ----
+ *
+ * The fast backend keeps OpenBLAS single-threaded (fb_cpu_blas_init, run once
+ * by fb_backend_cpu) and spreads its own work over OpenMP threads: a GEMM is
+ * split into per-thread pieces (members, rows or columns) that each thread
+ * hands to OpenBLAS, and a loop is split by ranges.  So the thread count given
+ * to fb_backend_set_threads is the number of cores the backend keeps busy,
+ * never OpenBLAS threads times OpenMP threads.  Work is split statically by
+ * thread count, so results are reproducible for a given count.
+ */
+void fb_cpu_blas_init(void);
+
+/* The threads the fast backend may use: the count set, or OpenMP's default. */
+static inline int fb_cpu_threads(const fb_backend_t *be)
+{
+    return be->threads > 0 ? be->threads : omp_get_max_threads();
+}
+
+/* Threads worth waking for `work` units when each should get at least
+ * `grain` of them (1 when the work is too small to share). */
+static inline int fb_cpu_team(const fb_backend_t *be, double work, double grain)
+{
+    int t = fb_cpu_threads(be);
+    double cap = work / grain;
+    if (cap < 2.0) return 1;
+    return cap < (double)t ? (int)cap : t;
+}
+
+/* Part `part` of `parts` near-equal pieces of [0, n): [*lo, *hi), with inner
+ * boundaries rounded to multiples of align (>= 1). */
+static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, size_t *lo,
+                                size_t *hi)
+{
+    size_t units = (n + align - 1) / align;
+    size_t a = units * (size_t)part / (size_t)parts * align;
+    size_t e = units * (size_t)(part + 1) / (size_t)parts * align;
+    *lo = a < n ? a : n;
+    *hi = e < n ? e : n;
+}
+
+/* Compiles a hot loop once per vector width (AVX-512, AVX2, baseline SSE2)
+ * and picks the widest the CPU runs, at load time; the build itself stays
+ * portable.  For loops that are bound by arithmetic (square roots and
+ * divisions in the optimizers, transcendental activations) rather than by
+ * memory. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FB_CPU_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FB_CPU_VECTOR_CLONES
+#endif
 
 /* ---- small helpers of the fast path ---- */
 

@@ -8,7 +8,7 @@
 static const struct fb_backend_ops fb_cpu_ops = {
     .alloc = fb_cpumem_alloc,
     .free = fb_cpumem_free,
-    .zero = fb_cpumem_zero,
+    .zero = fb_cpu_zero,
     .copy = fb_cpumem_copy,
     .upload = fb_cpumem_copy,
     .download = fb_cpumem_copy,
@@ -47,5 +47,6 @@ static fb_backend_t fb_cpu_backend = {.name = "cpu", .ops = &fb_cpu_ops};
 /* The process-wide fast CPU backend; never freed. */
 fb_backend_t *fb_backend_cpu(void)
 {
+    fb_cpu_blas_init();
     return &fb_cpu_backend;
 }

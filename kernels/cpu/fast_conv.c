@@ -8,6 +8,9 @@
  * members form one [B*K, C*kh*kw] matrix against the single input (Mg = B*K,
  * one GEMM per sample), so the input is never unfolded B times.  A 1x1,
  * stride-1, unpadded convolution needs no unfolding: col is the input itself.
+ * Per-sample GEMMs are small enough for OpenBLAS's in-cache small-matrix
+ * kernels, which measured faster here than GEMMs over several samples.
+ * Threads split the samples (see fb_cpu_conv2d_scratch_floats).
  */
 #include "cpu.h"
 
@@ -36,7 +39,8 @@ static void conv_valid_range(int *lo, int *hi, int W, int Wo, int s, int p, int 
 }
 
 /* col[(c*kh + i)*kw + j, oh*Wo + ow] = x[c, oh*sh - ph + i, ow*sw - pw + j],
- * zero where the tap falls in the padding.  x [C, H, W]. */
+ * zero where the tap falls in the padding.  x [C, H, W].  Rows are short
+ * (Wo values), so they are written by plain loops, not library calls. */
 static void conv_im2col(float *restrict col, const float *restrict x, const fb_conv_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo, sw = g->sw;
@@ -46,24 +50,28 @@ static void conv_im2col(float *restrict col, const float *restrict x, const fb_c
             for (int j = 0; j < g->kw; j++) {
                 float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 const float *restrict xc = x + (size_t)c * H * W;
+                const int shift = j - g->pw; /* input column of ow is ow*sw + shift */
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);
                 for (int oh = 0; oh < Ho; oh++) {
                     float *restrict r = row + (size_t)oh * Wo;
                     int ih = oh * g->sh - g->ph + i;
                     if (ih < 0 || ih >= H) {
-                        memset(r, 0, (size_t)Wo * sizeof(float));
+                        for (int ow = 0; ow < Wo; ow++)
+                            r[ow] = 0.0f;
                         continue;
                     }
-                    memset(r, 0, (size_t)lo * sizeof(float));
-                    memset(r + hi, 0, (size_t)(Wo - hi) * sizeof(float));
-                    if (hi == lo) continue;
-                    const float *restrict xr = xc + (size_t)ih * W + (lo * sw - g->pw + j);
+                    const float *restrict xr = xc + (size_t)ih * W;
+                    for (int ow = 0; ow < lo; ow++)
+                        r[ow] = 0.0f;
                     if (sw == 1)
-                        memcpy(r + lo, xr, (size_t)(hi - lo) * sizeof(float));
+                        for (int ow = lo; ow < hi; ow++)
+                            r[ow] = xr[ow + shift];
                     else
                         for (int ow = lo; ow < hi; ow++)
-                            r[ow] = xr[(size_t)(ow - lo) * sw];
+                            r[ow] = xr[ow * sw + shift];
+                    for (int ow = hi; ow < Wo; ow++)
+                        r[ow] = 0.0f;
                 }
             }
 }
@@ -79,34 +87,81 @@ static void conv_col2im(float *restrict x, const float *restrict col, const fb_c
             for (int j = 0; j < g->kw; j++) {
                 const float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 float *restrict xc = x + (size_t)c * H * W;
+                const int shift = j - g->pw;
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);
                 for (int oh = 0; oh < Ho; oh++) {
                     int ih = oh * g->sh - g->ph + i;
                     if (ih < 0 || ih >= H || hi == lo) continue;
                     const float *restrict r = row + (size_t)oh * Wo;
-                    float *restrict xr = xc + (size_t)ih * W + (lo * sw - g->pw + j);
+                    float *restrict xr = xc + (size_t)ih * W;
                     if (sw == 1)
                         for (int ow = lo; ow < hi; ow++)
-                            xr[ow - lo] += r[ow];
+                            xr[ow + shift] += r[ow];
                     else
                         for (int ow = lo; ow < hi; ow++)
-                            xr[(size_t)(ow - lo) * sw] += r[ow];
+                            xr[ow * sw + shift] += r[ow];
                 }
             }
 }
 
-/* Floats of scratch: one unfolded input [C*kh*kw, Ho*Wo], or 0 for a
- * pointwise convolution. */
+/* Sum of one output plane, for the bias gradient: eight float lanes the
+ * compiler turns into one vector, then added up in double. */
+static double plane_sum(const float *restrict x, size_t n)
+{
+    float lane[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            lane[k] += x[i + k];
+    double s = 0.0;
+    for (int k = 0; k < 8; k++)
+        s += lane[k];
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+/* Floats of one thread's unfolded input [C*kh*kw, Ho*Wo] (0 when pointwise). */
+static size_t col_floats(const fb_conv_geom *g)
+{
+    return conv_is_pointwise(g) ? 0 : (size_t)g->C * g->kh * g->kw * g->Ho * g->Wo;
+}
+
+/* Floats of one thread's private weight and bias gradient [B*K*C*kh*kw + B*K]. */
+static size_t partial_floats(const fb_conv_geom *g)
+{
+    return (size_t)g->B * g->K * ((size_t)g->C * g->kh * g->kw + 1);
+}
+
+/* A conv of this many flops per thread is worth splitting over samples. */
+#define CONV_GRAIN 2e6
+
+/* Threads for a conv of geometry g: never more than the scratch was sized for. */
+static int conv_team(const fb_backend_t *be, const fb_conv_geom *g)
+{
+    double flops = 2.0 * g->N * (double)g->B * g->K * g->C * g->kh * g->kw * g->Ho * g->Wo;
+    int nt = fb_cpu_team(be, flops, CONV_GRAIN);
+    return nt < g->N ? nt : (g->N > 0 ? g->N : 1);
+}
+
+/*
+ * Floats of scratch for fb_cpu_threads(be) threads: each thread's unfolded
+ * input, and for every thread but the first a private dw and dbias that the
+ * backward adds up at the end (threads split the samples, and every sample
+ * contributes to every weight).  The size depends on the thread count, so
+ * scratch is sized after fb_backend_set_threads.
+ */
 size_t fb_cpu_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g)
 {
-    if (conv_is_pointwise(g)) return 0;
-    return (size_t)g->C * g->kh * g->kw * g->Ho * g->Wo;
+    const size_t T = (size_t)fb_cpu_threads(be);
+    return T * col_floats(g) + (T - 1) * partial_floats(g);
 }
 
 /*
  * out[N, B*K, Ho, Wo] = conv(in[N, Bi*C, H, W], w[B, K, C, kh, kw]) + bias[B, K];
- * scratch holds fb_cpu_conv2d_scratch_floats() floats.
+ * scratch holds fb_cpu_conv2d_scratch_floats() floats.  Threads take
+ * contiguous ranges of samples, each unfolding into its own part of scratch.
  */
 void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch)
@@ -116,25 +171,33 @@ void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const 
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
     const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K;
     FB_ASSERT(pw || scratch != NULL);
-    for (int n = 0; n < g->N; n++) {
-        float *out_n = out + (size_t)n * BK * HoWo;
-        if (bias)
-            for (size_t ch = 0; ch < BK; ch++) {
-                float *restrict o = out_n + ch * HoWo;
-                const float v = bias[ch];
-                for (int i = 0; i < HoWo; i++)
-                    o[i] = v;
+    const int nt = conv_team(be, g);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int t = omp_get_thread_num();
+        float *col_buf = pw ? NULL : scratch + (size_t)t * col_floats(g);
+        size_t n0, n1;
+        fb_cpu_split((size_t)g->N, t, omp_get_num_threads(), 1, &n0, &n1);
+        for (size_t n = n0; n < n1; n++) {
+            float *out_n = out + n * BK * HoWo;
+            if (bias)
+                for (size_t ch = 0; ch < BK; ch++) {
+                    float *restrict o = out_n + ch * HoWo;
+                    const float v = bias[ch];
+                    for (int i = 0; i < HoWo; i++)
+                        o[i] = v;
+                }
+            for (int gi = 0; gi < groups; gi++) {
+                const float *x = in + (n * groups + gi) * g->C * HW;
+                const float *col = x;
+                if (!pw) {
+                    conv_im2col(col_buf, x, g);
+                    col = col_buf;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, HoWo, CKK, 1.0f,
+                            w + (size_t)gi * Mg * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
+                            out_n + (size_t)gi * Mg * HoWo, HoWo);
             }
-        for (int gi = 0; gi < groups; gi++) {
-            const float *x = in + ((size_t)n * groups + gi) * g->C * HW;
-            const float *col = x;
-            if (!pw) {
-                conv_im2col(scratch, x, g);
-                col = scratch;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, HoWo, CKK, 1.0f,
-                        w + (size_t)gi * Mg * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
-                        out_n + (size_t)gi * Mg * HoWo, HoWo);
         }
     }
 }
@@ -142,7 +205,9 @@ void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const 
 /*
  * dout [N, B*K, Ho, Wo]; accumulates dbias[B*K] (plane sums), per sample and
  * group dw_g [Mg, CKK] += dout_g . col^T, and (not shared) din_g += col2im(
- * w_g^T . dout_g).  scratch as for the forward.
+ * w_g^T . dout_g).  Threads take contiguous ranges of samples; the first
+ * accumulates straight into dw and dbias, the others into private copies in
+ * scratch that are added in afterwards, in thread order.
  */
 void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
@@ -151,34 +216,59 @@ void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbia
     const bool pw = conv_is_pointwise(g);
     const int groups = g->shared ? 1 : g->B, Mg = g->shared ? g->B * g->K : g->K;
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
-    const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K;
+    const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K, dw_n = BK * CKK;
     FB_ASSERT(pw || scratch != NULL);
-    if (dbias)
-        for (int n = 0; n < g->N; n++)
-            for (size_t ch = 0; ch < BK; ch++)
-                dbias[ch] += (float)fb_cpu_sum(dout + ((size_t)n * BK + ch) * HoWo, HoWo);
-    for (int n = 0; n < g->N; n++)
-        for (int gi = 0; gi < groups; gi++) {
-            const float *x = in + ((size_t)n * groups + gi) * g->C * HW;
-            const float *dout_g = dout + ((size_t)n * BK + (size_t)gi * Mg) * HoWo;
-            const float *w_g = w + (size_t)gi * Mg * CKK;
-            float *din_g = din ? din + ((size_t)n * groups + gi) * g->C * HW : NULL;
-            const float *col = x;
-            if (!pw) {
-                conv_im2col(scratch, x, g);
-                col = scratch;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Mg, CKK, HoWo, 1.0f, dout_g, HoWo,
-                        col, HoWo, 1.0f, dw + (size_t)gi * Mg * CKK, CKK);
-            if (!din_g) continue;
-            if (pw) {
-                /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f, w_g, CKK,
-                            dout_g, HoWo, 1.0f, din_g, HoWo);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f, w_g, CKK,
-                            dout_g, HoWo, 0.0f, scratch, HoWo);
-                conv_col2im(din_g, scratch, g);
+    const int nt = conv_team(be, g);
+    FB_ASSERT(nt == 1 || scratch != NULL);
+    float *partials = nt > 1 ? scratch + (size_t)fb_cpu_threads(be) * col_floats(g) : NULL;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int t = omp_get_thread_num();
+        float *col_buf = pw ? NULL : scratch + (size_t)t * col_floats(g);
+        float *my_dw = dw, *my_db = dbias;
+        if (t > 0) {
+            my_dw = partials + (size_t)(t - 1) * partial_floats(g);
+            my_db = my_dw + dw_n;
+            memset(my_dw, 0, partial_floats(g) * sizeof(float));
+        }
+        size_t n0, n1;
+        fb_cpu_split((size_t)g->N, t, omp_get_num_threads(), 1, &n0, &n1);
+        for (size_t n = n0; n < n1; n++) {
+            if (dbias)
+                for (size_t ch = 0; ch < BK; ch++)
+                    my_db[ch] += (float)plane_sum(dout + (n * BK + ch) * HoWo, (size_t)HoWo);
+            for (int gi = 0; gi < groups; gi++) {
+                const float *x = in + (n * groups + gi) * g->C * HW;
+                const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
+                const float *w_g = w + (size_t)gi * Mg * CKK;
+                float *din_g = din ? din + (n * groups + gi) * g->C * HW : NULL;
+                const float *col = x;
+                if (!pw) {
+                    conv_im2col(col_buf, x, g);
+                    col = col_buf;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Mg, CKK, HoWo, 1.0f, dout_g,
+                            HoWo, col, HoWo, 1.0f, my_dw + (size_t)gi * Mg * CKK, CKK);
+                if (!din_g) continue;
+                if (pw) {
+                    /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f,
+                                w_g, CKK, dout_g, HoWo, 1.0f, din_g, HoWo);
+                } else {
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f, w_g,
+                                CKK, dout_g, HoWo, 0.0f, col_buf, HoWo);
+                    conv_col2im(din_g, col_buf, g);
+                }
             }
         }
+    }
+    /* the private sums, in thread order, so a thread count gives one result */
+    for (int t = 1; t < nt; t++) {
+        const float *pd = partials + (size_t)(t - 1) * partial_floats(g);
+        for (size_t i = 0; i < dw_n; i++)
+            dw[i] += pd[i];
+        if (dbias)
+            for (size_t ch = 0; ch < BK; ch++)
+                dbias[ch] += pd[dw_n + ch];
+    }
 }

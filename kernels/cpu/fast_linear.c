@@ -5,42 +5,104 @@
  * member-b matrix [N, F] starts at b*F with leading dimension B*F.  Not
  * shared, each member is one GEMM on those strided views; shared, the weights
  * of all members are one [B*O, I] matrix and the whole layer is one GEMM.
+ *
+ * Threads (cpu.h): not shared, members are dealt out to threads, and a member
+ * is cut into row ranges only when there are fewer members than threads;
+ * shared, the one GEMM is cut into column (forward), weight-row (dw) and
+ * sample-row (din) ranges.  Every piece is an ordinary single-threaded
+ * OpenBLAS call on a sub-matrix, so no two threads write the same element.
  */
 #include "cpu.h"
 
 #include <cblas.h>
 /* cblas.h pulls in <complex.h>, whose macro I would shadow our dimension I. */
 #undef I
+#include <pthread.h>
 #include <string.h>
 
-/* Threads OpenBLAS may use; n = 0 means all online processors. */
+/* A GEMM piece smaller than this many flops is not worth a thread. */
+#define GEMM_GRAIN 1.5e6
+
+static void blas_single_threaded(void)
+{
+    openblas_set_num_threads(1);
+}
+
+/* OpenBLAS runs inside our threads, never with its own (cpu.h, "Threads"). */
+void fb_cpu_blas_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_single_threaded);
+}
+
+/* Records nothing beyond be->threads (done by the caller): OpenBLAS stays at
+ * one thread and the fast ops size their OpenMP teams from be->threads. */
 void fb_cpu_set_threads(fb_backend_t *be, int n)
 {
-    openblas_set_num_threads(n > 0 ? n : openblas_get_num_procs());
+    (void)be;
+    (void)n;
+    fb_cpu_blas_init();
+}
+
+/* Pieces to cut a not-shared layer into: B members, each in R row ranges. */
+static int row_ranges(int B, int nt)
+{
+    return B >= nt ? 1 : (nt + B - 1) / B;
 }
 
 /*
  * out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O].
- * Rows of out start as the bias ([B*O] is one row of out), then GEMMs add.
+ * Rows of out start as the bias, then GEMMs add (beta = 1).
  */
 void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared)
 {
     const size_t BO = (size_t)B * O;
-    if (N == 0) return;
-    if (bias)
-        for (int n = 0; n < N; n++)
-            memcpy(out + (size_t)n * BO, bias, BO * sizeof(float));
     const float beta = bias ? 1.0f : 0.0f;
+    if (N == 0) return;
+    const int nt = fb_cpu_team(be, 2.0 * N * (double)BO * I, GEMM_GRAIN);
     if (shared) {
-        /* out [N, B*O] = in [N, I] . w[B*O, I]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, (int)BO, I, 1.0f, in, I, w, I, beta,
-                    out, (int)BO);
+        /* out [N, B*O] = in [N, I] . w[B*O, I]^T, cut into column ranges */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            size_t c0, c1;
+            fb_cpu_split(BO, omp_get_thread_num(), omp_get_num_threads(), 16, &c0, &c1);
+            if (c1 > c0) {
+                if (bias)
+                    for (int n = 0; n < N; n++)
+                        memcpy(out + (size_t)n * BO + c0, bias + c0, (c1 - c0) * sizeof(float));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, (int)(c1 - c0), I, 1.0f,
+                            in, I, w + c0 * I, I, beta, out + c0, (int)BO);
+            }
+        }
         return;
     }
-    for (int b = 0; b < B; b++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, I, 1.0f, in + (size_t)b * I,
-                    B * I, w + (size_t)b * O * I, I, beta, out + (size_t)b * O, (int)BO);
+    const int R = row_ranges(B, nt);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int t = 0; t < B * R; t++) {
+        const int b = t / R;
+        size_t n0, n1;
+        fb_cpu_split((size_t)N, t % R, R, 1, &n0, &n1);
+        if (n1 <= n0) continue;
+        float *o = out + n0 * BO + (size_t)b * O;
+        if (bias)
+            for (size_t n = n0; n < n1; n++)
+                memcpy(o + (n - n0) * BO, bias + (size_t)b * O, (size_t)O * sizeof(float));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(n1 - n0), O, I, 1.0f,
+                    in + n0 * B * I + (size_t)b * I, B * I, w + (size_t)b * O * I, I, beta, o,
+                    (int)BO);
+    }
+}
+
+/* dbias[c0, c1) += column sums of dout [N, BO] over that column range. */
+static void bias_grad(float *restrict db, const float *restrict dout, int N, size_t BO, size_t c0,
+                      size_t c1)
+{
+    for (int n = 0; n < N; n++) {
+        const float *restrict d = dout + (size_t)n * BO;
+        for (size_t j = c0; j < c1; j++)
+            db[j] += d[j];
+    }
 }
 
 /*
@@ -55,34 +117,67 @@ void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbia
 {
     const size_t BO = (size_t)B * O;
     if (N == 0) return;
-    if (dbias) {
-        float *restrict db = dbias;
-        for (int n = 0; n < N; n++) {
-            const float *restrict d = dout + (size_t)n * BO;
-            for (size_t j = 0; j < BO; j++)
-                db[j] += d[j];
-        }
-    }
+    const int nt = fb_cpu_team(be, (din ? 4.0 : 2.0) * N * (double)BO * I, GEMM_GRAIN);
     if (shared) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)BO, I, N, 1.0f, dout, (int)BO, in,
-                    I, 1.0f, dw, I);
-        if (din)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, (int)BO, 1.0f, dout,
-                        (int)BO, w, I, 1.0f, din, I);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            const int t = omp_get_thread_num(), T = omp_get_num_threads();
+            size_t r0, r1;
+            if (dbias) {
+                fb_cpu_split(BO, t, T, 16, &r0, &r1);
+                bias_grad(dbias, dout, N, BO, r0, r1);
+            }
+            /* dw rows [r0, r1) of [B*O, I] */
+            fb_cpu_split(BO, t, T, 16, &r0, &r1);
+            if (r1 > r0)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), I, N, 1.0f,
+                            dout + r0, (int)BO, in, I, 1.0f, dw + r0 * I, I);
+            /* din sample rows [r0, r1) of [N, I] */
+            fb_cpu_split((size_t)N, t, T, 1, &r0, &r1);
+            if (din && r1 > r0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), I, (int)BO,
+                            1.0f, dout + r0 * BO, (int)BO, w, I, 1.0f, din + r0 * I, I);
+        }
         return;
     }
-    for (int b = 0; b < B; b++) {
-        const float *dout_b = dout + (size_t)b * O, *in_b = in + (size_t)b * I;
-        const float *w_b = w + (size_t)b * O * I;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.0f, dout_b, (int)BO, in_b,
-                    B * I, 1.0f, dw + (size_t)b * O * I, I);
-        if (din)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.0f, dout_b, (int)BO,
-                        w_b, I, 1.0f, din + (size_t)b * I, B * I);
+    const int R = row_ranges(B, nt);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        if (dbias) {
+            size_t c0, c1;
+            fb_cpu_split(BO, omp_get_thread_num(), omp_get_num_threads(), 16, &c0, &c1);
+            bias_grad(dbias, dout, N, BO, c0, c1);
+        }
+        /* dw_b rows [o0, o1) += dout_b[:, o0:o1]^T . in_b */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < B * R; t++) {
+            const int b = t / R;
+            size_t o0, o1;
+            fb_cpu_split((size_t)O, t % R, R, 1, &o0, &o1);
+            if (o1 > o0)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), I, N, 1.0f,
+                            dout + (size_t)b * O + o0, (int)BO, in + (size_t)b * I, B * I, 1.0f,
+                            dw + ((size_t)b * O + o0) * I, I);
+        }
+        /* din_b rows [n0, n1) += dout_b[n0:n1] . w_b */
+        if (din) {
+#pragma omp for schedule(static) nowait
+            for (int t = 0; t < B * R; t++) {
+                const int b = t / R;
+                size_t n0, n1;
+                fb_cpu_split((size_t)N, t % R, R, 1, &n0, &n1);
+                if (n1 > n0)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(n1 - n0), I, O,
+                                1.0f, dout + n0 * BO + (size_t)b * O, (int)BO,
+                                w + (size_t)b * O * I, I, 1.0f, din + n0 * B * I + (size_t)b * I,
+                                B * I);
+            }
+        }
     }
 }
 
-/* c[M, N] = a[M, K] . b[K, N], row-major, with cblas_sgemm. */
+/* c[M, N] = a[M, K] . b[K, N], row-major, with cblas_sgemm, cut into row
+ * ranges over the backend's threads. */
 void fb_cpu_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K)
 {
     if (M == 0 || N == 0) return;
@@ -90,5 +185,13 @@ void fb_cpu_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, in
         memset(c, 0, (size_t)M * N * sizeof(float));
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N);
+    const int nt = fb_cpu_team(be, 2.0 * M * (double)N * K, GEMM_GRAIN);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        size_t r0, r1;
+        fb_cpu_split((size_t)M, omp_get_thread_num(), omp_get_num_threads(), 1, &r0, &r1);
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), N, K, 1.0f,
+                        a + r0 * K, K, b, N, 0.0f, c + r0 * N, N);
+    }
 }

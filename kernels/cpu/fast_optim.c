@@ -9,6 +9,7 @@
 #include <math.h>
 
 /* p, g, buf [n] for one member's slice of one block. */
+FB_CPU_VECTOR_CLONES
 static void optim_sgd(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
                       const fb_optim_hparams *h)
 {
@@ -34,6 +35,7 @@ static void optim_sgd(float *restrict p, const float *restrict g, float *restric
 }
 
 /* p, g, m, v [n]: Adam (l2 = wd, decay = 1) or AdamW (l2 = 0, decay = 1 - lr wd). */
+FB_CPU_VECTOR_CLONES
 static void optim_adam(float *restrict p, const float *restrict g, float *restrict m,
                        float *restrict v, size_t n, const fb_optim_hparams *h, bool decoupled)
 {
@@ -54,23 +56,48 @@ static void optim_adam(float *restrict p, const float *restrict g, float *restri
     }
 }
 
+/* Floats per piece of work: a piece of every stream of Adam (p, g, m, v)
+ * stays well inside L2. */
+#define OPTIM_CHUNK 8192
+
+static void optim_range(fb_optim_kind kind, float *params, const float *grads, float *state1,
+                        float *state2, size_t base, size_t n, const fb_optim_hparams *h)
+{
+    float *s1 = state1 ? state1 + base : NULL;
+    if (kind == FB_OPTIM_KIND_SGD)
+        optim_sgd(params + base, grads + base, s1, n, h);
+    else
+        optim_adam(params + base, grads + base, s1, state2 + base, n, h,
+                   kind == FB_OPTIM_KIND_ADAMW);
+}
+
 /* Same contract as fb_ref_optim_step (kernels.h): slabs indexed by
- * blocks[k].offset + b * per_member + i; empty slots (lr 0, t 0) skipped. */
+ * blocks[k].offset + b * per_member + i; empty slots (lr 0, t 0) skipped.
+ * Every (member, block) range is cut into pieces of OPTIM_CHUNK floats that
+ * the threads take in turn; the update of an element does not depend on any
+ * other, so the cut changes nothing in the result. */
 void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp)
 {
-    for (int b = 0; b < B; b++) {
-        const fb_optim_hparams *h = &hp[b];
-        if (h->lr == 0.0f && h->t == 0) continue;
-        for (int k = 0; k < n_blocks; k++) {
-            const size_t n = blocks[k].per_member, base = blocks[k].offset + (size_t)b * n;
-            float *s1 = state1 ? state1 + base : NULL;
-            if (kind == FB_OPTIM_KIND_SGD)
-                optim_sgd(params + base, grads + base, s1, n, h);
-            else
-                optim_adam(params + base, grads + base, s1, state2 + base, n, h,
-                           kind == FB_OPTIM_KIND_ADAMW);
+    size_t total = 0;
+    for (int k = 0; k < n_blocks; k++) total += blocks[k].per_member * (size_t)B;
+    const int nt = fb_cpu_team(be, (double)total, 4.0 * OPTIM_CHUNK);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+        size_t piece = 0;
+        for (int b = 0; b < B; b++) {
+            const fb_optim_hparams *h = &hp[b];
+            if (h->lr == 0.0f && h->t == 0) continue;
+            for (int k = 0; k < n_blocks; k++) {
+                const size_t n = blocks[k].per_member, base = blocks[k].offset + (size_t)b * n;
+                for (size_t i = 0; i < n; i += OPTIM_CHUNK, piece++) {
+                    if (piece % T != t) continue;
+                    size_t len = n - i < OPTIM_CHUNK ? n - i : OPTIM_CHUNK;
+                    optim_range(kind, params, grads, state1, state2, base + i, len, h);
+                }
+            }
         }
     }
 }

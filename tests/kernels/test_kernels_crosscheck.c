@@ -160,6 +160,9 @@ static void cases_linear(void)
         {17, 3, 33, 10, true, true, false},   {2, 1, 1, 1, false, true, true},
         {9, 3, 64, 31, false, true, true},    {1, 1, 5, 4, true, false, true},
         {64, 4, 300, 130, false, true, true}, {64, 4, 300, 130, true, true, true},
+        /* large enough to be cut over threads: rows of one member, members, columns */
+        {256, 1, 300, 130, false, true, true}, {96, 2, 257, 129, false, true, true},
+        {96, 5, 200, 67, false, false, true},  {128, 6, 301, 50, true, true, true},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         lin_arg a = {cfg[i].N,   cfg[i].B, cfg[i].I, cfg[i].O, cfg[i].shared, cfg[i].bias,
@@ -241,6 +244,9 @@ static void cases_conv(void)
         {2, 3, 2, 4, 4, 2, 4, 4, 1, 1, 0, 0, 0, 1},    {2, 3, 2, 5, 6, 3, 3, 3, 3, 2, 1, 1, 1, 0},
         {2, 1, 4, 3, 3, 5, 1, 1, 1, 1, 0, 0, 1, 1},    {2, 3, 2, 6, 5, 2, 3, 1, 1, 3, 0, 1, 0, 1},
         {4, 3, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {4, 4, 1, 28, 28, 8, 5, 5, 1, 1, 2, 2, 1, 1},
+        /* cut over threads by samples: private weight gradients, pointwise, strided */
+        {9, 1, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {16, 2, 16, 16, 16, 32, 1, 1, 1, 1, 0, 0, 0, 1},
+        {7, 2, 3, 17, 15, 24, 3, 3, 2, 2, 1, 1, 0, 0}, {10, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         const int *q = cfg[i];
@@ -341,6 +347,8 @@ static void cases_pool(void)
         {1, 2, 5, 5, 3, 3, 1, 1, 1, 1, 1}, {2, 1, 6, 7, 2, 3, 1, 2, 1, 0, 0},
         {3, 2, 7, 7, 2, 2, 2, 2, 0, 0, 1}, {1, 1, 4, 4, 4, 4, 1, 1, 0, 0, 0},
         {2, 2, 5, 6, 3, 2, 3, 1, 1, 1, 0},
+        /* cut over threads by planes: the 2x2 path (odd size, ties) and the general one */
+        {4, 16, 29, 28, 2, 2, 2, 2, 0, 0, 1}, {8, 16, 15, 15, 3, 3, 2, 2, 1, 1, 1},
     };
     for (int B = 1; B <= 3; B += 2)
         for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
@@ -448,10 +456,18 @@ static void run_accumulate(fb_backend_t *be, const cc_case *c, float **outs)
     fb_accumulate(be, outs[0], a->in, a->n);
 }
 
+static void cases_eltwise_n(size_t n);
+
+/* A small array, and one large enough to be cut over threads. */
 static void cases_eltwise(void)
 {
+    cases_eltwise_n(1001);
+    cases_eltwise_n(100003);
+}
+
+static void cases_eltwise_n(size_t n)
+{
     static const char *names[] = {"relu", "gelu", "gelu_tanh", "tanh", "sigmoid"};
-    const size_t n = 1001;
     elt_arg a;
     a.n = n;
     a.in = kt_rand(n, -6, 6);
@@ -756,7 +772,17 @@ static void run_optim(fb_backend_t *be, const cc_case *c, float **outs)
                   a->hp);
 }
 
+static void cases_optim_sizes(const size_t sizes[3], bool big);
+
+/* Small blocks, and blocks large enough to be cut into pieces over threads. */
 static void cases_optim(void)
+{
+    static const size_t small[3] = {7, 33, 1}, large[3] = {70001, 33, 9000};
+    cases_optim_sizes(small, false);
+    cases_optim_sizes(large, true);
+}
+
+static void cases_optim_sizes(const size_t sizes[3], bool big)
 {
     static const char *names[] = {"sgd", "adam", "adamw"};
     for (int kind = FB_OPTIM_KIND_SGD; kind <= FB_OPTIM_KIND_ADAMW; kind++)
@@ -767,7 +793,7 @@ static void cases_optim(void)
             a.B = 4;
             a.n_blocks = 3;
             /* blocks with gaps between them; the gaps must stay untouched */
-            size_t per[3] = {7, 33, 1}, off = 3;
+            size_t per[3] = {sizes[0], sizes[1], sizes[2]}, off = 3;
             for (int k = 0; k < 3; k++) {
                 a.blocks[k] = (fb_param_block){off, per[k]};
                 off += per[k] * a.B + 2;
@@ -789,8 +815,8 @@ static void cases_optim(void)
             a.hp[2].t = 0;
             a.grads = kt_rand(a.total, -1, 1);
             float *v = kt_rand(a.total, 0, 0.01f);
-            cc_case c = cc_new(run_optim, &a, 1e-6, "optim %s B%d t%d.. (one slot empty)",
-                               names[kind], a.B, t);
+            cc_case c = cc_new(run_optim, &a, 1e-6, "optim %s B%d t%d.. %s(one slot empty)",
+                               names[kind], a.B, t, big ? "large " : "");
             cc_out(&c, "params", a.total, OUT_ACCUM, NULL);
             cc_out(&c, "state1", a.total, OUT_ACCUM, NULL);
             cc_out(&c, "state2", a.total, OUT_ACCUM, v);
@@ -869,22 +895,45 @@ static void check_backends(void)
     printf("%-64s ok\n", "backends: names, supports, memory");
 }
 
+/* Zeroing large enough to be cut over threads: every byte, and only those. */
+static void check_big_zero(void)
+{
+    const size_t n = (3u << 20) + 37; /* floats: over the per-thread grain, not a round size */
+    float *p = fb_backend_alloc(g_fast, (n + 2) * sizeof(float));
+    CHECK(p != NULL);
+    for (size_t i = 0; i < n + 2; i++)
+        p[i] = 1.0f;
+    fb_backend_zero(g_fast, p + 1, n * sizeof(float));
+    CHECK(p[0] == 1.0f && p[n + 1] == 1.0f);
+    for (size_t i = 1; i <= n; i++)
+        CHECK(p[i] == 0.0f);
+    fb_backend_free(g_fast, p);
+    printf("%-64s ok\n", "zero: a large range, cut over threads");
+}
+
 int main(void)
 {
     g_fast = fb_backend_cpu();
     g_ref = fb_backend_cpu_ref();
     CHECK(g_fast != NULL && g_ref != NULL);
-    fb_backend_set_threads(g_fast, 2);
     check_backends();
-    cases_linear();
-    cases_conv();
-    cases_pool();
-    cases_eltwise();
-    cases_dropout();
-    cases_norm();
-    cases_loss();
-    cases_optim();
-    cases_gemm();
+    /* one thread, and three (more than this machine's cores, and an odd count,
+     * so that work is cut unevenly) for the fast backend's threaded paths */
+    static const int threads[] = {1, 3};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        fb_backend_set_threads(g_fast, threads[t]);
+        printf("-- fast backend on %d thread(s)\n", threads[t]);
+        check_big_zero();
+        cases_linear();
+        cases_conv();
+        cases_pool();
+        cases_eltwise();
+        cases_dropout();
+        cases_norm();
+        cases_loss();
+        cases_optim();
+        cases_gemm();
+    }
     printf("%d cases, %d failed\n", g_cases, g_failures);
     CHECK_INT_EQ(g_failures, 0);
     return 0;

@@ -246,6 +246,18 @@ def cnn_pad():
             {"type": "flatten"}, {"type": "linear", "out": CLASSES}]
 
 
+def cnn_relu_pool():
+    # relu straight before max pooling (the engine pools first, then applies
+    # relu to the pooled values): overlapping padded windows, then 2x2
+    return [{"type": "conv2d", "out": 6, "kernel": 3, "padding": 1},
+            {"type": "relu"},
+            {"type": "maxpool2d", "kernel": 3, "stride": 2, "padding": 1},
+            {"type": "conv2d", "out": 8, "kernel": 3, "padding": 1},
+            {"type": "relu"},
+            {"type": "maxpool2d", "kernel": 2},
+            {"type": "flatten"}, {"type": "linear", "out": CLASSES}]
+
+
 def resnet():
     return [{"type": "conv2d", "out": 4, "kernel": 3, "padding": 1, "bias": False},
             {"type": "batchnorm"}, {"type": "relu"},
@@ -277,6 +289,7 @@ MODELS = {
     "cnn": (cnn(), [1, 12, 12], "cross_entropy"),
     "cnn_pad": (cnn_pad(), [1, 12, 12], "cross_entropy"),
     "resnet": (resnet(), [3, 8, 8], "cross_entropy"),
+    "cnn_relu_pool": (cnn_relu_pool(), [1, 12, 12], "cross_entropy"),
 }
 
 OPTIMIZERS = {
@@ -304,6 +317,7 @@ TRAJECTORIES = {
     "mlp_norm": [("sgd", "cosine_min"), ("adamw", "step_w4")],
     "resnet": [("sgd_nesterov", "cosine_w5"), ("sgd", "step_w4"), ("adam", "cosine_min"),
                ("adamw", "constant")],
+    "cnn_relu_pool": [("sgd", "step10"), ("adamw", "cosine_w5")],
 }
 
 

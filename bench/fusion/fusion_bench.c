@@ -1,0 +1,387 @@
+/*
+ * fusion_bench: fusebox's side of bench/fusion (run.sh drives it and PyTorch
+ * side by side and prints the table).
+ *
+ *   fusion_bench train --model mlp|cnn --mode fused|solo|fused,solo --threads T
+ *                      --B 1,2,4,... [--work K | --steps S] [--warmup W]
+ *     For each B, and for each mode in turn (the two are then measured a few
+ *     seconds apart): fused trains one array of B members for W untimed
+ *     steps, then S timed steps; solo trains B single-member arrays one after
+ *     another, each for W untimed and S timed steps.  S is given, or
+ *     max(2, ceil(K / B)), so that every B times about K member-steps
+ *     (default K = 64).  A step is what the training loop does: gather the
+ *     minibatch, forward, backward, one fused optimizer update.  Prints one
+ *     line per B and mode:
+ *       train impl=fusebox-fused model=mlp threads=1 B=16 sps=... gflops=...
+ *     sps is samples x models per second over the timed steps (cpu_sps the
+ *     same over the process CPU time, steadier on a loaded machine); gflops the
+ *     training GEMM FLOP rate (see model_flops).
+ *
+ *   fusion_bench sgemm --threads T [--n 2048] [--reps 5]
+ *     OpenBLAS SGEMM (cblas_sgemm with T OpenBLAS threads) on square n x n
+ *     matrices: the machine's practical limit.
+ *     Prints "sgemm threads=T n=... gflops=<median>".
+ *
+ *   fusion_bench rss --model mlp|cnn --B 16 [--threads T] [--steps S]
+ *     Peak resident memory (ru_maxrss of child processes): one child trains a
+ *     fused array of B members for S steps; then B children each train one
+ *     member alone.  Prints "rss model=... B=... fused_kib=... solo_sum_kib=...
+ *     solo_max_kib=...".
+ *
+ * The models (the same in torch_bench.py), batch 128, inputs [1, 28, 28] with
+ * 10 classes (Fashion-MNIST's shape; synthetic values), AdamW:
+ *   mlp: flatten, linear 256, relu, linear 128, relu, linear 10
+ *   cnn: conv 3x3 16 pad 1, relu, maxpool 2, conv 3x3 32 pad 1, relu, maxpool 2,
+ *        flatten, linear 10
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+/* cblas.h pulls in <complex.h>, whose macro I is not needed here. */
+#undef I
+
+#include "array.h"
+#include "jobspec.h"
+#include "kernels.h"
+
+#define BATCH 128
+#define SIDE 28
+#define CLASSES 10
+#define POOL 4 /* distinct synthetic minibatches, used in turn */
+#define MAX_B 64
+#define MSG_CAP 1024
+
+static const char *const MLP_LAYERS =
+    "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":256},{\"type\":\"relu\"},"
+    "{\"type\":\"linear\",\"out\":128},{\"type\":\"relu\"},{\"type\":\"linear\",\"out\":10}]";
+static const char *const CNN_LAYERS =
+    "[{\"type\":\"conv2d\",\"out\":16,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
+    "{\"type\":\"maxpool2d\",\"kernel\":2},"
+    "{\"type\":\"conv2d\",\"out\":32,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
+    "{\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"out\":10}]";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (all threads): on a loaded machine, a
+ * one-thread run's CPU time is steadier than its wall time. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "fusion_bench: %s: %s\n", what, msg);
+    exit(1);
+}
+
+/* splitmix64, for the synthetic data and the members' hyperparameters. */
+static uint64_t next_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Member i's spec: the model of `model`, its own seed and learning rate, as a
+ * hyperparameter sweep would make them. */
+static fb_job_spec *make_spec(const char *model, int i)
+{
+    const char *layers = strcmp(model, "mlp") == 0 ? MLP_LAYERS : CNN_LAYERS;
+    char json[2048], msg[MSG_CAP];
+    snprintf(json, sizeof json,
+             "{\"name\":\"bench-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+             "\"layers\":%s},\"batch_size\":%d,\"steps\":1000000,"
+             "\"optimizer\":{\"type\":\"adamw\",\"lr\":%.6g,\"weight_decay\":0.01},"
+             "\"seed\":%d,\"data_seed\":0}",
+             model, i, SIDE, SIDE, layers, BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)), 100 + i);
+    fb_job_spec *s = calloc(1, sizeof *s);
+    if (!s) die("spec", "out of memory");
+    if (fb_job_spec_parse(json, strlen(json), NULL, s, msg, sizeof msg)) die("spec", msg);
+    return s;
+}
+
+/*
+ * Multiply-add FLOPs (x2) of one training step of one member on N samples:
+ * every linear and conv layer's forward GEMM, its weight-gradient GEMM, and
+ * its input-gradient GEMM except for the first layer (its input is the data,
+ * which needs no gradient; PyTorch skips it too).
+ */
+static double model_flops(const fb_job_spec *s, int N)
+{
+    double total = 0;
+    bool first = true;
+    for (int i = 0; i < s->n_layers; i++) {
+        const fb_layer *L = &s->layers[i];
+        double f;
+        if (L->type == FB_LAYER_LINEAR)
+            f = 2.0 * (double)L->in.d[0] * (double)L->out_features;
+        else if (L->type == FB_LAYER_CONV2D)
+            f = 2.0 * (double)L->in.d[0] * L->kernel[0] * L->kernel[1] *
+                (double)fb_shape_numel(&L->out);
+        else
+            continue;
+        total += f * (first ? 2.0 : 3.0);
+        first = false;
+    }
+    return total * N;
+}
+
+typedef struct data_pool {
+    float *x;   /* [POOL * BATCH, 784] */
+    int32_t *y; /* [POOL * BATCH] */
+} data_pool;
+
+static data_pool make_data(void)
+{
+    data_pool d;
+    size_t F = (size_t)SIDE * SIDE;
+    d.x = malloc((size_t)POOL * BATCH * F * sizeof *d.x);
+    d.y = malloc((size_t)POOL * BATCH * sizeof *d.y);
+    if (!d.x || !d.y) die("data", "out of memory");
+    uint64_t st = 42;
+    for (size_t i = 0; i < (size_t)POOL * BATCH * F; i++)
+        d.x[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f);
+    for (size_t i = 0; i < (size_t)POOL * BATCH; i++)
+        d.y[i] = (int32_t)(next_u64(&st) % CLASSES);
+    return d;
+}
+
+/* A trainer: one array plus the per-step buffers the training loop keeps. */
+typedef struct trainer {
+    fb_array *a;
+    fb_job_spec *specs[MAX_B];
+    fb_optim_hparams hp[MAX_B];
+    float loss[MAX_B], correct[MAX_B];
+    float *x;
+    int32_t *y;
+    int B;
+    int64_t t;
+} trainer;
+
+static void trainer_init(trainer *tr, fb_backend_t *be, const char *model, int B, int first)
+{
+    char msg[MSG_CAP];
+    memset(tr, 0, sizeof *tr);
+    tr->B = B;
+    for (int b = 0; b < B; b++) tr->specs[b] = make_spec(model, first + b);
+    if (fb_array_new(be, (const fb_job_spec *const *)tr->specs, B, BATCH, &tr->a, msg, sizeof msg))
+        die("array", msg);
+    tr->x = malloc((size_t)BATCH * SIDE * SIDE * sizeof *tr->x);
+    tr->y = malloc((size_t)BATCH * sizeof *tr->y);
+    if (!tr->x || !tr->y) die("trainer", "out of memory");
+}
+
+static void trainer_free(trainer *tr)
+{
+    fb_array_free(tr->a);
+    for (int b = 0; b < tr->B; b++) {
+        fb_job_spec_free(tr->specs[b]);
+        free(tr->specs[b]);
+    }
+    free(tr->x);
+    free(tr->y);
+}
+
+/* One training step as workers/train.c runs it: gather, forward+backward, update. */
+static void trainer_step(trainer *tr, const data_pool *d)
+{
+    char msg[MSG_CAP];
+    size_t F = (size_t)SIDE * SIDE, k = (size_t)(tr->t % POOL) * BATCH;
+    memcpy(tr->x, d->x + k * F, (size_t)BATCH * F * sizeof *tr->x);
+    memcpy(tr->y, d->y + k, (size_t)BATCH * sizeof *tr->y);
+    if (fb_array_forward_backward(tr->a, tr->x, tr->y, BATCH, true, (uint64_t)tr->t, tr->loss,
+                                  tr->correct, msg, sizeof msg))
+        die("step", msg);
+    tr->t++;
+    for (int b = 0; b < tr->B; b++) fb_array_hparams(tr->a, b, tr->t, 1000000, &tr->hp[b]);
+    fb_array_step(tr->a, tr->hp);
+}
+
+/* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs
+ * one after another (solo), warm-up steps excluded. */
+static double run_train(fb_backend_t *be, const char *model, int B, bool fused, int steps,
+                        int warmup, const data_pool *d, double *cpu)
+{
+    double timed = 0;
+    *cpu = 0;
+    int jobs = fused ? 1 : B, per_job = fused ? B : 1;
+    for (int j = 0; j < jobs; j++) {
+        trainer tr;
+        trainer_init(&tr, be, model, per_job, j);
+        for (int s = 0; s < warmup; s++) trainer_step(&tr, d);
+        double t0 = now_s(), c0 = cpu_s();
+        for (int s = 0; s < steps; s++) trainer_step(&tr, d);
+        timed += now_s() - t0;
+        *cpu += cpu_s() - c0;
+        trainer_free(&tr);
+    }
+    return timed;
+}
+
+static int parse_list(const char *s, int *out, int cap)
+{
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > MAX_B) die("--B", "expected a comma-separated list of 1..64");
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* GFLOP/s of OpenBLAS's own SGEMM, with its own threads, on square n x n
+ * matrices: the median of reps calls after one warm-up call. */
+static double sgemm_gflops(fb_backend_t *be, int n, int reps, int threads)
+{
+    size_t nn = (size_t)n * n;
+    float *a = fb_backend_alloc(be, nn * sizeof(float)), *b = fb_backend_alloc(be, nn * sizeof(float));
+    float *c = fb_backend_alloc(be, nn * sizeof(float));
+    if (!a || !b || !c) die("sgemm", "out of memory");
+    uint64_t st = 7;
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
+        b[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
+    }
+    openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    double r[64];
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < reps; i++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                    c, n);
+        r[i] = 2.0 * n * (double)n * n / (now_s() - t0) / 1e9;
+    }
+    qsort(r, (size_t)reps, sizeof r[0], cmp_double);
+    fb_backend_free(be, a);
+    fb_backend_free(be, b);
+    fb_backend_free(be, c);
+    return r[reps / 2];
+}
+
+/* Peak RSS (KiB) of a child that trains B members fused (or 1 member). */
+static long child_rss(fb_backend_t *be, const char *model, int B, int steps, const data_pool *d)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) die("fork", "failed");
+    if (pid == 0) {
+        trainer tr;
+        trainer_init(&tr, be, model, B, 0);
+        for (int s = 0; s < steps; s++) trainer_step(&tr, d);
+        trainer_free(&tr);
+        _exit(0);
+    }
+    int status;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        die("rss", "child failed");
+    return ru.ru_maxrss;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: fusion_bench train --model mlp|cnn --mode fused|solo|fused,solo --threads T "
+            "--B LIST [--work K | --steps S] [--warmup W]\n"
+            "       fusion_bench sgemm --threads T [--n N] [--reps R]\n"
+            "       fusion_bench rss --model mlp|cnn --B B [--threads T] [--steps S]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) usage();
+    const char *cmd = argv[1], *model = "mlp", *mode = "fused";
+    int threads = 1, steps = 0, work = 64, warmup = 3, n = 2048, reps = 5, Bs[16] = {1}, nB = 1;
+    for (int i = 2; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) usage();
+        if (strcmp(k, "--model") == 0) model = v;
+        else if (strcmp(k, "--mode") == 0) mode = v;
+        else if (strcmp(k, "--threads") == 0) threads = atoi(v);
+        else if (strcmp(k, "--steps") == 0) steps = atoi(v);
+        else if (strcmp(k, "--work") == 0) work = atoi(v);
+        else if (strcmp(k, "--warmup") == 0) warmup = atoi(v);
+        else if (strcmp(k, "--n") == 0) n = atoi(v);
+        else if (strcmp(k, "--reps") == 0) reps = atoi(v);
+        else if (strcmp(k, "--B") == 0) nB = parse_list(v, Bs, 16);
+        else usage();
+    }
+    if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0) usage();
+    if (threads < 1 || steps < 0 || work < 1 || warmup < 0 || n < 1 || reps < 1) usage();
+    fb_backend_t *be = fb_backend_cpu();
+    fb_backend_set_threads(be, threads);
+
+    if (strcmp(cmd, "sgemm") == 0) {
+        printf("sgemm threads=%d n=%d gflops=%.2f\n", threads, n, sgemm_gflops(be, n, reps, threads));
+        return 0;
+    }
+    data_pool d = make_data();
+    if (strcmp(cmd, "train") == 0) {
+        static const char *const modes[] = {"fused", "solo"};
+        bool run_mode[2] = {false, false};
+        if (strcmp(mode, "fused") == 0) run_mode[0] = true;
+        else if (strcmp(mode, "solo") == 0) run_mode[1] = true;
+        else if (strcmp(mode, "fused,solo") == 0) run_mode[0] = run_mode[1] = true;
+        else usage();
+        fb_job_spec *s = make_spec(model, 0);
+        double flops = model_flops(s, BATCH);
+        fb_job_spec_free(s);
+        free(s);
+        for (int i = 0; i < nB; i++) {
+            int S = steps ? steps : (work + Bs[i] - 1) / Bs[i];
+            if (S < 2) S = 2;
+            for (int m = 0; m < 2; m++) {
+                if (!run_mode[m]) continue;
+                double cpu, t = run_train(be, model, Bs[i], m == 0, S, warmup, &d, &cpu);
+                double sps = (double)Bs[i] * S * BATCH / t;
+                printf("train impl=fusebox-%s model=%s threads=%d B=%d sps=%.1f gflops=%.2f "
+                       "cpu_sps=%.1f\n",
+                       modes[m], model, threads, Bs[i], sps, flops * Bs[i] * S / t / 1e9,
+                       (double)Bs[i] * S * BATCH / cpu);
+                fflush(stdout);
+            }
+        }
+    } else if (strcmp(cmd, "rss") == 0) {
+        int B = Bs[0], S = steps ? steps : 3;
+        long fused = child_rss(be, model, B, S, &d), sum = 0, mx = 0;
+        for (int b = 0; b < B; b++) {
+            long r = child_rss(be, model, 1, S, &d);
+            sum += r;
+            if (r > mx) mx = r;
+        }
+        printf("rss model=%s B=%d fused_kib=%ld solo_sum_kib=%ld solo_max_kib=%ld\n", model, B,
+               fused, sum, mx);
+    } else {
+        usage();
+    }
+    free(d.x);
+    free(d.y);
+    return 0;
+}
