@@ -57,7 +57,10 @@
     X(FB_ERR_BAD_HEADER, -64, "bad_header", 400, "a request header is malformed")                 \
     X(FB_ERR_BAD_ENCODING, -65, "bad_encoding", 400, "the body is not valid UTF-8")               \
     X(FB_ERR_NO_MODEL, -66, "no_model", 404, "the job has no exported model yet")                 \
-    X(FB_ERR_TOO_MANY_TRIALS, -67, "too_many_trials", 400, "a sweep expands into too many jobs")
+    X(FB_ERR_TOO_MANY_TRIALS, -67, "too_many_trials", 400, "a sweep expands into too many jobs") \
+    X(FB_ERR_BAD_WIRE, -68, "bad_wire_message", 400, "a wire message is malformed or stale")     \
+    X(FB_ERR_DIVERGED, -69, "diverged", 422, "training produced a non-finite loss")              \
+    X(FB_ERR_DETACHED, -70, "detached", 409, "the member left its array")
 
 typedef enum fb_err {
 #define FB_ERR_ENUM_(name, value, code, http, desc) name = value,
