@@ -857,54 +857,146 @@ void fb_array_remove(fb_array *a, int m)
 
 /* ---- weights files --------------------------------------------------------- */
 
-int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const char *meta_key,
-                  const char *meta_value, char *msg, size_t cap)
+/* Batch norm k's running_mean buffer: counters follow the batch norms' order,
+ * which is the order of their running_mean buffers. */
+static const tensor_def *bn_mean_def(const fb_array *a, int k)
 {
-    int err = FB_ERR_NOMEM;
-    int n_total = a->n_params + (grads ? 0 : a->n_bufs);
-    fb_st_writer *w = fb_st_writer_new();
-    float **host = calloc((size_t)n_total + 1, sizeof *host);
-    char(*names)[NAME_CAP] = calloc((size_t)a->n_bn + 1, NAME_CAP);
-    if (!w || !host || !names) {
-        fb_errf(msg, cap, err, "out of memory");
-        goto done;
+    for (int t = 0, seen = 0; t < a->n_bufs; t++) {
+        const char *dot = strrchr(a->bufs[t].name, '.');
+        if (strcmp(dot, ".running_mean") != 0) continue;
+        if (seen++ == k) return &a->bufs[t];
     }
+    FB_ASSERT(!"batch norm index out of range");
+    return NULL;
+}
+
+int fb_array_bn_count(const fb_array *a)
+{
+    return a->n_bn;
+}
+
+void fb_array_bn_name(const fb_array *a, int k, char *buf, size_t cap)
+{
+    const tensor_def *d = bn_mean_def(a, k);
+    const char *dot = strrchr(d->name, '.');
+    snprintf(buf, cap, "%.*s.num_batches_tracked", (int)(dot - d->name), d->name);
+}
+
+int64_t fb_array_bn_tracked(const fb_array *a, int m, int k)
+{
+    FB_ASSERT(m >= 0 && m < a->B && k >= 0 && k < a->n_bn);
+    return a->bn_tracked[(size_t)m * a->n_bn + k];
+}
+
+void fb_array_set_bn_tracked(fb_array *a, int m, int k, int64_t value)
+{
+    FB_ASSERT(m >= 0 && m < a->B && k >= 0 && k < a->n_bn);
+    a->bn_tracked[(size_t)m * a->n_bn + k] = value;
+}
+
+int fb_array_tensor_count(const fb_array *a, fb_array_part part)
+{
+    switch (part) {
+    case FB_ARRAY_BUFFER: return a->n_bufs;
+    case FB_ARRAY_STATE2: return a->s2 ? a->n_params : 0;
+    default: return a->n_params;
+    }
+}
+
+/* The definition and slab of tensor t of part. */
+static const tensor_def *part_def(const fb_array *a, fb_array_part part, int t, float **slab)
+{
+    FB_ASSERT(t >= 0 && t < fb_array_tensor_count(a, part));
+    switch (part) {
+    case FB_ARRAY_PARAM: *slab = a->p; break;
+    case FB_ARRAY_GRAD: *slab = a->g; break;
+    case FB_ARRAY_STATE1: *slab = a->s1; break;
+    case FB_ARRAY_STATE2: *slab = a->s2; break;
+    case FB_ARRAY_BUFFER: *slab = a->rb; return &a->bufs[t];
+    }
+    return &a->params[t];
+}
+
+fb_array_tensor fb_array_tensor_at(const fb_array *a, fb_array_part part, int t)
+{
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    return (fb_array_tensor){.name = d->name, .ndim = d->ndim, .shape = d->shape,
+                             .numel = d->per_member};
+}
+
+void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *dst)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    fb_backend_download(a->be, dst, slab + d->offset + (size_t)m * d->per_member,
+                        d->per_member * sizeof(float));
+}
+
+void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    fb_backend_upload(a->be, slab + d->offset + (size_t)m * d->per_member, src,
+                      d->per_member * sizeof(float));
+}
+
+int fb_array_add_tensors(const fb_array *a, int m, bool grads, fb_st_writer *w, void **hold,
+                         char *msg, size_t cap)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    int n_total = a->n_params + (grads ? 0 : a->n_bufs);
+    int n_bn = grads ? 0 : a->n_bn;
+    size_t floats = 0;
+    for (int t = 0; t < n_total; t++)
+        floats += t < a->n_params ? a->params[t].per_member : a->bufs[t - a->n_params].per_member;
+    floats += floats & 1; /* the counters that follow need 8-byte alignment */
+    /* one block: every tensor's floats, then the int64 counters */
+    char *block = malloc(floats * sizeof(float) + (size_t)n_bn * sizeof(int64_t) + 8);
+    if (!block) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    float *at = (float *)block;
+    int64_t *tracked = (int64_t *)(block + floats * sizeof(float));
+    int err;
     for (int t = 0; t < n_total; t++) {
         bool is_buf = t >= a->n_params;
         const tensor_def *d = is_buf ? &a->bufs[t - a->n_params] : &a->params[t];
         const float *slab = is_buf ? a->rb : grads ? a->g : a->p;
-        host[t] = malloc(d->per_member * sizeof(float));
-        if (!host[t]) {
-            fb_errf(msg, cap, err, "out of memory");
-            goto done;
-        }
-        fb_backend_download(a->be, host[t], slab + d->offset + (size_t)m * d->per_member,
+        fb_backend_download(a->be, at, slab + d->offset + (size_t)m * d->per_member,
                             d->per_member * sizeof(float));
-        if ((err = fb_st_writer_add_f32(w, d->name, d->shape, d->ndim, host[t], msg, cap)))
-            goto done;
+        if ((err = fb_st_writer_add_f32(w, d->name, d->shape, d->ndim, at, msg, cap))) goto fail;
+        at += d->per_member;
     }
-    if (!grads) {
-        /* num_batches_tracked sits beside each batch norm's running statistics */
-        for (int t = 0, k = 0; t < a->n_bufs; t++) {
-            const char *dot = strrchr(a->bufs[t].name, '.');
-            if (strcmp(dot, ".running_mean") != 0) continue;
-            snprintf(names[k], NAME_CAP, "%.*s.num_batches_tracked",
-                     (int)(dot - a->bufs[t].name), a->bufs[t].name);
-            if ((err = fb_st_writer_add_i64(w, names[k], NULL, 0,
-                                            &a->bn_tracked[(size_t)m * a->n_bn + k], msg, cap)))
-                goto done;
-            k++;
-        }
+    /* num_batches_tracked sits beside each batch norm's running statistics */
+    for (int k = 0; k < n_bn; k++) {
+        char name[NAME_CAP + 32];
+        fb_array_bn_name(a, k, name, sizeof name);
+        tracked[k] = a->bn_tracked[(size_t)m * a->n_bn + k];
+        if ((err = fb_st_writer_add_i64(w, name, NULL, 0, &tracked[k], msg, cap))) goto fail;
     }
+    *hold = block;
+    return FB_OK;
+fail:
+    free(block);
+    return err;
+}
+
+int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const char *meta_key,
+                  const char *meta_value, char *msg, size_t cap)
+{
+    int err;
+    void *hold = NULL;
+    fb_st_writer *w = fb_st_writer_new();
+    if (!w) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if ((err = fb_array_add_tensors(a, m, grads, w, &hold, msg, cap))) goto done;
     if (meta_key && (err = fb_st_writer_set_metadata(w, meta_key, meta_value, msg, cap)))
         goto done;
     err = fb_st_write(w, path, msg, cap);
 done:
-    if (host)
-        for (int t = 0; t < n_total; t++) free(host[t]);
-    free(host);
-    free(names);
+    /* the writer references hold's data until here */
     fb_st_writer_free(w);
+    free(hold);
     return err;
 }
 
@@ -921,9 +1013,13 @@ int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t cap)
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto done;
     }
+    /* a full-state checkpoint's optimizer state is not part of the model */
+    const char *format = fb_st_metadata_get(f, "format");
+    bool checkpoint = format && strcmp(format, FB_CHECKPOINT_FORMAT) == 0;
     /* every tensor in the file must be one of ours */
     for (size_t i = 0; i < fb_st_count(f); i++) {
         const char *name = fb_st_at(f, i)->name;
+        if (checkpoint && strncmp(name, "optim.", 6) == 0) continue;
         bool known = false;
         for (int t = 0; t < n_total && !known; t++) {
             const tensor_def *d = t < a->n_params ? &a->params[t] : &a->bufs[t - a->n_params];

@@ -96,7 +96,74 @@ int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const 
 
 /* Loads member m's parameters (and batch-norm buffers when present) from a
  * safetensors file; every parameter must be present with its exact shape and
- * no unknown tensor may appear.  On failure member m is unchanged. */
+ * no unknown tensor may appear, except that a full-state checkpoint
+ * (metadata "format" = FB_CHECKPOINT_FORMAT, session.h) may carry optimizer
+ * state under "optim.", which is ignored: a checkpoint serves as an init
+ * file for its model part.  On failure member m is unchanged. */
 int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t msg_cap);
+
+/* ---- one member's state, tensor by tensor (checkpoints) ------------------- */
+
+/* The "format" metadata of a full-state checkpoint (session.h). */
+#define FB_CHECKPOINT_FORMAT "fusebox-checkpoint-1"
+
+/* Which of a member's values fb_array_get and fb_array_set move. */
+typedef enum fb_array_part {
+    FB_ARRAY_PARAM,  /* parameter values */
+    FB_ARRAY_GRAD,   /* parameter gradients of the last backward */
+    FB_ARRAY_STATE1, /* per parameter: SGD's momentum buffer, Adam's first moment */
+    FB_ARRAY_STATE2, /* per parameter: Adam's second moment (none for SGD) */
+    FB_ARRAY_BUFFER  /* batch-norm running statistics, tensor by tensor */
+} fb_array_part;
+
+/* A tensor of one member: its PyTorch name and shape (without the B). */
+typedef struct fb_array_tensor {
+    const char *name;     /* lives as long as the array */
+    int ndim;
+    const int64_t *shape; /* [ndim] */
+    size_t numel;
+} fb_array_tensor;
+
+/*
+ * Number of tensors of a part: the parameter tensors for PARAM, GRAD and
+ * STATE1 (and STATE2 when the optimizer keeps a second moment, else 0), the
+ * batch-norm buffer tensors for BUFFER.  Tensor t of the optimizer parts
+ * belongs to parameter tensor t.
+ */
+int fb_array_tensor_count(const fb_array *a, fb_array_part part);
+
+/* Name and shape of tensor t (0 <= t < fb_array_tensor_count) of part. */
+fb_array_tensor fb_array_tensor_at(const fb_array *a, fb_array_part part, int t);
+
+/* Copies member m's tensor t of part into host dst [numel]. */
+void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *dst);
+
+/* Replaces member m's tensor t of part with host src [numel]; no other
+ * member or tensor changes. */
+void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src);
+
+/* Number of batch-norm layers (each has a num_batches_tracked counter). */
+int fb_array_bn_count(const fb_array *a);
+
+/* The state-dict name of batch norm k's counter ("1.num_batches_tracked")
+ * into buf (truncated to cap). */
+void fb_array_bn_name(const fb_array *a, int k, char *buf, size_t cap);
+
+/* Member m's num_batches_tracked of batch norm k, and setting it. */
+int64_t fb_array_bn_tracked(const fb_array *a, int m, int k);
+void fb_array_set_bn_tracked(fb_array *a, int m, int k, int64_t value);
+
+struct fb_st_writer; /* io/safetensors.h */
+
+/*
+ * Adds member m's parameters, batch-norm buffers and counters (or, with
+ * grads, its gradients) to w under their PyTorch names: what fb_array_save
+ * writes.  The writer references its data, so *hold receives one malloc'd
+ * host block holding the values; the caller frees it after the writer's last
+ * use.  Returns FB_OK or a negative fb_err (*hold untouched then; tensors
+ * added before the failure stay in w).
+ */
+int fb_array_add_tensors(const fb_array *a, int m, bool grads, struct fb_st_writer *w,
+                         void **hold, char *msg, size_t msg_cap);
 
 #endif

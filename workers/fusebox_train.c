@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "options:\n"
             "  --log-every N   report each member's step and loss every N steps (default 100;\n"
             "                  0 reports only the last step)\n"
-            "  --out DIR       write final weights (and checkpoints) as safetensors to DIR\n"
+            "  --out DIR       write final weights, and full-state checkpoints at each job's\n"
+            "                  checkpoint_every, as safetensors to DIR\n"
             "                  (default: fusebox-out)\n"
             "  --no-out        do not write weights\n"
             "  --data-dir DIR  where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
@@ -70,7 +71,10 @@ static void json_str(const char *s)
 static void on_event(const fb_train_event *ev, void *user)
 {
     const cli *c = user;
-    static const char *const kinds[] = {"step", "eval", "done"};
+    static const char *const kinds[] = {[FB_TRAIN_STEP] = "step", [FB_TRAIN_EVAL] = "eval",
+                                        [FB_TRAIN_DONE] = "done",
+                                        [FB_TRAIN_CHECKPOINT] = "checkpoint",
+                                        [FB_TRAIN_FAILED] = "failed"};
     if (c->json) {
         printf("{\"event\":\"%s\",\"job\":", kinds[ev->kind]);
         json_str(ev->spec->name);
@@ -80,8 +84,12 @@ static void on_event(const fb_train_event *ev, void *user)
             printf(",\"loss\":%.9g,\"train_accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
                    ",\"io_wait_ms\":%.4f",
                    ev->loss, ev->accuracy, ev->lr, ev->samples_per_s, ev->io_wait_ms);
-        else
+        else if (ev->kind == FB_TRAIN_EVAL || ev->kind == FB_TRAIN_DONE)
             printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->loss, ev->accuracy);
+        if (ev->kind == FB_TRAIN_FAILED) {
+            printf(",\"error\":\"%s\",\"message\":", fb_err_code(ev->err));
+            json_str(ev->text ? ev->text : "");
+        }
         if (ev->weights_path) {
             printf(",\"weights\":");
             json_str(ev->weights_path);
@@ -103,6 +111,12 @@ static void on_event(const fb_train_event *ev, void *user)
     } else if (ev->kind == FB_TRAIN_EVAL) {
         printf("%-20.20s eval at step %lld: test loss %.4f, test accuracy %.4f\n",
                ev->spec->name, (long long)ev->step, ev->loss, ev->accuracy);
+    } else if (ev->kind == FB_TRAIN_CHECKPOINT) {
+        printf("%-20.20s checkpoint at step %lld%s%s\n", ev->spec->name, (long long)ev->step,
+               ev->weights_path ? ": " : "", ev->weights_path ? ev->weights_path : "");
+    } else if (ev->kind == FB_TRAIN_FAILED) {
+        printf("%-20.20s failed at step %lld: %s (%s)\n", ev->spec->name, (long long)ev->step,
+               ev->text ? ev->text : "", fb_err_code(ev->err));
     } else {
         printf("%-20.20s done after %lld steps%s%s\n", ev->spec->name, (long long)ev->step,
                ev->weights_path ? "; weights: " : "", ev->weights_path ? ev->weights_path : "");

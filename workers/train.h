@@ -12,6 +12,10 @@
  * (workers/data/loader.h) instead, in its order (docs/data-format.md; file
  * order too when data.shuffle is false), and each step reports how long the
  * loop waited for its minibatch.
+ *
+ * The loop itself is a session (session.h), which can also be stepped one
+ * step at a time, checkpointed, resumed and shrunk; fb_train_run runs one
+ * from opts.start_step to its end.
  */
 #ifndef FB_WORKERS_TRAIN_H
 #define FB_WORKERS_TRAIN_H
@@ -26,7 +30,9 @@
 typedef enum fb_train_event_kind {
     FB_TRAIN_STEP, /* a logged training step */
     FB_TRAIN_EVAL, /* an evaluation on the test split */
-    FB_TRAIN_DONE  /* the member finished and left the array */
+    FB_TRAIN_DONE,       /* the member finished and left the array */
+    FB_TRAIN_CHECKPOINT, /* the member reached a multiple of its checkpoint_every */
+    FB_TRAIN_FAILED      /* the member failed by itself (err, text) and left the array */
 } fb_train_event_kind;
 
 typedef struct fb_train_event {
@@ -40,7 +46,13 @@ typedef struct fb_train_event {
     double lr;
     double samples_per_s;     /* array throughput since the last log (samples x members) */
     double io_wait_ms;        /* step: mean wait per step for the minibatch since the last log */
-    const char *weights_path; /* done: where the final weights went, or NULL */
+    const char *weights_path; /* done, checkpoint: where the file went (out_dir), or NULL */
+    /* with opts.blobs: checkpoint: the member's full state (session.h); done: its model
+     * (parameters and buffers); valid during the callback only */
+    const void *blob;
+    size_t blob_len;
+    int err;                  /* failed: the fb_err (FB_ERR_DIVERGED for a non-finite loss) */
+    const char *text;         /* failed: why, one line */
 } fb_train_event;
 
 typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
@@ -55,6 +67,11 @@ typedef struct fb_train_opts {
     /* when set, training minibatches come from it (batches of the spec's batch_size, last
      * partial batch dropped, from its start) and train->x, train->y are not read */
     struct fb_loader *loader;
+    /* every member has already done this many updates (a resume); the data position, dropout
+     * masks and schedule continue from there (session.h) */
+    int64_t start_step;
+    /* checkpoint and done events carry the files' bytes (event.blob) */
+    bool blobs;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */
@@ -64,9 +81,13 @@ int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train);
  * Trains specs[0..n) (equal fusion keys) as one array on backend be over the
  * train split, evaluating on test (may be NULL) at each member's eval_every
  * and at its end.  Checks that the dataset fits the model (sample shape,
- * classes vs outputs).  final_loss/final_acc [n] (may be NULL) receive each
- * member's final test loss and accuracy (NaN without a test split).  Returns
- * FB_OK or a negative fb_err with msg filled.
+ * classes vs outputs).  With out_dir, each member's final weights go to
+ * <name>.safetensors and its full-state checkpoints (session.h) to
+ * <name>.checkpoint.safetensors.  A member whose loss turns non-finite fails
+ * alone (an FB_TRAIN_FAILED event) and the run goes on.  final_loss/final_acc
+ * [n] (may be NULL) receive each member's final test loss and accuracy (NaN
+ * without a test split or for a member that failed).  Returns FB_OK or a
+ * negative fb_err with msg filled.
  */
 int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
                  const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,

@@ -549,7 +549,8 @@ int fb_st_metadata_at(const fb_st_file *file, size_t i, const char **key, const 
 
 const char *fb_st_metadata_get(const fb_st_file *file, const char *key)
 {
-    if (!file || !key) return NULL;
+    /* bsearch must not see the NULL table of a file without metadata */
+    if (!file || !key || file->n_meta == 0) return NULL;
     st_meta k = {.key = (char *)key};
     const st_meta *m = bsearch(&k, file->meta, file->n_meta, sizeof *file->meta, st_cmp_meta);
     return m ? m->value : NULL;
@@ -964,18 +965,17 @@ static int st_fsync_dir(const char *path, char *msg, size_t cap)
     return rc;
 }
 
-int fb_st_write(const fb_st_writer *w, const char *path, char *msg, size_t msg_cap)
+/* The whole file as bytes: length prefix, padded header, tensor data in layout
+ * order.  The one serializer behind fb_st_write and fb_st_write_buffer. */
+static int st_serialize(const fb_st_writer *w, uint8_t **out, size_t *out_len, char *msg,
+                        size_t msg_cap)
 {
-    if (!w || !path || !*path)
-        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_st_write: NULL writer or empty path");
     int rc;
-    int fd = -1;
-    char *tmp = NULL, *header = NULL;
+    char *header = NULL;
+    uint8_t *buf = NULL;
     size_t hlen = 0;
     const st_wtensor **order = calloc(w->n + 1, sizeof *order);
-    size_t tcap = strlen(path) + 32;
-    tmp = malloc(tcap);
-    if (!order || !tmp) {
+    if (!order) {
         rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -989,6 +989,64 @@ int fb_st_write(const fb_st_writer *w, const char *path, char *msg, size_t msg_c
                      FB_ST_MAX_HEADER);
         goto out;
     }
+    uint64_t total = 8 + (uint64_t)hlen;
+    for (size_t i = 0; i < w->n; i++) {
+        if (order[i]->nbytes > (uint64_t)SIZE_MAX - total) {
+            rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "the tensors do not fit in memory");
+            goto out;
+        }
+        total += order[i]->nbytes;
+    }
+    buf = malloc((size_t)total);
+    if (!buf) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory (%" PRIu64 " bytes)", total);
+        goto out;
+    }
+    st_store_le64(buf, (uint64_t)hlen);
+    memcpy(buf + 8, header, hlen);
+    size_t at = 8 + hlen;
+    for (size_t i = 0; i < w->n; i++) {
+        if (order[i]->nbytes) memcpy(buf + at, order[i]->data, (size_t)order[i]->nbytes);
+        at += (size_t)order[i]->nbytes;
+    }
+    *out = buf;
+    *out_len = (size_t)total;
+    rc = 0;
+out:
+    free(header);
+    free(order);
+    return rc;
+}
+
+int fb_st_write_buffer(const fb_st_writer *w, void **buf, size_t *len, char *msg, size_t msg_cap)
+{
+    if (!w || !buf || !len)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_st_write_buffer: NULL argument");
+    uint8_t *b = NULL;
+    size_t n = 0;
+    int rc = st_serialize(w, &b, &n, msg, msg_cap);
+    if (rc) return rc;
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int fb_st_write(const fb_st_writer *w, const char *path, char *msg, size_t msg_cap)
+{
+    if (!w || !path || !*path)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_st_write: NULL writer or empty path");
+    int rc;
+    int fd = -1;
+    char *tmp = NULL;
+    uint8_t *bytes = NULL;
+    size_t nbytes = 0;
+    size_t tcap = strlen(path) + 32;
+    tmp = malloc(tcap);
+    if (!tmp) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = st_serialize(w, &bytes, &nbytes, msg, msg_cap)) != 0) goto out;
 
     snprintf(tmp, tcap, "%s.tmp.%ld", path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -996,12 +1054,7 @@ int fb_st_write(const fb_st_writer *w, const char *path, char *msg, size_t msg_c
         rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto out;
     }
-    uint8_t lenbuf[8];
-    st_store_le64(lenbuf, (uint64_t)hlen);
-    bool ok = st_write_all(fd, lenbuf, 8) == 0 && st_write_all(fd, header, hlen) == 0;
-    for (size_t i = 0; ok && i < w->n; i++)
-        ok = st_write_all(fd, order[i]->data, order[i]->nbytes) == 0;
-    if (!ok) {
+    if (st_write_all(fd, bytes, nbytes) != 0) {
         rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         goto fail;
     }
@@ -1027,8 +1080,7 @@ fail:
     if (fd >= 0) close(fd);
     unlink(tmp);
 out:
-    free(header);
+    free(bytes);
     free(tmp);
-    free(order);
     return rc;
 }

@@ -186,4 +186,15 @@ int fb_st_writer_set_metadata(fb_st_writer *w, const char *key, const char *valu
  */
 int fb_st_write(const fb_st_writer *w, const char *path, char *msg, size_t msg_cap);
 
+/*
+ * Serialises everything added so far into memory: *buf receives a malloc'd
+ * block of *len bytes (the caller frees it), byte for byte what fb_st_write
+ * would put in a file (both use one serializer), and readable back with
+ * fb_st_parse_buffer.  This is how checkpoints travel without a file system
+ * (worker messages, tests).  Returns 0, FB_ERR_CHECKPOINT (header over
+ * FB_ST_MAX_HEADER), FB_ERR_NOMEM; *buf and *len are untouched on failure.
+ */
+int fb_st_write_buffer(const fb_st_writer *w, void **buf, size_t *len, char *msg,
+                       size_t msg_cap);
+
 #endif

@@ -1,0 +1,394 @@
+/*
+ * Checkpoints of a session (session.h, docs/checkpoints.md): their events,
+ * files and bytes, and the strict validation of fb_session_restore.
+ *
+ *   - events: a member with checkpoint_every k gets FB_TRAIN_CHECKPOINT at
+ *     every multiple of k before its last step, and only there, with and
+ *     without out_dir and blobs; with out_dir the file
+ *     <name>.checkpoint.safetensors holds exactly the event's blob bytes (one
+ *     serializer for files and buffers); blobs parse back with the expected
+ *     tensors and metadata; the done event's blob is the model only;
+ *   - a full checkpoint file serves as a spec's init file (its model part);
+ *   - bad checkpoints: a wrong step, fusion key, seed, format or step text,
+ *     a missing parameter, optimizer tensor or batch-norm counter, an unknown
+ *     tensor, a wrong shape or dtype, truncated bytes, garbage, no bytes, a
+ *     model file, another member's checkpoint: each is FB_ERR_CHECKPOINT
+ *     with a message naming the tensor or field, and neither the member nor
+ *     its neighbour changes (their checkpoint bytes before and after are
+ *     equal); then the good checkpoint restores and round-trips byte for
+ *     byte.
+ */
+#include "session_util.h"
+
+#include "array.h"
+
+#define N_TRAIN 128
+#define SIDE 6
+#define CLASSES 4
+#define BS 16
+
+static fb_dataset train;
+
+static const char *const mlp =
+    "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":12},{\"type\":\"relu\"},"
+    "{\"type\":\"linear\",\"out\":4}]";
+static const char *const cnn =
+    "[{\"type\":\"conv2d\",\"out\":3,\"kernel\":[3,3],\"padding\":[1,1]},"
+    "{\"type\":\"batchnorm\"},{\"type\":\"relu\"},{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"out\":4}]";
+
+static fb_job_spec *spec(const char *name, const char *layers, const char *optim, int steps,
+                         int ckpt_every, int seed, const char *init)
+{
+    char extra[700] = "";
+    if (init) snprintf(extra, sizeof extra, ",\"init\":\"%s\"", init);
+    return su_spec("{\"name\":\"%s\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+                   "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,"
+                   "\"checkpoint_every\":%d,\"seed\":%d,\"data_seed\":2%s}",
+                   name, SIDE, SIDE, layers, BS, steps, optim, ckpt_every, seed, extra);
+}
+
+/* ---- events, files and blobs --------------------------------------------------- */
+
+static void check_ckpt_blob(const su_blob *b, const fb_job_spec *s)
+{
+    fb_st_file *f = su_parse(b->data, b->len);
+    char num[32];
+    snprintf(num, sizeof num, "%lld", (long long)b->step);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "format"), FB_CHECKPOINT_FORMAT);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "step"), num);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "fusion_key"), s->fusion_key);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "name"), s->name);
+    snprintf(num, sizeof num, "%llu", (unsigned long long)s->seed);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "seed"), num);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "data_seed"), "2");
+    CHECK_INT_EQ(fb_st_metadata_count(f), 6);
+    /* 4 parameters, each with Adam's two moments */
+    CHECK_INT_EQ(fb_st_count(f), 12);
+    const char *names[] = {"1.weight", "optim.exp_avg.1.weight", "optim.exp_avg_sq.3.bias"};
+    for (int k = 0; k < 3; k++) {
+        const fb_st_tensor *t = fb_st_find(f, names[k]);
+        CHECK(t != NULL);
+        CHECK_INT_EQ(t->dtype, FB_ST_F32);
+    }
+    CHECK_INT_EQ(fb_st_find(f, "optim.exp_avg.1.weight")->shape[1], SIDE * SIDE);
+    fb_st_close(f);
+}
+
+static void test_events(void)
+{
+    const char *adam = "{\"type\":\"adam\",\"lr\":0.01}";
+    fb_job_spec *specs[3] = {spec("a", mlp, adam, 17, 5, 1, NULL),
+                             spec("b", mlp, adam, 16, 4, 2, NULL),
+                             spec("c", mlp, adam, 12, 0, 3, NULL)};
+    const int64_t want[2][3] = {{5, 10, 15}, {4, 8, 12}};
+    char dir[512];
+    su_tmpdir(dir, sizeof dir, "session-ckpt");
+    static su_log log;
+    for (int mode = 0; mode < 3; mode++) {
+        /* 0: events only; 1: out_dir and blobs; 2: blobs only */
+        su_log_init(&log);
+        log.check_files = true;
+        fb_session *s = su_open(specs, 3, &train, NULL, 0, mode == 1 ? dir : NULL, mode > 0, &log);
+        CHECK_INT_EQ(fb_session_total_steps(s, 0), 17);
+        CHECK_INT_EQ(fb_session_total_steps(s, 2), 12);
+        CHECK_INT_EQ(fb_session_total_steps(s, 3), 0);
+        CHECK(!fb_session_has(s, 3) && !fb_session_has(s, -1));
+        su_step_to(s, -1);
+        CHECK_INT_EQ(fb_session_steps_done(s), 17);
+        fb_session_free(s);
+        CHECK_INT_EQ(log.ckpts[2], 0);
+        for (int m = 0; m < 2; m++) {
+            CHECK_INT_EQ(log.ckpts[m], 3);
+            for (int k = 0; k < 3; k++) {
+                const su_blob *b = &log.ckpt[m][k];
+                CHECK_INT_EQ(b->step, want[m][k]);
+                if (mode == 1) {
+                    char path[1024];
+                    snprintf(path, sizeof path, "%s/%s.checkpoint.safetensors", dir,
+                             specs[m]->name);
+                    CHECK_STR_EQ(b->path, path);
+                } else {
+                    CHECK_STR_EQ(b->path, "");
+                }
+                if (mode == 0) {
+                    CHECK(b->data == NULL);
+                    continue;
+                }
+                check_ckpt_blob(b, specs[m]);
+            }
+        }
+        for (int m = 0; m < 3; m++) {
+            CHECK_INT_EQ(log.dones[m], 1);
+            const su_blob *d = &log.done[m];
+            CHECK_INT_EQ(d->step, fb_train_total_steps(specs[m], N_TRAIN));
+            if (mode == 0) {
+                CHECK(d->data == NULL);
+                continue;
+            }
+            /* the model only: what load_state_dict takes, and the step */
+            fb_st_file *f = su_parse(d->data, d->len);
+            CHECK_INT_EQ(fb_st_count(f), 4);
+            CHECK(fb_st_find(f, "3.bias") != NULL);
+            CHECK_INT_EQ(fb_st_metadata_count(f), 1);
+            char num[32];
+            snprintf(num, sizeof num, "%lld", (long long)d->step);
+            CHECK_STR_EQ(fb_st_metadata_get(f, "step"), num);
+            fb_st_close(f);
+            if (mode == 1) {
+                size_t n;
+                void *file = su_read_file(d->path, &n);
+                CHECK_INT_EQ(n, d->len);
+                CHECK(memcmp(file, d->data, n) == 0);
+                free(file);
+            }
+        }
+        if (mode != 2) su_log_free(&log);
+    }
+    /* the files hold each member's last checkpoint and final model */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/a.checkpoint.safetensors", dir);
+    size_t n;
+    void *file = su_read_file(path, &n);
+    CHECK_INT_EQ(n, log.ckpt[0][2].len);
+    CHECK(memcmp(file, log.ckpt[0][2].data, n) == 0);
+    free(file);
+
+    /* a full checkpoint is a valid init file: its model part */
+    fb_job_spec *init = spec("a", mlp, adam, 17, 5, 1, path);
+    static su_log none;
+    su_log_init(&none);
+    fb_session *s = su_open(&init, 1, &train, NULL, 0, NULL, false, &none);
+    void *model;
+    size_t model_len;
+    char msg[512];
+    CHECK_INT_EQ(fb_session_model(s, 0, &model, &model_len, msg, sizeof msg), FB_OK);
+    fb_st_file *fm = su_parse(model, model_len), *fc = su_parse(log.ckpt[0][2].data, n);
+    for (size_t i = 0; i < fb_st_count(fm); i++) {
+        const fb_st_tensor *t = fb_st_at(fm, i), *u = fb_st_find(fc, t->name);
+        CHECK(u != NULL && u->nbytes == t->nbytes);
+        CHECK(memcmp(t->data, u->data, t->nbytes) == 0);
+    }
+    printf("checkpoint events at 5/10/15 and 4/8/12 in 3 modes; files equal blobs; a "
+           "checkpoint serves as init (%zu tensors)\n",
+           fb_st_count(fm));
+    fb_st_close(fm);
+    fb_st_close(fc);
+    free(model);
+    fb_session_free(s);
+    su_spec_free(init);
+    su_log_free(&log);
+    su_rmdir(dir);
+    for (int i = 0; i < 3; i++)
+        su_spec_free(specs[i]);
+}
+
+/* ---- bad checkpoints -------------------------------------------------------------- */
+
+typedef struct edit {
+    const char *drop;       /* a tensor left out */
+    const char *extra;      /* a tensor added (F32 [2]) */
+    const char *reshape;    /* a tensor whose first dimension shrinks by one */
+    const char *retype;     /* a tensor stored as another dtype of the same size */
+    const char *meta_key;   /* a metadata entry set to meta_value, */
+    const char *meta_value; /* or removed when meta_value is NULL */
+} edit;
+
+/* The checkpoint buf rewritten with one edit; malloc'd. */
+static void *rewrite(const void *buf, size_t len, const edit *e, size_t *out_len)
+{
+    char msg[512];
+    fb_st_file *f = su_parse(buf, len);
+    fb_st_writer *w = fb_st_writer_new();
+    CHECK(w != NULL);
+    static const float two[2] = {1.0f, 2.0f};
+    for (size_t i = 0; i < fb_st_count(f); i++) {
+        const fb_st_tensor *t = fb_st_at(f, i);
+        if (e->drop && strcmp(t->name, e->drop) == 0) continue;
+        int64_t shape[FB_ST_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof shape);
+        if (e->reshape && strcmp(t->name, e->reshape) == 0) shape[0]--;
+        fb_st_dtype dt = t->dtype;
+        if (e->retype && strcmp(t->name, e->retype) == 0)
+            dt = dt == FB_ST_F32 ? FB_ST_I32 : FB_ST_F64;
+        CHECK_INT_EQ(fb_st_writer_add(w, t->name, dt, shape, t->ndim, t->data, msg, sizeof msg), 0);
+    }
+    if (e->extra) {
+        int64_t shape[1] = {2};
+        CHECK_INT_EQ(fb_st_writer_add_f32(w, e->extra, shape, 1, two, msg, sizeof msg), 0);
+    }
+    for (size_t i = 0; i < fb_st_metadata_count(f); i++) {
+        const char *k, *v;
+        CHECK_INT_EQ(fb_st_metadata_at(f, i, &k, &v), 0);
+        if (e->meta_key && strcmp(k, e->meta_key) == 0) continue;
+        CHECK_INT_EQ(fb_st_writer_set_metadata(w, k, v, msg, sizeof msg), 0);
+    }
+    if (e->meta_key && e->meta_value)
+        CHECK_INT_EQ(fb_st_writer_set_metadata(w, e->meta_key, e->meta_value, msg, sizeof msg), 0);
+    void *out = NULL;
+    CHECK_INT_EQ(fb_st_write_buffer(w, &out, out_len, msg, sizeof msg), 0);
+    fb_st_writer_free(w);
+    fb_st_close(f); /* the writer referenced its data until here */
+    return out;
+}
+
+/* Member 0 of s must refuse bytes with FB_ERR_CHECKPOINT and a message holding
+ * `names`; members 0 and 1 keep their state byte for byte. */
+static void expect_refused(fb_session *s, const void *bytes, size_t len, const char *names,
+                           const char *what)
+{
+    size_t l0, l1, m0, m1;
+    void *b0 = su_checkpoint(s, 0, &l0), *b1 = su_checkpoint(s, 1, &l1);
+    char msg[512] = "";
+    int err = fb_session_restore(s, 0, bytes, len, msg, sizeof msg);
+    printf("  %-28s -> %s: %s\n", what, fb_err_code(err), msg);
+    CHECK_INT_EQ(err, FB_ERR_CHECKPOINT);
+    if (!strstr(msg, names)) {
+        fprintf(stderr, "message \"%s\" does not name \"%s\"\n", msg, names);
+        abort();
+    }
+    void *a0 = su_checkpoint(s, 0, &m0), *a1 = su_checkpoint(s, 1, &m1);
+    CHECK(l0 == m0 && memcmp(a0, b0, l0) == 0);
+    CHECK(l1 == m1 && memcmp(a1, b1, l1) == 0);
+    free(a0);
+    free(a1);
+    free(b0);
+    free(b1);
+}
+
+static void refuse_edit(fb_session *s, const void *good, size_t len, edit e, const char *names,
+                        const char *what)
+{
+    size_t n;
+    void *bad = rewrite(good, len, &e, &n);
+    expect_refused(s, bad, n, names, what);
+    free(bad);
+}
+
+static void test_bad_checkpoints(const char *layers, bool cnn_case)
+{
+    const char *adam = "{\"type\":\"adam\",\"lr\":0.01}";
+    fb_job_spec *specs[2] = {spec("left", layers, adam, 30, 0, 11, NULL),
+                             spec("right", layers, adam, 30, 0, 12, NULL)};
+    static su_log log;
+    su_log_init(&log);
+    /* a trained session gives the good checkpoint at step 12 (and one at step 11) */
+    fb_session *t = su_open(specs, 2, &train, NULL, 0, NULL, false, &log);
+    su_step_to(t, 11);
+    size_t early_len, good_len, other_len, model_len;
+    void *early = su_checkpoint(t, 0, &early_len);
+    su_step_to(t, 12);
+    void *good = su_checkpoint(t, 0, &good_len);
+    void *other = su_checkpoint(t, 1, &other_len);
+    char msg[512];
+    void *model = NULL;
+    CHECK_INT_EQ(fb_session_model(t, 0, &model, &model_len, msg, sizeof msg), FB_OK);
+    fb_session_free(t);
+
+    /* the target: a fresh session at step 12, whose member 0 differs from the checkpoint */
+    fb_session *s = su_open(specs, 2, &train, NULL, 12, NULL, false, &log);
+    size_t fresh_len;
+    void *fresh = su_checkpoint(s, 0, &fresh_len);
+    CHECK(fresh_len != good_len || memcmp(fresh, good, good_len) != 0);
+    free(fresh);
+
+    printf("%s:\n", cnn_case ? "cnn with batch norm" : "mlp");
+    expect_refused(s, early, early_len, "metadata step is 11", "wrong step");
+    expect_refused(s, other, other_len, "metadata seed is 12", "another member's");
+    expect_refused(s, model, model_len, "format", "a model file");
+    expect_refused(s, good, good_len - 9, "checkpoint of left", "truncated");
+    expect_refused(s, NULL, 0, "checkpoint of left", "no bytes");
+    uint8_t garbage[300];
+    uint64_t st = 77;
+    for (size_t i = 0; i < sizeof garbage; i++)
+        garbage[i] = (uint8_t)su_next(&st);
+    expect_refused(s, garbage, sizeof garbage, "checkpoint of left", "garbage");
+    refuse_edit(s, good, good_len, (edit){.meta_key = "fusion_key", .meta_value = "0123abcd"},
+                "fusion_key is 0123abcd", "wrong fusion key");
+    refuse_edit(s, good, good_len,
+                (edit){.meta_key = "format", .meta_value = "fusebox-checkpoint-2"},
+                "format is \"fusebox-checkpoint-2\"", "wrong format");
+    refuse_edit(s, good, good_len, (edit){.meta_key = "format"}, "format is missing", "no format");
+    refuse_edit(s, good, good_len, (edit){.meta_key = "step", .meta_value = "12x"}, "step is 12x",
+                "step not a number");
+    refuse_edit(s, good, good_len, (edit){.meta_key = "step", .meta_value = "-12"}, "step is -12",
+                "negative step");
+    refuse_edit(s, good, good_len, (edit){.meta_key = "data_seed", .meta_value = "3"},
+                "data_seed is 3", "wrong data seed");
+    const char *w_name = cnn_case ? "0.weight" : "1.weight";
+    const char *last_bias = cnn_case ? "4.bias" : "3.bias";
+    char opt[64];
+    snprintf(opt, sizeof opt, "optim.exp_avg_sq.%s", w_name);
+    refuse_edit(s, good, good_len, (edit){.drop = last_bias}, last_bias, "missing parameter");
+    char want[96];
+    snprintf(want, sizeof want, "tensor %s is missing", opt);
+    refuse_edit(s, good, good_len, (edit){.drop = opt}, want, "missing optimizer state");
+    snprintf(want, sizeof want, "optim.momentum_buffer.%s", w_name);
+    refuse_edit(s, good, good_len, (edit){.extra = want}, want, "SGD state in an Adam job");
+    refuse_edit(s, good, good_len, (edit){.extra = "bogus"}, "tensor bogus is not part",
+                "unknown tensor");
+    snprintf(want, sizeof want, "tensor %s has shape", w_name);
+    refuse_edit(s, good, good_len, (edit){.reshape = w_name}, want, "wrong shape");
+    snprintf(want, sizeof want, "optim.exp_avg.%s has shape", w_name);
+    snprintf(opt, sizeof opt, "optim.exp_avg.%s", w_name);
+    refuse_edit(s, good, good_len, (edit){.reshape = opt}, want, "wrong optimizer shape");
+    snprintf(want, sizeof want, "tensor %s has dtype I32, expected F32", last_bias);
+    refuse_edit(s, good, good_len, (edit){.retype = last_bias}, want, "wrong dtype");
+    if (cnn_case) {
+        refuse_edit(s, good, good_len, (edit){.drop = "1.num_batches_tracked"},
+                    "1.num_batches_tracked is missing", "missing counter");
+        refuse_edit(s, good, good_len, (edit){.retype = "1.num_batches_tracked"},
+                    "1.num_batches_tracked has dtype F64, expected I64", "counter dtype");
+        refuse_edit(s, good, good_len, (edit){.drop = "1.running_var"}, "1.running_var is missing",
+                    "missing running_var");
+    }
+
+    /* the good one restores, and the member then is exactly the checkpoint */
+    su_restore(s, 0, good, good_len);
+    size_t back_len;
+    void *back = su_checkpoint(s, 0, &back_len);
+    CHECK_INT_EQ(back_len, good_len);
+    CHECK(memcmp(back, good, good_len) == 0);
+    free(back);
+    /* and a restore after steps have been taken needs that step's checkpoint */
+    su_step_to(s, 13);
+    expect_refused(s, good, good_len, "the session is at step 13", "stale after a step");
+
+    fb_session_free(s);
+    free(early);
+    free(good);
+    free(other);
+    free(model);
+    su_log_free(&log);
+    for (int i = 0; i < 2; i++)
+        su_spec_free(specs[i]);
+}
+
+/* fb_session_new refuses a start at or past a member's end, and a negative one. */
+static void test_bad_start(void)
+{
+    fb_job_spec *sp = spec("short", mlp, "{\"type\":\"sgd\",\"lr\":0.1}", 5, 0, 1, NULL);
+    const int64_t starts[] = {5, 6, -1};
+    for (int k = 0; k < 3; k++) {
+        fb_train_opts o = {.start_step = starts[k]};
+        fb_session *s = NULL;
+        char msg[256];
+        int err = fb_session_new(&s, fb_backend_cpu(), (const fb_job_spec *const *)&sp, 1, &train,
+                                 NULL, &o, msg, sizeof msg);
+        printf("  start at %lld -> %s: %s\n", (long long)starts[k], fb_err_code(err), msg);
+        CHECK_INT_EQ(err, FB_ERR_OUT_OF_RANGE);
+        CHECK(s == NULL);
+    }
+    su_spec_free(sp);
+}
+
+int main(void)
+{
+    train = su_dataset(N_TRAIN, SIDE, CLASSES, 3);
+    test_events();
+    test_bad_checkpoints(mlp, false);
+    test_bad_checkpoints(cnn, true);
+    test_bad_start();
+    fb_dataset_free(&train);
+    return 0;
+}

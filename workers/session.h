@@ -1,0 +1,144 @@
+/*
+ * A training session: the training loop of train.h one step at a time, so
+ * that the worker can interleave steps with its control messages, checkpoint
+ * members, resume them, and let them leave while the others continue.
+ * fb_train_run() is a session run to the end.
+ *
+ * Every member of a session has done the same number of updates (the
+ * session's step): members share each minibatch, and the minibatch, the
+ * dropout masks and the learning-rate schedule are functions of the step, so
+ * a member resumed at step s from its checkpoint continues exactly as if it
+ * had never stopped (bit-identical on the CPU when the array's composition
+ * is the same).
+ *
+ * A checkpoint is one safetensors file with the member's full training
+ * state: its parameters and batch-norm buffers under their PyTorch names
+ * (as fb_array_save writes them), the optimizer state under
+ * "optim.<slot>.<name>" (slot "momentum_buffer" for SGD, "exp_avg" and
+ * "exp_avg_sq" for Adam/AdamW), and metadata: "format" =
+ * "fusebox-checkpoint-1", "step", "fusion_key", "name", "seed",
+ * "data_seed" (docs/checkpoints.md).  The data position and the random
+ * streams follow from the step and the seeds, so they need nothing more.
+ */
+#ifndef FB_WORKERS_SESSION_H
+#define FB_WORKERS_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "train.h"
+
+typedef struct fb_session fb_session;
+
+/* Time spent inside fb_session_step since the session opened (or since the
+ * last fb_session_take_times), ms; the caller's time between steps is not
+ * counted. */
+typedef struct fb_session_times {
+    int64_t steps;      /* steps trained in the interval */
+    double compute_ms;  /* forward, backward and update */
+    double io_ms;       /* waiting for minibatches (assembling them, in memory) */
+    double other_ms;    /* the rest of the step: evaluation, checkpoints, events, departures */
+} fb_session_times;
+
+/*
+ * Opens a session over specs[0..n) (equal fusion keys) as fb_train_run
+ * does, starting at step opts->start_step (every member has done that many
+ * updates; 0 for a fresh start; below every member's total, else
+ * FB_ERR_OUT_OF_RANGE).  In-memory data continues from that step by itself
+ * (epoch = step / steps per epoch, offset = step % steps per epoch); a loader
+ * must be opened positioned at that step by the caller (its start =
+ * fb_loader_pos_at_step(n, batch_size, true, start_step)).  Members start from
+ * their initialisation (or spec init file); fb_session_restore replaces that
+ * with a checkpoint.  opts (may be NULL) is copied; the specs, datasets,
+ * loader and opts->out_dir must outlive the session.  The out_dir is created
+ * here.  Returns FB_OK or a negative fb_err with msg filled; *out untouched
+ * on failure.
+ */
+int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const *specs, int n,
+                   const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,
+                   char *msg, size_t msg_cap);
+
+/*
+ * Loads member i's full training state from checkpoint bytes (a file's
+ * contents as fb_session_checkpoint produces them), normally before the
+ * session's first step.  The checkpoint's "format" must be
+ * "fusebox-checkpoint-1", its "step" the session's current step (the start
+ * step before the first step), its "fusion_key", "seed" and "data_seed" the
+ * spec's ("name" is not compared: a renamed job keeps its state); every
+ * tensor of the member's state must be present with its exact shape and
+ * dtype (F32; I64 for num_batches_tracked) and no other tensor may appear.
+ * FB_ERR_CHECKPOINT with a message naming the tensor or field (truncated or
+ * garbage bytes: the parser's reason), FB_ERR_NOT_FOUND when member i has
+ * left, FB_ERR_NOMEM; on failure member i (and every other) is unchanged,
+ * since everything is read and checked before anything is written.
+ */
+int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, char *msg,
+                       size_t msg_cap);
+
+/*
+ * Trains one step of every member still in the array, then emits that
+ * step's events (STEP on the log grid, EVAL, CHECKPOINT, DONE, FAILED) in
+ * that order and removes members that finished or failed.  A member whose
+ * loss is not finite fails alone (FB_TRAIN_FAILED with FB_ERR_DIVERGED,
+ * text "loss is NaN at step N"; its update of that step is skipped), as does
+ * one whose parameters are not finite where they would be kept (at its
+ * checkpoint steps and its last step: "parameters are not finite after step
+ * N"); it gets no further event and writes no file.  The others continue
+ * unchanged: every loss is its own member's mean, and no sum over members
+ * feeds back into training.  CHECKPOINT comes at each multiple of a
+ * member's checkpoint_every before its last step, with the file
+ * out_dir/<name>.checkpoint.safetensors written atomically first (out_dir)
+ * and the bytes in the event (blobs); DONE writes out_dir/<name>.safetensors
+ * and, with blobs, carries fb_session_model's bytes.  Returns FB_OK, or a
+ * negative fb_err when the session itself cannot continue (a loader error, a
+ * file that cannot be written, out of memory).  Calling it on a finished
+ * session is a no-op returning FB_OK.
+ */
+int fb_session_step(fb_session *s, char *msg, size_t msg_cap);
+
+/* True when no member remains. */
+bool fb_session_done(const fb_session *s);
+
+/* Updates every remaining member has done. */
+int64_t fb_session_steps_done(const fb_session *s);
+
+/* Members still in the array. */
+int fb_session_size(const fb_session *s);
+
+/* Whether member i (index into the specs) is still in the array. */
+bool fb_session_has(const fb_session *s, int member);
+
+/* Member i's total updates (its steps, or epochs over the train split);
+ * 0 for an index outside the specs. */
+int64_t fb_session_total_steps(const fb_session *s, int member);
+
+/*
+ * Serialises member i's full training state at the current step as
+ * checkpoint bytes (malloc'd into *buf, *len bytes; the caller frees; what
+ * the file out_dir/<name>.checkpoint.safetensors would hold, byte for byte).
+ * FB_ERR_NOT_FOUND when the member has left, FB_ERR_NOMEM; *buf and *len
+ * are untouched on failure.
+ */
+int fb_session_checkpoint(const fb_session *s, int member, void **buf, size_t *len, char *msg,
+                          size_t msg_cap);
+
+/*
+ * Member i's parameters and batch-norm buffers only (what PyTorch's
+ * load_state_dict takes), as safetensors bytes (malloc'd), with metadata
+ * "step".  FB_ERR_NOT_FOUND when the member has left.
+ */
+int fb_session_model(const fb_session *s, int member, void **buf, size_t *len, char *msg,
+                     size_t msg_cap);
+
+/* Removes member i from the array now (no event), between steps; the
+ * others keep their state.  A no-op when it has left (or never was). */
+void fb_session_detach(fb_session *s, int member);
+
+/* Returns the times accumulated since the last call (or the start) and resets them. */
+fb_session_times fb_session_take_times(fb_session *s);
+
+/* Frees the session (not the specs or datasets).  Accepts NULL. */
+void fb_session_free(fb_session *s);
+
+#endif
