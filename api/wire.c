@@ -620,6 +620,7 @@ static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
     memcpy(m->fusion_key, s, n + 1);
     if ((err = get_name(d, root, "", "dataset", NAME_DATASET, m->dataset, sizeof m->dataset)))
         return err;
+    if ((err = get_uuid(d, root, "", "dataset_tenant", false, m->dataset_tenant))) return err;
     if ((err = get_array(d, root, "", "devices", true, 1, FB_WIRE_MAX_DEVICES, &arr))) return err;
     for (size_t i = 0; i < json_array_size(arr); i++) {
         char key[32];
@@ -803,7 +804,8 @@ static const struct {
                          (const char *const[]){"v", "type", "worker_id", "heartbeat_ms", NULL}},
     [FB_WIRE_ASSIGN] = {decode_assign,
                         (const char *const[]){"v", "type", "group_id", "generation", "fusion_key",
-                                              "dataset", "devices", "parallel_data",
+                                              "dataset", "dataset_tenant", "devices",
+                                              "parallel_data",
                                               "parallel_pipeline", "split", "time_share", "members",
                                               NULL}},
     [FB_WIRE_PROGRESS] = {decode_progress,
@@ -1135,6 +1137,8 @@ static void encode_assign(enc *e, json_t *o, const fb_wire_msg *m)
     put_group(e, o, m);
     put_str(e, o, "fusion_key", m->fusion_key, sizeof m->fusion_key);
     put_str(e, o, "dataset", m->dataset, sizeof m->dataset);
+    if (m->dataset_tenant[0])
+        put_str(e, o, "dataset_tenant", m->dataset_tenant, sizeof m->dataset_tenant);
     if (count_ok(e, "devices", m->n_group_devices, FB_WIRE_MAX_DEVICES, m->group_devices)) {
         json_t *arr = json_array();
         for (int i = 0; i < m->n_group_devices; i++)

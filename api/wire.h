@@ -126,6 +126,9 @@ typedef struct fb_wire_msg {
     /* ASSIGN */
     char fusion_key[64];
     char dataset[FB_WIRE_DATASET_MAX + 1];
+    /* the tenant owning a private dataset ("" for a public one): the worker reads it from
+     * <data dir>/<dataset_tenant>/<dataset> instead of <data dir>/<dataset> */
+    char dataset_tenant[FB_WIRE_ID_LEN + 1];
     int n_group_devices;
     int group_devices[FB_WIRE_MAX_DEVICES]; /* the worker's device indices, data x pipeline */
     int parallel_data, parallel_pipeline;   /* 1.., product = n_group_devices */

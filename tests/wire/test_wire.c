@@ -79,6 +79,7 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
     CHECK_INT_EQ(a->known, b->known);
     CHECK_STR_EQ(a->fusion_key, b->fusion_key);
     CHECK_STR_EQ(a->dataset, b->dataset);
+    CHECK_STR_EQ(a->dataset_tenant, b->dataset_tenant);
     CHECK_INT_EQ(a->n_group_devices, b->n_group_devices);
     for (int i = 0; i < a->n_group_devices; i++)
         CHECK_INT_EQ(a->group_devices[i], b->group_devices[i]);
@@ -208,6 +209,7 @@ static fb_wire_msg make_assign(void)
     snprintf(m.dataset, sizeof m.dataset, "%s",
              "_a-64-byte-dataset-name.as-the-job-spec-allows_0123456789abcdefg");
     CHECK_INT_EQ(strlen(m.dataset), FB_WIRE_DATASET_MAX);
+    snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", J3);
     m.n_group_devices = 4;
     for (int i = 0; i < 4; i++)
         m.group_devices[i] = 3 - i;
@@ -535,6 +537,11 @@ static const bad_case bad_cases[] = {
                        "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"
                        "'time_share':1,'members':[" MEMBER(J1, "") "]}",
      0, "dataset: \"Fashion\": byte 0"},
+    {"dataset tenant not a uuid",
+     HDR("assign") GRP "'fusion_key':'" FKEY "','dataset':'d','dataset_tenant':'../x',"
+                       "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"
+                       "'time_share':1,'members':[" MEMBER(J1, "") "]}",
+     0, "dataset_tenant: \"../x\" is not a UUID"},
     {"devices not data x pipeline", ASSIGN("[0,1,2]", "2", "[64,64]", MEMBER(J1, "")), 0,
      "devices: 3 entries, but parallel_data x parallel_pipeline is 2"},
     {"device index too large", ASSIGN("[0,64]", "2", "[64,64]", MEMBER(J1, "")), 0,

@@ -757,6 +757,18 @@ int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, 
                          .shuffle = o->shuffle, .data_seed = o->data_seed, .drop_last = true,
                          .threads = o->threads ? o->threads : 2, .cache_dir = o->cache_dir,
                          .cache_bytes = o->cache_bytes};
+    if (o->start_step > 0) {
+        /* the position needs the split's size, which the manifest knows */
+        fb_manifest m;
+        if ((rc = fb_manifest_open_dir(&m, dir, msg, msg_cap))) return rc;
+        const fb_manifest_split *sp = fb_manifest_find_split(&m, "train");
+        int64_t n = sp ? sp->samples : 0;
+        fb_manifest_free(&m);
+        if (n < o->batch_size)
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "dataset %.64s: its train split has fewer samples than a batch", name);
+        lo.start = fb_loader_pos_at_step(n, o->batch_size, true, o->start_step);
+    }
     if ((rc = fb_loader_open(&l, &lo, msg, msg_cap))) return rc;
     if (o->want_test && (rc = fb_datadir_load_split(&te, dir, "test", msg, msg_cap))) {
         fb_loader_free(l);

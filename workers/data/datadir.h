@@ -129,12 +129,16 @@ typedef struct fb_data_source_opts {
     const char *cache_dir;  /* staging cache, or NULL */
     uint64_t cache_bytes;
     bool want_test;         /* also load the test split into memory */
+    /* a shard dataset's loader begins where a run from the start would be after this many
+     * batches (a resume; fb_loader_pos_at_step); 0 = from the start */
+    int64_t start_step;
 } fb_data_source_opts;
 
 /*
  * Opens a named dataset for training.  A shard dataset (see
  * fb_datadir_resolve) gets a loader over its train split (*loader; batches
- * of o->batch_size, drop_last, from position {0, 0}); *train then describes
+ * of o->batch_size, drop_last, from position {0, 0}, or from batch
+ * o->start_step's position on a resume); *train then describes
  * the split (n, C, H, W, n_classes) with x and y NULL.  Otherwise the IDX
  * files are loaded by fb_dataset_open_named and *loader is NULL.  test is
  * loaded into memory when o->want_test (left zeroed otherwise).  Release

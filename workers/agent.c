@@ -1,0 +1,1917 @@
+/*
+ * The worker agent (agent.h): the main thread's socket loop, the group
+ * threads that train, the device turns between groups, the outbox of
+ * events, and the dataset cache the groups share.
+ *
+ * Ownership: the main thread owns the group list, the outbox and both
+ * sockets.  A group's thread owns its session and its PUSH socket (created
+ * by the main thread, handed over at pthread_create).  What both read is
+ * guarded: a group's member states and step count by the group's mutex, its
+ * turn on the device (virtual time, share, waiting) by the device's mutex,
+ * and the stop and drain requests are atomics.  A group reports its end
+ * with an EXIT message through its PUSH socket; the main thread joins it and
+ * frees it only then, so a group pointer in a message is always valid.
+ */
+#include "agent.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "datadir.h"
+#include "idx.h"
+#include "jobspec.h"
+#include "kernels.h"
+#include "session.h"
+#include "train.h"
+#include "wire.h"
+
+#ifdef FB_HAVE_CUDA
+#include "cuda/cuda_device.h"
+#endif
+
+#ifndef FB_VERSION_STRING
+#define FB_VERSION_STRING "0.1.0"
+#endif
+
+#define POLL_MAX_MS 100       /* the loop wakes at least this often (drain requests) */
+#define SILENT_HEARTBEATS 3   /* heartbeats without a word before registering again */
+#define DEALER_LINGER_MS 2000 /* what close may spend sending what is still queued */
+#define OUTBOX_WARN_EVERY_MS 10000
+#define LEADER_WAIT_MS 5 /* device turns: how long a group keeps its place in line */
+
+/* ---- logging and time ------------------------------------------------------------------ */
+
+/* One line to stderr, with a UTC timestamp; formatted first so that lines from
+ * different threads do not interleave. */
+static void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void agent_log(const char *fmt, ...)
+{
+    char line[1536], stamp[32];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s.%03dZ fusebox-worker: %s\n", stamp, (int)(ts.tv_nsec / 1000000), line);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+/* ---- names ------------------------------------------------------------------------------- */
+
+bool fb_agent_name_valid(const char *name)
+{
+    if (!name || !name[0] || strlen(name) > FB_WIRE_NAME_MAX) return false;
+    for (const char *p = name; *p; p++) {
+        char c = *p;
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && (p == name || (c != '.' && c != '_' && c != '-'))) return false;
+    }
+    return true;
+}
+
+void fb_agent_name_sanitize(const char *in, char *out, size_t cap)
+{
+    size_t n = 0, max = cap - 1 < FB_WIRE_NAME_MAX ? cap - 1 : FB_WIRE_NAME_MAX;
+    for (const char *p = in ? in : ""; *p && n < max; p++) {
+        char c = *p;
+        if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && c != '.' && c != '_') c = '-';
+        if (n == 0 && !alnum) continue; /* a name starts with a letter or digit */
+        out[n++] = c;
+    }
+    out[n] = '\0';
+    if (n == 0) snprintf(out, cap, "worker");
+}
+
+void fb_agent_default_name(char *out, size_t cap)
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    host[sizeof host - 1] = '\0';
+    fb_agent_name_sanitize(host, out, cap);
+}
+
+/* ---- state ------------------------------------------------------------------------------- */
+
+struct group;
+
+/*
+ * A dataset shared by every group that trains on it: an IDX dataset's splits
+ * in memory; a shard dataset's test split in memory, its train split read by
+ * each group's own prefetching loader (as fusebox-train reads it, so that a
+ * job trains on the same minibatches here and there).
+ */
+typedef struct dataset_ref {
+    char tenant[FB_WIRE_ID_LEN + 1]; /* owner of a private dataset, "" for a public one */
+    char name[FB_SPEC_DATASET_MAX + 1];
+    char data_dir[1100];             /* where name is found: the data dir, or its tenant's */
+    int refs;
+    bool shard;
+    fb_dataset train, test; /* train: IDX only */
+    bool has_test;
+    struct dataset_ref *next;
+} dataset_ref;
+
+/*
+ * One device and the turns of the groups placed on it: stride scheduling at
+ * step granularity.  Each group has a virtual time advanced by (its step's
+ * duration / its time share) after each step; the group with the smallest
+ * virtual time goes next, so over time each group gets device time in
+ * proportion to its share whatever its step length.
+ */
+typedef struct agent_device {
+    fb_wire_device info;
+    fb_backend_t *be;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool busy;            /* a group is stepping */
+    struct group *groups; /* registered groups, linked by dev_next */
+} agent_device;
+
+/* A member of an assigned group. */
+typedef struct member {
+    char job_id[FB_WIRE_ID_LEN + 1];
+    fb_job_spec spec;
+    bool parsed;
+    int sidx;         /* index in the session's specs, -1 when not trained here */
+    zmq_msg_t resume; /* the checkpoint to resume from, when has_resume */
+    bool has_resume;
+    /* under the group's mutex */
+    bool alive; /* in the array (or about to enter it) */
+    bool detach_req;
+    /* the group thread's own */
+    bool started;
+    double loss, accuracy, lr;
+} member;
+
+typedef struct group {
+    struct fb_agent *a;
+    char id[FB_WIRE_ID_LEN + 1];
+    int64_t generation;
+    char dataset[FB_WIRE_DATASET_MAX + 1];
+    char dataset_tenant[FB_WIRE_ID_LEN + 1];
+    int dev;
+    int64_t start_step;
+    int n_members;
+    member *m;
+    int n_sess;
+    int *by_sidx;       /* session index -> member index */
+    void *push;         /* PUSH to the main thread; the group thread's after start */
+    struct outmsg *bye; /* its EXIT message, made up front so that it cannot be lost */
+    pthread_t th;
+
+    atomic_bool stop;  /* leave now, silently */
+    atomic_bool drain; /* checkpoint everyone, report, leave */
+
+    pthread_mutex_t mu;
+    int64_t steps_done;
+    bool detach_pending;
+
+    /* under the device's mutex */
+    double time_share, vtime;
+    uint64_t ticket; /* breaks ties of virtual time: the older group first */
+    bool waiting;
+    int n_split;
+    int64_t split[FB_WIRE_MAX_DEVICES];
+    struct group *dev_next;
+
+    struct group *next; /* the main thread's list */
+} group;
+
+/* What a group thread hands the main thread (by pointer, through its PUSH socket). */
+typedef enum out_kind { OUT_EVENT, OUT_PROGRESS, OUT_EXIT } out_kind;
+
+typedef struct outmsg {
+    out_kind kind;
+    group *g;      /* the sender; NULL for events the main thread makes */
+    fb_wire_msg w; /* EVENT or PROGRESS; seq is set by the main thread */
+    void *blob;    /* the event's file, blob_len bytes, malloc'd */
+    size_t blob_len;
+    struct outmsg *next; /* outbox order, then a group thread's pending list */
+} outmsg;
+
+struct fb_agent {
+    char server[1024];
+    char server_key[41], public_key[41], secret_key[41];
+    char name[FB_WIRE_NAME_MAX + 1];
+    char data_dir[1024];
+    int threads, heartbeat_ms, progress_ms;
+    uint64_t outbox_limit;
+    int n_devices;
+    agent_device dev[FB_WIRE_MAX_DEVICES];
+    int n_dev_init; /* devices whose mutex and condition exist */
+    const char *backend;
+
+    void *ctx, *dealer, *pull, *mon;
+    char inproc[64], mon_ep[64];
+    atomic_bool drain_req;
+
+    /* the main thread's */
+    bool welcomed, draining, drain_sent;
+    bool connected, auth_logged; /* what the connection monitor last said */
+    char worker_id[FB_WIRE_ID_LEN + 1];
+    double last_rx, last_beat, drained_at;
+    group *groups;
+    uint64_t next_ticket;
+    outmsg *outbox, *outbox_tail, *unsent; /* unsent: the first one not yet on the wire */
+    int64_t next_seq;
+    uint64_t outbox_bytes;
+    double last_outbox_warn;
+
+    pthread_mutex_t ds_mu;
+    bool ds_mu_init;
+    dataset_ref *datasets;
+};
+
+static void outmsg_free(outmsg *o)
+{
+    if (!o) return;
+    fb_wire_msg_free(&o->w);
+    free(o->blob);
+    free(o);
+}
+
+/* A zeroed message of a kind; the caller fills it.  NULL when out of memory. */
+static outmsg *outmsg_new(out_kind kind, group *g)
+{
+    outmsg *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->kind = kind;
+    o->g = g;
+    return o;
+}
+
+/* An EVENT about job_id of group (id, generation); unknown numbers are NaN. */
+static outmsg *event_new(group *g, const char *group_id, int64_t generation,
+                         fb_wire_event_kind kind, const char *job_id, int64_t step)
+{
+    outmsg *o = outmsg_new(OUT_EVENT, g);
+    if (!o) return NULL;
+    o->w.type = FB_WIRE_EVENT;
+    snprintf(o->w.group_id, sizeof o->w.group_id, "%s", group_id);
+    o->w.generation = generation;
+    o->w.event = kind;
+    snprintf(o->w.job_id, sizeof o->w.job_id, "%s", job_id);
+    o->w.step = step;
+    o->w.loss = NAN;
+    o->w.accuracy = NAN;
+    return o;
+}
+
+/*
+ * Sets an event's text.  Texts quote what came from outside (spec fields,
+ * file names) and are cut at FB_WIRE_TEXT_MAX bytes, possibly inside a UTF-8
+ * sequence, which the encoder would refuse; so every byte outside printable
+ * ASCII becomes '?'.  An event that cannot be encoded would never be sent.
+ */
+static void event_text(outmsg *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event_text(outmsg *o, const char *fmt, ...)
+{
+    if (!o) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->w.text, sizeof o->w.text, fmt, ap);
+    va_end(ap);
+    for (char *p = o->w.text; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+}
+
+/* ---- the dataset cache --------------------------------------------------------------------- */
+
+/* Loads a dataset's train and (when there is one) test split into memory. */
+static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
+{
+    char dir[2048], m2[1024];
+    if (r->tenant[0])
+        snprintf(r->data_dir, sizeof r->data_dir, "%s/%s", a->data_dir, r->tenant);
+    else
+        snprintf(r->data_dir, sizeof r->data_dir, "%s", a->data_dir);
+    int kind = fb_datadir_resolve(dir, sizeof dir, r->name, r->data_dir);
+    if (kind < 0)
+        return fb_errf(msg, cap, FB_ERR_DATA, "dataset %s: not a valid dataset name", r->name);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return fb_errf(msg, cap, FB_ERR_NOT_FOUND,
+                       "dataset %s is not in the worker's data directory (%s)", r->name,
+                       r->data_dir);
+    int err;
+    if (kind == 1) {
+        r->shard = true;
+        err = fb_datadir_load_split(&r->test, dir, "test", m2, sizeof m2);
+        if (err && err != FB_ERR_NOT_FOUND)
+            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+        r->has_test = err == FB_OK;
+    } else {
+        if ((err = fb_dataset_open_named(r->name, "train", r->data_dir, &r->train, m2,
+                                         sizeof m2)))
+            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+        if ((err = fb_dataset_open_named(r->name, "test", r->data_dir, &r->test, m2,
+                                         sizeof m2))) {
+            fb_dataset_free(&r->train);
+            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+        }
+        r->has_test = true;
+    }
+    return FB_OK;
+}
+
+/* The named dataset, loaded on first use; NULL with msg filled when it cannot be. */
+static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char *name, char *msg,
+                                    size_t cap)
+{
+    pthread_mutex_lock(&a->ds_mu);
+    dataset_ref *r;
+    for (r = a->datasets; r; r = r->next)
+        if (strcmp(r->name, name) == 0 && strcmp(r->tenant, tenant) == 0) break;
+    if (r) {
+        r->refs++;
+        pthread_mutex_unlock(&a->ds_mu);
+        return r;
+    }
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        pthread_mutex_unlock(&a->ds_mu);
+        return NULL;
+    }
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
+    /* loading under the lock: a second group on the same dataset waits for this load
+     * instead of reading the files again */
+    double t0 = now_ms();
+    if (dataset_load(a, r, msg, cap)) {
+        free(r);
+        pthread_mutex_unlock(&a->ds_mu);
+        return NULL;
+    }
+    r->refs = 1;
+    r->next = a->datasets;
+    a->datasets = r;
+    pthread_mutex_unlock(&a->ds_mu);
+    agent_log("dataset %s loaded in %.0f ms: %s, %lld test samples", name, now_ms() - t0,
+              r->shard ? "shards (train split read by each array's loader)" : "in memory",
+              (long long)(r->has_test ? r->test.n : 0));
+    return r;
+}
+
+/* Drops a reference; the last one frees the data. */
+static void dataset_release(fb_agent *a, dataset_ref *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&a->ds_mu);
+    if (--r->refs == 0) {
+        for (dataset_ref **p = &a->datasets; *p; p = &(*p)->next)
+            if (*p == r) {
+                *p = r->next;
+                break;
+            }
+        fb_dataset_free(&r->train);
+        fb_dataset_free(&r->test);
+        free(r);
+    }
+    pthread_mutex_unlock(&a->ds_mu);
+}
+
+/* ---- device turns ------------------------------------------------------------------------ */
+
+static bool interrupted(const group *g)
+{
+    return atomic_load(&g->stop) || atomic_load(&g->drain);
+}
+
+/*
+ * Who should step on d before g: 2 when a waiting group has a smaller virtual
+ * time (or an equal one and an older ticket), 1 when only groups between two
+ * of their steps (registered, not waiting yet) do, 0 when g is first.
+ */
+static int ahead_of(const agent_device *d, const group *g)
+{
+    int ahead = 0;
+    for (const group *h = d->groups; h; h = h->dev_next) {
+        if (h == g) continue;
+        if (h->vtime < g->vtime || (h->vtime == g->vtime && h->ticket < g->ticket))
+            ahead = h->waiting ? 2 : ahead > 1 ? ahead : 1;
+    }
+    return ahead;
+}
+
+/* Enters the device's rotation.  A newcomer starts at the smallest virtual time of the
+ * groups already there, so it neither waits for them to catch up nor jumps ahead. */
+static void dev_register(agent_device *d, group *g)
+{
+    pthread_mutex_lock(&d->mu);
+    double vmin = 0;
+    bool any = false;
+    for (group *h = d->groups; h; h = h->dev_next)
+        if (!any || h->vtime < vmin) {
+            vmin = h->vtime;
+            any = true;
+        }
+    g->vtime = vmin;
+    g->waiting = false;
+    g->dev_next = d->groups;
+    d->groups = g;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void dev_unregister(agent_device *d, group *g)
+{
+    pthread_mutex_lock(&d->mu);
+    for (group **p = &d->groups; *p; p = &(*p)->dev_next)
+        if (*p == g) {
+            *p = g->dev_next;
+            break;
+        }
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/*
+ * Waits for g's turn on d.  False when a stop or drain request came first.
+ * A group ahead of g that is between two of its steps (sending its events)
+ * is about to ask for the device: without waiting for it, two groups that
+ * alternate would never meet at this point and the shares would not matter.
+ * It gets LEADER_WAIT_MS at most, so that a group held up elsewhere does not
+ * leave the device idle.
+ */
+static bool dev_acquire(agent_device *d, group *g)
+{
+    pthread_mutex_lock(&d->mu);
+    g->waiting = true;
+    struct timespec until = {0, 0};
+    bool timed = false, expired = false;
+    while (!interrupted(g)) {
+        int ahead = d->busy ? 2 : ahead_of(d, g);
+        if (ahead == 0 || (ahead == 1 && expired)) break;
+        if (ahead == 2) {
+            pthread_cond_wait(&d->cv, &d->mu);
+            continue;
+        }
+        if (!timed) {
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_nsec += LEADER_WAIT_MS * 1000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            timed = true;
+        }
+        if (pthread_cond_timedwait(&d->cv, &d->mu, &until) == ETIMEDOUT) expired = true;
+    }
+    g->waiting = false;
+    bool ok = !interrupted(g);
+    if (ok)
+        d->busy = true;
+    else
+        pthread_cond_broadcast(&d->cv); /* the line changed */
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
+/* Ends g's turn, charging it step_ms of device time weighted by its share. */
+static void dev_release(agent_device *d, group *g, double step_ms)
+{
+    pthread_mutex_lock(&d->mu);
+    d->busy = false;
+    g->vtime += step_ms / g->time_share;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Wakes a group that may be waiting for its turn, after a stop or drain request. */
+static void dev_wake(agent_device *d)
+{
+    pthread_mutex_lock(&d->mu);
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ---- the group thread -------------------------------------------------------------------- */
+
+/* Per-thread state of a training group. */
+typedef struct runner {
+    group *g;
+    fb_session *s;
+    outmsg *pending, *pending_tail; /* events of the step in progress */
+    double last_progress, samples, idle_ms;
+} runner;
+
+/* Hands a message to the main thread; it owns it from then on. */
+static void push_out(group *g, outmsg *o)
+{
+    if (!o) {
+        agent_log("group %s: out of memory; a message is lost", g->id);
+        return;
+    }
+    if (zmq_send(g->push, &o, sizeof o, 0) != (int)sizeof o) {
+        agent_log("group %s: cannot hand a message to the main thread: %s", g->id,
+                  zmq_strerror(errno));
+        outmsg_free(o);
+    }
+}
+
+static void pend(runner *r, outmsg *o)
+{
+    if (!o) {
+        agent_log("group %s: out of memory; an event is lost", r->g->id);
+        return;
+    }
+    if (r->pending_tail)
+        r->pending_tail->next = o;
+    else
+        r->pending = o;
+    r->pending_tail = o;
+}
+
+static void flush_pending(runner *r)
+{
+    while (r->pending) {
+        outmsg *o = r->pending;
+        r->pending = o->next;
+        o->next = NULL;
+        push_out(r->g, o);
+    }
+    r->pending_tail = NULL;
+}
+
+static void set_alive(group *g, member *mb, bool alive)
+{
+    pthread_mutex_lock(&g->mu);
+    mb->alive = alive;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static bool is_alive(group *g, member *mb)
+{
+    pthread_mutex_lock(&g->mu);
+    bool alive = mb->alive;
+    pthread_mutex_unlock(&g->mu);
+    return alive;
+}
+
+static int64_t steps_done(const runner *r)
+{
+    return r->s ? fb_session_steps_done(r->s) : r->g->start_step;
+}
+
+/* A FAILED event for every member still alive, and they leave. */
+static void fail_all(runner *r, const char *text)
+{
+    group *g = r->g;
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !is_alive(g, mb)) continue;
+        set_alive(g, mb, false);
+        outmsg *o = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, steps_done(r));
+        event_text(o, "%s", text);
+        pend(r, o);
+    }
+    agent_log("group %s: every member failed: %s", g->id, text);
+}
+
+/* Copies an event's file; false when out of memory. */
+static bool copy_blob(outmsg *o, const void *blob, size_t len)
+{
+    if (!blob || !len) return true;
+    o->blob = malloc(len);
+    if (!o->blob) return false;
+    memcpy(o->blob, blob, len);
+    o->blob_len = len;
+    o->w.blob = 1;
+    return true;
+}
+
+/* The session's callback: turns training events into wire events (held until the step is
+ * over, so that "started" goes first) and keeps the latest loss for PROGRESS. */
+static void on_train_event(const fb_train_event *ev, void *user)
+{
+    runner *r = user;
+    group *g = r->g;
+    if (ev->member < 0 || ev->member >= g->n_sess) return;
+    member *mb = &g->m[g->by_sidx[ev->member]];
+    outmsg *o = NULL;
+    switch (ev->kind) {
+    case FB_TRAIN_STEP:
+        mb->loss = ev->loss;
+        mb->accuracy = ev->accuracy;
+        mb->lr = ev->lr;
+        return;
+    case FB_TRAIN_EVAL:
+        o = event_new(g, g->id, g->generation, FB_EV_EVALUATED, mb->job_id, ev->step);
+        if (o) {
+            o->w.loss = ev->loss;
+            o->w.accuracy = ev->accuracy;
+        }
+        break;
+    case FB_TRAIN_CHECKPOINT:
+        o = event_new(g, g->id, g->generation, FB_EV_CHECKPOINTED, mb->job_id, ev->step);
+        if (o && !copy_blob(o, ev->blob, ev->blob_len)) {
+            /* the next checkpoint (or the server's last one) still covers the job */
+            agent_log("group %s: out of memory; checkpoint of %s at step %lld not sent", g->id,
+                      mb->job_id, (long long)ev->step);
+            outmsg_free(o);
+            return;
+        }
+        break;
+    case FB_TRAIN_DONE:
+        set_alive(g, mb, false);
+        o = event_new(g, g->id, g->generation, FB_EV_FINISHED, mb->job_id, ev->step);
+        if (o) {
+            o->w.loss = ev->loss;
+            o->w.accuracy = ev->accuracy;
+            if (!copy_blob(o, ev->blob, ev->blob_len)) {
+                o->w.event = FB_EV_FAILED;
+                o->w.loss = o->w.accuracy = NAN;
+                snprintf(o->w.text, sizeof o->w.text,
+                         "out of memory while sending the finished model");
+            }
+        }
+        agent_log("group %s: %s finished at step %lld (loss %.4g, accuracy %.4g)", g->id,
+                  mb->job_id, (long long)ev->step, ev->loss, ev->accuracy);
+        break;
+    case FB_TRAIN_FAILED:
+        set_alive(g, mb, false);
+        o = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, ev->step);
+        event_text(o, "%s", ev->text ? ev->text : "failed");
+        agent_log("group %s: %s failed at step %lld: %s", g->id, mb->job_id, (long long)ev->step,
+                  ev->text ? ev->text : "?");
+        break;
+    default:
+        return;
+    }
+    pend(r, o);
+}
+
+/* Members the server asked to leave leave now, at a step boundary. */
+static void apply_detaches(runner *r)
+{
+    group *g = r->g;
+    pthread_mutex_lock(&g->mu);
+    bool any = g->detach_pending;
+    g->detach_pending = false;
+    pthread_mutex_unlock(&g->mu);
+    if (!any) return;
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        pthread_mutex_lock(&g->mu);
+        bool go = mb->detach_req && mb->alive;
+        mb->detach_req = false;
+        if (go) mb->alive = false;
+        pthread_mutex_unlock(&g->mu);
+        if (!go || mb->sidx < 0) continue;
+        fb_session_detach(r->s, mb->sidx);
+        outmsg *o = event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        event_text(o, "detached on the server's request");
+        pend(r, o);
+        agent_log("group %s: %s detached at step %lld", g->id, mb->job_id,
+                  (long long)steps_done(r));
+    }
+    flush_pending(r);
+}
+
+/* Drain: every member still in the array leaves with its full state. */
+static void drain_members(runner *r)
+{
+    group *g = r->g;
+    char msg[512];
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !is_alive(g, mb)) continue;
+        set_alive(g, mb, false);
+        outmsg *o = event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        if (!o) {
+            pend(r, o);
+            continue;
+        }
+        void *buf = NULL;
+        size_t len = 0;
+        int err = fb_session_checkpoint(r->s, mb->sidx, &buf, &len, msg, sizeof msg);
+        if (err) {
+            event_text(o, "drained; no checkpoint: %s", msg);
+            agent_log("group %s: %s drained without a checkpoint: %s", g->id, mb->job_id, msg);
+        } else {
+            o->blob = buf;
+            o->blob_len = len;
+            o->w.blob = 1;
+            event_text(o, "drained");
+        }
+        pend(r, o);
+    }
+    flush_pending(r);
+    agent_log("group %s: drained at step %lld", g->id, (long long)steps_done(r));
+}
+
+/* PROGRESS for the members still in the array, with the step time breakdown. */
+static void send_progress(runner *r, double now)
+{
+    group *g = r->g;
+    fb_session_times t = fb_session_take_times(r->s);
+    double elapsed_s = (now - r->last_progress) / 1e3;
+    int64_t steps = t.steps > 0 ? t.steps : 1;
+    outmsg *o = outmsg_new(OUT_PROGRESS, g);
+    int n = 0;
+    if (o) o->w.progress = calloc((size_t)g->n_members, sizeof *o->w.progress);
+    if (!o || !o->w.progress) {
+        outmsg_free(o);
+        return; /* the next report covers it */
+    }
+    o->w.type = FB_WIRE_PROGRESS;
+    snprintf(o->w.group_id, sizeof o->w.group_id, "%s", g->id);
+    o->w.generation = g->generation;
+    /* evaluation and checkpoints run on the device, so they count as compute */
+    o->w.compute_ms = (t.compute_ms + t.other_ms) / (double)steps;
+    o->w.comm_ms = 0; /* one device per group until hybrid parallelism lands */
+    o->w.io_ms = t.io_ms / (double)steps;
+    o->w.idle_ms = r->idle_ms / (double)steps;
+    o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !fb_session_has(r->s, mb->sidx)) continue;
+        fb_wire_member_progress *p = &o->w.progress[n++];
+        snprintf(p->job_id, sizeof p->job_id, "%s", mb->job_id);
+        p->step = fb_session_steps_done(r->s);
+        p->steps = fb_session_total_steps(r->s, mb->sidx);
+        p->loss = mb->loss;
+        p->accuracy = mb->accuracy;
+        p->lr = mb->lr;
+    }
+    o->w.n_progress = n;
+    r->last_progress = now;
+    r->samples = 0;
+    r->idle_ms = 0;
+    if (n == 0) {
+        outmsg_free(o);
+        return;
+    }
+    push_out(g, o);
+}
+
+/* Opens the session and restores the members that resume; false when nothing can train. */
+static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb_loader *loader)
+{
+    group *g = r->g;
+    fb_agent *a = g->a;
+    char msg[1024];
+    const fb_job_spec **specs = calloc((size_t)g->n_sess, sizeof *specs);
+    if (!specs) {
+        fail_all(r, "out of memory");
+        return false;
+    }
+    for (int k = 0; k < g->n_sess; k++)
+        specs[k] = &g->m[g->by_sidx[k]].spec;
+    /* every step reports its loss: the host has it anyway, and PROGRESS shows the latest */
+    fb_train_opts o = {.log_every = 1,
+                       .cb = on_train_event,
+                       .user = r,
+                       .start_step = g->start_step,
+                       .blobs = true,
+                       .loader = loader};
+    int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train,
+                             ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
+    free(specs);
+    if (err) {
+        fail_all(r, msg);
+        return false;
+    }
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !mb->has_resume) continue;
+        err = fb_session_restore(r->s, mb->sidx, zmq_msg_data(&mb->resume),
+                                 zmq_msg_size(&mb->resume), msg, sizeof msg);
+        if (err) {
+            fb_session_detach(r->s, mb->sidx);
+            set_alive(g, mb, false);
+            outmsg *ev =
+                event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
+            event_text(ev, "the checkpoint does not restore: %s", msg);
+            pend(r, ev);
+            agent_log("group %s: %s: the checkpoint does not restore: %s", g->id, mb->job_id, msg);
+        }
+    }
+    for (int i = 0; i < g->n_members; i++)
+        if (g->m[i].has_resume) {
+            zmq_msg_close(&g->m[i].resume);
+            g->m[i].has_resume = false;
+        }
+    flush_pending(r);
+    return !fb_session_done(r->s);
+}
+
+/* Trains until every member has left, or a stop or drain request. */
+static void train_loop(runner *r)
+{
+    group *g = r->g;
+    agent_device *d = &g->a->dev[g->dev];
+    char msg[1024];
+    bool first = true;
+    int64_t batch = g->m[g->by_sidx[0]].spec.batch_size;
+    r->last_progress = now_ms();
+    fb_session_take_times(r->s); /* the session's set-up is not a step */
+    while (!fb_session_done(r->s)) {
+        if (atomic_load(&g->stop)) return;
+        if (atomic_load(&g->drain)) {
+            drain_members(r);
+            return;
+        }
+        double t0 = now_ms();
+        bool turn = dev_acquire(d, g);
+        double t1 = now_ms();
+        r->idle_ms += t1 - t0;
+        if (!turn) continue;
+        apply_detaches(r);
+        if (fb_session_done(r->s)) {
+            dev_release(d, g, 0);
+            break;
+        }
+        /* who trains this step, so that each gets "started" after its first one */
+        for (int i = 0; i < g->n_members; i++) {
+            member *mb = &g->m[i];
+            mb->started = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
+        }
+        int size = fb_session_size(r->s);
+        int err = fb_session_step(r->s, msg, sizeof msg);
+        double t2 = now_ms();
+        dev_release(d, g, t2 - t1);
+        r->samples += (double)batch * size;
+        pthread_mutex_lock(&g->mu);
+        g->steps_done = fb_session_steps_done(r->s);
+        pthread_mutex_unlock(&g->mu);
+        if (first) {
+            for (int i = 0; i < g->n_members; i++) {
+                member *mb = &g->m[i];
+                if (!mb->started) continue;
+                outmsg *o = event_new(g, g->id, g->generation, FB_EV_STARTED, mb->job_id,
+                                      g->start_step + 1);
+                push_out(g, o);
+            }
+        }
+        flush_pending(r);
+        if (err) {
+            fail_all(r, msg);
+            flush_pending(r);
+            return;
+        }
+        if (first || t2 - r->last_progress >= g->a->progress_ms) send_progress(r, t2);
+        first = false;
+    }
+}
+
+static void *group_thread(void *arg)
+{
+    group *g = arg;
+    fb_agent *a = g->a;
+    runner r = {.g = g};
+    char msg[1024];
+    agent_device *d = &a->dev[g->dev];
+    dataset_ref *ds = dataset_acquire(a, g->dataset_tenant, g->dataset, msg, sizeof msg);
+    fb_loader *loader = NULL;
+    fb_dataset shard_train = {0}, unused = {0};
+    bool ready = ds != NULL;
+    if (ready && ds->shard && g->n_sess > 0) {
+        /* this array's own loader, positioned at its start step */
+        const fb_job_spec *s0 = &g->m[g->by_sidx[0]].spec;
+        fb_data_source_opts so = {.batch_size = s0->batch_size, .shuffle = s0->shuffle,
+                                  .data_seed = s0->data_seed, .start_step = g->start_step};
+        ready = fb_data_open_named(&shard_train, &unused, &loader, g->dataset, ds->data_dir, &so,
+                                   msg, sizeof msg) == FB_OK;
+    }
+    if (!ready) {
+        fail_all(&r, msg);
+        flush_pending(&r);
+    } else if (open_session(&r, ds, ds->shard ? &shard_train : &ds->train, loader)) {
+        dev_register(d, g);
+        train_loop(&r);
+        dev_unregister(d, g);
+    }
+    if (atomic_load(&g->stop))
+        agent_log("group %s generation %lld stopped", g->id, (long long)g->generation);
+    else
+        agent_log("group %s generation %lld ended at step %lld", g->id, (long long)g->generation,
+                  (long long)steps_done(&r));
+    fb_session_free(r.s);
+    fb_loader_free(loader);
+    dataset_release(a, ds);
+    outmsg *bye = g->bye;
+    if (zmq_send(g->push, &bye, sizeof bye, 0) != (int)sizeof bye)
+        agent_log("group %s: cannot report its end: %s", g->id, zmq_strerror(errno));
+    zmq_close(g->push);
+    return NULL;
+}
+
+/* ---- the main thread: sending ------------------------------------------------------------ */
+
+/* Sends a message (and its blob).  0 when sent, 1 when the socket cannot take it now (no
+ * connection yet, or a full queue), -1 when sending failed, -2 when it does not encode. */
+static int send_wire(fb_agent *a, const fb_wire_msg *m, const void *blob, size_t blob_len)
+{
+    char err[512];
+    char *json = fb_wire_encode(m, err, sizeof err);
+    if (!json) {
+        agent_log("cannot encode a %s message: %s", fb_wire_type_name(m->type), err);
+        return -2;
+    }
+    int rc = zmq_send(a->dealer, json, strlen(json), ZMQ_DONTWAIT | (blob ? ZMQ_SNDMORE : 0));
+    free(json);
+    if (rc < 0) {
+        if (errno == EAGAIN) return 1;
+        agent_log("cannot send a %s message: %s", fb_wire_type_name(m->type), zmq_strerror(errno));
+        return -1;
+    }
+    if (blob && zmq_send(a->dealer, blob, blob_len, ZMQ_DONTWAIT) < 0) {
+        agent_log("cannot send the file of a %s message: %s", fb_wire_type_name(m->type),
+                  zmq_strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* The groups running now, as HELLO and HEARTBEAT report them.  Members that left are not
+ * listed; a group none of whose members is left is not either. */
+static int fill_running(fb_agent *a, fb_wire_msg *m)
+{
+    int n = 0;
+    for (group *g = a->groups; g; g = g->next)
+        if (!atomic_load(&g->stop)) n++;
+    if (n > FB_WIRE_MAX_GROUPS) {
+        agent_log("%d groups run here; only %d fit a report", n, FB_WIRE_MAX_GROUPS);
+        n = FB_WIRE_MAX_GROUPS;
+    }
+    m->running = n ? calloc((size_t)n, sizeof *m->running) : NULL;
+    if (n && !m->running) return FB_ERR_NOMEM;
+    int k = 0;
+    for (group *g = a->groups; g && k < n; g = g->next) {
+        if (atomic_load(&g->stop)) continue;
+        fb_wire_running *rg = &m->running[k];
+        pthread_mutex_lock(&g->mu);
+        int alive = 0;
+        for (int i = 0; i < g->n_members; i++)
+            alive += g->m[i].alive;
+        if (alive) {
+            rg->job_ids = calloc((size_t)alive, sizeof *rg->job_ids);
+            rg->steps = calloc((size_t)alive, sizeof *rg->steps);
+        }
+        if (alive && rg->job_ids && rg->steps) {
+            snprintf(rg->group_id, sizeof rg->group_id, "%s", g->id);
+            rg->generation = g->generation;
+            for (int i = 0; i < g->n_members; i++) {
+                if (!g->m[i].alive) continue;
+                snprintf(rg->job_ids[rg->n_jobs], sizeof rg->job_ids[0], "%s", g->m[i].job_id);
+                rg->steps[rg->n_jobs++] = g->steps_done;
+            }
+            k++;
+        } else {
+            free(rg->job_ids);
+            free(rg->steps);
+            rg->job_ids = NULL;
+            rg->steps = NULL;
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
+    m->n_running = k;
+    return FB_OK;
+}
+
+static void send_hello(fb_agent *a)
+{
+    fb_wire_msg m = {.type = FB_WIRE_HELLO};
+    snprintf(m.worker, sizeof m.worker, "%s", a->name);
+    snprintf(m.backend, sizeof m.backend, "%s", a->backend);
+    snprintf(m.version, sizeof m.version, "%s", FB_VERSION_STRING);
+    m.n_devices = a->n_devices;
+    for (int i = 0; i < a->n_devices; i++) {
+        m.devices[i] = a->dev[i].info;
+        if (strcmp(m.devices[i].kind, "cpu") == 0) {
+            /* the RAM free now, shared evenly like the total */
+            int64_t avail = (int64_t)sysconf(_SC_AVPHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
+            int64_t share = avail > 0 ? avail / a->n_devices : 0;
+            m.devices[i].free_bytes =
+                share < m.devices[i].memory_bytes ? share : m.devices[i].memory_bytes;
+        }
+    }
+    if (fill_running(a, &m) == FB_OK) send_wire(a, &m, NULL, 0);
+    fb_wire_msg_free(&m);
+}
+
+static void send_heartbeat(fb_agent *a)
+{
+    fb_wire_msg m = {.type = FB_WIRE_HEARTBEAT};
+    if (fill_running(a, &m) == FB_OK) send_wire(a, &m, NULL, 0);
+    fb_wire_msg_free(&m);
+}
+
+static void send_drain(fb_agent *a)
+{
+    fb_wire_msg m = {.type = FB_WIRE_DRAIN};
+    snprintf(m.text, sizeof m.text, "draining");
+    a->drain_sent = send_wire(a, &m, NULL, 0) != 1;
+}
+
+/* Unlinks o from the outbox (prev is its predecessor or NULL) and frees it. */
+static void outbox_remove(fb_agent *a, outmsg *prev, outmsg *o)
+{
+    if (prev)
+        prev->next = o->next;
+    else
+        a->outbox = o->next;
+    if (a->outbox_tail == o) a->outbox_tail = prev;
+    if (a->unsent == o) a->unsent = o->next;
+    a->outbox_bytes -= o->blob_len;
+    outmsg_free(o);
+}
+
+/* Sends the outbox's unsent events in order, up to the first the socket refuses. */
+static void flush_outbox(fb_agent *a)
+{
+    if (!a->welcomed || !a->unsent) return;
+    outmsg *prev = NULL;
+    for (outmsg *o = a->outbox; o && o != a->unsent; o = o->next)
+        prev = o;
+    while (a->unsent) {
+        outmsg *o = a->unsent;
+        int rc = send_wire(a, &o->w, o->blob, o->blob_len);
+        if (rc == 1) return;
+        if (rc == -2) {
+            /* it would fail the same way every time; keeping it would resend it forever */
+            outbox_remove(a, prev, o);
+            continue;
+        }
+        prev = o;
+        a->unsent = o->next;
+    }
+}
+
+/*
+ * Keeps the outbox within its bound: past it, checkpoints that a newer unacknowledged
+ * checkpoint of the same job supersedes go (a resume needs only the newest).  Finished
+ * models and drained states are never dropped; when they alone exceed the bound the
+ * outbox grows and says so.
+ */
+static void outbox_bound(fb_agent *a, const outmsg *newest)
+{
+    if (a->outbox_bytes <= a->outbox_limit) return;
+    if (newest->w.event == FB_EV_CHECKPOINTED) {
+        outmsg *prev = NULL;
+        for (outmsg *o = a->outbox; o && o != newest;) {
+            outmsg *next = o->next;
+            if (o->w.event == FB_EV_CHECKPOINTED && strcmp(o->w.job_id, newest->w.job_id) == 0) {
+                agent_log("outbox over its bound: dropping the unacknowledged checkpoint of %s "
+                          "at step %lld (seq %lld); the one at step %lld supersedes it",
+                          o->w.job_id, (long long)o->w.step, (long long)o->w.seq,
+                          (long long)newest->w.step);
+                outbox_remove(a, prev, o);
+            } else {
+                prev = o;
+            }
+            o = next;
+        }
+    }
+    double now = now_ms();
+    if (a->outbox_bytes > a->outbox_limit && now - a->last_outbox_warn >= OUTBOX_WARN_EVERY_MS) {
+        a->last_outbox_warn = now;
+        agent_log("WARNING: %llu bytes of events wait for the server's acknowledgement, over "
+                  "the bound of %llu; is the server reachable?",
+                  (unsigned long long)a->outbox_bytes, (unsigned long long)a->outbox_limit);
+    }
+}
+
+/* Numbers an event, keeps it until it is acknowledged, and sends it when registered. */
+static void outbox_add(fb_agent *a, outmsg *o)
+{
+    if (!o) {
+        agent_log("out of memory; an event is lost");
+        return;
+    }
+    o->next = NULL;
+    o->w.seq = a->next_seq++;
+    if (a->outbox_tail)
+        a->outbox_tail->next = o;
+    else
+        a->outbox = o;
+    a->outbox_tail = o;
+    if (!a->unsent) a->unsent = o;
+    a->outbox_bytes += o->blob_len;
+    outbox_bound(a, o);
+    flush_outbox(a);
+}
+
+static void outbox_ack(fb_agent *a, int64_t seq)
+{
+    outmsg *prev = NULL;
+    for (outmsg *o = a->outbox; o; prev = o, o = o->next)
+        if (o->w.seq == seq) {
+            outbox_remove(a, prev, o);
+            return;
+        }
+    /* a repeated ACK, or one for a checkpoint the bound dropped: nothing to do */
+}
+
+/* ---- the main thread: groups ------------------------------------------------------------- */
+
+static group *find_group(fb_agent *a, const char *id)
+{
+    for (group *g = a->groups; g; g = g->next)
+        if (!atomic_load(&g->stop) && strcmp(g->id, id) == 0) return g;
+    return NULL;
+}
+
+static void group_free(group *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_members; i++) {
+        if (g->m[i].parsed) fb_job_spec_free(&g->m[i].spec);
+        if (g->m[i].has_resume) zmq_msg_close(&g->m[i].resume);
+    }
+    free(g->m);
+    free(g->by_sidx);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* Asks a group to leave without reporting anything (its events are dropped too). */
+static void stop_group(fb_agent *a, group *g)
+{
+    atomic_store(&g->stop, true);
+    dev_wake(&a->dev[g->dev]);
+}
+
+/* A FAILED event from the main thread, for a member that never reached a group thread. */
+static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                        const char *fmt, ...)
+{
+    outmsg *o =
+        event_new(NULL, m->group_id, m->generation, FB_EV_FAILED, wm->job_id, wm->start_step);
+    if (o) {
+        char text[FB_WIRE_TEXT_MAX + 1];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+        event_text(o, "%s", text);
+        agent_log("group %s: %s failed: %s", m->group_id, wm->job_id, o->w.text);
+    }
+    outbox_add(a, o);
+}
+
+/* Checks one member of an ASSIGN; false (with a FAILED event sent) when it cannot train. */
+static bool member_ok(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm, member *mb,
+                      const int64_t *group_start)
+{
+    char msg[1024];
+    int err = fb_job_spec_parse(wm->spec, strlen(wm->spec), NULL, &mb->spec, msg, sizeof msg);
+    if (err) {
+        fail_member(a, m, wm, "the spec does not parse: %s (%s)", msg, fb_err_code(err));
+        return false;
+    }
+    mb->parsed = true;
+    if (strcmp(mb->spec.fusion_key, m->fusion_key) != 0) {
+        fail_member(a, m, wm, "the spec's fusion key %s is not the group's %s", mb->spec.fusion_key,
+                    m->fusion_key);
+        return false;
+    }
+    if (strcmp(mb->spec.dataset, m->dataset) != 0) {
+        fail_member(a, m, wm, "the spec's dataset %s is not the group's %s", mb->spec.dataset,
+                    m->dataset);
+        return false;
+    }
+    if (group_start && wm->start_step != *group_start) {
+        fail_member(a, m, wm,
+                    "start step %lld differs from the group's %lld; the members of an array "
+                    "train in lockstep",
+                    (long long)wm->start_step, (long long)*group_start);
+        return false;
+    }
+    if (wm->start_step > 0 && wm->resume_blob == 0) {
+        fail_member(a, m, wm, "start step %lld needs a checkpoint to resume from",
+                    (long long)wm->start_step);
+        return false;
+    }
+    return true;
+}
+
+/* Starts a group's thread with the termination signals blocked, so that they reach the
+ * main thread's loop rather than interrupting a training step. */
+static int start_thread(group *g)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    int rc = pthread_create(&g->th, NULL, group_thread, g);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
+{
+    if (a->draining) {
+        agent_log("group %s: assignment refused, the worker is draining", m->group_id);
+        return;
+    }
+    group *old = find_group(a, m->group_id);
+    if (old && old->generation == m->generation) {
+        agent_log("group %s generation %lld: already running; duplicate ASSIGN ignored",
+                  m->group_id, (long long)m->generation);
+        return;
+    }
+    for (int i = 0; i < m->n_members; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(m->members[i].job_id, m->members[j].job_id) == 0) {
+                agent_log("group %s: ASSIGN lists job %s twice; dropped", m->group_id,
+                          m->members[i].job_id);
+                return;
+            }
+    if (old) {
+        agent_log("group %s: generation %lld replaces %lld", m->group_id, (long long)m->generation,
+                  (long long)old->generation);
+        stop_group(a, old);
+    }
+    for (int i = 0; i < m->n_group_devices; i++)
+        if (m->group_devices[i] < 0 || m->group_devices[i] >= a->n_devices) {
+            for (int k = 0; k < m->n_members; k++)
+                fail_member(a, m, &m->members[k],
+                            "device %d does not exist on worker %s (it has %d)",
+                            m->group_devices[i], a->name, a->n_devices);
+            return;
+        }
+    group *g = calloc(1, sizeof *g);
+    if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
+        free(g);
+        agent_log("group %s: out of memory", m->group_id);
+        return;
+    }
+    g->a = a;
+    snprintf(g->id, sizeof g->id, "%s", m->group_id);
+    g->generation = m->generation;
+    snprintf(g->dataset, sizeof g->dataset, "%s", m->dataset);
+    snprintf(g->dataset_tenant, sizeof g->dataset_tenant, "%s", m->dataset_tenant);
+    g->dev = m->n_group_devices > 0 ? m->group_devices[0] : 0;
+    g->time_share = m->time_share > 0 ? m->time_share : 1;
+    g->n_split = m->n_split;
+    memcpy(g->split, m->split, sizeof g->split);
+    g->ticket = a->next_ticket++;
+    g->m = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->m);
+    g->by_sidx = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->by_sidx);
+    if (!g->m || !g->by_sidx) {
+        agent_log("group %s: out of memory", m->group_id);
+        group_free(g);
+        return;
+    }
+    g->n_members = m->n_members;
+    bool have_start = false;
+    for (int i = 0; i < m->n_members; i++) {
+        const fb_wire_member *wm = &m->members[i];
+        member *mb = &g->m[i];
+        snprintf(mb->job_id, sizeof mb->job_id, "%s", wm->job_id);
+        mb->sidx = -1;
+        mb->loss = mb->accuracy = mb->lr = NAN;
+        if (!member_ok(a, m, wm, mb, have_start ? &g->start_step : NULL)) continue;
+        if (wm->resume_blob > 0) {
+            zmq_msg_init(&mb->resume);
+            if (zmq_msg_copy(&mb->resume, &frames[wm->resume_blob]) != 0) {
+                zmq_msg_close(&mb->resume);
+                fail_member(a, m, wm, "out of memory");
+                continue;
+            }
+            mb->has_resume = true;
+        }
+        if (!have_start) {
+            g->start_step = wm->start_step;
+            have_start = true;
+        }
+        mb->sidx = g->n_sess;
+        mb->alive = true;
+        g->by_sidx[g->n_sess++] = i;
+    }
+    g->steps_done = g->start_step;
+    if (g->n_sess == 0) {
+        agent_log("group %s: no member can train; nothing started", m->group_id);
+        group_free(g);
+        return;
+    }
+    if (m->n_group_devices > 1)
+        agent_log("group %s: %d devices assigned; data and pipeline parallelism are not "
+                  "implemented yet, so it trains on device %d alone (same results)",
+                  m->group_id, m->n_group_devices, g->dev);
+    g->bye = outmsg_new(OUT_EXIT, g);
+    g->push = g->bye ? zmq_socket(a->ctx, ZMQ_PUSH) : NULL;
+    if (!g->push || zmq_connect(g->push, a->inproc) != 0 || start_thread(g) != 0) {
+        agent_log("group %s: cannot start its thread", m->group_id);
+        for (int i = 0; i < g->n_members; i++)
+            if (g->m[i].sidx >= 0)
+                fail_member(a, m, &m->members[i], "the worker cannot start a training thread");
+        if (g->push) zmq_close(g->push);
+        outmsg_free(g->bye);
+        group_free(g);
+        return;
+    }
+    g->next = a->groups;
+    a->groups = g;
+    agent_log("group %s generation %lld: %d of %d members on device %d, dataset %s, from step "
+              "%lld, time share %.3g",
+              g->id, (long long)g->generation, g->n_sess, g->n_members, g->dev, g->dataset,
+              (long long)g->start_step, g->time_share);
+}
+
+static void on_detach(fb_agent *a, const fb_wire_msg *m)
+{
+    group *g = find_group(a, m->group_id);
+    if (!g || g->generation != m->generation) {
+        agent_log("DETACH for group %s generation %lld, which does not run here; dropped",
+                  m->group_id, (long long)m->generation);
+        return;
+    }
+    if (!m->job_id[0]) {
+        agent_log("group %s: stopped by the server%s%s", g->id, m->text[0] ? ": " : "", m->text);
+        stop_group(a, g);
+        return;
+    }
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (strcmp(mb->job_id, m->job_id) != 0) continue;
+        pthread_mutex_lock(&g->mu);
+        bool alive = mb->alive;
+        if (alive) {
+            mb->detach_req = true;
+            g->detach_pending = true;
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (!alive)
+            agent_log("group %s: DETACH of %s, which has already left; dropped", g->id, m->job_id);
+        return;
+    }
+    agent_log("group %s: DETACH of %s, which is not a member; dropped", g->id, m->job_id);
+}
+
+static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
+{
+    group *g = find_group(a, m->group_id);
+    if (!g || g->generation != m->generation) {
+        agent_log("REBALANCE for group %s generation %lld, which does not run here; dropped",
+                  m->group_id, (long long)m->generation);
+        return;
+    }
+    agent_device *d = &a->dev[g->dev];
+    pthread_mutex_lock(&d->mu);
+    if (m->time_share > 0) g->time_share = m->time_share;
+    if (m->n_split > 0) {
+        g->n_split = m->n_split;
+        memcpy(g->split, m->split, sizeof g->split);
+    }
+    pthread_mutex_unlock(&d->mu);
+    agent_log("group %s: time share %.3g", g->id, m->time_share);
+}
+
+static void start_drain(fb_agent *a, const char *why)
+{
+    if (a->draining) return;
+    a->draining = true;
+    agent_log("draining (%s): checkpointing every member", why);
+    send_drain(a);
+    for (group *g = a->groups; g; g = g->next) {
+        atomic_store(&g->drain, true);
+        dev_wake(&a->dev[g->dev]);
+    }
+}
+
+/* ---- the main thread: receiving ---------------------------------------------------------- */
+
+static void on_message(fb_agent *a, zmq_msg_t *frames, int n_frames)
+{
+    char err[512];
+    fb_wire_msg m;
+    if (fb_wire_decode(zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), n_frames - 1, &m, err,
+                       sizeof err) != FB_OK) {
+        agent_log("malformed message dropped: %s", err);
+        return;
+    }
+    switch (m.type) {
+    case FB_WIRE_WELCOME:
+        a->welcomed = true;
+        snprintf(a->worker_id, sizeof a->worker_id, "%s", m.worker_id);
+        a->heartbeat_ms = m.heartbeat_ms;
+        agent_log("registered as %s (worker id %s), heartbeat every %d ms; resending %s", a->name,
+                  a->worker_id, a->heartbeat_ms,
+                  a->outbox ? "the unacknowledged events" : "nothing");
+        a->unsent = a->outbox; /* the server records events idempotently, by seq */
+        flush_outbox(a);
+        if (a->draining && !a->drain_sent) send_drain(a);
+        break;
+    case FB_WIRE_HEARTBEAT:
+        if (!m.reply) {
+            agent_log("a worker's heartbeat came from the server; dropped");
+        } else if (!m.known) {
+            agent_log("the server does not know this worker; registering again");
+            a->welcomed = false;
+            send_hello(a);
+        }
+        break;
+    case FB_WIRE_ASSIGN:
+        on_assign(a, &m, frames);
+        break;
+    case FB_WIRE_ACK:
+        outbox_ack(a, m.seq);
+        break;
+    case FB_WIRE_DETACH:
+        on_detach(a, &m);
+        break;
+    case FB_WIRE_REBALANCE:
+        on_rebalance(a, &m);
+        break;
+    case FB_WIRE_DRAIN:
+        start_drain(a, m.text[0] ? m.text : "the server asked");
+        break;
+    default:
+        agent_log("a %s message is not for a worker; dropped", fb_wire_type_name(m.type));
+        break;
+    }
+    fb_wire_msg_free(&m);
+}
+
+/* Reads what the server sent, a bounded number of messages per call. */
+static int recv_dealer(fb_agent *a, char *msg, size_t cap)
+{
+    for (int k = 0; k < 64; k++) {
+        zmq_msg_t frames[FB_WIRE_MAX_BLOBS + 1];
+        int n = 0;
+        bool too_many = false, more = true;
+        while (more) {
+            zmq_msg_t f;
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, a->dealer, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                int e = errno;
+                zmq_msg_close(&f);
+                for (int i = 0; i < n; i++)
+                    zmq_msg_close(&frames[i]);
+                if (e == EAGAIN && n == 0) return FB_OK;
+                if (e == EINTR) return FB_OK;
+                return fb_errf(msg, cap, FB_ERR_IO, "receiving from the server: %s",
+                               zmq_strerror(e));
+            }
+            more = zmq_msg_more(&f);
+            if (n < FB_WIRE_MAX_BLOBS + 1) {
+                frames[n++] = f;
+            } else {
+                too_many = true;
+                zmq_msg_close(&f);
+            }
+        }
+        a->last_rx = now_ms();
+        if (too_many)
+            agent_log("a message of more than %d frames dropped", FB_WIRE_MAX_BLOBS + 1);
+        else if (zmq_msg_size(&frames[0]) > FB_WIRE_MAX_JSON)
+            agent_log("a message with %zu bytes of JSON dropped", zmq_msg_size(&frames[0]));
+        else
+            on_message(a, frames, n);
+        for (int i = 0; i < n; i++)
+            zmq_msg_close(&frames[i]);
+    }
+    return FB_OK;
+}
+
+/* Takes a group thread's message. */
+static void on_internal(fb_agent *a, outmsg *o)
+{
+    group *g = o->g;
+    switch (o->kind) {
+    case OUT_EXIT:
+        pthread_join(g->th, NULL);
+        for (group **p = &a->groups; *p; p = &(*p)->next)
+            if (*p == g) {
+                *p = g->next;
+                break;
+            }
+        group_free(g);
+        outmsg_free(o);
+        break;
+    case OUT_PROGRESS:
+        if (!atomic_load(&g->stop) && a->welcomed) send_wire(a, &o->w, NULL, 0);
+        outmsg_free(o);
+        break;
+    case OUT_EVENT:
+        if (g && atomic_load(&g->stop)) {
+            outmsg_free(o); /* a stopped group reports nothing */
+            break;
+        }
+        o->g = NULL;
+        outbox_add(a, o);
+        break;
+    }
+}
+
+static void recv_pull(fb_agent *a)
+{
+    for (int k = 0; k < 256; k++) {
+        outmsg *o = NULL;
+        int rc = zmq_recv(a->pull, &o, sizeof o, ZMQ_DONTWAIT);
+        if (rc < 0) return;
+        if (rc != (int)sizeof o || !o) continue;
+        on_internal(a, o);
+    }
+}
+
+/* The DEALER's connection events: one log line per change, so that an operator sees a
+ * refused key or a lost server without reading packet traces. */
+static void recv_monitor(fb_agent *a)
+{
+    for (int k = 0; k < 64; k++) {
+        zmq_msg_t f[2];
+        int n = 0, more = 1;
+        while (more) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, a->mon, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                zmq_msg_close(&m);
+                for (int i = 0; i < n; i++)
+                    zmq_msg_close(&f[i]);
+                return;
+            }
+            more = zmq_msg_more(&m);
+            if (n < 2)
+                f[n++] = m;
+            else
+                zmq_msg_close(&m);
+        }
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (n >= 1 && zmq_msg_size(&f[0]) >= 6) {
+            memcpy(&event, zmq_msg_data(&f[0]), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&f[0]) + 2, 4);
+        }
+        for (int i = 0; i < n; i++)
+            zmq_msg_close(&f[i]);
+        switch (event) {
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+            agent_log("connected to %s", a->server);
+            a->connected = true;
+            a->auth_logged = false;
+            break;
+        case ZMQ_EVENT_DISCONNECTED:
+            if (a->connected) agent_log("connection to %s lost; reconnecting", a->server);
+            a->connected = false;
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+            if (!a->auth_logged)
+                agent_log("the server refused this worker (status %u): is its public key in "
+                          "the server's list of allowed workers?",
+                          (unsigned)value);
+            a->auth_logged = true;
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if (!a->auth_logged)
+                agent_log("the handshake with %s failed: is --server-key the server's public "
+                          "key?",
+                          a->server);
+            a->auth_logged = true;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* ---- the main thread: the loop ----------------------------------------------------------- */
+
+/* Heartbeats, registration and resends, on the heartbeat cadence. */
+static void on_timer(fb_agent *a, double now)
+{
+    if (now - a->last_beat < a->heartbeat_ms) return;
+    a->last_beat = now;
+    if (!a->welcomed) {
+        send_hello(a);
+    } else if (now - a->last_rx >= SILENT_HEARTBEATS * (double)a->heartbeat_ms) {
+        /* the server may have restarted and forgotten this worker: register again, with
+         * the running groups, until it answers */
+        agent_log("no word from the server for %.1f s; registering again every heartbeat",
+                  (now - a->last_rx) / 1e3);
+        /* events wait for the next WELCOME, which resends them all in order: sent now they
+         * could reach a new server ahead of older ones it has not seen yet */
+        a->welcomed = false;
+        send_hello(a);
+    } else {
+        send_heartbeat(a);
+    }
+    flush_outbox(a);
+    if (a->draining && !a->drain_sent) send_drain(a);
+}
+
+int fb_agent_run(fb_agent *a, char *msg, size_t cap)
+{
+    double start = now_ms();
+    a->last_rx = start;
+    a->last_beat = start;
+    send_hello(a);
+    agent_log("worker %s: %d %s device%s, %d thread%s each; server %s", a->name, a->n_devices,
+              a->backend, a->n_devices == 1 ? "" : "s", a->threads, a->threads == 1 ? "" : "s",
+              a->server);
+    for (;;) {
+        double now = now_ms();
+        if (atomic_load(&a->drain_req)) start_drain(a, "requested");
+        if (a->draining && !a->groups) {
+            if (a->drained_at == 0) {
+                a->drained_at = now;
+                if (a->outbox)
+                    agent_log("every group drained; waiting up to %d ms for %s",
+                              FB_AGENT_DRAIN_WAIT_MS, "the server's acknowledgements");
+            }
+            if (!a->outbox) {
+                agent_log("drained; every event acknowledged");
+                return FB_OK;
+            }
+            if (now - a->drained_at >= FB_AGENT_DRAIN_WAIT_MS) {
+                int n = 0;
+                for (outmsg *o = a->outbox; o; o = o->next)
+                    n++;
+                agent_log("drained; %d event%s not acknowledged in time", n, n == 1 ? "" : "s");
+                return FB_OK;
+            }
+        }
+        on_timer(a, now);
+        double wait = a->last_beat + a->heartbeat_ms - now_ms();
+        if (wait > POLL_MAX_MS) wait = POLL_MAX_MS;
+        if (wait < 0) wait = 0;
+        zmq_pollitem_t items[3] = {{.socket = a->dealer, .events = ZMQ_POLLIN},
+                                   {.socket = a->pull, .events = ZMQ_POLLIN},
+                                   {.socket = a->mon, .events = ZMQ_POLLIN}};
+        int rc = zmq_poll(items, 3, (long)wait);
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            return fb_errf(msg, cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
+        }
+        if (items[1].revents & ZMQ_POLLIN) recv_pull(a);
+        if (items[2].revents & ZMQ_POLLIN) recv_monitor(a);
+        if (items[0].revents & ZMQ_POLLIN) {
+            int err = recv_dealer(a, msg, cap);
+            if (err) return err;
+        }
+    }
+}
+
+void fb_agent_drain(fb_agent *a)
+{
+    if (a) atomic_store(&a->drain_req, true);
+}
+
+/* ---- set-up and tear-down ---------------------------------------------------------------- */
+
+/* The devices: CPU devices that share the machine's RAM evenly. */
+static void find_devices(fb_agent *a, int cpu_devices)
+{
+#ifdef FB_HAVE_CUDA
+    int n_gpu = fb_cuda_device_count();
+    if (n_gpu > 0)
+        agent_log("%d CUDA device%s found, but the ops have no CUDA backend yet; offering %d "
+                  "CPU device%s",
+                  n_gpu, n_gpu == 1 ? "" : "s", cpu_devices, cpu_devices == 1 ? "" : "s");
+#endif
+    int64_t ram = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
+    if (ram <= 0) ram = (int64_t)1 << 30;
+    a->backend = "cpu";
+    a->n_devices = cpu_devices;
+    for (int i = 0; i < cpu_devices; i++) {
+        fb_wire_device *d = &a->dev[i].info;
+        d->idx = i;
+        snprintf(d->kind, sizeof d->kind, "cpu");
+        snprintf(d->name, sizeof d->name, "cpu%d", i);
+        d->memory_bytes = ram / cpu_devices > 0 ? ram / cpu_devices : 1;
+        d->free_bytes = d->memory_bytes;
+        a->dev[i].be = fb_backend_cpu();
+    }
+}
+
+static int set_opt(void *s, int opt, const void *v, size_t len, const char *what, char *msg,
+                   size_t cap)
+{
+    if (zmq_setsockopt(s, opt, v, len) == 0) return FB_OK;
+    return fb_errf(msg, cap, FB_ERR_IO, "cannot set %s on the socket: %s", what,
+                   zmq_strerror(errno));
+}
+
+/* The DEALER towards the server: routing id = the worker's name, CURVE client. */
+static int open_dealer(fb_agent *a, char *msg, size_t cap)
+{
+    a->dealer = zmq_socket(a->ctx, ZMQ_DEALER);
+    if (!a->dealer)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot create a socket: %s", zmq_strerror(errno));
+    int ivl = 100, ivl_max = 1000, linger = DEALER_LINGER_MS, one = 1;
+    int hb_ivl = 1000, hb_timeout = 5000;
+    int64_t max_msg = (int64_t)FB_WIRE_MAX_BLOB;
+    int err;
+    if ((err = set_opt(a->dealer, ZMQ_ROUTING_ID, a->name, strlen(a->name), "the routing id", msg,
+                       cap)) ||
+        (err = set_opt(a->dealer, ZMQ_CURVE_SERVERKEY, a->server_key, 41, "the server key", msg,
+                       cap)) ||
+        (err = set_opt(a->dealer, ZMQ_CURVE_PUBLICKEY, a->public_key, 41, "the public key", msg,
+                       cap)) ||
+        (err = set_opt(a->dealer, ZMQ_CURVE_SECRETKEY, a->secret_key, 41, "the secret key", msg,
+                       cap)) ||
+        (err = set_opt(a->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl, "the reconnect interval",
+                       msg, cap)) ||
+        (err = set_opt(a->dealer, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max,
+                       "the reconnect interval", msg, cap)) ||
+        (err = set_opt(a->dealer, ZMQ_LINGER, &linger, sizeof linger, "linger", msg, cap)) ||
+        /* queue only to a live connection: what cannot go now waits in the outbox */
+        (err = set_opt(a->dealer, ZMQ_IMMEDIATE, &one, sizeof one, "immediate", msg, cap)) ||
+        /* notice a dead peer even when no data flows, so that reconnecting starts */
+        (err = set_opt(a->dealer, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl, "heartbeats", msg,
+                       cap)) ||
+        (err = set_opt(a->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout,
+                       "heartbeats", msg, cap)) ||
+        (err = set_opt(a->dealer, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg, "the size bound", msg,
+                       cap)))
+        return err;
+    snprintf(a->mon_ep, sizeof a->mon_ep, "inproc://fusebox-agent-monitor-%p", (void *)a);
+    int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL;
+    if (zmq_socket_monitor(a->dealer, a->mon_ep, events) != 0 ||
+        !(a->mon = zmq_socket(a->ctx, ZMQ_PAIR)) || zmq_connect(a->mon, a->mon_ep) != 0)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot monitor the socket: %s", zmq_strerror(errno));
+    if (zmq_connect(a->dealer, a->server) != 0)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "cannot connect to %s: %s", a->server,
+                       zmq_strerror(errno));
+    return FB_OK;
+}
+
+static int check_key(const char *key, const char *what, char *msg, size_t cap)
+{
+    if (!key || strlen(key) != 40)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s must be 40 characters of Z85", what);
+    uint8_t bin[32];
+    if (!zmq_z85_decode(bin, key))
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s is not valid Z85", what);
+    return FB_OK;
+}
+
+int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
+{
+    int err;
+    if (!o || !o->server || !o->server[0])
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is missing");
+    if (strlen(o->server) >= sizeof((fb_agent *)0)->server)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is too long");
+    if ((err = check_key(o->server_key, "the server key", msg, cap)) ||
+        (err = check_key(o->public_key, "the public key", msg, cap)) ||
+        (err = check_key(o->secret_key, "the secret key", msg, cap)))
+        return err;
+    if (o->name && !fb_agent_name_valid(o->name))
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "worker name '%s': use 1..%d of a-z 0-9 . _ -, starting with a letter "
+                       "or digit",
+                       o->name, FB_WIRE_NAME_MAX);
+    int cpu_devices = o->cpu_devices ? o->cpu_devices : 1;
+    if (cpu_devices < 1 || cpu_devices > FB_WIRE_MAX_DEVICES)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "CPU devices must be in [1, %d], not %d",
+                       FB_WIRE_MAX_DEVICES, o->cpu_devices);
+    if (o->threads_per_device < 0 || o->threads_per_device > 1024)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "threads per device must be in [1, 1024], not %d", o->threads_per_device);
+    int hb = o->heartbeat_ms ? o->heartbeat_ms : FB_AGENT_DEFAULT_HEARTBEAT_MS;
+    if (hb < 100 || hb > 60000)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "the heartbeat must be in [100, 60000] ms, not %d", o->heartbeat_ms);
+    int pr = o->progress_ms ? o->progress_ms : FB_AGENT_DEFAULT_PROGRESS_MS;
+    if (pr < 10 || pr > 3600000)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "the progress interval must be in [10, 3600000] ms, not %d", o->progress_ms);
+    const char *dd = o->data_dir;
+    if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
+    if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
+
+    fb_agent *a = calloc(1, sizeof *a);
+    if (!a) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (strlen(dd) >= sizeof a->data_dir) {
+        err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
+        goto fail;
+    }
+    snprintf(a->data_dir, sizeof a->data_dir, "%s", dd);
+    snprintf(a->server, sizeof a->server, "%s", o->server);
+    snprintf(a->server_key, sizeof a->server_key, "%s", o->server_key);
+    snprintf(a->public_key, sizeof a->public_key, "%s", o->public_key);
+    snprintf(a->secret_key, sizeof a->secret_key, "%s", o->secret_key);
+    if (o->name)
+        snprintf(a->name, sizeof a->name, "%s", o->name);
+    else
+        fb_agent_default_name(a->name, sizeof a->name);
+    a->heartbeat_ms = hb;
+    a->progress_ms = pr;
+    a->outbox_limit = o->outbox_bytes ? o->outbox_bytes : FB_AGENT_DEFAULT_OUTBOX_BYTES;
+    a->next_seq = 1;
+    atomic_init(&a->drain_req, false);
+    if (pthread_mutex_init(&a->ds_mu, NULL) != 0) {
+        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    a->ds_mu_init = true;
+
+    find_devices(a, cpu_devices);
+    for (; a->n_dev_init < a->n_devices; a->n_dev_init++) {
+        agent_device *d = &a->dev[a->n_dev_init];
+        if (pthread_mutex_init(&d->mu, NULL) != 0) {
+            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        /* turns wait with deadlines on the monotonic clock, immune to clock changes */
+        pthread_condattr_t ca;
+        bool cv_ok = pthread_condattr_init(&ca) == 0;
+        if (cv_ok) {
+            cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+                    pthread_cond_init(&d->cv, &ca) == 0;
+            pthread_condattr_destroy(&ca);
+        }
+        if (!cv_ok) {
+            pthread_mutex_destroy(&d->mu);
+            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    a->threads =
+        o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
+    if (a->threads < 1) a->threads = 1;
+    /* one process-wide CPU backend: every group's math uses this many threads */
+    fb_backend_set_threads(fb_backend_cpu(), a->threads);
+
+    if (!zmq_has("curve")) {
+        err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");
+        goto fail;
+    }
+    /* ZeroMQ starts its threads with the first socket; they inherit this mask, so that
+     * SIGTERM and SIGINT interrupt the loop's zmq_poll at once */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    a->ctx = zmq_ctx_new();
+    a->pull = a->ctx ? zmq_socket(a->ctx, ZMQ_PULL) : NULL;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!a->ctx) {
+        err =
+            fb_errf(msg, cap, FB_ERR_IO, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    snprintf(a->inproc, sizeof a->inproc, "inproc://fusebox-agent-%p", (void *)a);
+    if (!a->pull || zmq_bind(a->pull, a->inproc) != 0) {
+        err = fb_errf(msg, cap, FB_ERR_IO, "cannot bind %s: %s", a->inproc, zmq_strerror(errno));
+        goto fail;
+    }
+    if ((err = open_dealer(a, msg, cap))) goto fail;
+    *out = a;
+    return FB_OK;
+fail:
+    fb_agent_free(a);
+    return err;
+}
+
+void fb_agent_free(fb_agent *a)
+{
+    if (!a) return;
+    /* groups still running (fb_agent_run failed): stop them and wait for their ends,
+     * reading their messages meanwhile so that none blocks on a full queue */
+    for (group *g = a->groups; g; g = g->next)
+        stop_group(a, g);
+    while (a->groups && a->pull) {
+        zmq_pollitem_t it = {.socket = a->pull, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, POLL_MAX_MS) < 0 && errno != EINTR) break;
+        recv_pull(a);
+    }
+    while (a->outbox)
+        outbox_remove(a, NULL, a->outbox);
+    if (a->dealer) {
+        if (a->mon) zmq_socket_monitor(a->dealer, NULL, 0);
+        zmq_close(a->dealer);
+    }
+    if (a->mon) zmq_close(a->mon);
+    if (a->pull) zmq_close(a->pull);
+    if (a->ctx) zmq_ctx_term(a->ctx);
+    for (int i = 0; i < a->n_dev_init; i++) {
+        pthread_mutex_destroy(&a->dev[i].mu);
+        pthread_cond_destroy(&a->dev[i].cv);
+    }
+    if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
+    free(a);
+}

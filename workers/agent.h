@@ -1,0 +1,97 @@
+/*
+ * The worker agent: the part of fusebox-worker that talks to fuseboxd and
+ * trains what it is told to.  It registers the machine's devices over
+ * ZeroMQ (a DEALER socket, CURVE-encrypted, the server authenticates it by
+ * its public key), receives group assignments, trains each group in a
+ * thread of its own as one fused array (workers/session.h), streams
+ * progress, sends checkpoints and final models as events, and obeys
+ * detach, rebalance and drain.  When the server goes away it keeps
+ * training and registers its running groups again when the server is back.
+ *
+ * Threads: the thread that calls fb_agent_run owns the DEALER socket and an
+ * inproc PULL socket; each group thread PUSHes its outgoing messages there
+ * (ZeroMQ sockets are never shared between threads), and the main thread
+ * numbers events, keeps them until the server acknowledges them, and sends
+ * them.  Groups placed on the same device take turns step by step (stride
+ * scheduling weighted by each group's time share).  docs/worker.md
+ * describes the command and what it reports; docs/wire.md the messages.
+ */
+#ifndef FB_WORKERS_AGENT_H
+#define FB_WORKERS_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+
+#define FB_AGENT_DEFAULT_HEARTBEAT_MS 1000
+#define FB_AGENT_DEFAULT_PROGRESS_MS 1000
+#define FB_AGENT_DEFAULT_OUTBOX_BYTES ((uint64_t)1 << 30)
+#define FB_AGENT_DRAIN_WAIT_MS 10000 /* how long a drain waits for the last ACKs */
+
+typedef struct fb_agent fb_agent;
+
+typedef struct fb_agent_opts {
+    const char *server;     /* ZeroMQ endpoint of fuseboxd, e.g. "tcp://10.0.0.1:5555" */
+    const char *server_key; /* the server's CURVE public key, 40 chars of Z85 */
+    const char *public_key; /* the worker's CURVE keypair, 40 chars of Z85 each */
+    const char *secret_key;
+    const char *name;       /* [a-z0-9][a-z0-9._-]*, at most 63 chars; NULL = the host's */
+    int cpu_devices;        /* CPU devices to offer; 0 = 1 */
+    int threads_per_device; /* math threads of a group; 0 = cores / devices, at least 1 */
+    const char *data_dir;   /* NULL = $FUSEBOX_DATA_DIR, else /usr/share/datasets */
+    int heartbeat_ms;       /* cadence until the server's WELCOME sets it; 0 = default */
+    int progress_ms;        /* PROGRESS at least this often per group; 0 = default */
+    uint64_t outbox_bytes;  /* blob bytes of unacknowledged events before it complains;
+                               0 = default */
+} fb_agent_opts;
+
+/*
+ * Creates an agent: checks the options (bounds, key lengths, the name),
+ * finds the devices, sets up the CPU backend's threads and the sockets, and
+ * starts connecting to the server (ZeroMQ retries in the background, so a
+ * server that is not up yet is no error).  Returns FB_OK, or
+ * FB_ERR_OUT_OF_RANGE for a bad option, FB_ERR_IO when a socket cannot be
+ * set up, FB_ERR_NOMEM; msg says which.  *out is untouched on failure.
+ */
+int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t msg_cap);
+
+/*
+ * Runs the agent until it has drained (fb_agent_drain or a DRAIN from the
+ * server): then every group has checkpointed and reported its members and
+ * the server has acknowledged every event, or FB_AGENT_DRAIN_WAIT_MS have
+ * passed.  Returns FB_OK after a drain, or a negative fb_err (FB_ERR_IO)
+ * with msg filled when the sockets fail.  Call it once.
+ */
+int fb_agent_run(fb_agent *a, char *msg, size_t msg_cap);
+
+/*
+ * Asks a running agent to drain.  Only sets a flag, so a signal handler may
+ * call it; fb_agent_run notices within 100 ms, at once when the signal
+ * interrupts its poll: the agent's own threads (groups, ZeroMQ) block
+ * SIGTERM and SIGINT, so those signals reach the thread that runs
+ * fb_agent_run (or another thread of the application).
+ */
+void fb_agent_drain(fb_agent *a);
+
+/* Stops whatever still runs, closes the sockets and frees the agent.  Accepts NULL. */
+void fb_agent_free(fb_agent *a);
+
+/* Whether name is a valid worker name: [a-z0-9][a-z0-9._-]*, 1..63 chars. */
+bool fb_agent_name_valid(const char *name);
+
+/*
+ * Turns any text (a host name) into a valid worker name in out (cap >= 2):
+ * lower case, every byte outside [a-z0-9._-] becomes '-', a leading '.',
+ * '_' or '-' is dropped, at most 63 chars; "worker" when nothing is left.
+ */
+void fb_agent_name_sanitize(const char *in, char *out, size_t cap);
+
+/*
+ * The worker's name when none is given: the host name, sanitised.  out
+ * receives at most cap - 1 chars (cap >= 2).
+ */
+void fb_agent_default_name(char *out, size_t cap);
+
+#endif

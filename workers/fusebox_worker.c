@@ -1,0 +1,250 @@
+/*
+ * fusebox-worker: offers this machine's devices to fuseboxd and trains the
+ * groups it assigns (workers/agent.h).  Also makes the worker's CURVE
+ * keypair (--gen-key).  Every flag can come from a FUSEBOX_WORKER_*
+ * environment variable instead; a flag wins over its variable.  SIGTERM
+ * and SIGINT drain the worker: every member is checkpointed and reported,
+ * then it exits 0.  docs/worker.md is the manual.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "wire.h"
+
+#define EXIT_USAGE 2
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: fusebox-worker --server ENDPOINT --server-key FILE --key FILE [options]\n"
+               "       fusebox-worker --gen-key FILE\n"
+               "\n"
+               "Offers this machine's devices to fuseboxd and trains the groups it assigns.\n"
+               "\n"
+               "options (each also from the environment variable in brackets):\n"
+               "  --server ENDPOINT     fuseboxd's worker endpoint, e.g. tcp://10.0.0.1:5555\n"
+               "                        [FUSEBOX_WORKER_SERVER]\n"
+               "  --server-key FILE     the server's public key file [FUSEBOX_WORKER_SERVER_KEY]\n"
+               "  --key FILE            this worker's keypair file [FUSEBOX_WORKER_KEY]\n"
+               "  --name NAME           worker name, a-z 0-9 . _ - (default: the host name)\n"
+               "                        [FUSEBOX_WORKER_NAME]\n"
+               "  --cpu-devices N       CPU devices to offer (default 1);\n"
+               "                        each gets an equal part of the RAM\n"
+               "                        [FUSEBOX_WORKER_CPU_DEVICES]\n"
+               "  --threads-per-device T  math threads of each device (default: cores / devices)\n"
+               "                        [FUSEBOX_WORKER_THREADS_PER_DEVICE]\n"
+               "  --data-dir DIR        where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
+               "                        /usr/share/datasets) [FUSEBOX_WORKER_DATA_DIR]\n"
+               "  --heartbeat-ms MS     heartbeat until the server sets one (default 1000)\n"
+               "                        [FUSEBOX_WORKER_HEARTBEAT_MS]\n"
+               "  --progress-ms MS      progress report cadence per group (default 1000)\n"
+               "                        [FUSEBOX_WORKER_PROGRESS_MS]\n"
+               "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
+               "                        public key for the server's allow-list, and exit\n"
+               "                        [FUSEBOX_WORKER_GEN_KEY]\n"
+               "  -h, --help            this text\n"
+               "\n"
+               "SIGTERM or SIGINT drains the worker: every member is checkpointed and reported.\n");
+}
+
+static fb_agent *g_agent;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    fb_agent_drain(g_agent);
+}
+
+/* An integer in [lo, hi]; -1 when s is not one. */
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+enum {
+    OPT_SERVER,
+    OPT_SERVER_KEY,
+    OPT_KEY,
+    OPT_NAME,
+    OPT_CPU_DEVICES,
+    OPT_THREADS,
+    OPT_DATA_DIR,
+    OPT_HEARTBEAT,
+    OPT_PROGRESS,
+    OPT_GEN_KEY,
+    OPT_COUNT
+};
+
+/* Each flag's name and its environment variable, in the order of the enum. */
+static const struct {
+    const char *flag, *env;
+} g_opts[OPT_COUNT] = {
+    {"server", "FUSEBOX_WORKER_SERVER"},
+    {"server-key", "FUSEBOX_WORKER_SERVER_KEY"},
+    {"key", "FUSEBOX_WORKER_KEY"},
+    {"name", "FUSEBOX_WORKER_NAME"},
+    {"cpu-devices", "FUSEBOX_WORKER_CPU_DEVICES"},
+    {"threads-per-device", "FUSEBOX_WORKER_THREADS_PER_DEVICE"},
+    {"data-dir", "FUSEBOX_WORKER_DATA_DIR"},
+    {"heartbeat-ms", "FUSEBOX_WORKER_HEARTBEAT_MS"},
+    {"progress-ms", "FUSEBOX_WORKER_PROGRESS_MS"},
+    {"gen-key", "FUSEBOX_WORKER_GEN_KEY"},
+};
+
+/* Where a value came from, for messages about it. */
+static void origin(char *buf, size_t cap, int opt, bool from_env)
+{
+    if (from_env)
+        snprintf(buf, cap, "%s", g_opts[opt].env);
+    else
+        snprintf(buf, cap, "--%s", g_opts[opt].flag);
+}
+
+static int gen_key(const char *path)
+{
+    char msg[1024], pub[41];
+    int err = fb_wire_key_generate(path, msg, sizeof msg);
+    if (!err) err = fb_wire_key_load(path, pub, NULL, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "fusebox-worker: %s (%s)\n", msg, fb_err_code(err));
+        return 1;
+    }
+    printf("%s\n", pub);
+    fflush(stdout);
+    fprintf(stderr,
+            "fusebox-worker: keypair written to %s; add the public key above to the "
+            "server's list of allowed workers\n",
+            path);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option long_opts[] = {
+        {"server", required_argument, NULL, OPT_SERVER},
+        {"server-key", required_argument, NULL, OPT_SERVER_KEY},
+        {"key", required_argument, NULL, OPT_KEY},
+        {"name", required_argument, NULL, OPT_NAME},
+        {"cpu-devices", required_argument, NULL, OPT_CPU_DEVICES},
+        {"threads-per-device", required_argument, NULL, OPT_THREADS},
+        {"data-dir", required_argument, NULL, OPT_DATA_DIR},
+        {"heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT},
+        {"progress-ms", required_argument, NULL, OPT_PROGRESS},
+        {"gen-key", required_argument, NULL, OPT_GEN_KEY},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *val[OPT_COUNT] = {0};
+    bool from_env[OPT_COUNT] = {0};
+    int opt;
+    while ((opt = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        if (opt == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (opt < 0 || opt >= OPT_COUNT) {
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+        val[opt] = optarg;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "fusebox-worker: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const char *e = getenv(g_opts[i].env);
+        if (!val[i] && e && e[0]) {
+            val[i] = e;
+            from_env[i] = true;
+        }
+    }
+    char where[64];
+    for (int i = 0; i < OPT_COUNT; i++)
+        if (val[i] && !val[i][0]) {
+            origin(where, sizeof where, i, from_env[i]);
+            fprintf(stderr, "fusebox-worker: %s needs a value\n", where);
+            return EXIT_USAGE;
+        }
+    if (val[OPT_GEN_KEY]) return gen_key(val[OPT_GEN_KEY]);
+
+    static const int need[] = {OPT_SERVER, OPT_SERVER_KEY, OPT_KEY};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!val[need[i]]) {
+            fprintf(stderr, "fusebox-worker: --%s (or %s) is required\n", g_opts[need[i]].flag,
+                    g_opts[need[i]].env);
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    fb_agent_opts o = {
+        .server = val[OPT_SERVER], .name = val[OPT_NAME], .data_dir = val[OPT_DATA_DIR]};
+    static const struct {
+        int opt, lo, hi;
+    } ints[] = {{OPT_CPU_DEVICES, 1, FB_WIRE_MAX_DEVICES},
+                {OPT_THREADS, 1, 1024},
+                {OPT_HEARTBEAT, 100, 60000},
+                {OPT_PROGRESS, 10, 3600000}};
+    int *dst[] = {&o.cpu_devices, &o.threads_per_device, &o.heartbeat_ms, &o.progress_ms};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int k = ints[i].opt;
+        if (val[k] && parse_int(val[k], ints[i].lo, ints[i].hi, dst[i])) {
+            origin(where, sizeof where, k, from_env[k]);
+            fprintf(stderr, "fusebox-worker: %s needs an integer in [%d, %d], not '%s'\n", where,
+                    ints[i].lo, ints[i].hi, val[k]);
+            return EXIT_USAGE;
+        }
+    }
+    if (o.name && !fb_agent_name_valid(o.name)) {
+        origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);
+        fprintf(stderr,
+                "fusebox-worker: %s '%s' is not a worker name: 1..63 of a-z 0-9 . _ -, "
+                "starting with a letter or digit\n",
+                where, o.name);
+        return EXIT_USAGE;
+    }
+
+    char msg[1024], server_pub[41], pub[41], sec[41];
+    int err = fb_wire_key_load(val[OPT_SERVER_KEY], server_pub, NULL, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "fusebox-worker: server key: %s (%s)\n", msg, fb_err_code(err));
+        return EXIT_USAGE;
+    }
+    err = fb_wire_key_load(val[OPT_KEY], pub, sec, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "fusebox-worker: worker key: %s (%s)\n", msg, fb_err_code(err));
+        return EXIT_USAGE;
+    }
+    o.server_key = server_pub;
+    o.public_key = pub;
+    o.secret_key = sec;
+
+    fb_agent *a = NULL;
+    err = fb_agent_new(&a, &o, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "fusebox-worker: %s (%s)\n", msg, fb_err_code(err));
+        return err == FB_ERR_OUT_OF_RANGE ? EXIT_USAGE : 1;
+    }
+    g_agent = a;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    err = fb_agent_run(a, msg, sizeof msg);
+    if (err) fprintf(stderr, "fusebox-worker: %s (%s)\n", msg, fb_err_code(err));
+    /* no handler may reach the agent while it is freed */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    g_agent = NULL;
+    fb_agent_free(a);
+    return err ? 1 : 0;
+}
