@@ -17,6 +17,13 @@
 #ifndef FB_DEFAULT_SCHEMA_DIR
 #define FB_DEFAULT_SCHEMA_DIR "schema"
 #endif
+/* the build's fusebox-data (server/CMakeLists.txt); else found on PATH */
+#ifndef FB_DEFAULT_DATA_TOOL
+#define FB_DEFAULT_DATA_TOOL "fusebox-data"
+#endif
+/* where Debian's dataset-fashion-mnist package puts its files, as the
+ * workers' IDX loader looks for them */
+#define FB_DEFAULT_BUILTIN_DIR "/usr/share/datasets"
 
 typedef enum opt_kind { OPT_STR, OPT_INT, OPT_SIZE, OPT_LEVEL } opt_kind;
 
@@ -72,6 +79,31 @@ static const opt opts[] = {
         "deepest nesting of arrays and objects in a body"),
     INT("shutdown-timeout", "FUSEBOX_SHUTDOWN_TIMEOUT", shutdown_timeout_s, 0, 3600,
         "seconds in-flight requests get to finish after SIGTERM"),
+    STR("worker-listen", "FUSEBOX_WORKER_LISTEN", worker_listen,
+        "ZeroMQ endpoint workers connect to (port 0 picks a free one)"),
+    STR("worker-port-file", "FUSEBOX_WORKER_PORT_FILE", worker_port_file,
+        "write the bound worker port to this file"),
+    STR("server-key", "FUSEBOX_SERVER_KEY", server_key,
+        "CURVE keypair of the server, created on first start (default DATA_DIR/server.key)"),
+    STR("worker-keys", "FUSEBOX_WORKER_KEYS", worker_keys,
+        "public keys of the workers allowed to connect (default DATA_DIR/worker-keys)"),
+    INT("heartbeat-ms", "FUSEBOX_HEARTBEAT_MS", heartbeat_ms, 100, 60000,
+        "how often workers send a heartbeat"),
+    INT("heartbeat-timeout-ms", "FUSEBOX_HEARTBEAT_TIMEOUT_MS", heartbeat_timeout_ms, 300, 600000,
+        "a worker silent this long is lost and its jobs are re-queued"),
+    INT("tick-ms", "FUSEBOX_TICK_MS", tick_ms, 10, 60000, "control-loop period"),
+    INT("max-array", "FUSEBOX_MAX_ARRAY", max_array, 1, 1024,
+        "members per fused training array; 1 disables fusion"),
+    INT("max-groups-per-device", "FUSEBOX_MAX_GROUPS_PER_DEVICE", max_groups_per_device, 1, 64,
+        "fused arrays that may share one device"),
+    STR("datasets-dir", "FUSEBOX_DATASETS_DIR", datasets_dir,
+        "tenants' datasets, DIR/<tenant id>/<name>/ (default DATA_DIR/datasets)"),
+    STR("import-roots", "FUSEBOX_IMPORT_ROOTS", import_roots,
+        "colon-separated absolute directories datasets may be imported from (empty: none)"),
+    STR("data-tool", "FUSEBOX_DATA_TOOL", data_tool,
+        "the fusebox-data executable that imports and verifies datasets"),
+    STR("builtin-dir", "FUSEBOX_BUILTIN_DIR", builtin_dir,
+        "where the built-in datasets' IDX files are (<dir>/fashion-mnist/)"),
     {"log-level", "FUSEBOX_LOG_LEVEL", OPT_LEVEL, offsetof(fb_config, log_level), 0, 0, 0,
      "debug, info, warn or error"},
 };
@@ -100,6 +132,14 @@ void fb_config_defaults(fb_config *cfg)
     cfg->json_max_depth = 32;
     cfg->shutdown_timeout_s = 10;
     cfg->log_level = FB_LOG_INFO;
+    snprintf(cfg->worker_listen, sizeof cfg->worker_listen, "tcp://127.0.0.1:5555");
+    cfg->heartbeat_ms = 1000;
+    cfg->heartbeat_timeout_ms = 5000;
+    cfg->tick_ms = 500;
+    cfg->max_array = 64;
+    cfg->max_groups_per_device = 4;
+    snprintf(cfg->data_tool, sizeof cfg->data_tool, "%s", FB_DEFAULT_DATA_TOOL);
+    snprintf(cfg->builtin_dir, sizeof cfg->builtin_dir, "%s", FB_DEFAULT_BUILTIN_DIR);
 }
 
 static void default_text(const opt *o, char *buf, size_t cap)
@@ -186,6 +226,34 @@ static int set_opt(fb_config *cfg, const opt *o, const char *val, const char *fr
     return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: unknown option kind", from);
 }
 
+/* Each import root is an absolute path; a relative one would depend on the
+ * directory fuseboxd happens to start in. */
+static int check_import_roots(const char *roots, char *msg, size_t cap)
+{
+    int n = 0;
+    for (const char *s = roots; *s;) {
+        size_t len = strcspn(s, ":");
+        if (len == 0 || s[0] != '/')
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "--import-roots: \"%.*s\" is not an absolute directory (roots are "
+                           "separated by ':')",
+                           (int)(len > 64 ? 64 : len), s);
+        if (len >= FB_CONFIG_PATH_MAX)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--import-roots: a root is too long");
+        if (++n > FB_CONFIG_MAX_ROOTS)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--import-roots: more than %d roots",
+                           FB_CONFIG_MAX_ROOTS);
+        s += len;
+        if (*s == ':') {
+            s++;
+            if (!*s)
+                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                               "--import-roots: ends with ':' (an empty root)");
+        }
+    }
+    return FB_OK;
+}
+
 int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap)
 {
     fb_config work = *cfg;
@@ -241,6 +309,33 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
         if (n < 0 || (size_t)n >= sizeof work.artifacts_dir)
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
     }
+    if (!work.server_key[0]) {
+        int n = snprintf(work.server_key, sizeof work.server_key, "%s/server.key", work.data_dir);
+        if (n < 0 || (size_t)n >= sizeof work.server_key)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+    }
+    if (!work.worker_keys[0]) {
+        int n =
+            snprintf(work.worker_keys, sizeof work.worker_keys, "%s/worker-keys", work.data_dir);
+        if (n < 0 || (size_t)n >= sizeof work.worker_keys)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+    }
+    if (!work.worker_listen[0])
+        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--worker-listen must not be empty");
+    if (work.heartbeat_timeout_ms < 2 * work.heartbeat_ms)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "--heartbeat-timeout-ms must be at least twice --heartbeat-ms");
+    if (!work.datasets_dir[0]) {
+        int n = snprintf(work.datasets_dir, sizeof work.datasets_dir, "%s/datasets", work.data_dir);
+        if (n < 0 || (size_t)n >= sizeof work.datasets_dir)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+    }
+    if (!work.data_tool[0])
+        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--data-tool must not be empty");
+    if (!work.builtin_dir[0])
+        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--builtin-dir must not be empty");
+    int err = check_import_roots(work.import_roots, msg, cap);
+    if (err) return err;
     *cfg = work;
     return FB_OK;
 }

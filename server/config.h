@@ -15,6 +15,8 @@
 
 #define FB_CONFIG_PATH_MAX 1024
 #define FB_CONFIG_URL_MAX 2048
+#define FB_CONFIG_ROOTS_MAX 4096 /* --import-roots, all roots together */
+#define FB_CONFIG_MAX_ROOTS 16   /* --import-roots, how many */
 
 typedef struct fb_config {
     char listen[64];                        /* IPv4 address to bind, default 127.0.0.1 */
@@ -36,6 +38,21 @@ typedef struct fb_config {
     int json_max_depth;                     /* nesting of arrays and objects in bodies */
     int shutdown_timeout_s;                 /* SIGTERM: time in-flight requests get */
     fb_log_level log_level;
+    /* the control loop and the workers' socket */
+    char worker_listen[256];                /* ZeroMQ endpoint the workers connect to */
+    char worker_port_file[FB_CONFIG_PATH_MAX]; /* written with the bound worker port */
+    char server_key[FB_CONFIG_PATH_MAX];    /* CURVE keypair file; default DATA_DIR/server.key */
+    char worker_keys[FB_CONFIG_PATH_MAX];   /* allowed worker public keys; DATA_DIR/worker-keys */
+    int heartbeat_ms;                       /* workers' heartbeat period */
+    int heartbeat_timeout_ms;               /* a worker silent this long is lost */
+    int tick_ms;                            /* control-loop period */
+    int max_array;                          /* members per fused array; 1 disables fusion */
+    int max_groups_per_device;              /* arrays co-located on one device */
+    /* datasets (routes_datasets.c) */
+    char datasets_dir[FB_CONFIG_PATH_MAX];  /* tenants' datasets; default DATA_DIR/datasets */
+    char import_roots[FB_CONFIG_ROOTS_MAX]; /* colon-separated roots imports may read; "" none */
+    char data_tool[FB_CONFIG_PATH_MAX];     /* the fusebox-data executable */
+    char builtin_dir[FB_CONFIG_PATH_MAX];   /* built-in datasets' IDX files */
 } fb_config;
 
 /* Fills cfg with the defaults (no database URL). */

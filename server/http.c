@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <sodium.h>
@@ -48,6 +49,8 @@ typedef struct req_impl {
     size_t body_len, body_cap;
     bool body_seen;
     uint64_t discarded;
+    int body_fd;         /* FB_BODY_STREAM: the file the body goes to, -1 otherwise */
+    uint64_t body_limit; /* FB_BODY_STREAM: its limit */
     /* response */
     int status;
     char *resp_data;
@@ -233,6 +236,14 @@ void fb_req_reply_file(fb_req *req, int fd, uint64_t size, const char *content_t
     im->file_fd = fd;
     im->file_size = size;
     snprintf(im->filename, sizeof im->filename, "%s", filename ? filename : "");
+}
+
+int fb_req_take_body_fd(fb_req *req)
+{
+    req_impl *im = impl_of(req);
+    int fd = im->body_fd;
+    im->body_fd = -1;
+    return fd;
 }
 
 void fb_req_add_header(fb_req *req, const char *name, const char *value)
@@ -427,6 +438,47 @@ static bool has_body(fb_req *req, uint64_t *declared)
     return te != NULL;
 }
 
+/* An upload's Content-Type: absent (curl -T), application/octet-stream or
+ * text/csv; a parameter such as a charset does not matter to a file. */
+static bool is_stream_type(const char *ct)
+{
+    if (!ct) return true;
+    while (*ct == ' ')
+        ct++;
+    size_t n = strcspn(ct, "; ");
+    return (n == 24 && strncasecmp(ct, "application/octet-stream", 24) == 0) ||
+           (n == 8 && strncasecmp(ct, "text/csv", 8) == 0);
+}
+
+/* The checks of a FB_BODY_STREAM route: its media type, then where the body
+ * goes and how long it may be (fb_route_stream_open). */
+static void check_stream(fb_req *req, uint64_t declared)
+{
+    req_impl *im = impl_of(req);
+    if (!is_stream_type(fb_req_header(req, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        fb_req_fail(req, FB_ERR_UNSUPPORTED_MEDIA_TYPE, NULL,
+                    "send the file as Content-Type: application/octet-stream (or text/csv)");
+    } else {
+        int fd = -1;
+        uint64_t limit = 0;
+        int err = fb_route_stream_open(req, declared, &fd, &limit);
+        if (!err && declared > limit) {
+            close(fd);
+            fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
+                        "the body of %llu bytes exceeds this upload's limit of %llu bytes",
+                        (unsigned long long)declared, (unsigned long long)limit);
+        } else if (!err) {
+            im->body_fd = fd;
+            im->body_limit = limit;
+            return;
+        } else if (!im->err) {
+            fb_req_fail(req, err, NULL, "%s", fb_err_describe(err));
+        }
+    }
+    /* a refused upload is answered without reading more than a bounded part */
+    if (declared > (uint64_t)req->srv->cfg.max_body_bytes * DISCARD_FACTOR) im->respond_now = true;
+}
+
 /* Everything decidable from the request line and headers. */
 static void check_headers(fb_req *req, const char *method)
 {
@@ -449,6 +501,10 @@ static void check_headers(fb_req *req, const char *method)
     if (req->route->auth != FB_AUTH_NONE && check_auth(req)) return;
     uint64_t declared;
     bool body = has_body(req, &declared);
+    if (req->route->body == FB_BODY_STREAM) {
+        check_stream(req, declared);
+        return;
+    }
     size_t limit = req->srv->cfg.max_body_bytes;
     if (declared > limit) {
         fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
@@ -654,12 +710,30 @@ static void run_handler(fb_req *req)
     req_impl *im = impl_of(req);
     req->body = im->body ? im->body : "";
     req->body_len = im->body_len;
-    if (req->route->body != FB_BODY_NONE && parse_body(req)) return;
+    if ((req->route->body == FB_BODY_JSON || req->route->body == FB_BODY_JSON_OPTIONAL) &&
+        parse_body(req))
+        return;
     int err = req->route->fn(req);
     if (err && !im->err) fb_req_fail(req, err, NULL, "%s", fb_err_describe(err));
     if (!im->err && !im->status)
         fb_req_fail(req, FB_ERR_INTERNAL, NULL, "the handler gave no response");
     if (im->err == FB_ERR_UNAVAILABLE && im->retry_after <= 0) im->retry_after = 1;
+}
+
+/* Writes all n bytes, retrying short writes; false with errno on failure. */
+static bool write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (w == 0) errno = ENOSPC;
+            return false;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
 }
 
 /* ---- libmicrohttpd callbacks ----------------------------------------------- */
@@ -692,6 +766,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         req->method = method;
         im->conn = conn;
         im->file_fd = -1;
+        im->body_fd = -1;
         im->route_index = fb_n_routes;
         im->start_ns = now_ns();
         snprintf(im->request_id, sizeof im->request_id, "%s-%llu", srv->instance,
@@ -722,6 +797,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 im->respond_now = true;
                 return send_response(req);
             }
+            return MHD_YES;
+        }
+        if (im->body_fd >= 0) {
+            if ((uint64_t)im->body_len + n > im->body_limit) {
+                fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
+                            "the body exceeds this upload's limit of %llu bytes",
+                            (unsigned long long)im->body_limit);
+                im->discarded = 0;
+                return MHD_YES;
+            }
+            if (!write_all(im->body_fd, upload_data, n)) {
+                fb_req_fail(req, FB_ERR_IO, NULL, "the server could not store the upload: %s",
+                            strerror(errno));
+                return MHD_YES;
+            }
+            im->body_len += n;
             return MHD_YES;
         }
         if (im->body_len + n > limit) {
@@ -819,6 +910,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(im->body);
     free(im->resp_data);
     if (im->file_fd >= 0) close(im->file_fd);
+    if (im->body_fd >= 0) close(im->body_fd);
     for (int i = 0; i < im->n_headers; i++) {
         free(im->hdr_name[i]);
         free(im->hdr_value[i]);

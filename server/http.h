@@ -10,6 +10,8 @@
  * request rate (429 with Retry-After), its body is larger than the limit
  * (413) or is not application/json where JSON is expected (415), or the
  * JSON is malformed, not UTF-8, nested too deeply or not an object (400).
+ * Uploads (FB_BODY_STREAM) are streamed to a file under a limit their route
+ * sets instead.
  * Every error answer is {"error": {"code", "message", "field"?}} with a code
  * from api/errors.h, and is counted per code for /metrics.
  */
@@ -34,9 +36,10 @@ typedef enum fb_route_auth {
 } fb_route_auth;
 
 typedef enum fb_route_body {
-    FB_BODY_NONE,         /* a body, if any, is read (size-limited) and ignored */
-    FB_BODY_JSON,         /* a JSON object is required */
-    FB_BODY_JSON_OPTIONAL /* a JSON object or nothing */
+    FB_BODY_NONE,          /* a body, if any, is read (size-limited) and ignored */
+    FB_BODY_JSON,          /* a JSON object is required */
+    FB_BODY_JSON_OPTIONAL, /* a JSON object or nothing */
+    FB_BODY_STREAM         /* any bytes, written to the file fb_route_stream_open() gives */
 } fb_route_body;
 
 /* A handler fills the response through fb_req_reply_* and returns FB_OK, or
@@ -123,6 +126,25 @@ void fb_req_reply_file(fb_req *req, int fd, uint64_t size, const char *content_t
 /* Adds a response header (both copied); at most a few per response.  A
  * Cache-Control header replaces the default "no-store" of successful answers. */
 void fb_req_add_header(fb_req *req, const char *name, const char *value);
+
+/*
+ * FB_BODY_STREAM routes (uploads) never hold their body in memory and are not
+ * bound by --max-body-bytes.  Once the headers passed every other check
+ * (route, method, key, rate, and a Content-Type that is absent,
+ * application/octet-stream or text/csv), the HTTP layer calls
+ * fb_route_stream_open(), which the routes implement: declared is the
+ * Content-Length (0 when absent or chunked).  It returns FB_OK with *fd, a
+ * descriptor open for writing that the HTTP layer then owns and writes the
+ * body into, and *limit, the most bytes the body may have (more answers 413);
+ * or a negative fb_err after fb_req_fail(), and the request is refused before
+ * its body is read.
+ */
+int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limit);
+
+/* The file a FB_BODY_STREAM body was written to (req->body_len bytes, the
+ * offset at its end), handed to the caller, who closes it; -1 when there is
+ * none or it was taken already. */
+int fb_req_take_body_fd(fb_req *req);
 
 /* Starts the daemon on cfg's address; NULL with msg on failure. */
 struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap);

@@ -41,6 +41,13 @@ const fb_route fb_routes[] = {
     {"GET", "/v1/sweeps/{id}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_sweep_get},
     {"POST", "/v1/sweeps/{id}/cancel", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_sweep_cancel},
 
+    {"POST", "/v1/datasets", FB_AUTH_TENANT, FB_BODY_JSON, fb_route_dataset_create},
+    {"GET", "/v1/datasets", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_dataset_list},
+    {"GET", "/v1/datasets/{name}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_dataset_get},
+    {"DELETE", "/v1/datasets/{name}", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_dataset_delete},
+    {"PUT", "/v1/datasets/{name}/splits/{split}", FB_AUTH_TENANT, FB_BODY_STREAM,
+     fb_route_dataset_upload},
+
     {"GET", "/v1/workers", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_workers},
     {"GET", "/v1/cluster", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_cluster},
 };

@@ -54,6 +54,15 @@ int fb_route_sweep_list(fb_req *req);
 int fb_route_sweep_get(fb_req *req);
 int fb_route_sweep_cancel(fb_req *req);
 
+/* routes_datasets.c: register a built-in, import from a server path, upload
+ * a CSV split (an FB_BODY_STREAM route: see fb_route_stream_open in http.h),
+ * list, read and delete datasets. */
+int fb_route_dataset_create(fb_req *req);
+int fb_route_dataset_list(fb_req *req);
+int fb_route_dataset_get(fb_req *req);
+int fb_route_dataset_delete(fb_req *req);
+int fb_route_dataset_upload(fb_req *req);
+
 /* routes_static.c: the dashboard's files, GET / and GET /static/{file}. */
 int fb_route_static_index(fb_req *req);
 int fb_route_static_file(fb_req *req);

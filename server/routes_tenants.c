@@ -21,6 +21,7 @@
 
 #define SQL_TENANT_JSON                                                                            \
     "json_build_object('id', t.id, 'name', t.name, 'admin', t.is_admin, 'weight', t.weight,"       \
+    " 'share_arrays', t.share_arrays,"                                                             \
     " 'quotas', json_build_object('max_queued_jobs', t.max_queued_jobs,"                           \
     " 'max_devices', t.max_devices, 'max_dataset_bytes', t.max_dataset_bytes),"                    \
     " 'rate_limit', json_build_object('requests_per_second', t.rate_limit_rps,"                    \
@@ -40,7 +41,7 @@
 /* Settings a tenant body may carry; text form for SQL parameters, NULL = keep. */
 typedef struct tenant_settings {
     char weight[32], max_queued[32], max_devices[32], max_dataset[32], rps[32], burst[32];
-    const char *vals[6];
+    const char *vals[7]; /* ... and share_arrays ("true"/"false") */
 } tenant_settings;
 
 static int num_field(fb_req *req, json_t *obj, const char *key, const char *path, double lo,
@@ -90,6 +91,13 @@ static int parse_settings(fb_req *req, json_t *body, tenant_settings *s)
 {
     int err;
     memset(s, 0, sizeof *s);
+    json_t *share = json_object_get(body, "share_arrays");
+    if (share) {
+        if (!json_is_boolean(share))
+            return fb_req_fail(req, FB_ERR_WRONG_TYPE, "share_arrays",
+                               "share_arrays: expected true or false");
+        s->vals[6] = json_is_true(share) ? "true" : "false";
+    }
     if ((err = num_field(req, body, "weight", "weight", 0, true, 1000, false, s->weight,
                          sizeof s->weight, &s->vals[0])))
         return err;
@@ -154,7 +162,8 @@ static const char sql_tenant_update[] =
     " max_devices = coalesce($4::integer, max_devices),"
     " max_dataset_bytes = coalesce($5::bigint, max_dataset_bytes),"
     " rate_limit_rps = coalesce($6::float8, rate_limit_rps),"
-    " rate_limit_burst = coalesce($7::integer, rate_limit_burst), updated_at = now()"
+    " rate_limit_burst = coalesce($7::integer, rate_limit_burst),"
+    " share_arrays = coalesce($8::boolean, share_arrays), updated_at = now()"
     " WHERE t.id = $1::uuid RETURNING " SQL_TENANT_JSON;
 
 static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
@@ -177,9 +186,9 @@ static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     } else {
         snprintf(id, sizeof id, "%s", w->id);
     }
-    const char *vals[7] = {id,           w->s.vals[0], w->s.vals[1], w->s.vals[2],
-                           w->s.vals[3], w->s.vals[4], w->s.vals[5]};
-    PGresult *r = fb_db_query(c, NULL, sql_tenant_update, 7, vals, &err, msg, cap);
+    const char *vals[8] = {id,           w->s.vals[0], w->s.vals[1], w->s.vals[2],
+                           w->s.vals[3], w->s.vals[4], w->s.vals[5], w->s.vals[6]};
+    PGresult *r = fb_db_query(c, NULL, sql_tenant_update, 8, vals, &err, msg, cap);
     if (!r) return err;
     w->found = PQntuples(r) == 1;
     if (w->found) {
@@ -193,7 +202,8 @@ static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
 
 int fb_route_tenant_create(fb_req *req)
 {
-    static const char *const allowed[] = {"name", "weight", "quotas", "rate_limit", NULL};
+    static const char *const allowed[] = {"name", "weight", "quotas", "rate_limit", "share_arrays",
+                                          NULL};
     int err;
     if ((err = only_fields(req, req->json, "", allowed))) return err;
     json_t *name = json_object_get(req->json, "name");
@@ -222,7 +232,7 @@ int fb_route_tenant_create(fb_req *req)
 
 int fb_route_tenant_update(fb_req *req)
 {
-    static const char *const allowed[] = {"weight", "quotas", "rate_limit", NULL};
+    static const char *const allowed[] = {"weight", "quotas", "rate_limit", "share_arrays", NULL};
     int err;
     const char *id = fb_req_param(req, 0);
     if (!fb_is_uuid(id)) return fb_req_fail(req, FB_ERR_NOT_FOUND, NULL, "no such tenant");

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dispatch.h"
 #include "db.h"
 #include "errors.h"
 #include "http.h"
@@ -258,8 +259,8 @@ fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
         fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    /* The control loop (planner, scheduler, fair-share, ZeroMQ dispatch)
-     * will start here, before HTTP, once it exists. */
+    /* the control loop first: jobs accepted over HTTP find it running */
+    if (!(s->dispatch = fb_dispatch_start(cfg, s->artifacts_real, msg, cap))) goto fail;
     if (!(s->mhd = fb_http_start(s, msg, cap))) goto fail;
     s->port = fb_http_port(s->mhd);
     if (write_port_file(cfg, s->port, msg, cap)) goto fail;
@@ -297,6 +298,8 @@ int fb_server_run(fb_server_t *s)
     int left = atomic_load(&s->in_flight);
     MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    fb_dispatch_stop(s->dispatch);
+    s->dispatch = NULL;
     fb_log_json(
         FB_LOG_INFO, "stopped",
         json_pack("{s:i, s:I}", "unfinished_requests", left, "drain_ms", (json_int_t)waited));
@@ -307,6 +310,7 @@ void fb_server_free(fb_server_t *s)
 {
     if (!s) return;
     if (s->mhd) MHD_stop_daemon(s->mhd);
+    fb_dispatch_stop(s->dispatch);
     fb_db_pool_free(s->db);
     fb_auth_free(s->auth);
     fb_metrics_free(s->metrics);

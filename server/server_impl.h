@@ -16,6 +16,7 @@
 #include "metrics.h"
 
 struct MHD_Daemon;
+struct fb_dispatch;
 
 struct fb_server {
     fb_config cfg;
@@ -23,6 +24,7 @@ struct fb_server {
     fb_auth_t *auth;
     fb_metrics_t *metrics;
     struct MHD_Daemon *mhd;
+    struct fb_dispatch *dispatch; /* the control loop (dispatch.h) */
     int port;                      /* bound port */
     int schema_latest;             /* highest migration version this binary knows */
     char artifacts_real[PATH_MAX]; /* canonical artifacts directory ("" when absent) */

@@ -1,6 +1,6 @@
 /*
  * Tenant isolation.  Tenant A owns a job (with metrics, events and a
- * checkpoint), a sweep and keys; tenant B, holding A's ids, gets 404 on
+ * checkpoint), a sweep, a dataset and keys; tenant B, holding A's ids, gets 404 on
  * every endpoint that takes an id, exactly like an id that does not exist,
  * and the database is unchanged afterwards.  B's lists never show A's
  * objects, even when filtered by A's names and sweep.  A revoked key gets
@@ -50,11 +50,13 @@ static void setup(void)
     snprintf(a_key_id, sizeof a_key_id, "%s",
              jstr(json_array_get(json_object_get(r.json, "keys"), 0), "id"));
     fbt_resp_free(&r);
-    char sql[512];
+    char sql[1024];
     snprintf(sql, sizeof sql,
              "INSERT INTO job_metrics (job_id, step, loss) VALUES ('%s', 1, 0.5);"
-             " INSERT INTO checkpoints (job_id, step, path, bytes) VALUES ('%s', 1, 'x', 1)",
-             a_job, a_job);
+             " INSERT INTO checkpoints (job_id, step, path, bytes) VALUES ('%s', 1, 'x', 1);"
+             " INSERT INTO datasets (tenant_id, name, source, state, manifest)"
+             " VALUES ('%s', 'a-data', 'upload', 'ready', '{}')",
+             a_job, a_job, a_id);
     PQclear(fbt_sql(&S, sql));
 }
 
@@ -102,6 +104,8 @@ static void test_cross_tenant(void)
         {"GET", "/v1/jobs/%s/checkpoints", a_job, NULL},
         {"GET", "/v1/jobs/%s/model", a_job, NULL},
         {"GET", "/v1/sweeps/%s", a_sweep, NULL},
+        {"GET", "/v1/datasets/%s", "a-data", NULL},
+        {"DELETE", "/v1/datasets/%s", "a-data", NULL},
         {"POST", "/v1/sweeps/%s/cancel", a_sweep, NULL},
         {"GET", "/v1/tenants/%s", a_id, NULL},
         {"GET", "/v1/tenants/%s/keys", a_id, NULL},
@@ -114,12 +118,18 @@ static void test_cross_tenant(void)
 
     /* lists and filters show nothing of A's */
     char path[300];
-    const char *lists[] = {"/v1/jobs", "/v1/jobs?name=secret-job", "/v1/jobs?state=queued",
-                           "/v1/sweeps", NULL};
+    const char *lists[] = {"/v1/jobs",
+                           "/v1/jobs?name=secret-job",
+                           "/v1/jobs?state=queued",
+                           "/v1/sweeps",
+                           "/v1/datasets",
+                           NULL};
     for (int i = 0; lists[i]; i++) {
         fbt_resp r = fbt_call(&S, "GET", lists[i], b_key, NULL);
         fbt_expect(&r, 200, NULL, lists[i]);
-        json_t *items = json_object_get(r.json, strstr(lists[i], "sweeps") ? "sweeps" : "jobs");
+        json_t *items = json_object_get(r.json, strstr(lists[i], "sweeps")     ? "sweeps"
+                                                : strstr(lists[i], "datasets") ? "datasets"
+                                                                               : "jobs");
         CHECK_INT_EQ(json_array_size(items), 0);
         fbt_resp_free(&r);
     }
@@ -180,6 +190,9 @@ static void test_nothing_changed_by_b(void)
     snprintf(sql, sizeof sql, "SELECT count(*) FROM jobs WHERE tenant_id = '%s'", a_id);
     CHECK_STR_EQ(fbt_sql_value(&S, sql), "4"); /* the job, two trials, the idempotent one */
     snprintf(sql, sizeof sql, "SELECT count(*) FROM api_keys WHERE tenant_id = '%s'", a_id);
+    CHECK_STR_EQ(fbt_sql_value(&S, sql), "1");
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM datasets WHERE tenant_id = '%s' AND state = 'ready'", a_id);
     CHECK_STR_EQ(fbt_sql_value(&S, sql), "1");
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM api_keys WHERE tenant_id = '%s' AND revoked_at IS NOT NULL",

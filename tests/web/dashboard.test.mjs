@@ -89,7 +89,8 @@ async function startServer() {
   fs.rmSync(portFile, { force: true });
   const log = fs.openSync(path.join(dataDir, 'fuseboxd.log'), 'a');
   server = spawn(path.join(binDir, 'server/fuseboxd'), ['--database-url', dbUrl.toString(),
-    '--data-dir', dataDir, '--port', '0', '--port-file', portFile, '--listen', '127.0.0.1'],
+    '--data-dir', dataDir, '--port', '0', '--port-file', portFile, '--listen', '127.0.0.1',
+     '--worker-listen', 'tcp://127.0.0.1:0'],
   { stdio: ['ignore', log, log] });
   await until('the port file', () => fs.existsSync(portFile) &&
     (port = Number(fs.readFileSync(portFile, 'utf8'))) > 0, 30000);
@@ -198,7 +199,7 @@ try {
     });
     await until('three trial rows', async () => (await page.locator('#jobs tr[data-job]').count()) === 3);
     const row = await text('#jobs tbody tr');
-    expect(/queued/.test(row) && /waiting for devices/.test(row) && /lr-grid/.test(row), `row: ${row}`);
+    expect(/queued/.test(row) && /waiting for (devices|workers)/.test(row) && /lr-grid/.test(row), `row: ${row}`);
     await shot('02-jobs-queued');
   });
 

@@ -1,0 +1,1895 @@
+/*
+ * The control loop: the workers' socket, their registry, the planner's
+ * inputs and outputs, and the records of what workers report.  Everything
+ * here runs on the loop's one thread; the only shared state is the socket
+ * pair fb_dispatch_stop uses to wake it.
+ *
+ * PostgreSQL is reached through the loop's own connection.  When it is
+ * away, the loop keeps running: heartbeats are answered, reports queue in
+ * memory (events unacknowledged, so workers keep them too) and are written
+ * once the connection is back.
+ */
+#include "dispatch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "errors.h"
+#include "jobspec.h"
+#include "log.h"
+#include "planner.h"
+#include "wire.h"
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+#define CTL_ENDPOINT "inproc://fusebox-dispatch-ctl"
+#define MAX_WORKERS 4096
+#define MAX_KEYS 4096
+#define MAX_QUEUE_READ 20000            /* queued jobs one plan looks at */
+#define MAX_PENDING_PROGRESS 100000     /* progress messages kept while PostgreSQL is away */
+#define DETACH_RESEND_MS 5000
+#define PLAN_MIN_GAP_MS 20
+#define PLAN_EVERY_TICKS 10
+
+typedef struct worker {
+    char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
+    char id[FB_WIRE_ID_LEN + 1];
+    int64_t last_seen_ms;
+    bool draining;
+    int n_devices;
+    fb_wire_device devices[FB_WIRE_MAX_DEVICES];
+} worker;
+
+/* A group that is not finished: whom its messages must come from. */
+typedef struct group {
+    char id[FB_WIRE_ID_LEN + 1];
+    int64_t generation;
+    char worker[FB_WIRE_NAME_MAX + 1];
+    /* when its worker re-registered without it (0: not missing); its last events may still
+     * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
+    int64_t missing_since_ms;
+} group;
+
+typedef struct pending {
+    struct pending *next;
+    char worker[FB_WIRE_NAME_MAX + 1];
+    fb_wire_msg m;
+    void *blob; /* EVENT: the referenced blob, copied */
+    size_t blob_len;
+} pending;
+
+typedef struct queue {
+    pending *head, *tail;
+    int n;
+} queue;
+
+typedef struct keyinfo {
+    char key[FB_FUSION_KEY_HEX + 1];
+    int64_t member, shared, batch;
+    int data, pipeline;
+} keyinfo;
+
+typedef struct detach_sent {
+    char job[FB_WIRE_ID_LEN + 1];
+    int64_t at_ms;
+} detach_sent;
+
+struct fb_dispatch {
+    fb_config cfg;
+    char artifacts[PATH_MAX];
+    void *zctx, *router, *zap, *ctl_rx, *ctl_tx;
+    char pub[41], sec[41];
+    char (*keys)[41];
+    int n_keys;
+    struct timespec keys_mtime;
+    bool keys_missing_said;
+    pthread_t thread;
+    bool thread_started;
+
+    PGconn *pg;
+    int64_t pg_retry_ms;
+    int pg_backoff_ms;
+    bool pg_down_said;
+    bool groups_loaded;
+
+    int64_t start_ms;
+    worker *workers;
+    int n_workers;
+    group *groups;
+    int n_groups, cap_groups;
+    queue events, progress;
+    keyinfo *kinfo;
+    int n_kinfo, cap_kinfo;
+    detach_sent *detached;
+    int n_detached, cap_detached;
+    bool plan_due;
+    int64_t last_plan_ms;
+    int ticks;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- PostgreSQL ------------------------------------------------------------ */
+
+static bool load_groups(fb_dispatch_t *d);
+
+/* Whether the loop's connection is usable now; reconnects with backoff. */
+static bool db_ok(fb_dispatch_t *d)
+{
+    if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
+    int64_t t = now_ms();
+    if (t < d->pg_retry_ms) return false;
+    if (d->pg) PQfinish(d->pg);
+    const char *keys[] = {"dbname", "connect_timeout", "application_name", NULL};
+    const char *vals[] = {d->cfg.database_url, "2", "fuseboxd-control", NULL};
+    d->pg = PQconnectdbParams(keys, vals, 1);
+    if (PQstatus(d->pg) != CONNECTION_OK) {
+        if (!d->pg_down_said)
+            fb_log_json(FB_LOG_WARN, "control loop: PostgreSQL unreachable; reports wait in memory",
+                        json_pack("{s:s}", "detail", PQerrorMessage(d->pg)));
+        d->pg_down_said = true;
+        d->pg_backoff_ms = d->pg_backoff_ms ? d->pg_backoff_ms * 2 : 200;
+        if (d->pg_backoff_ms > 2000) d->pg_backoff_ms = 2000;
+        d->pg_retry_ms = t + d->pg_backoff_ms;
+        return false;
+    }
+    PQclear(PQexec(d->pg, "SET statement_timeout = 10000"));
+    PGresult *r = PQexec(d->pg, "LISTEN fusebox_jobs");
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok) {
+        PQfinish(d->pg);
+        d->pg = NULL;
+        d->pg_retry_ms = t + 1000;
+        return false;
+    }
+    if (d->pg_down_said) fb_logf(FB_LOG_INFO, "control loop: PostgreSQL is back");
+    d->pg_down_said = false;
+    d->pg_backoff_ms = 0;
+    d->plan_due = true;
+    if (!d->groups_loaded && !load_groups(d)) return false;
+    return true;
+}
+
+/* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
+static PGresult *q(fb_dispatch_t *d, const char *sql, int n, const char *const *vals)
+{
+    if (!d->pg) return NULL;
+    PGresult *r = PQexecParams(d->pg, sql, n, NULL, vals, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
+    fb_log_json(FB_LOG_WARN, "control loop: query failed",
+                json_pack("{s:s, s:s}", "error", PQresultErrorMessage(r), "sql",
+                          strlen(sql) > 80 ? "(long)" : sql));
+    PQclear(r);
+    return NULL;
+}
+
+static bool exec1(fb_dispatch_t *d, const char *sql, int n, const char *const *vals)
+{
+    PGresult *r = q(d, sql, n, vals);
+    PQclear(r);
+    return r != NULL;
+}
+
+static bool begin(fb_dispatch_t *d) { return exec1(d, "BEGIN", 0, NULL); }
+static bool commit(fb_dispatch_t *d) { return exec1(d, "COMMIT", 0, NULL); }
+static void rollback(fb_dispatch_t *d)
+{
+    if (d->pg && PQstatus(d->pg) == CONNECTION_OK) PQclear(PQexec(d->pg, "ROLLBACK"));
+}
+
+/* ---- registry of workers and groups -------------------------------------- */
+
+static worker *find_worker(fb_dispatch_t *d, const char *name)
+{
+    for (int i = 0; i < d->n_workers; i++)
+        if (strcmp(d->workers[i].name, name) == 0) return &d->workers[i];
+    return NULL;
+}
+
+static void drop_worker(fb_dispatch_t *d, worker *w)
+{
+    int i = (int)(w - d->workers);
+    d->workers[i] = d->workers[--d->n_workers];
+}
+
+static group *find_group(fb_dispatch_t *d, const char *id)
+{
+    for (int i = 0; i < d->n_groups; i++)
+        if (strcmp(d->groups[i].id, id) == 0) return &d->groups[i];
+    return NULL;
+}
+
+static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char *worker_name)
+{
+    if (d->n_groups == d->cap_groups) {
+        int cap = d->cap_groups ? 2 * d->cap_groups : 64;
+        group *g = realloc(d->groups, (size_t)cap * sizeof *g);
+        if (!g) return false;
+        d->groups = g;
+        d->cap_groups = cap;
+    }
+    group *g = &d->groups[d->n_groups++];
+    snprintf(g->id, sizeof g->id, "%s", id);
+    g->generation = gen;
+    snprintf(g->worker, sizeof g->worker, "%s", worker_name);
+    g->missing_since_ms = 0;
+    return true;
+}
+
+static void drop_group(fb_dispatch_t *d, const char *id)
+{
+    group *g = find_group(d, id);
+    if (g) *g = d->groups[--d->n_groups];
+}
+
+/* The groups that are not finished, from the database (once per start). */
+static bool load_groups(fb_dispatch_t *d)
+{
+    PGresult *r = q(d,
+                    "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
+                    " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'",
+                    0, NULL);
+    if (!r) return false;
+    d->n_groups = 0;
+    for (int i = 0; i < PQntuples(r); i++)
+        add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
+                  PQgetvalue(r, i, 2));
+    fb_log_json(FB_LOG_INFO, "control loop: groups to follow",
+                json_pack("{s:i}", "groups", PQntuples(r)));
+    PQclear(r);
+    d->groups_loaded = true;
+    return true;
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+/* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
+static bool send_to(fb_dispatch_t *d, const char *name, const fb_wire_msg *m,
+                    const void *const *blobs, const size_t *lens, int n_blobs)
+{
+    char err[256];
+    char *json = fb_wire_encode(m, err, sizeof err);
+    if (!json) {
+        fb_log_json(FB_LOG_ERROR, "control loop: refusing to send an invalid message",
+                    json_pack("{s:s, s:s}", "type", fb_wire_type_name(m->type), "error", err));
+        return false;
+    }
+    bool ok = zmq_send(d->router, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+              zmq_send(d->router, json, strlen(json), n_blobs ? ZMQ_SNDMORE : 0) >= 0;
+    for (int i = 0; ok && i < n_blobs; i++)
+        ok = zmq_send(d->router, blobs[i], lens[i], i + 1 < n_blobs ? ZMQ_SNDMORE : 0) >= 0;
+    if (!ok)
+        fb_log_json(FB_LOG_WARN, "control loop: could not send",
+                    json_pack("{s:s, s:s, s:s}", "worker", name, "type",
+                              fb_wire_type_name(m->type), "error", zmq_strerror(errno)));
+    free(json);
+    return ok;
+}
+
+static void send_detach(fb_dispatch_t *d, const char *worker_name, const char *group_id,
+                        int64_t gen, const char *job_id, const char *why)
+{
+    fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen};
+    snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
+    snprintf(m.job_id, sizeof m.job_id, "%s", job_id ? job_id : "");
+    snprintf(m.text, sizeof m.text, "%s", why);
+    send_to(d, worker_name, &m, NULL, NULL, 0);
+}
+
+/* ---- artifacts ----------------------------------------------------------- */
+
+static int mkdirs(const char *path)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0750) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/*
+ * Writes a blob to artifacts/<tenant>/<job>/<file> through a temporary file,
+ * fsync and rename; rel receives the path relative to the artifacts
+ * directory and sha its SHA-256 in hex.
+ */
+static int write_artifact(fb_dispatch_t *d, const char *tenant, const char *job, const char *file,
+                          const void *buf, size_t len, char *rel, size_t rel_cap, char sha[65])
+{
+    char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX];
+    snprintf(rel, rel_cap, "%s/%s/%s", tenant, job, file);
+    snprintf(dir, sizeof dir, "%s/%s/%s", d->artifacts, tenant, job);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, file);
+    if (mkdirs(dir) != 0) return FB_ERR_IO;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0) return FB_ERR_IO;
+    const uint8_t *p = buf;
+    size_t left = len;
+    bool ok = true;
+    while (ok && left) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0 && errno == EINTR) continue;
+        ok = n > 0;
+        if (ok) {
+            p += n;
+            left -= (size_t)n;
+        }
+    }
+    ok = ok && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return FB_ERR_IO;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    uint8_t h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, buf, len);
+    sodium_bin2hex(sha, 65, h, sizeof h);
+    return FB_OK;
+}
+
+/* Reads an artifact (relative path) into memory; NULL when it cannot. */
+static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
+{
+    if (strstr(rel, "..") || rel[0] == '/') return NULL;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", d->artifacts, rel);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return NULL;
+    struct stat st;
+    void *buf = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        (size_t)st.st_size <= FB_WIRE_MAX_BLOB && (buf = malloc((size_t)st.st_size))) {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t n = read(fd, (char *)buf + got, (size_t)st.st_size - got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += (size_t)n;
+        }
+        if (got != (size_t)st.st_size) {
+            free(buf);
+            buf = NULL;
+        } else {
+            *len = got;
+        }
+    }
+    close(fd);
+    return buf;
+}
+
+/* ---- requeueing ---------------------------------------------------------- */
+
+/*
+ * Returns a group's members to the queue (an infrastructure fault: restarts
+ * are not counted), each from its last checkpoint, and finishes the group.
+ */
+static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *why)
+{
+    if (!db_ok(d) || !begin(d)) return false;
+    const char *v[2] = {group_id, why};
+    PGresult *r = q(d,
+                    "WITH upd AS (UPDATE jobs SET"
+                    " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
+                    " queue_reason = CASE WHEN state IN ('scheduled', 'running')"
+                    "   THEN $2 || '; resumes from step ' || resume_step ELSE queue_reason END,"
+                    " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END,"
+                    " in_group = false, updated_at = now()"
+                    " WHERE group_id = $1::uuid AND in_group RETURNING id, state, resume_step),"
+                    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
+                    "  SELECT id, 'requeued', $2 || '; resumes from step ' || resume_step,"
+                    "  jsonb_build_object('group_id', $1::text, 'resume_step', resume_step)"
+                    "  FROM upd WHERE state = 'queued')"
+                    " SELECT count(*) FILTER (WHERE state = 'queued') FROM upd",
+                    2, v);
+    if (!r) goto fail;
+    long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    if (!exec1(d,
+               "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
+               " updated_at = now() WHERE id = $1::uuid AND state <> 'finished'",
+               1, v) ||
+        !exec1(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
+               1, v) ||
+        !commit(d))
+        goto fail;
+    fb_log_json(FB_LOG_INFO, "requeued an array's jobs",
+                json_pack("{s:s, s:s, s:i}", "group_id", group_id, "why", why, "jobs", (int)n));
+    drop_group(d, group_id);
+    d->plan_due = true;
+    return true;
+fail:
+    rollback(d);
+    return false;
+}
+
+/* Finishes a group once none of its jobs trains in it any more; *finished
+ * says whether it did (the caller forgets the group after COMMIT). */
+static bool maybe_finish_group(fb_dispatch_t *d, const char *group_id, bool *finished)
+{
+    const char *v[1] = {group_id};
+    PGresult *r = q(d,
+                    "UPDATE groups g SET n_members = (SELECT count(*) FROM jobs j"
+                    "  WHERE j.group_id = g.id AND j.in_group),"
+                    " state = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
+                    "  AND j.in_group) THEN g.state ELSE 'finished' END,"
+                    " finished_at = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
+                    "  AND j.in_group) THEN NULL ELSE now() END, updated_at = now()"
+                    " WHERE g.id = $1::uuid AND g.state <> 'finished' RETURNING g.state",
+                    1, v);
+    if (!r) return false;
+    *finished = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "finished") == 0;
+    PQclear(r);
+    return !*finished || exec1(d,
+                               "UPDATE devices SET group_id = NULL, tenant_id = NULL"
+                               " WHERE group_id = $1::uuid",
+                               1, v);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void fmt_num(char *buf, size_t cap, double x)
+{
+    if (isfinite(x))
+        snprintf(buf, cap, "%.17g", x);
+    else
+        buf[0] = '\0';
+}
+
+/* Records a full-state checkpoint of a job (file, row, resume point). */
+static int record_state(fb_dispatch_t *d, const pending *e, const char *tenant)
+{
+    const fb_wire_msg *m = &e->m;
+    char file[64], rel[PATH_MAX], sha[65], step[24], bytes[24];
+    snprintf(file, sizeof file, "state-%lld.safetensors", (long long)m->step);
+    if (write_artifact(d, tenant, m->job_id, file, e->blob, e->blob_len, rel, sizeof rel, sha))
+        return FB_ERR_IO;
+    snprintf(step, sizeof step, "%lld", (long long)m->step);
+    snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
+    const char *v[5] = {m->job_id, step, rel, bytes, sha};
+    if (!exec1(d,
+               "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
+               " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'state', false)"
+               " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
+               5, v) ||
+        !exec1(d,
+               "UPDATE jobs SET resume_step = $2::bigint, resume_path = $3, updated_at = now()"
+               " WHERE id = $1::uuid AND resume_step <= $2::bigint",
+               3, v))
+        return FB_ERR_UNAVAILABLE;
+    return FB_OK;
+}
+
+/*
+ * Applies one event in one transaction.  FB_OK when it is recorded (or
+ * needs no record: its job left the group already), else an error and the
+ * event is retried later.
+ */
+static int apply_event(fb_dispatch_t *d, pending *e)
+{
+    fb_wire_msg *m = &e->m;
+    const char *kind = fb_wire_event_name(m->event);
+    int err = FB_OK;
+    if (!begin(d)) return FB_ERR_UNAVAILABLE;
+    const char *v2[2] = {m->job_id, m->group_id};
+    PGresult *r = q(d,
+                    "SELECT tenant_id, state, in_group AND group_id = $2::uuid FROM jobs"
+                    " WHERE id = $1::uuid FOR UPDATE",
+                    2, v2);
+    if (!r) goto fail;
+    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 2), "t") != 0) {
+        PQclear(r);
+        rollback(d);
+        fb_log_json(FB_LOG_DEBUG, "event for a job no longer in the array; ignored",
+                    json_pack("{s:s, s:s}", "job_id", m->job_id, "event", kind));
+        return FB_OK;
+    }
+    char tenant[FB_WIRE_ID_LEN + 1], state[16];
+    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
+    snprintf(state, sizeof state, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    char step[24], loss[40], acc[40];
+    snprintf(step, sizeof step, "%lld", (long long)m->step);
+    fmt_num(loss, sizeof loss, m->loss);
+    fmt_num(acc, sizeof acc, m->accuracy);
+    const char *lv = loss[0] ? loss : NULL, *av = acc[0] ? acc : NULL;
+    bool leaves = false;
+    switch (m->event) {
+    case FB_EV_STARTED: {
+        const char *v1[1] = {m->job_id}, *v2[1] = {m->group_id};
+        const char *v4[4] = {m->job_id, m->group_id, step, e->worker};
+        if (!exec1(d,
+                   "UPDATE jobs SET state = 'running', started_at = coalesce(started_at, now()),"
+                   " updated_at = now() WHERE id = $1::uuid AND state = 'scheduled'",
+                   1, v1) ||
+            !exec1(d,
+                   "UPDATE groups SET state = 'running', updated_at = now()"
+                   " WHERE id = $1::uuid AND state = 'scheduled'",
+                   1, v2) ||
+            !exec1(d,
+                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+                   " 'started', 'training at step ' || $3 || ' in array ' || $2 || ' on worker '"
+                   " || $4, jsonb_build_object('group_id', $2::text, 'worker', $4::text,"
+                   " 'step', $3::bigint))",
+                   4, v4))
+            goto fail;
+        break;
+    }
+    case FB_EV_EVALUATED: {
+        const char *v[4] = {m->job_id, step, lv, av};
+        if (!exec1(d,
+                   "INSERT INTO job_metrics (job_id, step, eval_loss, eval_accuracy)"
+                   " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
+                   " ON CONFLICT (job_id, step) DO UPDATE SET eval_loss = EXCLUDED.eval_loss,"
+                   " eval_accuracy = EXCLUDED.eval_accuracy",
+                   4, v) ||
+            !exec1(d,
+                   "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
+                   " jsonb_strip_nulls(jsonb_build_object('eval_step', $2::bigint, 'eval_loss',"
+                   " $3::float8, 'eval_accuracy', $4::float8)), updated_at = now()"
+                   " WHERE id = $1::uuid",
+                   4, v))
+            goto fail;
+        break;
+    }
+    case FB_EV_CHECKPOINTED: {
+        const char *v[3] = {m->job_id, m->group_id, step};
+        if (!e->blob) break;
+        if ((err = record_state(d, e, tenant))) goto fail;
+        if (!exec1(d,
+                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+                   " 'checkpointed', 'checkpoint at step ' || $3,"
+                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
+                   3, v))
+            goto fail;
+        break;
+    }
+    case FB_EV_FINISHED: {
+        leaves = true;
+        if (e->blob) {
+            char rel[PATH_MAX], sha[65], bytes[24];
+            if ((err = write_artifact(d, tenant, m->job_id, "model.safetensors", e->blob,
+                                      e->blob_len, rel, sizeof rel, sha)))
+                goto fail;
+            snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
+            const char *v[5] = {m->job_id, step, rel, bytes, sha};
+            if (!exec1(d,
+                       "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
+                       " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'model', true)"
+                       " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
+                       5, v))
+                goto fail;
+        }
+        const char *v4[4] = {m->job_id, step, lv, av};
+        const char *v5[5] = {m->job_id, m->group_id, step, lv, av};
+        if (!exec1(d,
+                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
+                   " THEN 'completed' ELSE state END, in_group = false,"
+                   " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
+                   " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
+                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'eval_step',"
+                   " $2::bigint, 'eval_loss', $3::float8, 'eval_accuracy', $4::float8)),"
+                   " updated_at = now() WHERE id = $1::uuid",
+                   4, v4) ||
+            !exec1(d,
+                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+                   " 'completed', 'finished at step ' || $3 || coalesce(': test accuracy ' ||"
+                   " round($5::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
+                   " $3::bigint, 'eval_loss', $4::float8, 'eval_accuracy', $5::float8,"
+                   " 'group_id', $2::text)))",
+                   5, v5))
+            goto fail;
+        break;
+    }
+    case FB_EV_FAILED: {
+        leaves = true;
+        const char *v2[2] = {m->job_id, m->text};
+        const char *v4[4] = {m->job_id, m->group_id, step, m->text};
+        if (!exec1(d,
+                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
+                   " THEN 'failed' ELSE state END, error = $2, in_group = false,"
+                   " finished_at = coalesce(finished_at, now()), updated_at = now()"
+                   " WHERE id = $1::uuid",
+                   2, v2) ||
+            !exec1(d,
+                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+                   " 'failed', $4, jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
+                   4, v4))
+            goto fail;
+        break;
+    }
+    case FB_EV_DETACHED: {
+        leaves = true;
+        const char *v[4] = {m->job_id, m->group_id, step, m->text};
+        if (e->blob && (err = record_state(d, e, tenant))) goto fail;
+        /* a member that left while its job still wants training goes back to the queue */
+        if (!exec1(d,
+                   "WITH upd AS (UPDATE jobs SET in_group = false, updated_at = now(),"
+                   " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
+                   " queue_reason = CASE WHEN state IN ('scheduled', 'running') THEN"
+                   "  'left its array (' || $4 || '); resumes from step ' || resume_step"
+                   "  ELSE queue_reason END,"
+                   " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END"
+                   " WHERE id = $1::uuid RETURNING state, resume_step)"
+                   " INSERT INTO job_events (job_id, kind, message, data) SELECT $1::uuid,"
+                   " CASE WHEN state = 'queued' THEN 'requeued' ELSE 'detached' END,"
+                   " CASE WHEN state = 'queued' THEN 'left its array (' || $4 ||"
+                   "  '); resumes from step ' || resume_step ELSE 'left its array (' || $4 || ')' END,"
+                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text) FROM upd",
+                   4, v))
+            goto fail;
+        break;
+    }
+    default:
+        break;
+    }
+    bool finished = false;
+    if (leaves && !maybe_finish_group(d, m->group_id, &finished)) goto fail;
+    if (!commit(d)) goto fail;
+    if (finished) drop_group(d, m->group_id);
+    if (leaves) d->plan_due = true;
+    return FB_OK;
+fail:
+    rollback(d);
+    return err ? err : FB_ERR_UNAVAILABLE;
+}
+
+static void pending_free(pending *p)
+{
+    if (!p) return;
+    fb_wire_msg_free(&p->m);
+    free(p->blob);
+    free(p);
+}
+
+static void push(queue *qq, pending *p)
+{
+    p->next = NULL;
+    if (qq->tail)
+        qq->tail->next = p;
+    else
+        qq->head = p;
+    qq->tail = p;
+    qq->n++;
+}
+
+static pending *pop(queue *qq)
+{
+    pending *p = qq->head;
+    if (!p) return NULL;
+    qq->head = p->next;
+    if (!qq->head) qq->tail = NULL;
+    qq->n--;
+    return p;
+}
+
+/* Writes queued events in order and acknowledges each once committed. */
+static void flush_events(fb_dispatch_t *d)
+{
+    while (d->events.head) {
+        if (!db_ok(d)) return;
+        pending *e = d->events.head;
+        int err = apply_event(d, e);
+        if (err == FB_ERR_IO) {
+            fb_log_json(FB_LOG_ERROR, "cannot write an artifact; the event waits",
+                        json_pack("{s:s, s:s}", "job_id", e->m.job_id, "artifacts",
+                                  d->artifacts));
+            return;
+        }
+        if (err) return;
+        pop(&d->events);
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = e->m.seq};
+        snprintf(ack.group_id, sizeof ack.group_id, "%s", e->m.group_id);
+        ack.generation = e->m.generation;
+        send_to(d, e->worker, &ack, NULL, NULL, 0);
+        pending_free(e);
+    }
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+/* Appends x (or NULL) to a PostgreSQL array literal being built in b. */
+static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
+{
+    if (*len + 40 >= cap) return;
+    *len += (size_t)snprintf(b + *len, cap - *len, "%s", first ? "" : ",");
+    if (isfinite(x))
+        *len += (size_t)snprintf(b + *len, cap - *len, "%.9g", x);
+    else
+        *len += (size_t)snprintf(b + *len, cap - *len, "NULL");
+}
+
+static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
+{
+    size_t cap = (size_t)m->n_progress * 48 + 16;
+    char *ids = malloc(cap), *steps = malloc(cap), *loss = malloc(cap), *acc = malloc(cap),
+         *lr = malloc(cap);
+    bool ok = false;
+    if (!ids || !steps || !loss || !acc || !lr) goto done;
+    size_t li = 1, ls = 1, ll = 1, la = 1, lr_ = 1;
+    ids[0] = steps[0] = loss[0] = acc[0] = lr[0] = '{';
+    for (int i = 0; i < m->n_progress; i++) {
+        const fb_wire_member_progress *p = &m->progress[i];
+        li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
+        ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
+        arr_num(loss, cap, &ll, p->loss, i == 0);
+        arr_num(acc, cap, &la, p->accuracy, i == 0);
+        arr_num(lr, cap, &lr_, p->lr, i == 0);
+    }
+    snprintf(ids + li, cap - li, "}");
+    snprintf(steps + ls, cap - ls, "}");
+    snprintf(loss + ll, cap - ll, "}");
+    snprintf(acc + la, cap - la, "}");
+    snprintf(lr + lr_, cap - lr_, "}");
+    char sps[40], cm[40], co[40], io[40], idle[40];
+    fmt_num(sps, sizeof sps, m->samples_per_s);
+    fmt_num(cm, sizeof cm, m->compute_ms);
+    fmt_num(co, sizeof co, m->comm_ms);
+    fmt_num(io, sizeof io, m->io_ms);
+    fmt_num(idle, sizeof idle, m->idle_ms);
+    const char *v[11] = {m->group_id, ids, steps, loss, acc, lr, sps[0] ? sps : NULL,
+                         cm[0] ? cm : NULL, co[0] ? co : NULL, io[0] ? io : NULL,
+                         idle[0] ? idle : NULL};
+    const char *vm[10] = {v[0], v[1], v[2], v[3], v[4], v[6], v[7], v[8], v[9], v[10]};
+    const char *vg[6] = {v[0], v[6], v[7], v[8], v[9], v[10]};
+    ok = exec1(d,
+               "INSERT INTO job_metrics (job_id, step, loss, accuracy, samples_per_s, compute_ms,"
+               " comm_ms, io_ms, wait_ms)"
+               " SELECT u.id, u.step, u.loss, u.acc, $6::float8, $7::float8, $8::float8,"
+               " $9::float8, $10::float8"
+               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[]) AS"
+               " u(id, step, loss, acc) JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid"
+               " ON CONFLICT (job_id, step) DO UPDATE SET loss = EXCLUDED.loss,"
+               " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
+               " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
+               " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms",
+               10, vm) &&
+         exec1(d,
+               "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
+               " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
+               " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
+               " 'accuracy', u.acc, 'lr', u.lr, 'samples_per_s', $7::float8,"
+               " 'compute_ms', $8::float8, 'comm_ms', $9::float8, 'io_ms', $10::float8,"
+               " 'idle_ms', $11::float8))"
+               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[], $6::float8[])"
+               " AS u(id, step, loss, acc, lr)"
+               " WHERE j.id = u.id AND j.group_id = $1::uuid AND j.in_group",
+               11, v) &&
+         exec1(d,
+               "UPDATE groups SET samples_per_s = $2::float8, updated_at = now(),"
+               " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
+               " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
+               " WHERE id = $1::uuid",
+               6, vg);
+done:
+    free(ids);
+    free(steps);
+    free(loss);
+    free(acc);
+    free(lr);
+    return ok;
+}
+
+/* Writes queued progress reports, all in one transaction; kept on failure. */
+static void flush_progress(fb_dispatch_t *d)
+{
+    if (!d->progress.head || !db_ok(d) || !begin(d)) return;
+    for (pending *p = d->progress.head; p; p = p->next)
+        if (!write_progress(d, &p->m)) {
+            rollback(d);
+            return;
+        }
+    if (!commit(d)) {
+        rollback(d);
+        return;
+    }
+    pending *p;
+    while ((p = pop(&d->progress))) pending_free(p);
+}
+
+/* ---- messages from workers ----------------------------------------------- */
+
+/* Whether m's group is live, of m's generation, and run by this worker. */
+static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+{
+    group *g = find_group(d, m->group_id);
+    return g && g->generation == m->generation && strcmp(g->worker, name) == 0;
+}
+
+/*
+ * Compares the groups a worker says it runs with the ones assigned to it:
+ * any it should not run are stopped; with full (a HELLO) the ones it no
+ * longer runs are marked missing (the tick re-queues them if they stay so).
+ */
+static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full)
+{
+    for (int i = 0; i < m->n_running; i++) {
+        const fb_wire_running *r = &m->running[i];
+        group *g = find_group(d, r->group_id);
+        if (g && g->generation == r->generation && strcmp(g->worker, name) == 0)
+            g->missing_since_ms = 0;
+        else {
+            fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
+                        json_pack("{s:s, s:s, s:I}", "worker", name, "group_id", r->group_id,
+                                  "generation", (json_int_t)r->generation));
+            send_detach(d, name, r->group_id, r->generation, NULL, "stale array");
+        }
+    }
+    if (!full) return;
+    for (int i = 0; i < d->n_groups; i++) {
+        group *g = &d->groups[i];
+        if (strcmp(g->worker, name) != 0) continue;
+        bool runs = false;
+        for (int k = 0; k < m->n_running; k++)
+            runs |= strcmp(m->running[k].group_id, g->id) == 0 &&
+                    m->running[k].generation == g->generation;
+        if (!runs && !g->missing_since_ms) g->missing_since_ms = now_ms();
+    }
+}
+
+static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+{
+    if (strcmp(m->worker, name) != 0) {
+        fb_log_json(FB_LOG_WARN, "HELLO names another worker than its socket; dropped",
+                    json_pack("{s:s, s:s}", "routing_id", name, "worker", m->worker));
+        return;
+    }
+    if (!db_ok(d) || !begin(d)) return; /* no WELCOME: the worker says HELLO again */
+    const char *v[3] = {name, m->backend, m->version};
+    PGresult *r = q(d,
+                    "INSERT INTO workers (name, state, backend, version, last_seen_at)"
+                    " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
+                    " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
+                    " registered_at = now(), last_seen_at = now() RETURNING id",
+                    3, v);
+    if (!r) goto fail;
+    char id[FB_WIRE_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    char n_dev[16];
+    snprintf(n_dev, sizeof n_dev, "%d", m->n_devices);
+    const char *vd[2] = {id, n_dev};
+    if (!exec1(d, "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int", 2, vd))
+        goto fail;
+    for (int i = 0; i < m->n_devices; i++) {
+        char idx[16], mem[24];
+        snprintf(idx, sizeof idx, "%d", m->devices[i].idx);
+        snprintf(mem, sizeof mem, "%lld", (long long)m->devices[i].memory_bytes);
+        const char *vv[5] = {id, idx, m->devices[i].kind, m->devices[i].name, mem};
+        if (!exec1(d,
+                   "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
+                   " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
+                   " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
+                   " memory_bytes = EXCLUDED.memory_bytes",
+                   5, vv))
+            goto fail;
+    }
+    if (!commit(d)) goto fail;
+    worker *w = find_worker(d, name);
+    if (!w) {
+        if (d->n_workers == MAX_WORKERS) {
+            fb_logf(FB_LOG_ERROR, "too many workers; %s refused", name);
+            return;
+        }
+        w = &d->workers[d->n_workers++];
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+    }
+    snprintf(w->id, sizeof w->id, "%s", id);
+    w->last_seen_ms = now_ms();
+    w->draining = false;
+    w->n_devices = m->n_devices;
+    memcpy(w->devices, m->devices, (size_t)m->n_devices * sizeof w->devices[0]);
+    fb_log_json(FB_LOG_INFO, "worker registered",
+                json_pack("{s:s, s:s, s:i, s:i}", "worker", name, "backend", m->backend,
+                          "devices", m->n_devices, "running_groups", m->n_running));
+    fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
+    snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
+    send_to(d, name, &welcome, NULL, NULL, 0);
+    reconcile(d, name, m, true);
+    d->plan_due = true;
+    return;
+fail:
+    rollback(d);
+}
+
+/* Receives one multipart message from the ROUTER and acts on it. */
+static void on_message(fb_dispatch_t *d)
+{
+    enum { MAX_FRAMES = 2 + FB_WIRE_MAX_BLOBS };
+    zmq_msg_t *fr = malloc(MAX_FRAMES * sizeof *fr);
+    if (!fr) return;
+    int n = 0;
+    bool more = true, overflow = false;
+    while (more) {
+        zmq_msg_t tmp;
+        zmq_msg_init(&tmp);
+        if (zmq_msg_recv(&tmp, d->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&tmp);
+            break;
+        }
+        more = zmq_msg_more(&tmp);
+        if (n < MAX_FRAMES)
+            fr[n++] = tmp;
+        else {
+            overflow = true;
+            zmq_msg_close(&tmp);
+        }
+    }
+    char name[FB_WIRE_NAME_MAX + 1] = "";
+    if (n >= 1 && zmq_msg_size(&fr[0]) <= FB_WIRE_NAME_MAX) {
+        memcpy(name, zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
+        name[zmq_msg_size(&fr[0])] = '\0';
+    }
+    fb_wire_msg m;
+    char err[256];
+    if (n < 2 || overflow || !name[0] || strlen(name) != zmq_msg_size(&fr[0])) {
+        fb_log_json(FB_LOG_WARN, "dropped a malformed worker message",
+                    json_pack("{s:i, s:b}", "frames", n, "overflow", overflow));
+        goto done;
+    }
+    if (fb_wire_decode(zmq_msg_data(&fr[1]), zmq_msg_size(&fr[1]), n - 2, &m, err, sizeof err)) {
+        fb_log_json(FB_LOG_WARN, "dropped an invalid worker message",
+                    json_pack("{s:s, s:s}", "worker", name, "error", err));
+        goto done;
+    }
+    worker *w = find_worker(d, name);
+    if (w) w->last_seen_ms = now_ms();
+    if (!w && m.type != FB_WIRE_HELLO && m.type != FB_WIRE_HEARTBEAT) {
+        /* a worker this server does not know (it restarted): it must say HELLO first, and
+         * it keeps its unacknowledged events until then */
+        fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = false};
+        send_to(d, name, &reply, NULL, NULL, 0);
+        goto free_msg;
+    }
+    switch (m.type) {
+    case FB_WIRE_HELLO:
+        on_hello(d, name, &m);
+        break;
+    case FB_WIRE_HEARTBEAT: {
+        if (m.reply) break; /* only the server answers heartbeats */
+        fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = w != NULL};
+        send_to(d, name, &reply, NULL, NULL, 0);
+        if (w) reconcile(d, name, &m, false);
+        break;
+    }
+    case FB_WIRE_PROGRESS:
+        if (!group_current(d, name, &m)) {
+            fb_log_json(FB_LOG_DEBUG, "stale progress dropped",
+                        json_pack("{s:s, s:s}", "worker", name, "group_id", m.group_id));
+            break;
+        }
+        if (d->progress.n >= MAX_PENDING_PROGRESS) {
+            pending *old = pop(&d->progress);
+            pending_free(old);
+            fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
+        }
+        {
+            pending *p = calloc(1, sizeof *p);
+            if (!p) break;
+            snprintf(p->worker, sizeof p->worker, "%s", name);
+            p->m = m;
+            memset(&m, 0, sizeof m);
+            push(&d->progress, p);
+        }
+        break;
+    case FB_WIRE_EVENT: {
+        if (!group_current(d, name, &m)) {
+            /* acknowledged anyway: the array it came from is gone, and the worker
+             * must not keep resending it */
+            fb_log_json(FB_LOG_INFO, "stale event dropped",
+                        json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m.group_id,
+                                  "event", fb_wire_event_name(m.event)));
+            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq,
+                               .generation = m.generation};
+            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
+            send_to(d, name, &ack, NULL, NULL, 0);
+            break;
+        }
+        pending *p = calloc(1, sizeof *p);
+        if (!p) break;
+        snprintf(p->worker, sizeof p->worker, "%s", name);
+        if (m.blob) {
+            size_t len = zmq_msg_size(&fr[1 + m.blob]);
+            p->blob = malloc(len ? len : 1);
+            if (!p->blob) {
+                free(p);
+                break;
+            }
+            memcpy(p->blob, zmq_msg_data(&fr[1 + m.blob]), len);
+            p->blob_len = len;
+        }
+        p->m = m;
+        memset(&m, 0, sizeof m);
+        push(&d->events, p);
+        /* progress that came first is written first: a member's last report must not find
+         * it already gone from its array */
+        flush_progress(d);
+        flush_events(d);
+        break;
+    }
+    case FB_WIRE_DRAIN:
+        if (w && !w->draining) {
+            w->draining = true;
+            fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
+            const char *v[1] = {name};
+            if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
+        }
+        break;
+    default:
+        fb_log_json(FB_LOG_WARN, "a worker sent a server-only message; dropped",
+                    json_pack("{s:s, s:s}", "worker", name, "type", fb_wire_type_name(m.type)));
+        break;
+    }
+free_msg:
+    fb_wire_msg_free(&m);
+done:
+    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+    free(fr);
+}
+
+/* ---- ZAP: only listed worker keys get in ---------------------------------- */
+
+static void reload_keys(fb_dispatch_t *d)
+{
+    struct stat st;
+    if (stat(d->cfg.worker_keys, &st) != 0) {
+        if (!d->keys_missing_said)
+            fb_log_json(FB_LOG_WARN, "no worker keys file; no worker can connect",
+                        json_pack("{s:s}", "path", d->cfg.worker_keys));
+        d->keys_missing_said = true;
+        d->n_keys = 0;
+        return;
+    }
+    d->keys_missing_said = false;
+    if (st.st_mtim.tv_sec == d->keys_mtime.tv_sec && st.st_mtim.tv_nsec == d->keys_mtime.tv_nsec)
+        return;
+    char err[256];
+    int n = 0;
+    if (fb_wire_keys_load(d->cfg.worker_keys, d->keys, MAX_KEYS, &n, err, sizeof err)) {
+        fb_log_json(FB_LOG_ERROR, "the worker keys file is invalid; keeping the previous list",
+                    json_pack("{s:s, s:s}", "path", d->cfg.worker_keys, "error", err));
+    } else {
+        d->n_keys = n;
+        fb_log_json(FB_LOG_INFO, "worker keys loaded",
+                    json_pack("{s:s, s:i}", "path", d->cfg.worker_keys, "keys", n));
+    }
+    d->keys_mtime = st.st_mtim;
+}
+
+static void on_zap(fb_dispatch_t *d)
+{
+    zmq_msg_t fr[8];
+    int n = 0;
+    bool more = true;
+    while (more) {
+        zmq_msg_t tmp;
+        zmq_msg_init(&tmp);
+        if (zmq_msg_recv(&tmp, d->zap, 0) < 0) {
+            zmq_msg_close(&tmp);
+            break;
+        }
+        more = zmq_msg_more(&tmp);
+        if (n < 8)
+            fr[n++] = tmp;
+        else
+            zmq_msg_close(&tmp);
+    }
+    /* version, request id, domain, address, identity, mechanism, client key */
+    bool ok = false;
+    char key[41] = "";
+    if (n >= 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
+        zmq_msg_size(&fr[6]) == 32) {
+        zmq_z85_encode(key, zmq_msg_data(&fr[6]), 32);
+        for (int i = 0; i < d->n_keys && !ok; i++) ok = sodium_memcmp(d->keys[i], key, 40) == 0;
+    }
+    if (!ok)
+        fb_log_json(FB_LOG_WARN, "refused a worker connection: unknown key",
+                    json_pack("{s:s}", "key", key[0] ? key : "(none)"));
+    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "unknown worker key";
+    zmq_send(d->zap, "1.0", 3, ZMQ_SNDMORE);
+    if (n >= 2)
+        zmq_send(d->zap, zmq_msg_data(&fr[1]), zmq_msg_size(&fr[1]), ZMQ_SNDMORE);
+    else
+        zmq_send(d->zap, "", 0, ZMQ_SNDMORE);
+    zmq_send(d->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(d->zap, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(d->zap, ok ? key : "", ok ? 40 : 0, ZMQ_SNDMORE);
+    zmq_send(d->zap, "", 0, 0);
+    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+}
+
+/* ---- planning -------------------------------------------------------------- */
+
+static const keyinfo *key_info(fb_dispatch_t *d, const char *key, const char *job_id)
+{
+    for (int i = 0; i < d->n_kinfo; i++)
+        if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
+    const char *v[1] = {job_id};
+    PGresult *r = q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
+    if (!r) return NULL;
+    fb_job_spec spec;
+    char err[256];
+    int e = PQntuples(r) == 1 ? fb_job_spec_parse(PQgetvalue(r, 0, 0),
+                                                  (size_t)PQgetlength(r, 0, 0), NULL, &spec, err,
+                                                  sizeof err)
+                              : FB_ERR_NOT_FOUND;
+    PQclear(r);
+    if (e) return NULL;
+    if (d->n_kinfo == d->cap_kinfo) {
+        int cap = d->cap_kinfo ? 2 * d->cap_kinfo : 64;
+        keyinfo *k = realloc(d->kinfo, (size_t)cap * sizeof *k);
+        if (!k) {
+            fb_job_spec_free(&spec);
+            return NULL;
+        }
+        d->kinfo = k;
+        d->cap_kinfo = cap;
+    }
+    keyinfo *k = &d->kinfo[d->n_kinfo++];
+    snprintf(k->key, sizeof k->key, "%s", key);
+    k->member = fb_plan_member_bytes(&spec, &k->shared);
+    k->batch = spec.batch_size;
+    k->data = spec.parallel_data;
+    k->pipeline = spec.parallel_pipeline;
+    fb_job_spec_free(&spec);
+    return k;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Index of uuid s among the sorted tenant ids, -1 when absent. */
+static int tenant_index(char **sorted, int n, const char *s)
+{
+    char **hit = bsearch(&s, sorted, (size_t)n, sizeof *sorted, cmp_str);
+    return hit ? (int)(hit - sorted) : -1;
+}
+
+/* Appends a PostgreSQL array literal of strings (ids, plain words) to a buffer. */
+static char *pg_array(const char *const *items, int n)
+{
+    size_t cap = 3;
+    for (int i = 0; i < n; i++) cap += strlen(items[i]) * 2 + 3;
+    char *s = malloc(cap), *p = s;
+    if (!s) return NULL;
+    *p++ = '{';
+    for (int i = 0; i < n; i++) {
+        if (i) *p++ = ',';
+        *p++ = '"';
+        for (const char *c = items[i]; *c; c++) {
+            if (*c == '"' || *c == '\\') *p++ = '\\';
+            *p++ = *c;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}
+
+typedef struct plan_ctx {
+    PGresult *jobs, *tenants, *running;
+    fb_plan_job *pj;
+    int64_t *batch;
+    fb_plan_tenant *pt;
+    char **tenant_ids; /* sorted, pointing into tenants result */
+    fb_plan_device *pd;
+    int *dev_worker; /* device -> index into d->workers */
+    fb_plan_running *pr;
+    int *run_tenants;
+    int *row;     /* snapshot job -> row of the jobs result */
+    int *run_row; /* snapshot running group -> row of the running result */
+} plan_ctx;
+
+static void plan_ctx_free(plan_ctx *c)
+{
+    PQclear(c->jobs);
+    PQclear(c->tenants);
+    PQclear(c->running);
+    free(c->pj);
+    free(c->batch);
+    free(c->pt);
+    free(c->tenant_ids);
+    free(c->pd);
+    free(c->dev_worker);
+    free(c->pr);
+    free(c->run_tenants);
+    free(c->row);
+    free(c->run_row);
+}
+
+/* Records one new group and sends its ASSIGN. */
+static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
+{
+    const worker *w = &d->workers[c->dev_worker[g->devices[0]]];
+    int B = g->n_jobs;
+    const char **ids = malloc((size_t)B * sizeof *ids);
+    void **blobs = calloc((size_t)B, sizeof *blobs);
+    size_t *lens = calloc((size_t)B, sizeof *lens);
+    fb_wire_msg m = {.type = FB_WIRE_ASSIGN, .generation = 1};
+    PGresult *r = NULL;
+    if (!ids || !blobs || !lens) goto out;
+    /* members that resume need their checkpoint: one that cannot be read restarts */
+    int n_ok = 0;
+    for (int i = 0; i < B; i++) {
+        int j = c->row[g->jobs[i]];
+        const char *id = PQgetvalue(c->jobs, j, 0);
+        int64_t rs = strtoll(PQgetvalue(c->jobs, j, 4), NULL, 10);
+        if (rs > 0) {
+            const char *path = PQgetvalue(c->jobs, j, 8);
+            size_t len = 0;
+            void *b = PQgetisnull(c->jobs, j, 8) ? NULL : read_artifact(d, path, &len);
+            if (!b) {
+                const char *v[1] = {id};
+                fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
+                            json_pack("{s:s, s:s}", "job_id", id, "path", path));
+                exec1(d,
+                      "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
+                      " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
+                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
+                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'requeued',"
+                      " 'its checkpoint could not be read; restarts from step 0' FROM upd",
+                      1, v);
+                continue;
+            }
+            blobs[n_ok] = b;
+            lens[n_ok] = len;
+        }
+        ids[n_ok++] = id;
+    }
+    if (!n_ok) goto out;
+    char *ids_arr = pg_array(ids, n_ok);
+    const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
+    char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
+    const char **split_s = malloc((size_t)g->parallel_data * sizeof *split_s);
+    char (*split_buf)[24] = malloc((size_t)g->parallel_data * sizeof *split_buf);
+    if (!ids_arr || !dev_s || !dev_buf || !split_s || !split_buf) {
+        free(ids_arr);
+        free(dev_s);
+        free(dev_buf);
+        free(split_s);
+        free(split_buf);
+        goto out;
+    }
+    for (int i = 0; i < g->n_devices; i++) {
+        snprintf(dev_buf[i], sizeof dev_buf[i], "%d", c->pd[g->devices[i]].idx);
+        dev_s[i] = dev_buf[i];
+    }
+    for (int i = 0; i < g->parallel_data; i++) {
+        snprintf(split_buf[i], sizeof split_buf[i], "%lld", (long long)g->split[i]);
+        split_s[i] = split_buf[i];
+    }
+    char *dev_arr = pg_array(dev_s, g->n_devices), *split_arr = pg_array(split_s, g->parallel_data);
+    free(dev_s);
+    free(split_s);
+    char pd_s[16], pp_s[16], mem_s[24], share_s[40];
+    snprintf(pd_s, sizeof pd_s, "%d", g->parallel_data);
+    snprintf(pp_s, sizeof pp_s, "%d", g->parallel_pipeline);
+    snprintf(mem_s, sizeof mem_s, "%lld", (long long)g->mem_per_device);
+    snprintf(share_s, sizeof share_s, "%.17g", g->time_share);
+    const char *first = ids[0];
+    int j0 = c->row[g->jobs[0]];
+    bool ok = dev_arr && split_arr && begin(d);
+    char gid[FB_WIRE_ID_LEN + 1] = "";
+    if (ok) {
+        const char *v[10] = {PQgetvalue(c->jobs, j0, 3), w->id, PQgetvalue(c->jobs, j0, 4),
+                             pd_s, pp_s, dev_arr, split_arr, mem_s, share_s, first};
+        r = q(d,
+              "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
+              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share)"
+              " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
+              " $7::bigint[], $8::bigint, $9::float8) RETURNING id, $10::text",
+              10, v);
+        ok = r != NULL;
+        if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+        r = NULL;
+    }
+    if (ok) {
+        const char *v[2] = {ids_arr, gid};
+        r = q(d,
+              "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
+              " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
+              " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
+              " RETURNING id, tenant_id, spec::text, resume_step",
+              2, v);
+        ok = r != NULL && PQntuples(r) > 0;
+    }
+    char count_s[16];
+    snprintf(count_s, sizeof count_s, "%d", r ? PQntuples(r) : 0);
+    if (ok) {
+        const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
+        const char *vg[2] = {gid, count_s};
+        const char *ve[4] = {gid, dev_arr, count_s, w->name};
+        ok = exec1(d,
+                   "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
+                   " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
+                   " WHERE g.id = $1::uuid",
+                   2, vg) &&
+             exec1(d,
+                   "UPDATE devices SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
+                   " FROM groups WHERE id = $1::uuid) WHERE worker_id = $2::uuid"
+                   " AND idx = ANY($3::int[])",
+                   3, v) &&
+             exec1(d,
+                   "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
+                   " 'fused into array ' || $1 || ' of ' || $3 || ' on worker ' || $4,"
+                   " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
+                   " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
+                   " AND in_group",
+                   4, ve) &&
+             commit(d);
+    }
+    free(ids_arr);
+    free(dev_arr);
+    free(split_arr);
+    free(dev_buf);
+    free(split_buf);
+    if (!ok) {
+        rollback(d);
+        goto out;
+    }
+    add_group(d, gid, 1, w->name);
+    /* the ASSIGN: members in the order the update returned them, blobs matched by id */
+    int n = PQntuples(r);
+    m.members = calloc((size_t)n, sizeof *m.members);
+    const void **send_blobs = calloc((size_t)n, sizeof *send_blobs);
+    size_t *send_lens = calloc((size_t)n, sizeof *send_lens);
+    if (!m.members || !send_blobs || !send_lens) {
+        free(send_blobs);
+        free(send_lens);
+        goto out; /* the worker never hears of it; the group is requeued when found orphaned */
+    }
+    int nb = 0;
+    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
+    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", PQgetvalue(c->jobs, j0, 3));
+    snprintf(m.dataset, sizeof m.dataset, "%s", PQgetvalue(c->jobs, j0, 9));
+    if (PQgetvalue(c->jobs, j0, 6)[0] != 't')
+        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", PQgetvalue(c->jobs, j0, 2));
+    m.n_group_devices = g->n_devices;
+    for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
+    m.parallel_data = g->parallel_data;
+    m.parallel_pipeline = g->parallel_pipeline;
+    m.n_split = g->parallel_data;
+    for (int i = 0; i < g->parallel_data; i++) m.split[i] = g->split[i];
+    m.time_share = g->time_share;
+    m.n_members = n;
+    for (int i = 0; i < n; i++) {
+        fb_wire_member *mm = &m.members[i];
+        snprintf(mm->job_id, sizeof mm->job_id, "%s", PQgetvalue(r, i, 0));
+        snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(r, i, 1));
+        mm->spec = strdup(PQgetvalue(r, i, 2));
+        mm->start_step = strtoll(PQgetvalue(r, i, 3), NULL, 10);
+        for (int k = 0; k < n_ok; k++)
+            if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
+                send_blobs[nb] = blobs[k];
+                send_lens[nb] = lens[k];
+                mm->resume_blob = ++nb;
+            }
+    }
+    fb_log_json(FB_LOG_INFO, "array assigned",
+                json_pack("{s:s, s:s, s:i, s:s, s:f}", "group_id", gid, "worker", w->name,
+                          "members", n, "fusion_key", m.fusion_key, "time_share", g->time_share));
+    send_to(d, w->name, &m, send_blobs, send_lens, nb);
+    free(send_blobs);
+    free(send_lens);
+out:
+    PQclear(r);
+    fb_wire_msg_free(&m);
+    if (blobs)
+        for (int i = 0; i < B; i++) free(blobs[i]);
+    free(blobs);
+    free(lens);
+    free(ids);
+}
+
+/* One planning round: snapshot, policy, decisions. */
+static void plan(fb_dispatch_t *d)
+{
+    d->plan_due = false;
+    d->last_plan_ms = now_ms();
+    if (!db_ok(d)) return;
+    plan_ctx c = {0};
+    char lim[16];
+    snprintf(lim, sizeof lim, "%d", MAX_QUEUE_READ);
+    const char *vl[1] = {lim};
+    c.jobs = q(d,
+               /* where the worker reads the data: a tenant's own dataset from its
+                * directory (private: never shared between tenants), a registered
+                * built-in under its built-in name, any other name from the workers'
+                * data directory as it stands (public) */
+               "SELECT j.id, j.seq, j.tenant_id, j.fusion_key, j.resume_step, j.priority,"
+               " coalesce(ds.source = 'builtin', true),"
+               " coalesce(j.queue_reason, ''), j.resume_path,"
+               " CASE WHEN ds.source = 'builtin' THEN coalesce(ds.manifest->>'builtin', j.dataset)"
+               "  ELSE j.dataset END"
+               " FROM jobs j LEFT JOIN datasets ds ON ds.tenant_id = j.tenant_id"
+               "  AND ds.name = j.dataset"
+               " WHERE j.state = 'queued' ORDER BY j.priority DESC, j.seq LIMIT $1::int",
+               1, vl);
+    if (!c.jobs) goto out;
+    int nj = PQntuples(c.jobs);
+    c.tenants = q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
+    c.running = q(d,
+                  "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
+                  " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
+                  " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
+                  " WHERE g.state <> 'finished'",
+                  0, NULL);
+    if (!c.tenants || !c.running) goto out;
+    int nt = PQntuples(c.tenants), nr = PQntuples(c.running);
+    int nd = 0;
+    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
+    c.pj = calloc((size_t)(nj ? nj : 1), sizeof *c.pj);
+    c.batch = calloc((size_t)(nj ? nj : 1), sizeof *c.batch);
+    c.pt = calloc((size_t)(nt ? nt : 1), sizeof *c.pt);
+    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
+    c.pd = calloc((size_t)(nd ? nd : 1), sizeof *c.pd);
+    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
+    c.pr = calloc((size_t)(nr ? nr : 1), sizeof *c.pr);
+    c.run_tenants = calloc((size_t)(nr ? nr : 1) * 64, sizeof *c.run_tenants);
+    c.row = calloc((size_t)(nj ? nj : 1), sizeof *c.row);
+    c.run_row = calloc((size_t)(nr ? nr : 1), sizeof *c.run_row);
+    if (!c.pj || !c.batch || !c.pt || !c.tenant_ids || !c.pd || !c.dev_worker || !c.pr ||
+        !c.run_tenants || !c.row || !c.run_row)
+        goto out;
+    /* tenants, sorted by id so that jobs find theirs by binary search */
+    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
+    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
+    for (int i = 0; i < nt; i++) {
+        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
+        c.pt[k].weight = strtod(PQgetvalue(c.tenants, i, 1), NULL);
+        c.pt[k].share_arrays = PQgetvalue(c.tenants, i, 2)[0] == 't';
+        c.pt[k].max_devices = (int)strtol(PQgetvalue(c.tenants, i, 3), NULL, 10);
+    }
+    /* devices of the registered workers */
+    nd = 0;
+    for (int i = 0; i < d->n_workers; i++)
+        for (int k = 0; k < d->workers[i].n_devices; k++) {
+            const fb_wire_device *dv = &d->workers[i].devices[k];
+            c.pd[nd] = (fb_plan_device){.worker = i, .idx = dv->idx,
+                                        .kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
+                                                                              : FB_PLAN_CPU,
+                                        .memory_bytes = dv->memory_bytes,
+                                        .ready = !d->workers[i].draining};
+            c.dev_worker[nd++] = i;
+        }
+    /* running groups: their devices (when their worker is here) and tenants */
+    int nrun = 0;
+    for (int i = 0; i < nr; i++) {
+        worker *w = find_worker(d, PQgetvalue(c.running, i, 1));
+        if (!w) continue;
+        fb_plan_running *pr = &c.pr[nrun];
+        int widx = (int)(w - d->workers);
+        const char *p = PQgetvalue(c.running, i, 2); /* "{0,1}" */
+        while (*p && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES) {
+            while (*p && (*p < '0' || *p > '9')) p++;
+            if (!*p) break;
+            int idx = (int)strtol(p, (char **)&p, 10);
+            for (int k = 0; k < nd; k++)
+                if (c.pd[k].worker == widx && c.pd[k].idx == idx)
+                    pr->devices[pr->n_devices++] = k;
+        }
+        pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
+        int *rt = &c.run_tenants[(size_t)nrun * 64];
+        const char *t = PQgetvalue(c.running, i, 4); /* "{uuid,uuid}" */
+        while (*t && pr->n_tenants < 64) {
+            while (*t && (*t == '{' || *t == ',' || *t == '}')) t++;
+            if (strlen(t) < FB_WIRE_ID_LEN) break;
+            char id[FB_WIRE_ID_LEN + 1];
+            memcpy(id, t, FB_WIRE_ID_LEN);
+            id[FB_WIRE_ID_LEN] = '\0';
+            t += FB_WIRE_ID_LEN;
+            int k = tenant_index(c.tenant_ids, nt, id);
+            if (k >= 0) rt[pr->n_tenants++] = k;
+        }
+        pr->tenants = rt;
+        if (pr->n_devices > 0) c.run_row[nrun++] = i;
+    }
+    /* the queue */
+    int nq = 0;
+    for (int i = 0; i < nj; i++) {
+        const keyinfo *k = key_info(d, PQgetvalue(c.jobs, i, 3), PQgetvalue(c.jobs, i, 0));
+        int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, i, 2));
+        if (!k || t < 0) continue;
+        c.pj[nq] = (fb_plan_job){.seq = strtoll(PQgetvalue(c.jobs, i, 1), NULL, 10),
+                                 .tenant = t,
+                                 .fusion_key = PQgetvalue(c.jobs, i, 3),
+                                 .start_step = strtoll(PQgetvalue(c.jobs, i, 4), NULL, 10),
+                                 .priority = (int)strtol(PQgetvalue(c.jobs, i, 5), NULL, 10),
+                                 .mem_member_bytes = k->member,
+                                 .mem_shared_bytes = k->shared,
+                                 .parallel_data = k->data,
+                                 .parallel_pipeline = k->pipeline,
+                                 .public_dataset = PQgetvalue(c.jobs, i, 6)[0] == 't'};
+        c.batch[nq] = k->batch;
+        c.row[nq++] = i;
+    }
+    if (nq != nj) fb_logf(FB_LOG_WARN, "%d queued jobs could not be read into the plan", nj - nq);
+    fb_plan_snapshot snap = {.jobs = c.pj, .n_jobs = nq, .tenants = c.pt, .n_tenants = nt,
+                             .devices = c.pd, .n_devices = nd, .running = c.pr, .n_running = nrun,
+                             .max_b = d->cfg.max_array,
+                             .max_groups_per_device = d->cfg.max_groups_per_device};
+    fb_plan_result res;
+    char err[256];
+    if (fb_plan_run(&snap, c.batch, &res, err, sizeof err)) {
+        fb_log_json(FB_LOG_ERROR, "the planner refused its snapshot",
+                    json_pack("{s:s}", "error", err));
+        goto out;
+    }
+    for (int i = 0; i < res.n_groups; i++) start_group(d, &c, &res.groups[i]);
+    /* time shares of running groups changed by co-location */
+    for (int i = 0; i < res.n_shares; i++) {
+        int row = c.run_row[res.shares[i].running];
+        char share[40];
+        snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
+        const char *v[2] = {PQgetvalue(c.running, row, 0), share};
+        exec1(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
+        group *g = find_group(d, v[0]);
+        if (!g) continue;
+        fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
+                         .time_share = res.shares[i].time_share};
+        snprintf(m.group_id, sizeof m.group_id, "%s", g->id);
+        const char *p = PQgetvalue(c.running, row, 6);
+        while (*p && m.n_split < FB_WIRE_MAX_DEVICES) {
+            while (*p && (*p < '0' || *p > '9')) p++;
+            if (!*p) break;
+            m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
+        }
+        send_to(d, g->worker, &m, NULL, NULL, 0);
+    }
+    /* reasons of the jobs that wait, written only where they changed */
+    int nw = 0;
+    const char **wid = malloc((size_t)(nq ? nq : 1) * sizeof *wid),
+               **wre = malloc((size_t)(nq ? nq : 1) * sizeof *wre);
+    if (wid && wre) {
+        for (int i = 0; i < nq; i++) {
+            if (res.reason[i] == FB_PLAN_PLACED) continue;
+            const char *text = fb_plan_reason_text(res.reason[i]);
+            if (strcmp(PQgetvalue(c.jobs, c.row[i], 7), text) == 0) continue;
+            wid[nw] = PQgetvalue(c.jobs, c.row[i], 0);
+            wre[nw++] = text;
+        }
+        if (nw) {
+            char *a = pg_array(wid, nw), *b = pg_array(wre, nw);
+            const char *v[2] = {a, b};
+            if (a && b)
+                exec1(d,
+                      "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
+                      " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
+                      " AND j.queue_reason IS DISTINCT FROM v.r",
+                      2, v);
+            free(a);
+            free(b);
+        }
+    }
+    free(wid);
+    free(wre);
+    fb_plan_result_free(&res);
+out:
+    plan_ctx_free(&c);
+}
+
+/* ---- the tick ------------------------------------------------------------ */
+
+static bool detach_recent(fb_dispatch_t *d, const char *job, int64_t t)
+{
+    for (int i = 0; i < d->n_detached; i++)
+        if (strcmp(d->detached[i].job, job) == 0) {
+            if (t - d->detached[i].at_ms < DETACH_RESEND_MS) return true;
+            d->detached[i].at_ms = t;
+            return false;
+        }
+    if (d->n_detached == d->cap_detached) {
+        int cap = d->cap_detached ? 2 * d->cap_detached : 16;
+        detach_sent *n = realloc(d->detached, (size_t)cap * sizeof *n);
+        if (!n) return false;
+        d->detached = n;
+        d->cap_detached = cap;
+    }
+    snprintf(d->detached[d->n_detached].job, sizeof d->detached[0].job, "%s", job);
+    d->detached[d->n_detached++].at_ms = t;
+    return false;
+}
+
+/* Cancelled jobs still inside a running array are detached from it. */
+static void detach_cancelled(fb_dispatch_t *d)
+{
+    PGresult *r = q(d,
+                    "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
+                    " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
+                    " WHERE j.in_group AND j.state = 'cancelled'",
+                    0, NULL);
+    if (!r) return;
+    int64_t t = now_ms();
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *w = PQgetvalue(r, i, 3);
+        if (!find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
+        send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
+                    PQgetvalue(r, i, 0), "cancelled");
+    }
+    /* forget old entries */
+    for (int i = 0; i < d->n_detached; i++)
+        if (t - d->detached[i].at_ms > 10 * DETACH_RESEND_MS)
+            d->detached[i--] = d->detached[--d->n_detached];
+    PQclear(r);
+}
+
+static void tick(fb_dispatch_t *d)
+{
+    int64_t t = now_ms();
+    d->ticks++;
+    reload_keys(d);
+    /* silent workers are lost */
+    for (int i = 0; i < d->n_workers; i++) {
+        worker *w = &d->workers[i];
+        if (t - w->last_seen_ms <= d->cfg.heartbeat_timeout_ms) continue;
+        fb_log_json(FB_LOG_WARN, "worker lost: no heartbeat",
+                    json_pack("{s:s, s:I}", "worker", w->name,
+                              "silent_ms", (json_int_t)(t - w->last_seen_ms)));
+        const char *v[1] = {w->name};
+        if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'lost' WHERE name = $1", 1, v);
+        drop_worker(d, w);
+        i--;
+    }
+    /* arrays whose worker is gone go back to the queue (after a grace period at start, so
+     * that workers can re-register after a restart of fuseboxd) */
+    if (t - d->start_ms > d->cfg.heartbeat_timeout_ms && d->groups_loaded) {
+        for (int i = 0; i < d->n_groups; i++) {
+            group *g = &d->groups[i];
+            const char *why = NULL;
+            if (!find_worker(d, g->worker))
+                why = "worker lost";
+            else if (g->missing_since_ms && t - g->missing_since_ms > d->cfg.heartbeat_timeout_ms)
+                why = "the worker no longer runs the array";
+            if (!why) continue;
+            char id[FB_WIRE_ID_LEN + 1];
+            snprintf(id, sizeof id, "%s", g->id);
+            if (!requeue_group(d, id, why)) break;
+            i--;
+        }
+    }
+    flush_events(d);
+    flush_progress(d);
+    if (db_ok(d)) {
+        detach_cancelled(d);
+        if (d->n_workers) {
+            const char **names = malloc((size_t)d->n_workers * sizeof *names);
+            if (names) {
+                for (int i = 0; i < d->n_workers; i++) names[i] = d->workers[i].name;
+                char *a = pg_array(names, d->n_workers);
+                const char *v[1] = {a};
+                if (a)
+                    exec1(d,
+                          "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
+                          " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])",
+                          1, v);
+                free(a);
+                free(names);
+            }
+        }
+    }
+    if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
+}
+
+static void *loop(void *arg)
+{
+    fb_dispatch_t *d = arg;
+    d->start_ms = now_ms();
+    int64_t next_tick = d->start_ms;
+    db_ok(d);
+    for (;;) {
+        zmq_pollitem_t items[4] = {{d->router, 0, ZMQ_POLLIN, 0},
+                                   {d->zap, 0, ZMQ_POLLIN, 0},
+                                   {d->ctl_rx, 0, ZMQ_POLLIN, 0},
+                                   {NULL, -1, ZMQ_POLLIN, 0}};
+        int n = 3;
+        if (d->pg && PQstatus(d->pg) == CONNECTION_OK) {
+            items[3].fd = PQsocket(d->pg);
+            n = 4;
+        }
+        int64_t t = now_ms();
+        long timeout = next_tick > t ? (long)(next_tick - t) : 0;
+        if (d->plan_due) {
+            int64_t gap = d->last_plan_ms + PLAN_MIN_GAP_MS - t;
+            if (gap < timeout) timeout = gap > 0 ? (long)gap : 0;
+        }
+        if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) break;
+        if (items[2].revents & ZMQ_POLLIN) break;
+        if (items[1].revents & ZMQ_POLLIN) on_zap(d);
+        if (items[0].revents & ZMQ_POLLIN)
+            for (int k = 0; k < 256; k++) {
+                int ev = 0;
+                size_t sz = sizeof ev;
+                if (zmq_getsockopt(d->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
+                    break;
+                on_message(d);
+            }
+        if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
+            if (PQconsumeInput(d->pg)) {
+                PGnotify *nt;
+                while ((nt = PQnotifies(d->pg))) {
+                    d->plan_due = true;
+                    PQfreemem(nt);
+                }
+            }
+        }
+        t = now_ms();
+        if (t >= next_tick) {
+            tick(d);
+            next_tick = now_ms() + d->cfg.tick_ms;
+        } else if (d->plan_due && t - d->last_plan_ms >= PLAN_MIN_GAP_MS) {
+            flush_events(d);
+            plan(d);
+        }
+    }
+    /* last words: what is already received gets written when possible */
+    flush_events(d);
+    flush_progress(d);
+    return NULL;
+}
+
+/* ---- start and stop -------------------------------------------------------- */
+
+static int server_keys(fb_dispatch_t *d, char *msg, size_t cap)
+{
+    const char *path = d->cfg.server_key;
+    if (access(path, F_OK) != 0) {
+        int err = fb_wire_key_generate(path, msg, cap);
+        if (err) return err;
+        fb_log_json(FB_LOG_INFO, "created the server's CURVE keypair",
+                    json_pack("{s:s}", "path", path));
+    }
+    int err = fb_wire_key_load(path, d->pub, d->sec, msg, cap);
+    if (err) return err;
+    /* the public half beside it, for workers (--server-key) */
+    char pub_path[FB_CONFIG_PATH_MAX + 8], tmp[FB_CONFIG_PATH_MAX + 16];
+    snprintf(pub_path, sizeof pub_path, "%s.pub", path);
+    snprintf(tmp, sizeof tmp, "%s.pub.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "public: %s\n", d->pub) < 0 || fclose(f) != 0 ||
+        rename(tmp, pub_path) != 0)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", pub_path);
+    return FB_OK;
+}
+
+fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
+                                 size_t cap)
+{
+    fb_dispatch_t *d = calloc(1, sizeof *d);
+    if (!d) {
+        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    d->cfg = *cfg;
+    snprintf(d->artifacts, sizeof d->artifacts, "%s", artifacts);
+    d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
+    d->keys = calloc(MAX_KEYS, sizeof *d->keys);
+    if (!d->workers || !d->keys) {
+        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (server_keys(d, msg, cap)) goto fail;
+    reload_keys(d);
+    if (!(d->zctx = zmq_ctx_new())) {
+        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot create a ZeroMQ context");
+        goto fail;
+    }
+    /* the ZAP handler must be bound before any CURVE socket accepts */
+    d->zap = zmq_socket(d->zctx, ZMQ_REP);
+    d->ctl_rx = zmq_socket(d->zctx, ZMQ_PAIR);
+    d->ctl_tx = zmq_socket(d->zctx, ZMQ_PAIR);
+    d->router = zmq_socket(d->zctx, ZMQ_ROUTER);
+    if (!d->zap || !d->ctl_rx || !d->ctl_tx || !d->router ||
+        zmq_bind(d->zap, ZAP_ENDPOINT) != 0 || zmq_bind(d->ctl_rx, CTL_ENDPOINT) != 0 ||
+        zmq_connect(d->ctl_tx, CTL_ENDPOINT) != 0) {
+        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot set up the control sockets: %s",
+                zmq_strerror(errno));
+        goto fail;
+    }
+    int one = 1, linger = 1000, hwm = 100000;
+    int64_t maxmsg = (int64_t)FB_WIRE_MAX_BLOB + ((int64_t)1 << 20);
+    if (zmq_setsockopt(d->router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_CURVE_SECRETKEY, d->sec, 40) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_ZAP_DOMAIN, "fusebox", 7) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
+        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot configure the worker socket: %s",
+                zmq_strerror(errno));
+        goto fail;
+    }
+    if (zmq_bind(d->router, cfg->worker_listen) != 0) {
+        fb_errf(msg, cap, FB_ERR_IO, "cannot listen for workers on %s: %s", cfg->worker_listen,
+                zmq_strerror(errno));
+        goto fail;
+    }
+    char endpoint[256] = "";
+    size_t len = sizeof endpoint;
+    zmq_getsockopt(d->router, ZMQ_LAST_ENDPOINT, endpoint, &len);
+    const char *colon = strrchr(endpoint, ':');
+    int port = colon ? atoi(colon + 1) : 0;
+    if (cfg->worker_port_file[0]) {
+        char tmp[FB_CONFIG_PATH_MAX + 8];
+        snprintf(tmp, sizeof tmp, "%s.tmp", cfg->worker_port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 ||
+            rename(tmp, cfg->worker_port_file) != 0) {
+            fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", cfg->worker_port_file);
+            goto fail;
+        }
+    }
+    if (pthread_create(&d->thread, NULL, loop, d) != 0) {
+        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot start the control loop");
+        goto fail;
+    }
+    d->thread_started = true;
+    fb_log_json(FB_LOG_INFO, "listening for workers",
+                json_pack("{s:s, s:s, s:s, s:i}", "endpoint", endpoint, "server_key",
+                          cfg->server_key, "worker_keys", cfg->worker_keys, "max_array",
+                          cfg->max_array));
+    return d;
+fail:
+    fb_dispatch_stop(d);
+    return NULL;
+}
+
+void fb_dispatch_stop(fb_dispatch_t *d)
+{
+    if (!d) return;
+    if (d->thread_started) {
+        zmq_send(d->ctl_tx, "stop", 4, 0);
+        pthread_join(d->thread, NULL);
+    }
+    if (d->router) zmq_close(d->router);
+    if (d->zap) zmq_close(d->zap);
+    if (d->ctl_rx) zmq_close(d->ctl_rx);
+    if (d->ctl_tx) zmq_close(d->ctl_tx);
+    if (d->zctx) zmq_ctx_term(d->zctx);
+    if (d->pg) PQfinish(d->pg);
+    pending *p;
+    while ((p = pop(&d->events))) pending_free(p);
+    while ((p = pop(&d->progress))) pending_free(p);
+    sodium_memzero(d->sec, sizeof d->sec);
+    free(d->workers);
+    free(d->keys);
+    free(d->groups);
+    free(d->kinfo);
+    free(d->detached);
+    free(d);
+}

@@ -1,0 +1,80 @@
+/*
+ * What the end-to-end dispatch tests share: a fuseboxd (through the server
+ * test harness) with its control loop on a free port and a worker allow-list,
+ * real fusebox-worker processes on a small synthetic shard dataset, job and
+ * sweep helpers over HTTP, and fusebox-train as the reference a fused result
+ * must match.
+ */
+#ifndef FB_TESTS_DISPATCH_E2E_H
+#define FB_TESTS_DISPATCH_E2E_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "harness.h"
+
+typedef struct e2e {
+    fbt_server s;
+    char root[256];      /* the test's scratch directory */
+    char data_dir[300];  /* datasets for workers and fusebox-train */
+    char worker_key[300];
+    char server_pub[300];
+    int worker_port;
+    char tenant[40], key[128]; /* a tenant of the test */
+} e2e;
+
+/* Creates the scratch directory, the dataset "synth" (train and test
+ * splits), a worker keypair and the server's data directory with the
+ * allow-list, then starts fuseboxd (fast heartbeats) and creates a tenant. */
+void e2e_start(e2e *t, const char *const *extra_server_flags);
+
+/* Restarts fuseboxd (after a kill) on the same database, data directory and
+ * worker port. */
+void e2e_restart_server(e2e *t);
+
+/* Stops fuseboxd and drops the database. */
+void e2e_finish(e2e *t);
+
+/* Starts a fusebox-worker named name (log in the scratch directory). */
+pid_t e2e_worker(e2e *t, const char *name);
+
+/* Sends sig to pid and waits for it; returns the exit status or 128 + signal. */
+int e2e_kill(pid_t pid, int sig);
+
+/* A job spec on "synth" (static buffer): MLP 16-32-4, Adam, batch 32. */
+const char *e2e_spec(const char *name, double lr, int steps, int checkpoint_every);
+
+/* Submits a job for key; returns its id (static buffer). */
+const char *e2e_submit(e2e *t, const char *key, const char *spec);
+
+/* A job's field as text (static buffer), "" when null. */
+const char *e2e_job_field(e2e *t, const char *key, const char *id, const char *field);
+
+/* Waits until the job reaches state (or fails the test after timeout_s,
+ * printing the logs). */
+void e2e_wait_state(e2e *t, const char *key, const char *id, const char *state, int timeout_s);
+
+/* Waits until a SQL query's first cell is "t". */
+void e2e_wait_sql(e2e *t, const char *sql, int timeout_s, const char *what);
+
+/* Downloads a job's model into path. */
+void e2e_download_model(e2e *t, const char *key, const char *id, const char *path);
+
+/* Runs fusebox-train on spec files (one array) writing into out_dir. */
+void e2e_train_reference(e2e *t, const char *const *spec_files, int n, const char *out_dir);
+
+/* Writes text to a file. */
+void e2e_write(const char *path, const char *text);
+
+/*
+ * Compares two safetensors files tensor by tensor (names, shapes and
+ * values); returns the largest absolute difference, or -1 when the names or
+ * shapes differ.
+ */
+double e2e_max_diff(const char *a, const char *b);
+
+/* Prints the server's and workers' logs. */
+void e2e_dump(e2e *t);
+
+#endif
