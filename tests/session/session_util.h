@@ -1,13 +1,14 @@
 /*
- * Helpers of the session tests: a small synthetic in-memory dataset with a
- * learnable rule, job specs parsed from JSON text, an event recorder that
- * keeps every loss and copies every checkpoint and model blob, and
+ * Helpers of the session tests, on top of the engine tests' (synthetic
+ * datasets, specs from JSON text, scratch directories): an event recorder
+ * that keeps every loss and copies every checkpoint and model blob, and
  * comparison of two safetensors byte buffers.
  */
 #ifndef FB_TESTS_SESSION_UTIL_H
 #define FB_TESTS_SESSION_UTIL_H
 
 #include "check.h"
+#include "engine/engine_util.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -29,79 +30,6 @@
 #define SU_MAX_MEMBERS 4
 #define SU_MAX_STEPS 64
 #define SU_MAX_CKPTS 16
-
-/* splitmix64: the tests' own generator, independent of the engine's. */
-static inline uint64_t su_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static inline float su_uniform(uint64_t *state)
-{
-    return (float)(su_next(state) >> 40) * (1.0f / 16777216.0f);
-}
-
-/* n samples of [1, side, side] in [0, 1); the label is the argmax of a random
- * linear teacher, so both an MLP and a CNN can learn it. */
-static inline fb_dataset su_dataset(int64_t n, int side, int classes, uint64_t seed)
-{
-    fb_dataset ds = {.n = n, .C = 1, .H = side, .W = side, .n_classes = classes};
-    int64_t F = (int64_t)side * side;
-    ds.x = malloc((size_t)(n * F) * sizeof *ds.x);
-    ds.y = malloc((size_t)n * sizeof *ds.y);
-    float *teacher = malloc((size_t)(classes * F) * sizeof *teacher);
-    CHECK(ds.x && ds.y && teacher);
-    uint64_t st = seed;
-    for (int64_t i = 0; i < classes * F; i++)
-        teacher[i] = su_uniform(&st) * 2.0f - 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float *x = ds.x + i * F;
-        for (int64_t f = 0; f < F; f++)
-            x[f] = su_uniform(&st);
-        int best = 0;
-        double best_v = -INFINITY;
-        for (int k = 0; k < classes; k++) {
-            double v = 0;
-            for (int64_t f = 0; f < F; f++)
-                v += (double)teacher[k * F + f] * x[f];
-            if (v > best_v) {
-                best_v = v;
-                best = k;
-            }
-        }
-        ds.y[i] = best;
-    }
-    free(teacher);
-    return ds;
-}
-
-/* Parses a spec from printf-formatted JSON; a rejection fails the test. */
-static inline fb_job_spec *su_spec(const char *fmt, ...)
-{
-    char json[4096], msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(json, sizeof json, fmt, ap);
-    va_end(ap);
-    CHECK(n > 0 && (size_t)n < sizeof json);
-    fb_job_spec *s = calloc(1, sizeof *s);
-    CHECK(s != NULL);
-    int err = fb_job_spec_parse(json, strlen(json), NULL, s, msg, sizeof msg);
-    if (err) {
-        fprintf(stderr, "spec rejected (%s): %s\n%s\n", fb_err_code(err), msg, json);
-        abort();
-    }
-    return s;
-}
-
-static inline void su_spec_free(fb_job_spec *s)
-{
-    fb_job_spec_free(s);
-    free(s);
-}
 
 /* ---- recording events --------------------------------------------------------- */
 
@@ -333,30 +261,6 @@ static inline double su_compare(const void *a, size_t alen, const void *b, size_
     fb_st_close(fb);
     if (max_abs) *max_abs = worst_abs;
     return worst;
-}
-
-/* A fresh scratch directory under TMPDIR (or /tmp). */
-static inline void su_tmpdir(char *path, size_t cap, const char *tag)
-{
-    const char *base = getenv("TMPDIR");
-    snprintf(path, cap, "%s/fb-%s-XXXXXX", base && *base ? base : "/tmp", tag);
-    CHECK(mkdtemp(path) != NULL);
-}
-
-/* Removes a flat scratch directory the test made. */
-static inline void su_rmdir(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char sub[1024];
-        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-        unlink(sub);
-    }
-    closedir(d);
-    rmdir(path);
 }
 
 #endif

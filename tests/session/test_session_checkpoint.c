@@ -42,7 +42,7 @@ static fb_job_spec *spec(const char *name, const char *layers, const char *optim
 {
     char extra[700] = "";
     if (init) snprintf(extra, sizeof extra, ",\"init\":\"%s\"", init);
-    return su_spec("{\"name\":\"%s\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+    return et_spec("{\"name\":\"%s\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
                    "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,"
                    "\"checkpoint_every\":%d,\"seed\":%d,\"data_seed\":2%s}",
                    name, SIDE, SIDE, layers, BS, steps, optim, ckpt_every, seed, extra);
@@ -83,7 +83,7 @@ static void test_events(void)
                              spec("c", mlp, adam, 12, 0, 3, NULL)};
     const int64_t want[2][3] = {{5, 10, 15}, {4, 8, 12}};
     char dir[512];
-    su_tmpdir(dir, sizeof dir, "session-ckpt");
+    et_tmpdir(dir, sizeof dir, "session-ckpt");
     static su_log log;
     for (int mode = 0; mode < 3; mode++) {
         /* 0: events only; 1: out_dir and blobs; 2: blobs only */
@@ -176,11 +176,11 @@ static void test_events(void)
     fb_st_close(fc);
     free(model);
     fb_session_free(s);
-    su_spec_free(init);
+    et_spec_free(init);
     su_log_free(&log);
-    su_rmdir(dir);
+    et_rmtree(dir);
     for (int i = 0; i < 3; i++)
-        su_spec_free(specs[i]);
+        et_spec_free(specs[i]);
 }
 
 /* ---- bad checkpoints -------------------------------------------------------------- */
@@ -301,7 +301,7 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
     uint8_t garbage[300];
     uint64_t st = 77;
     for (size_t i = 0; i < sizeof garbage; i++)
-        garbage[i] = (uint8_t)su_next(&st);
+        garbage[i] = (uint8_t)et_next(&st);
     expect_refused(s, garbage, sizeof garbage, "checkpoint of left", "garbage");
     refuse_edit(s, good, good_len, (edit){.meta_key = "fusion_key", .meta_value = "0123abcd"},
                 "fusion_key is 0123abcd", "wrong fusion key");
@@ -361,7 +361,7 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
     free(model);
     su_log_free(&log);
     for (int i = 0; i < 2; i++)
-        su_spec_free(specs[i]);
+        et_spec_free(specs[i]);
 }
 
 /* fb_session_new refuses a start at or past a member's end, and a negative one. */
@@ -379,12 +379,12 @@ static void test_bad_start(void)
         CHECK_INT_EQ(err, FB_ERR_OUT_OF_RANGE);
         CHECK(s == NULL);
     }
-    su_spec_free(sp);
+    et_spec_free(sp);
 }
 
 int main(void)
 {
-    train = su_dataset(N_TRAIN, SIDE, CLASSES, 3);
+    train = et_synthetic(N_TRAIN, SIDE, CLASSES, 3);
     test_events();
     test_bad_checkpoints(mlp, false);
     test_bad_checkpoints(cnn, true);

@@ -38,7 +38,7 @@ static fb_dataset train, test;
 
 static fb_job_spec *member(int i, int steps)
 {
-    return su_spec("{\"name\":\"m%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+    return et_spec("{\"name\":\"m%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
                    "\"layers\":[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":24},"
                    "{\"type\":\"relu\"},{\"type\":\"dropout\",\"p\":0.2},"
                    "{\"type\":\"linear\",\"out\":5}]},\"batch_size\":%d,\"steps\":%d,"
@@ -166,7 +166,7 @@ static void test_detach_and_divergence(void)
 
     su_log_free(&ref);
     for (int i = 0; i < 3; i++)
-        su_spec_free(specs[i]);
+        et_spec_free(specs[i]);
 }
 
 static void test_parameters_not_finite(void)
@@ -174,7 +174,7 @@ static void test_parameters_not_finite(void)
     fb_job_spec *specs[2] = {member(0, 5), member(1, 1)};
     specs[1]->optim.lr = 1e39; /* infinite once it is a float */
     char dir[512];
-    su_tmpdir(dir, sizeof dir, "session-inf");
+    et_tmpdir(dir, sizeof dir, "session-inf");
     static su_log run;
     su_log_init(&run);
     fb_session *s = su_open(specs, 2, &train, NULL, 0, dir, false, &run);
@@ -193,15 +193,15 @@ static void test_parameters_not_finite(void)
     CHECK(access(path, F_OK) == 0);
     printf("non-finite parameters: member 1 failed: %s\n", run.failed_text[1]);
     su_log_free(&run);
-    su_rmdir(dir);
-    su_spec_free(specs[0]);
-    su_spec_free(specs[1]);
+    et_rmtree(dir);
+    et_spec_free(specs[0]);
+    et_spec_free(specs[1]);
 }
 
 int main(void)
 {
-    train = su_dataset(N_TRAIN, SIDE, CLASSES, 5);
-    test = su_dataset(N_TEST, SIDE, CLASSES, 6);
+    train = et_synthetic(N_TRAIN, SIDE, CLASSES, 5);
+    test = et_synthetic(N_TEST, SIDE, CLASSES, 6);
     test_detach_and_divergence();
     test_parameters_not_finite();
     fb_dataset_free(&train);

@@ -65,7 +65,7 @@ static fb_job_spec *member(case_kind c, int i)
     else
         snprintf(o, sizeof o, "{\"type\":\"adamw\",\"lr\":%g,\"weight_decay\":%g}", 0.005 * (1 + i),
                  0.01 * (1 + i));
-    return su_spec("{\"name\":\"%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+    return et_spec("{\"name\":\"%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
                    "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,"
                    "\"schedule\":{\"type\":\"cosine\",\"warmup_steps\":5},\"seed\":%d,"
                    "\"data_seed\":9,\"eval_every\":10,\"checkpoint_every\":10}",
@@ -190,7 +190,7 @@ static void run_case(case_kind c)
 
     for (int i = 0; i < B; i++) {
         free(ck[i]);
-        su_spec_free(specs[i]);
+        et_spec_free(specs[i]);
     }
     su_log_free(&straight);
     su_log_free(&part);
@@ -200,8 +200,8 @@ static void run_case(case_kind c)
 
 int main(void)
 {
-    train = su_dataset(N_TRAIN, SIDE, CLASSES, 1);
-    test = su_dataset(N_TEST, SIDE, CLASSES, 2);
+    train = et_synthetic(N_TRAIN, SIDE, CLASSES, 1);
+    test = et_synthetic(N_TEST, SIDE, CLASSES, 2);
     for (int c = 0; c < N_CASES; c++)
         run_case((case_kind)c);
     printf("alone vs in the array: worst loss %.3g (bound %g), weights %.3g (bound %g), "
