@@ -47,7 +47,7 @@ run() {
     fb_as_pg "$FB_PG_BINDIR/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres "$db"
     dir=$work/$name
     mkdir -p "$dir"
-    "$build/workers/fusebox-worker" --gen-key "$dir/worker.key" >/dev/null
+    "$build/workers/fusebox-worker" --gen-key "$dir/worker.key" >/dev/null 2>&1
     sed -n 's/^public: //p' "$dir/worker.key" >"$dir/worker-keys"
     port=$(fb_free_port)
     wport=$(fb_free_port)
