@@ -1,9 +1,15 @@
 /*
  * Read-only views of the cluster: GET /v1/workers and GET /v1/cluster.
- * Workers fill these tables when they register (a later part of the
- * control plane); until then the answers are empty but well-formed.  A
- * tenant sees the devices and its own usage; only the admin sees every
- * tenant's usage.
+ * The control loop (dispatch.c) fills the tables these read: workers and
+ * their devices when they register, and one groups row per fused training
+ * array with its worker, device indices, member count, tenants, time share
+ * and the throughput and step-time breakdown of its last progress report.
+ *
+ * Several arrays may share a device, so which arrays a device hosts is read
+ * from the arrays' device lists, never from devices.group_id (which names
+ * only the last array placed there).  Every caller sees every array, so
+ * that the picture of the cluster is whole, but only the tenants it may
+ * see: a tenant its own tenant and a count of the others, the admin all.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +22,13 @@ typedef struct cluster_read {
     json_t *out;
 } cluster_read;
 
+/* The arrays that are not finished and host device d (a devices row aliased
+ * d), as an SQL condition on groups aliased g. */
+#define HOSTS_D "g.worker_id = d.worker_id AND d.idx = ANY (g.device_idx) AND g.state <> 'finished'"
+
+/* The tenants of array g that the caller ($1: NULL for the admin) may see. */
+#define VISIBLE_T "t.id = ANY (g.tenant_ids) AND ($1::uuid IS NULL OR t.id = $1::uuid)"
+
 static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
 {
     cluster_read *x = arg;
@@ -23,10 +36,15 @@ static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     PGresult *r = fb_db_query(
         c, "workers",
         "SELECT coalesce(json_agg(json_build_object('id', w.id, 'name', w.name, 'state', w.state,"
+        " 'backend', w.backend, 'version', w.version,"
         " 'registered_at', w.registered_at, 'last_seen_at', w.last_seen_at,"
         " 'devices', coalesce((SELECT json_agg(json_build_object('index', d.idx, 'kind', d.kind,"
         " 'name', d.name, 'memory_bytes', d.memory_bytes, 'utilization', d.utilization,"
-        " 'busy', d.group_id IS NOT NULL) ORDER BY d.idx) FROM devices d"
+        " 'busy', EXISTS (SELECT 1 FROM groups g WHERE " HOSTS_D "),"
+        " 'arrays', coalesce((SELECT json_agg(json_build_object('id', g.id, 'state', g.state,"
+        " 'members', g.n_members, 'time_share', g.time_share) ORDER BY g.created_at, g.id)"
+        " FROM groups g WHERE " HOSTS_D "), '[]'::json)"
+        ") ORDER BY d.idx) FROM devices d"
         " WHERE d.worker_id = w.id), '[]'::json)) ORDER BY w.name, w.id), '[]'::json)"
         " FROM workers w",
         0, NULL, &err, msg, cap);
@@ -63,14 +81,26 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'workers', (SELECT json_build_object('total', count(*),"
         " 'ready', count(*) FILTER (WHERE state = 'ready')) FROM workers),"
         " 'devices', (SELECT json_build_object('total', count(*),"
-        " 'busy', count(*) FILTER (WHERE group_id IS NOT NULL),"
+        " 'busy', count(*) FILTER (WHERE EXISTS (SELECT 1 FROM groups g WHERE " HOSTS_D ")),"
         " 'cpu', count(*) FILTER (WHERE kind = 'cpu'),"
-        " 'cuda', count(*) FILTER (WHERE kind = 'cuda')) FROM devices),"
+        " 'cuda', count(*) FILTER (WHERE kind = 'cuda')) FROM devices d),"
         " 'utilization', (SELECT coalesce(avg(utilization), 0) FROM devices),"
         " 'groups', (SELECT json_build_object('total', count(*),"
         " 'scheduled', count(*) FILTER (WHERE state = 'scheduled'),"
         " 'running', count(*) FILTER (WHERE state = 'running'),"
         " 'mean_members', coalesce(avg(n_members), 0)) FROM groups WHERE state <> 'finished'),"
+        " 'arrays', coalesce((SELECT json_agg(json_build_object('id', g.id, 'state', g.state,"
+        " 'worker_id', g.worker_id, 'worker', w.name, 'devices', to_json(g.device_idx),"
+        " 'members', g.n_members,"
+        " 'tenants', coalesce((SELECT json_agg(json_build_object('tenant_id', t.id,"
+        " 'name', t.name) ORDER BY t.name, t.id) FROM tenants t WHERE " VISIBLE_T "), '[]'::json),"
+        " 'other_tenants', cardinality(g.tenant_ids) - (SELECT count(*) FROM tenants t"
+        " WHERE " VISIBLE_T "),"
+        " 'time_share', g.time_share, 'samples_per_s', g.samples_per_s,"
+        " 'breakdown', g.breakdown, 'created_at', g.created_at)"
+        " ORDER BY w.name, g.device_idx, g.created_at, g.id)"
+        " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
+        " WHERE g.state <> 'finished'), '[]'::json),"
         " 'jobs', (SELECT json_build_object("
         " 'queued', count(*) FILTER (WHERE state = 'queued'),"
         " 'scheduled', count(*) FILTER (WHERE state = 'scheduled'),"
@@ -84,7 +114,8 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " WHERE q.tenant_id = t.id),"
         " 'active_jobs', (SELECT count(*) FROM jobs a WHERE a.tenant_id = t.id"
         " AND a.state IN ('scheduled', 'running')),"
-        " 'devices_in_use', (SELECT count(*) FROM devices d WHERE d.tenant_id = t.id))"
+        " 'devices_in_use', (SELECT count(*) FROM devices d WHERE EXISTS (SELECT 1 FROM groups g"
+        " WHERE " HOSTS_D " AND t.id = ANY (g.tenant_ids))))"
         " ORDER BY t.name) FROM tenants t WHERE $1::uuid IS NULL OR t.id = $1::uuid), '[]'::json))",
         1, v, &err, msg, cap);
     if (!r) return err;

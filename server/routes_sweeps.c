@@ -2,8 +2,10 @@
  * Sweeps: a base spec plus a search space, expanded by api/sweepspec into
  * jobs that are inserted together with the sweep in one transaction, so a
  * sweep is either entirely queued or not at all.  GET shows every trial with
- * its parameters and its best value of the sweep's metric; cancel cancels
- * the sweep and all its unfinished trials at once.
+ * its parameters, its best value of the sweep's metric, its early-stopping
+ * history (each rung's result and decision, which the control loop records
+ * in asha_rungs) and why it ended; cancel cancels the sweep and all its
+ * unfinished trials at once.
  */
 #include <sodium.h>
 #include <stdio.h>
@@ -59,12 +61,17 @@ static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t cap)
     PQclear(r);
     if (!x->out) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     if (!x->trials || !col) return FB_OK;
-    char sql[1024];
+    char sql[2048];
+    /* rungs: the trial's early-stopping results, rung by rung (asha_rungs) */
     snprintf(sql, sizeof sql,
              "SELECT json_build_object('index', j.trial_index, 'job_id', j.id, 'name', j.name,"
              " 'state', j.state, 'step', j.step, 'params', j.trial_params, 'best',"
              " (SELECT json_build_object('value', m.%s, 'step', m.step) FROM job_metrics m"
-             " WHERE m.job_id = j.id AND m.%s IS NOT NULL ORDER BY m.%s %s, m.step LIMIT 1))"
+             " WHERE m.job_id = j.id AND m.%s IS NOT NULL ORDER BY m.%s %s, m.step LIMIT 1),"
+             " 'end_reason', j.end_reason, 'rungs', coalesce((SELECT json_agg(json_build_object("
+             " 'rung', a.rung, 'step', a.step, 'metric', a.metric, 'decision', a.decision,"
+             " 'decided_at', a.decided_at) ORDER BY a.rung) FROM asha_rungs a"
+             " WHERE a.job_id = j.id), '[]'::json))"
              " FROM jobs j WHERE j.sweep_id = $1::uuid ORDER BY j.trial_index",
              col, col, col, max ? "DESC" : "ASC");
     r = fb_db_query(c, NULL, sql, 1, v, &err, msg, cap);

@@ -262,7 +262,7 @@ function jobsView(params) {
         stateSel, sweepSel),
       h('div', { class: 'scroll' }, h('table', { id: 'jobs' },
         h('thead', {}, h('tr', {}, ['Job', 'State', 'Tenant', 'Sweep', 'Array', 'Progress', 'Loss',
-          'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
+          'Test acc.', 'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
 
   v.poll(async () => {
     const sweeps = await loadSweepNames();
@@ -276,26 +276,41 @@ function jobsView(params) {
     if (state) q.set('state', state);
     if (sweep) q.set('sweep_id', sweep);
     const r = await api(`/v1/jobs?${q}`);
-    const sizes = new Map();
-    for (const j of r.jobs) if (j.group_id) sizes.set(j.group_id, (sizes.get(j.group_id) || 0) + 1);
+    // An array's size, worker and share are the server's (GET /v1/cluster), asked for only
+    // while some job shown trains in one; a finished array keeps just its id here.
+    const live = r.jobs.some((j) => j.group_id && (j.state === 'scheduled' || j.state === 'running'));
+    const arrays = live ? new Map((await api('/v1/cluster')).arrays.map((a) => [a.id, a])) : new Map();
     count.textContent = `${r.jobs.length}${r.next_cursor ? '+' : ''} shown`;
     body.replaceChildren(...r.jobs.map((j) => h('tr', { 'data-job': j.id },
       h('td', {}, h('a', { href: `#/jobs/${j.id}` }, j.name)),
       h('td', {}, stateBadge(j.state),
         j.queue ? h('div', { class: 'muted small' }, j.queue.reason,
           j.queue.position ? ` (#${j.queue.position})` : '') : null),
-      h('td', {}, tenant ? tenant.name : '—'),
+      // GET /v1/jobs lists the caller's own jobs only, so their tenant is the one signed in
+      h('td', { class: 'tenant' }, tenant ? tenant.name : '—'),
       h('td', {}, j.sweep_id ? h('a', { href: `#/sweeps/${j.sweep_id}` },
         sweepNames.get(j.sweep_id) || short(j.sweep_id)) : '—'),
-      h('td', {}, j.group_id ? `${short(j.group_id)} ×${sizes.get(j.group_id)}` : '—'),
+      h('td', { class: 'array' }, arrayCell(j.group_id, arrays.get(j.group_id))),
       h('td', {}, progress(j.step, j.steps)),
       h('td', { class: 'num' }, fmt(metricOf(j, 'loss'))),
+      h('td', { class: 'num test-acc' }, fmt(metricOf(j, 'eval_accuracy'))),
       h('td', { class: 'num' }, fmt(metricOf(j, 'samples_per_s'))),
       h('td', { class: 'num slowdown' }, fmt(j.slowdown, 3)))));
     if (!r.jobs.length)
-      body.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, 'No jobs yet.')));
+      body.append(h('tr', {}, h('td', { colspan: 10, class: 'muted' }, 'No jobs yet.')));
   });
   return v;
+}
+
+// A job's array in the jobs table: its id, and while it trains its size,
+// where it runs and its time share, with how many other tenants share it.
+function arrayCell(id, a) {
+  if (!id) return '—';
+  if (!a) return h('span', { title: id }, short(id));
+  const others = a.other_tenants ? `, shared with ${tenantCount(a.other_tenants)}` : '';
+  return h('span', { title: `${id}: ${a.members} members on ${deviceNames(a)}, ` +
+    `${fmtShare(a.time_share)} of the device time${others}` },
+  `${short(id)} ×${a.members}`, h('span', { class: 'muted small' }, ` ${fmtShare(a.time_share)}`));
 }
 
 // Accumulates metric points of one job, asking only for steps after the
@@ -570,14 +585,19 @@ function sweepView(id) {
 function clusterView() {
   const v = makeView();
   const summary = h('div', { class: 'tiles' });
+  const arrays = h('tbody');
   const tenants = h('tbody');
   const workers = h('div');
   main.replaceChildren(h('section', { class: 'card' }, h('h2', {}, 'Cluster'), summary),
+    h('section', { class: 'card' }, h('h2', {}, 'Arrays'),
+      h('div', { class: 'scroll' }, h('table', { id: 'arrays' }, h('thead', {}, h('tr', {},
+        ['Array', 'State', 'Worker', 'Devices', 'Members', 'Tenants', 'Time share', 'Samples/s',
+          'Step time'].map((c) => h('th', {}, c)))), arrays))),
+    h('section', { class: 'card' }, h('h2', {}, 'Workers and devices'), workers),
     h('section', { class: 'card' }, h('h2', {}, 'Tenants'),
       h('table', { id: 'tenants' }, h('thead', {}, h('tr', {}, ['Tenant', 'Weight', 'Fair share',
         'Devices in use', 'Actual share', 'Active jobs', 'Queued'].map((c) => h('th', {}, c)))),
-      tenants)),
-    h('section', { class: 'card' }, h('h2', {}, 'Workers and devices'), workers));
+      tenants)));
   const tile = (label, val, id) => h('div', { class: 'tile', id },
     h('div', { class: 'tile-v' }, val), h('div', { class: 'muted small' }, label));
   v.poll(async () => {
@@ -592,6 +612,24 @@ function clusterView() {
       tile('jobs queued / running', `${c.jobs.queued} / ${c.jobs.running}`),
       tile('max slowdown', fmt(sd.max, 3), 'max-slowdown'),
       tile('mean slowdown', fmt(sd.mean, 3), 'mean-slowdown'));
+
+    // one color per array, the same in its row and on every device it shares
+    const color = new Map(c.arrays.map((a, i) => [a.id, COLORS[i % COLORS.length]]));
+    const byId = new Map(c.arrays.map((a) => [a.id, a]));
+    arrays.replaceChildren(...c.arrays.map((a) => h('tr', { 'data-array': a.id },
+      h('td', {}, h('span', { class: 'swatch', style: `background:${color.get(a.id)}` }),
+        h('code', { title: a.id }, short(a.id))),
+      h('td', {}, stateBadge(a.state)),
+      h('td', {}, a.worker || 'gone'),
+      h('td', {}, a.devices.join(', ')),
+      h('td', { class: 'num members' }, a.members),
+      h('td', { class: 'tenants' }, tenantsOf(a)),
+      h('td', { class: 'num share' }, fmtShare(a.time_share)),
+      h('td', { class: 'num' }, fmt(a.samples_per_s)),
+      h('td', {}, stepTime(a.breakdown)))));
+    if (!c.arrays.length)
+      arrays.append(h('tr', {}, h('td', { colspan: 9, class: 'muted' }, 'No arrays are training.')));
+
     const wsum = c.tenants.reduce((a, t) => a + t.weight, 0) || 1;
     const dsum = c.tenants.reduce((a, t) => a + t.devices_in_use, 0);
     tenants.replaceChildren(...c.tenants.map((t) => h('tr', {}, h('td', {}, t.name),
@@ -600,19 +638,60 @@ function clusterView() {
       h('td', { class: 'num' }, t.devices_in_use),
       h('td', { class: 'num' }, dsum ? `${fmt((100 * t.devices_in_use) / dsum, 3)}%` : '—'),
       h('td', { class: 'num' }, t.active_jobs), h('td', { class: 'num' }, t.queued_jobs))));
-    const list = Array.isArray(w) ? w : w.workers || [];
-    workers.replaceChildren(...(list.length ? list.map((wk) => h('div', { class: 'worker' },
-      h('h3', {}, wk.name, ' ', stateBadge(wk.state),
-        h('span', { class: 'muted small' }, ` last seen ${fmtTime(wk.last_seen_at)}`)),
-      h('table', {}, h('thead', {}, h('tr', {}, ['Device', 'Kind', 'Name', 'Memory', 'Utilization',
-        'Array'].map((x) => h('th', {}, x)))), h('tbody', {}, wk.devices.map((d) => h('tr', {},
+
+    workers.replaceChildren(...(w.workers.length ? w.workers.map((wk) => h('div', {
+      class: 'worker', 'data-worker': wk.name },
+    h('h3', {}, wk.name, ' ', stateBadge(wk.state),
+      h('span', { class: 'muted small' }, ` ${wk.backend} ${wk.version}, last seen ${fmtTime(wk.last_seen_at)}`)),
+    h('table', {}, h('thead', {}, h('tr', {}, ['Device', 'Kind', 'Name', 'Memory', 'Utilization',
+      'Arrays and time shares'].map((x) => h('th', {}, x)))), h('tbody', {}, wk.devices.map((d) =>
+      h('tr', { 'data-device': `${wk.name}/${d.index}` },
         h('td', { class: 'num' }, d.index), h('td', {}, d.kind), h('td', {}, d.name),
         h('td', { class: 'num' }, fmtBytes(d.memory_bytes)),
         h('td', {}, progressPct(d.utilization)),
-        h('td', {}, d.busy ? 'busy' : 'idle'))))))) :
+        h('td', {}, deviceArrays(d.arrays, color, byId)))))))) :
       [h('p', { class: 'muted' }, 'No workers have registered yet; jobs wait in the queue.')]));
   }, 3000);
   return v;
+}
+
+const fmtShare = (x) => `${fmt(100 * x, 3)}%`;
+const tenantCount = (n) => `${n} other tenant${n === 1 ? '' : 's'}`;
+const deviceNames = (a) => `${a.worker || 'a worker that is gone'} device ${a.devices.join(', ')}`;
+
+// The tenants of an array the caller may see by name, and a count of the rest.
+function tenantsOf(a) {
+  const names = a.tenants.map((t) => t.name);
+  if (a.other_tenants) names.push(tenantCount(a.other_tenants));
+  return names.join(', ') || '—';
+}
+
+// Mean step time and, on hover, its parts.
+function stepTime(b) {
+  if (!b) return '—';
+  const parts = [['compute', b.compute_ms], ['comm', b.comm_ms], ['I/O', b.io_ms],
+    ['idle', b.idle_ms]].filter(([, ms]) => typeof ms === 'number');
+  const total = parts.reduce((a, [, ms]) => a + ms, 0);
+  return h('span', { title: parts.map(([k, ms]) => `${k} ${fmt(ms, 3)} ms`).join(', ') },
+    `${fmt(total, 3)} ms`, h('span', { class: 'muted small' },
+      total > 0 ? ` (${fmt((100 * (b.idle_ms || 0)) / total, 2)}% idle)` : ''));
+}
+
+// A device's arrays: a bar split by time share, then one line per array.
+function deviceArrays(list, color, byId) {
+  if (!list.length) return h('span', { class: 'muted' }, 'idle');
+  return h('div', { class: 'dev-arrays' },
+    h('div', { class: 'sharebar' }, list.map((a) => h('div', {
+      style: `width:${(100 * a.time_share).toFixed(1)}%;background:${color.get(a.id) || '#9ca3af'}`,
+      title: `${short(a.id)}: ${fmtShare(a.time_share)}` }))),
+    list.map((a) => {
+      const full = byId.get(a.id);
+      return h('div', { class: 'dev-array', 'data-array': a.id },
+        h('span', { class: 'swatch', style: `background:${color.get(a.id) || '#9ca3af'}` }),
+        h('code', { title: a.id }, short(a.id)), ` ×${a.members} `,
+        h('span', { class: 'share' }, fmtShare(a.time_share)),
+        full ? h('span', { class: 'muted small' }, ` ${tenantsOf(full)}`) : null);
+    }));
 }
 
 function progressPct(u) {

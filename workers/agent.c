@@ -312,10 +312,17 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
     if (kind < 0)
         return fb_errf(msg, cap, FB_ERR_DATA, "dataset %s: not a valid dataset name", r->name);
     struct stat st;
+    if ((stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) && !r->tenant[0] &&
+        strcmp(a->data_dir, FB_DATASET_DEFAULT_DIR) != 0) {
+        /* a public dataset not in the data directory (which may be fuseboxd's datasets
+         * directory, holding tenants' datasets only): the system's built-in ones */
+        snprintf(r->data_dir, sizeof r->data_dir, "%s", FB_DATASET_DEFAULT_DIR);
+        kind = fb_datadir_resolve(dir, sizeof dir, r->name, r->data_dir);
+    }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return fb_errf(msg, cap, FB_ERR_NOT_FOUND,
-                       "dataset %s is not in the worker's data directory (%s)", r->name,
-                       r->data_dir);
+                       "dataset %s is not in the worker's data directory (%s)%s", r->name,
+                       a->data_dir, r->tenant[0] ? "" : " nor among the built-in datasets");
     int err;
     if (kind == 1) {
         r->shard = true;
@@ -1507,7 +1514,10 @@ static void on_internal(fb_agent *a, outmsg *o)
         outmsg_free(o);
         break;
     case OUT_PROGRESS:
-        if (!atomic_load(&g->stop) && a->welcomed) send_wire(a, &o->w, NULL, 0);
+        /* also while registering again: a server that still knows the worker (only its
+         * database is away) records the progress; one that does not drops it */
+        if (!atomic_load(&g->stop) && (a->welcomed || a->worker_id[0]))
+            send_wire(a, &o->w, NULL, 0);
         outmsg_free(o);
         break;
     case OUT_EVENT:

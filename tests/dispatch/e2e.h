@@ -22,6 +22,7 @@ typedef struct e2e {
     char server_pub[300];
     int worker_port;
     char tenant[40], key[128]; /* a tenant of the test */
+    bool own_database;         /* on a database of the test's own (e2e_start_on) */
 } e2e;
 
 /* Creates the scratch directory, the dataset "synth" (train and test
@@ -29,11 +30,18 @@ typedef struct e2e {
  * allow-list, then starts fuseboxd (fast heartbeats) and creates a tenant. */
 void e2e_start(e2e *t, const char *const *extra_server_flags);
 
+/* Like e2e_start, but on the database of db_url (libpq conninfo) instead of
+ * a fresh one on FUSEBOX_TEST_DATABASE_URL: for a test that stops and starts
+ * its own PostgreSQL (pgctl.h).  t->s.sql is connected to it; e2e_finish
+ * leaves the database alone. */
+void e2e_start_on(e2e *t, const char *db_url, const char *const *extra_server_flags);
+
 /* Restarts fuseboxd (after a kill) on the same database, data directory and
  * worker port. */
 void e2e_restart_server(e2e *t);
 
-/* Stops fuseboxd and drops the database. */
+/* Stops fuseboxd, drops the database (not one of e2e_start_on) and removes
+ * the scratch directory. */
 void e2e_finish(e2e *t);
 
 /* Starts a fusebox-worker named name (log in the scratch directory). */

@@ -9,10 +9,12 @@
  * 3. Two tenants' jobs on a public dataset share an array while both allow
  *    it; once one tenant forbids sharing, its jobs train apart.
  */
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -159,6 +161,83 @@ static void cancel_one_member(void)
                  e2e_job_field(&T, T.key, ids[1], "group_id"));
 }
 
+/* Uploads a CSV split of the synthetic problem as the tenant's dataset "mine" and waits for
+ * it to be ready. */
+static void upload_split(const char *split, int rows, uint64_t seed)
+{
+    size_t cap = (size_t)rows * 16 * 12 + 256, len = 0;
+    char *csv = malloc(cap);
+    CHECK(csv != NULL);
+    for (int f = 0; f < 16; f++) len += (size_t)snprintf(csv + len, cap - len, "f%d,", f);
+    len += (size_t)snprintf(csv + len, cap - len, "label\n");
+    uint64_t s = seed;
+    for (int i = 0; i < rows; i++) {
+        double score[4] = {0, 0, 0, 0};
+        for (int f = 0; f < 16; f++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            double v = (double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+            len += (size_t)snprintf(csv + len, cap - len, "%.6f,", v);
+            for (int k = 0; k < 4; k++) score[k] += v * (((f * 5 + k * 3) % 7) - 3);
+        }
+        int best = 0;
+        for (int k = 1; k < 4; k++)
+            if (score[k] > score[best]) best = k;
+        len += (size_t)snprintf(csv + len, cap - len, "%d\n", best);
+    }
+    char path[200], auth[200];
+    snprintf(path, sizeof path, "/v1/datasets/mine/splits/%s?label_column=label", split);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", T.key);
+    const char *h[] = {auth, "Content-Type: text/csv", NULL};
+    fbt_resp r;
+    CHECK(fbt_http(T.s.port, "PUT", path, h, csv, len, &r) == 0);
+    fbt_record("PUT", path, &r);
+    fbt_expect(&r, 202, NULL, "upload a split");
+    fbt_resp_free(&r);
+    free(csv);
+    double start = fbt_now_ms();
+    for (;;) {
+        r = fbt_call(&T.s, "GET", "/v1/datasets/mine", T.key, NULL);
+        fbt_expect(&r, 200, NULL, "get the dataset");
+        const char *state = json_string_value(json_object_get(r.json, "state"));
+        json_t *importing = json_object_get(r.json, "importing");
+        bool ready = state && strcmp(state, "ready") == 0 &&
+                     (!importing || json_is_null(importing) ||
+                      (json_is_array(importing) && json_array_size(importing) == 0));
+        bool failed = state && strcmp(state, "failed") == 0;
+        if (failed) fprintf(stderr, "%s\n", r.body);
+        fbt_resp_free(&r);
+        CHECK(!failed);
+        if (ready) break;
+        CHECK(fbt_now_ms() - start < 60000);
+        usleep(100 * 1000);
+    }
+}
+
+/* A tenant's own dataset, uploaded through the API, trains on a worker that reads the
+ * datasets directory; another tenant's job naming it does not find it. */
+static void tenant_dataset(void)
+{
+    upload_split("train", 1024, 21);
+    upload_split("test", 256, 22);
+    char spec[1024];
+    snprintf(spec, sizeof spec, "%s", e2e_spec("on-mine", 0.01, 150, 0));
+    char *p = strstr(spec, "\"synth\"");
+    CHECK(p != NULL);
+    memcpy(p, "\"mine\" ", 7); /* same length: "synth" -> "mine" plus a space */
+    char id[64];
+    snprintf(id, sizeof id, "%s", e2e_submit(&T, T.key, spec));
+    e2e_wait_state(&T, T.key, id, "completed", 120);
+    CHECK(strtod(e2e_job_field(&T, T.key, id, "steps"), NULL) == 150);
+
+    char other[40], other_key[128];
+    fbt_tenant(&T.s, "stranger", "", other, sizeof other, other_key, sizeof other_key);
+    snprintf(id, sizeof id, "%s", e2e_submit(&T, other_key, spec));
+    e2e_wait_state(&T, other_key, id, "failed", 120);
+    const char *error = e2e_job_field(&T, other_key, id, "error");
+    printf("another tenant's job on \"mine\" failed with: %s\n", error);
+    CHECK(strstr(error, "mine") != NULL);
+}
+
 /* Jobs fuse only when they wait together: with the worker stopped, both
  * tenants' jobs queue, and the restarted worker gets what the planner made. */
 static pid_t worker;
@@ -208,6 +287,8 @@ int main(void)
     printf("ok: cancelling one member leaves the others to finish\n");
     tenants_share_only_when_allowed();
     printf("ok: tenants share arrays only when both allow it\n");
+    tenant_dataset();
+    printf("ok: a tenant's uploaded dataset trains; another tenant cannot use it\n");
     CHECK_INT_EQ(e2e_kill(worker, SIGTERM), 0);
     e2e_finish(&T);
     int rc = fbt_validate_recorded();

@@ -523,6 +523,127 @@ static void test_sweeps(void)
     fbt_resp_free(&r);
 }
 
+/* The array with this id in a /v1/cluster answer; fails the test without it. */
+static json_t *array_by_id(json_t *cluster, const char *id)
+{
+    json_t *all = json_object_get(cluster, "arrays");
+    for (size_t i = 0; i < json_array_size(all); i++)
+        if (strcmp(jstr(json_array_get(all, i), "id"), id) == 0) return json_array_get(all, i);
+    fprintf(stderr, "array %s is not in the answer\n", id);
+    CHECK(0);
+    return NULL;
+}
+
+/* The arrays in the cluster (as the control loop records them): two on one
+ * device, one of them shared by two tenants.  Everyone sees every array that
+ * is not finished; a tenant sees itself among an array's tenants and only a
+ * count of the others, the admin sees them all. */
+static void test_cluster_arrays(void)
+{
+    char bob_id[64], sql[1024];
+    snprintf(bob_id, sizeof bob_id, "%s",
+             fbt_sql_value(&S, "SELECT id FROM tenants WHERE name = 'bob'"));
+    const char *shared = "00000000-0000-4000-8000-0000000000a1";
+    const char *bobs = "00000000-0000-4000-8000-0000000000a2";
+    snprintf(sql, sizeof sql,
+             "INSERT INTO groups (id, fusion_key, state, worker_id, n_members, tenant_ids,"
+             " device_idx, time_share, samples_per_s, breakdown, created_at) VALUES"
+             " ('%s', 'k1', 'running', '00000000-0000-4000-8000-000000000001', 2,"
+             " ARRAY['%s', '%s']::uuid[], '{0}', 0.5, 120.5, '{\"compute_ms\": 3, \"comm_ms\": 0,"
+             " \"io_ms\": 0.5, \"idle_ms\": 2}', now() - interval '1 minute'),"
+             " ('%s', 'k2', 'scheduled', '00000000-0000-4000-8000-000000000001', 1,"
+             " ARRAY['%s']::uuid[], '{0}', 0.5, NULL, NULL, now()),"
+             " ('00000000-0000-4000-8000-0000000000a3', 'k3', 'finished',"
+             " '00000000-0000-4000-8000-000000000001', 0, ARRAY['%s']::uuid[], '{1}', 1, 9, NULL,"
+             " now())",
+             shared, alice_id, bob_id, bobs, bob_id, alice_id);
+    PQclear(fbt_sql(&S, sql));
+
+    /* per device: the arrays placed there, oldest first; a finished one is gone */
+    fbt_resp r = fbt_call(&S, "GET", "/v1/workers", alice_key, NULL);
+    fbt_expect(&r, 200, NULL, "workers with arrays");
+    json_t *w = json_array_get(json_object_get(r.json, "workers"), 0);
+    CHECK_STR_EQ(jstr(w, "backend"), "cpu");
+    json_t *d0 = json_array_get(json_object_get(w, "devices"), 0);
+    json_t *d1 = json_array_get(json_object_get(w, "devices"), 1);
+    CHECK(json_is_true(json_object_get(d0, "busy")));
+    CHECK(json_is_false(json_object_get(d1, "busy")));
+    CHECK_INT_EQ(json_array_size(json_object_get(d1, "arrays")), 0);
+    json_t *on0 = json_object_get(d0, "arrays");
+    CHECK_INT_EQ(json_array_size(on0), 2);
+    CHECK_STR_EQ(jstr(json_array_get(on0, 0), "id"), shared);
+    CHECK_STR_EQ(jstr(json_array_get(on0, 1), "id"), bobs);
+    CHECK_INT_EQ(json_integer_value(json_object_get(json_array_get(on0, 0), "members")), 2);
+    CHECK_NEAR(json_number_value(json_object_get(json_array_get(on0, 1), "time_share")), 0.5,
+               1e-12);
+    CHECK_STR_EQ(jstr(json_array_get(on0, 1), "state"), "scheduled");
+    fbt_resp_free(&r);
+
+    /* alice: both arrays, herself in the shared one, bob only as a count */
+    r = fbt_call(&S, "GET", "/v1/cluster", alice_key, NULL);
+    fbt_expect(&r, 200, NULL, "cluster arrays (tenant)");
+    CHECK(strstr(r.body, bob_id) == NULL && strstr(r.body, "\"bob\"") == NULL);
+    CHECK_INT_EQ(json_integer_value(json_object_get(json_object_get(r.json, "devices"), "busy")),
+                 1);
+    CHECK_INT_EQ(json_array_size(json_object_get(r.json, "arrays")), 2);
+    json_t *a = array_by_id(r.json, shared);
+    CHECK_STR_EQ(jstr(a, "worker"), "node-a");
+    CHECK_STR_EQ(jstr(a, "worker_id"), "00000000-0000-4000-8000-000000000001");
+    CHECK_STR_EQ(jstr(a, "state"), "running");
+    CHECK_INT_EQ(json_array_size(json_object_get(a, "devices")), 1);
+    CHECK_INT_EQ(json_integer_value(json_array_get(json_object_get(a, "devices"), 0)), 0);
+    CHECK_INT_EQ(json_integer_value(json_object_get(a, "members")), 2);
+    CHECK_INT_EQ(json_array_size(json_object_get(a, "tenants")), 1);
+    CHECK_STR_EQ(jstr(json_array_get(json_object_get(a, "tenants"), 0), "name"), "alice");
+    CHECK_STR_EQ(jstr(json_array_get(json_object_get(a, "tenants"), 0), "tenant_id"), alice_id);
+    CHECK_INT_EQ(json_integer_value(json_object_get(a, "other_tenants")), 1);
+    CHECK_NEAR(json_number_value(json_object_get(a, "time_share")), 0.5, 1e-12);
+    CHECK_NEAR(json_number_value(json_object_get(a, "samples_per_s")), 120.5, 1e-12);
+    CHECK_NEAR(json_number_value(json_object_get(json_object_get(a, "breakdown"), "idle_ms")), 2,
+               1e-12);
+    a = array_by_id(r.json, bobs);
+    CHECK_INT_EQ(json_array_size(json_object_get(a, "tenants")), 0);
+    CHECK_INT_EQ(json_integer_value(json_object_get(a, "other_tenants")), 1);
+    CHECK(json_is_null(json_object_get(a, "samples_per_s")));
+    CHECK(json_is_null(json_object_get(a, "breakdown")));
+    json_t *t = json_array_get(json_object_get(r.json, "tenants"), 0);
+    CHECK_INT_EQ(json_integer_value(json_object_get(t, "devices_in_use")), 1);
+    fbt_resp_free(&r);
+
+    /* the admin: every tenant by name */
+    r = fbt_call(&S, "GET", "/v1/cluster", S.admin_key, NULL);
+    fbt_expect(&r, 200, NULL, "cluster arrays (admin)");
+    a = array_by_id(r.json, shared);
+    CHECK_INT_EQ(json_array_size(json_object_get(a, "tenants")), 2);
+    CHECK_STR_EQ(jstr(json_array_get(json_object_get(a, "tenants"), 0), "name"), "alice");
+    CHECK_STR_EQ(jstr(json_array_get(json_object_get(a, "tenants"), 1), "name"), "bob");
+    CHECK_INT_EQ(json_integer_value(json_object_get(a, "other_tenants")), 0);
+    json_t *bob_row = NULL, *rows = json_object_get(r.json, "tenants");
+    for (size_t i = 0; i < json_array_size(rows); i++)
+        if (strcmp(jstr(json_array_get(rows, i), "name"), "bob") == 0)
+            bob_row = json_array_get(rows, i);
+    CHECK(bob_row != NULL);
+    CHECK_INT_EQ(json_integer_value(json_object_get(bob_row, "devices_in_use")), 1);
+    fbt_resp_free(&r);
+
+    /* a query parameter these views do not take is refused */
+    r = fbt_call(&S, "GET", "/v1/cluster?tenant=bob", alice_key, NULL);
+    fbt_expect(&r, 400, "bad_query", "cluster with a query");
+    fbt_resp_free(&r);
+    r = fbt_call(&S, "GET", "/v1/workers?all=1", alice_key, NULL);
+    fbt_expect(&r, 400, "bad_query", "workers with a query");
+    fbt_resp_free(&r);
+
+    /* finished arrays leave the views and free their devices */
+    PQclear(fbt_sql(&S, "UPDATE groups SET state = 'finished' WHERE fusion_key IN ('k1', 'k2')"));
+    r = fbt_call(&S, "GET", "/v1/cluster", S.admin_key, NULL);
+    fbt_expect(&r, 200, NULL, "cluster after the arrays finished");
+    CHECK_INT_EQ(json_array_size(json_object_get(r.json, "arrays")), 0);
+    CHECK_INT_EQ(json_integer_value(json_object_get(json_object_get(r.json, "devices"), "busy")),
+                 0);
+    fbt_resp_free(&r);
+}
+
 static void test_cluster(void)
 {
     fbt_resp r = fbt_call(&S, "GET", "/v1/workers", alice_key, NULL);
@@ -557,7 +678,9 @@ static void test_cluster(void)
     r = fbt_call(&S, "GET", "/v1/cluster", S.admin_key, NULL);
     fbt_expect(&r, 200, NULL, "cluster (admin)");
     CHECK_INT_EQ(json_array_size(json_object_get(r.json, "tenants")), 3);
+    CHECK_INT_EQ(json_array_size(json_object_get(r.json, "arrays")), 0);
     fbt_resp_free(&r);
+    test_cluster_arrays();
 }
 
 static void test_prometheus(void)

@@ -1,33 +1,27 @@
 /*
  * PostgreSQL goes away under load.  The test runs its own PostgreSQL 15
- * cluster (so it can kill it), starts fuseboxd on it and submits jobs with
- * Idempotency-Keys from a client thread while the database is stopped
+ * cluster (pgctl.h: so it can kill it), starts fuseboxd on it and submits
+ * jobs with Idempotency-Keys from a client thread while the database is stopped
  * abruptly (immediate shutdown, like a crash) and started again.  Meanwhile
  * fuseboxd answers 503 with Retry-After (and /readyz 503) and does not
  * crash; afterwards every submission the client saw acknowledged is in the
  * database exactly once.  Skipped where the PostgreSQL server binaries are
  * missing.
  */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "harness.h"
+#include "pgctl.h"
 
 #define N_JOBS 60
 
-static char pg_bin[256] = "/usr/lib/postgresql/15/bin";
-static char pg_dir[256];
-static int pg_port;
+static fbt_pg PG;
 static fbt_server S;
 static char key[128];
 static volatile int writer_done;
@@ -38,88 +32,6 @@ typedef struct writer_state {
     int broken;      /* connections without an answer */
 } writer_state;
 static writer_state W;
-
-static int run_cmd(const char *cmd)
-{
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
-/* Runs a PostgreSQL program as the postgres user when we are root. */
-static int pg_cmd(const char *args)
-{
-    char cmd[1024];
-    if (geteuid() == 0)
-        snprintf(cmd, sizeof cmd, "cd / && runuser -u postgres -- %s/%s", pg_bin, args);
-    else
-        snprintf(cmd, sizeof cmd, "cd / && %s/%s", pg_bin, args);
-    return run_cmd(cmd);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static void pg_start(void)
-{
-    char args[600];
-    snprintf(args, sizeof args,
-             "pg_ctl -D %s/data -l %s/server.log -w -t 60 -o \"-p %d\" start > /dev/null", pg_dir,
-             pg_dir, pg_port);
-    CHECK_INT_EQ(pg_cmd(args), 0);
-}
-
-static void pg_stop(const char *mode)
-{
-    char args[400];
-    snprintf(args, sizeof args, "pg_ctl -D %s/data -m %s -w -t 60 stop > /dev/null", pg_dir, mode);
-    CHECK_INT_EQ(pg_cmd(args), 0);
-}
-
-static void pg_create(void)
-{
-    char path[300];
-    snprintf(path, sizeof path, "%s/initdb", pg_bin);
-    if (access(path, X_OK) != 0) {
-        printf("SKIPPED: %s not found\n", path);
-        exit(77);
-    }
-    if (geteuid() == 0 && run_cmd("id postgres > /dev/null 2>&1") != 0) {
-        printf("SKIPPED: running as root without a postgres user\n");
-        exit(77);
-    }
-    snprintf(pg_dir, sizeof pg_dir, "/tmp/fbt-pg-XXXXXX");
-    CHECK(mkdtemp(pg_dir) != NULL);
-    char cmd[1024];
-    if (geteuid() == 0) {
-        snprintf(cmd, sizeof cmd, "chown postgres:postgres %s", pg_dir);
-        CHECK_INT_EQ(run_cmd(cmd), 0);
-    }
-    snprintf(cmd, sizeof cmd,
-             "initdb -D %s/data -U postgres -A trust -E UTF8 --no-locale > %s/initdb.log 2>&1",
-             pg_dir, pg_dir);
-    CHECK_INT_EQ(pg_cmd(cmd), 0);
-    snprintf(path, sizeof path, "%s/data/postgresql.conf", pg_dir);
-    FILE *f = fopen(path, "a");
-    CHECK(f != NULL);
-    /* synchronous_commit stays on: an acknowledged COMMIT must survive the crash */
-    fprintf(f, "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
-               "fsync = off\nmax_connections = 50\n");
-    fclose(f);
-    pg_port = free_port();
-    pg_start();
-    snprintf(S.db_url, sizeof S.db_url, "host=127.0.0.1 port=%d user=postgres dbname=postgres",
-             pg_port);
-    snprintf(S.dbname, sizeof S.dbname, "postgres");
-}
 
 static void *writer(void *arg)
 {
@@ -162,18 +74,7 @@ static void *writer(void *arg)
     return NULL;
 }
 
-static void cleanup(void)
-{
-    if (pg_dir[0]) {
-        char args[400];
-        snprintf(args, sizeof args, "pg_ctl -D %s/data -m immediate -w -t 30 stop > /dev/null 2>&1",
-                 pg_dir);
-        pg_cmd(args);
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", pg_dir);
-        run_cmd(cmd);
-    }
-}
+static void cleanup(void) { fbt_pg_destroy(&PG); }
 
 int main(void)
 {
@@ -181,8 +82,10 @@ int main(void)
         printf("SKIPPED: run through ctest\n");
         return 77;
     }
-    pg_create();
+    fbt_pg_create(&PG);
     atexit(cleanup);
+    snprintf(S.db_url, sizeof S.db_url, "%s", PG.url);
+    snprintf(S.dbname, sizeof S.dbname, "postgres");
     const char *args[] = {
         "--db-wait-ms", "500", "--request-timeout-ms", "2000", "--db-pool", "4", NULL};
     fbt_server_start(&S, args);
@@ -193,7 +96,7 @@ int main(void)
     pthread_t th;
     CHECK(pthread_create(&th, NULL, writer, NULL) == 0);
     usleep(300 * 1000);
-    pg_stop("immediate");
+    fbt_pg_stop(&PG, "immediate");
     /* while the database is down: no crash, 503 with Retry-After */
     usleep(300 * 1000);
     CHECK(kill(S.pid, 0) == 0);
@@ -207,7 +110,7 @@ int main(void)
     fbt_expect(&r, 200, NULL, "healthz while PostgreSQL is down");
     fbt_resp_free(&r);
     usleep(700 * 1000);
-    pg_start();
+    fbt_pg_start(&PG);
     double t0 = fbt_now_ms();
     for (;;) {
         r = fbt_call(&S, "GET", "/readyz", NULL, NULL);
@@ -219,9 +122,9 @@ int main(void)
     }
     /* a second, gentler restart in the middle of the remaining writes */
     usleep(200 * 1000);
-    pg_stop("fast");
+    fbt_pg_stop(&PG, "fast");
     usleep(300 * 1000);
-    pg_start();
+    fbt_pg_start(&PG);
     pthread_join(th, NULL);
     CHECK(writer_done);
     CHECK(kill(S.pid, 0) == 0);

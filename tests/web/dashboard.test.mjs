@@ -1,8 +1,9 @@
 // The dashboard in a real browser: headless Chromium (Debian's, driven by
 // playwright-core) against the real fuseboxd on loopback, on a fresh
-// database of the PostgreSQL of FUSEBOX_TEST_DATABASE_URL.  Until workers
-// exist, what they would record (metrics, groups, checkpoints, a worker and
-// its devices) is inserted with psql, the way tests/server does with libpq.
+// database of the PostgreSQL of FUSEBOX_TEST_DATABASE_URL, with a real
+// fusebox-worker (one CPU device) training a small shard dataset that
+// fusebox-data imports from CSV.  Two tenants' arrays share the worker's
+// device, so the cluster view has time shares to show and a tenant to hide.
 // Screenshots go to FB_BINARY_DIR/tests/web/artifacts/.  Exit 0 when every
 // check passed, 1 when some failed, 77 (skipped) without a database,
 // Chromium or `npm ci` in tests/web.
@@ -33,6 +34,17 @@ const binDir = process.env.FB_BINARY_DIR;
 if (!binDir) skip('FB_BINARY_DIR is not set; run the test through ctest');
 if (!fs.existsSync(path.join(binDir, 'web/www/uPlot.esm.js')))
   skip('the build has no uPlot: run `npm ci` in web/ and build again');
+const exe = {
+  server: path.join(binDir, 'server/fuseboxd'),
+  worker: path.join(binDir, 'workers/fusebox-worker'),
+  data: path.join(binDir, 'workers/data/fusebox-data'),
+};
+for (const [what, file] of Object.entries(exe)) {
+  if (!fs.existsSync(file)) {
+    console.log(`FAIL setup: ${file} is missing; build the ${what} first`);
+    process.exit(1);
+  }
+}
 
 const artifacts = path.join(binDir, 'tests/web/artifacts');
 fs.mkdirSync(artifacts, { recursive: true });
@@ -41,6 +53,7 @@ fs.mkdirSync(artifacts, { recursive: true });
 
 let passed = 0;
 let failed = 0;
+let onFail = null; // saves what the page shows when a check fails
 async function check(name, fn) {
   const t0 = Date.now();
   try {
@@ -50,6 +63,7 @@ async function check(name, fn) {
   } catch (e) {
     failed++;
     console.log(`FAIL ${name}: ${e.stack || e}`);
+    if (onFail) await onFail(`failed-${failed}`).catch(() => {});
   }
 }
 function expect(cond, what) {
@@ -70,7 +84,7 @@ async function until(what, fn, ms = 10000) {
   }
 }
 
-// ---- database and server ---------------------------------------------------
+// ---- database, dataset, server and worker -----------------------------------
 
 const dbName = `fbw_${process.pid}_${crypto.randomBytes(4).toString('hex')}`;
 const dbUrl = new URL(baseUrl);
@@ -79,22 +93,57 @@ const psql = (url, sql) =>
   execFileSync('psql', [url, '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', sql], { encoding: 'utf8' }).trim();
 const sql = (text) => psql(dbUrl.toString(), text);
 
-const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'fbw-data-'));
+const root = fs.mkdtempSync(path.join(os.tmpdir(), 'fbw-'));
+const dataDir = path.join(root, 'server');
+const datasets = path.join(root, 'datasets');
 let server = null;
+let worker = null;
 let port = 0;
 let browser = null;
 
+// A learnable 4-class problem over F features (the label is the argmax of a
+// fixed linear map of x), imported as the shard dataset "synth" with a train
+// and a test split, so test accuracy well above chance means real training.
+const F = 128;
+function importSynth() {
+  let s = 12345;
+  const rnd = () => {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    return (s / 2 ** 32) * 2 - 1;
+  };
+  const map = Array.from({ length: F }, () => [rnd(), rnd(), rnd(), rnd()]);
+  fs.mkdirSync(datasets);
+  for (const [split, n] of [['train', 2048], ['test', 512]]) {
+    const lines = [`${Array.from({ length: F }, (_, i) => `x${i}`).join(',')},label`];
+    for (let i = 0; i < n; i++) {
+      const x = Array.from({ length: F }, rnd);
+      const score = [0, 1, 2, 3].map((k) => x.reduce((a, v, f) => a + v * map[f][k], 0));
+      lines.push(`${x.map((v) => v.toFixed(4)).join(',')},${score.indexOf(Math.max(...score))}`);
+    }
+    const csv = path.join(root, `${split}.csv`);
+    fs.writeFileSync(csv, `${lines.join('\n')}\n`);
+    execFileSync(exe.data, ['import', 'csv', csv, '--label-column', 'label', '--out',
+      path.join(datasets, 'synth'), '--name', 'synth', '--split', split], { stdio: 'pipe' });
+  }
+}
+
 async function startServer() {
   const portFile = path.join(dataDir, 'port');
+  const workerPortFile = path.join(dataDir, 'worker-port');
   fs.rmSync(portFile, { force: true });
-  const log = fs.openSync(path.join(dataDir, 'fuseboxd.log'), 'a');
-  server = spawn(path.join(binDir, 'server/fuseboxd'), ['--database-url', dbUrl.toString(),
-    '--data-dir', dataDir, '--port', '0', '--port-file', portFile, '--listen', '127.0.0.1',
-     '--worker-listen', 'tcp://127.0.0.1:0'],
+  const log = fs.openSync(path.join(root, 'fuseboxd.log'), 'a');
+  // Fast heartbeats and ticks keep the test short; the long heartbeat timeout
+  // lets the test pause the worker (SIGSTOP) without the server losing it.
+  server = spawn(exe.server, ['--database-url', dbUrl.toString(), '--data-dir', dataDir,
+    '--port', '0', '--port-file', portFile, '--listen', '127.0.0.1',
+    '--worker-listen', 'tcp://127.0.0.1:0', '--worker-port-file', workerPortFile,
+    '--heartbeat-ms', '200', '--heartbeat-timeout-ms', '30000', '--tick-ms', '100'],
   { stdio: ['ignore', log, log] });
   await until('the port file', () => fs.existsSync(portFile) &&
     (port = Number(fs.readFileSync(portFile, 'utf8'))) > 0, 30000);
   await until('/readyz', async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).ok, 30000);
+  return Number(await until('the worker port', () => fs.existsSync(workerPortFile) &&
+    fs.readFileSync(workerPortFile, 'utf8').trim(), 10000));
 }
 
 async function stopServer() {
@@ -103,6 +152,22 @@ async function stopServer() {
   server.kill('SIGTERM');
   await Promise.race([done, new Promise((r) => setTimeout(r, 10000))]);
   if (server.exitCode === null) server.kill('SIGKILL');
+}
+
+function startWorker(workerPort, key) {
+  const log = fs.openSync(path.join(root, 'worker.log'), 'a');
+  worker = spawn(exe.worker, ['--server', `tcp://127.0.0.1:${workerPort}`,
+    '--server-key', path.join(dataDir, 'server.key.pub'), '--key', key, '--name', 'cpu-node-1',
+    '--cpu-devices', '1', '--threads-per-device', '1', '--data-dir', datasets,
+    '--heartbeat-ms', '200', '--progress-ms', '200'], { stdio: ['ignore', log, log] });
+}
+
+async function stopWorker() {
+  if (!worker || worker.exitCode !== null || worker.signalCode) return;
+  const done = new Promise((r) => worker.once('exit', r));
+  worker.kill('SIGCONT');
+  worker.kill('SIGKILL');
+  await Promise.race([done, new Promise((r) => setTimeout(r, 5000))]);
 }
 
 async function call(method, p, key, body) {
@@ -116,34 +181,33 @@ async function call(method, p, key, body) {
   return json;
 }
 
-// Metric rows for steps [from, to] of a job: loss falling at a per-trial rate.
-function metricRows(jobId, trial, from, to) {
-  const rows = [];
-  for (let s = from; s <= to; s++) {
-    const loss = 2.3 * Math.exp(-s / (20 + 10 * trial)) + 0.1 * (trial + 1);
-    const ev = s % 10 === 0 ? `${(loss * 1.05).toFixed(5)}, ${(1 - loss / 3).toFixed(5)}` : 'NULL, NULL';
-    rows.push(`('${jobId}', ${s}, ${loss.toFixed(5)}, ${(1 - loss / 2.5).toFixed(5)}, ${ev},` +
-      ` ${900 + 10 * trial}, ${(1 + 0.02 * s / (trial + 1)).toFixed(4)}, 6, 1.5, 0.8, 0.4)`);
-  }
-  return 'INSERT INTO job_metrics (job_id, step, loss, accuracy, eval_loss, eval_accuracy,' +
-    ' samples_per_s, slowdown, compute_ms, comm_ms, io_ms, wait_ms) VALUES ' + rows.join(', ');
+// What the page shows for a number (app.js's fmt) and for a time share.
+function fmt(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return '—';
+  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(2);
+  return String(Number(v.toPrecision(digits)));
 }
+const share = (x) => `${fmt(100 * x, 3)}%`;
 
-function latest(jobId, step, trial, slowdown) {
-  const loss = 2.3 * Math.exp(-step / (20 + 10 * trial)) + 0.1 * (trial + 1);
-  return `UPDATE jobs SET step = ${step}, slowdown = ${slowdown}, latest_metrics =` +
-    ` '{"loss": ${loss.toFixed(5)}, "samples_per_s": ${900 + 10 * trial}}' WHERE id = '${jobId}'`;
-}
+const model = (hidden) => ({ input: [F], layers: [{ type: 'linear', out: hidden }, { type: 'relu' },
+  { type: 'linear', out: 4 }] });
 
 // ---- the test ---------------------------------------------------------------
 
 const t0 = Date.now();
 try {
   psql(baseUrl, `CREATE DATABASE ${dbName}`);
-  await startServer();
+  fs.mkdirSync(dataDir, { mode: 0o700 });
+  importSynth();
+  const workerKey = path.join(root, 'worker.key');
+  const workerPub = execFileSync(exe.worker, ['--gen-key', workerKey], { encoding: 'utf8' }).trim();
+  fs.writeFileSync(path.join(dataDir, 'worker-keys'), `# the test's worker\n${workerPub}\n`);
+  const workerPort = await startServer();
   const admin = fs.readFileSync(path.join(dataDir, 'admin.key'), 'utf8').trim();
   const tenant = await call('POST', '/v1/tenants', admin, { name: 'alice', weight: 2 });
   const key = (await call('POST', `/v1/tenants/${tenant.id}/keys`, admin)).key;
+  const bob = await call('POST', '/v1/tenants', admin, { name: 'bob', weight: 1 });
+  const bobKey = (await call('POST', `/v1/tenants/${bob.id}/keys`, admin)).key;
 
   browser = await chromium.launch({
     executablePath: chromiumPath,
@@ -158,6 +222,7 @@ try {
   page.on('request', (r) => requests.push(r.url()));
   const base = `http://127.0.0.1:${port}`;
   const shot = (name) => page.screenshot({ path: path.join(artifacts, `${name}.png`), fullPage: true });
+  onFail = shot;
   const text = (sel) => page.locator(sel).first().innerText({ timeout: 2000 });
   // pixels of a chart's canvas that are not transparent, and a hash of them
   const canvas = (chart) => page.evaluate((c) => {
@@ -172,6 +237,7 @@ try {
     }
     return { ink, hash: String(hash) };
   }, chart);
+  const arrays = async () => (await call('GET', '/v1/cluster', admin)).arrays;
 
   await check('a wrong key is refused with a clear message', async () => {
     await page.goto(base);
@@ -184,113 +250,170 @@ try {
     await shot('01-wrong-key');
   });
 
+  // Long enough to be seen running, short enough to finish in seconds.
+  const steps = 4000;
   let sweep;
-  await check('sign in and see the trials of a sweep submitted through the API', async () => {
+  await check('sign in and see the trials of a sweep wait for a worker', async () => {
     await page.fill('#key', key);
     await page.click('#signin button[type=submit]');
     await until('the jobs table', () => page.locator('#jobs').isVisible());
     expect((await text('#who')) === 'alice', 'tenant name shown');
     sweep = await call('POST', '/v1/sweeps', key, {
       name: 'lr-grid',
-      base: { dataset: 'fashion-mnist', model: { input: [1, 28, 28], layers: [{ type: 'flatten' },
-        { type: 'linear', out: 10 }] }, batch_size: 32, steps: 200, optimizer: { type: 'adamw', lr: 0.001 } },
-      search: { type: 'grid', params: { 'optimizer.lr': { values: [0.03, 0.01, 0.003] } } },
-      early_stopping: { type: 'asha', metric: 'eval_loss', grace_steps: 20 },
+      base: { dataset: 'synth', model: model(512), batch_size: 32, steps, eval_every: 1000,
+        optimizer: { type: 'adam', lr: 0.001 }, seed: 3 },
+      search: { type: 'grid', params: { 'optimizer.lr': { values: [0.01, 0.003, 0.001] } } },
     });
     await until('three trial rows', async () => (await page.locator('#jobs tr[data-job]').count()) === 3);
-    const row = await text('#jobs tbody tr');
-    expect(/queued/.test(row) && /waiting for (devices|workers)/.test(row) && /lr-grid/.test(row), `row: ${row}`);
+    const row = await until('the planner\'s reason', async () => {
+      const r = await text('#jobs tbody tr');
+      return /waiting for workers/.test(r) && r;
+    });
+    expect(/queued/.test(row) && /lr-grid/.test(row) && /alice/.test(row), `row: ${row}`);
     await shot('02-jobs-queued');
   });
 
   const jobs = sweep.trials.map((t) => t.job_id);
-  await check('running trials show their array, progress, loss and slowdown', async () => {
-    sql("INSERT INTO groups (id, fusion_key, state, n_members) VALUES ('00000000-0000-4000-8000-000000000001'," +
-      " 'fk', 'running', 3)");
-    sql(`UPDATE jobs SET state = 'running', group_id = '00000000-0000-4000-8000-000000000001',` +
-      ` queue_reason = NULL, started_at = now() WHERE sweep_id = '${sweep.id}'`);
-    jobs.forEach((j, i) => sql(metricRows(j, i, 1, 50)));
-    jobs.forEach((j, i) => sql(latest(j, 50, i, 1.25 + i / 10)));
+  let mine;
+  let theirs;
+  let paused = false;
+  await check('a worker trains the sweep as one array, sharing its device with bob\'s', async () => {
+    startWorker(workerPort, workerKey);
+    mine = await until('alice\'s array reporting progress', async () =>
+      (await arrays()).find((a) => a.members === 3 && a.samples_per_s !== null), 30000);
+    await call('POST', '/v1/jobs', bobKey, { name: 'bob-1', dataset: 'synth', model: model(64),
+      batch_size: 16, steps: 3 * steps, optimizer: { type: 'adam', lr: 0.003 } });
+    // both arrays have reported; pause the worker so that neither ends while the page is checked
+    [mine, theirs] = await until('both arrays reporting progress', async () => {
+      const all = await arrays();
+      const a = all.find((x) => x.id === mine.id);
+      const b = all.find((x) => x.id !== mine.id);
+      return a && b && a.samples_per_s !== null && b.samples_per_s !== null && [a, b];
+    }, 20000);
+    worker.kill('SIGSTOP');
+    paused = true;
+    [mine, theirs] = await (async () => {
+      const all = await arrays();
+      return [all.find((x) => x.id === mine.id), all.find((x) => x.id === theirs.id)];
+    })();
+    expect(mine.state === 'running' && mine.worker === 'cpu-node-1' && mine.devices.join() === '0',
+      `alice's array: ${JSON.stringify(mine)}`);
+    expect(theirs.devices.join() === '0' && theirs.members === 1, `bob's array: ${JSON.stringify(theirs)}`);
+  });
+
+  await check('the cluster view shows the worker, its device and the arrays on it with their shares', async () => {
+    // The control loop does not record slowdown yet; this is what fair share will write.
+    sql(`UPDATE jobs SET slowdown = 1.25 + trial_index / 10.0 WHERE sweep_id = '${sweep.id}'`);
+    await page.goto(`${base}/#/cluster`);
+    const dev = page.locator('[data-worker="cpu-node-1"] tr[data-device="cpu-node-1/0"]');
+    await until('the device row', () => dev.isVisible());
+    expect(/cpu0/.test(await dev.innerText()), 'device name');
+    const onDev = async (a) => (await dev.locator(`.dev-array[data-array="${a.id}"]`).innerText()).trim();
+    const m = await until('alice\'s array on the device', () => onDev(mine));
+    expect(m.includes('×3') && m.includes(share(mine.time_share)) && m.includes('alice'),
+      `alice's array on cpu0: ${m} (share ${mine.time_share})`);
+    const b = await onDev(theirs);
+    expect(b.includes('×1') && b.includes(share(theirs.time_share)) && b.includes('1 other tenant'),
+      `bob's array on cpu0: ${b} (share ${theirs.time_share})`);
+    const row = page.locator(`#arrays tr[data-array="${mine.id}"]`);
+    expect((await row.locator('td.members').innerText()) === '3', 'members in the arrays table');
+    expect((await row.locator('td.share').innerText()) === share(mine.time_share), 'share in the table');
+    expect((await row.locator('td.tenants').innerText()) === 'alice', 'tenants of alice\'s array');
+    expect((await page.locator(`#arrays tr[data-array="${theirs.id}"] td.tenants`).innerText()) ===
+      '1 other tenant', 'bob is only counted');
+    expect(!/bob/.test(await text('main')), 'another tenant\'s name is not shown');
+    await until('max slowdown', async () => (await text('#max-slowdown .tile-v')) === '1.45');
+    await shot('03-cluster');
+  });
+
+  await check('running trials show their array from the API, progress, loss and slowdown', async () => {
+    await page.goto(`${base}/#/jobs`);
     await until('slowdown 1.25', async () => (await page.locator('#jobs td.slowdown').allInnerTexts())
       .includes('1.25'));
-    const row = await text(`#jobs tr[data-job="${jobs[0]}"]`);
-    expect(/running/.test(row) && /×3/.test(row) && /50 \/ 200/.test(row), `row: ${row}`);
-    // the state filter asks the server for running jobs only
+    const row = await until('the array column', async () => {
+      const r = await text(`#jobs tr[data-job="${jobs[0]}"]`);
+      return r.includes(`×3 ${share(mine.time_share)}`) && r;
+    });
+    expect(/running/.test(row) && / \/ 4000/.test(row) && /alice/.test(row), `row: ${row}`);
+    // the state filter asks the server
     await page.selectOption('#f-state', 'queued');
     await until('no queued jobs', async () => /No jobs yet/.test(await text('#jobs tbody')));
     await page.selectOption('#f-state', 'running');
     await until('three running', async () => (await page.locator('#jobs tr[data-job]').count()) === 3);
     expect(requests.some((u) => u.includes('state=running')), 'state filter sent to the API');
-    await shot('03-jobs-running');
+    await shot('04-jobs-running');
+  });
+
+  await check('a job\'s charts update as the worker trains on', async () => {
+    await page.goto(`${base}/#/jobs/${jobs[0]}`);
+    const before = await until('a drawn loss curve', async () => {
+      const c = await canvas('loss');
+      return c.ink > 200 && c;
+    });
+    const n0 = Number(await page.getAttribute('[data-chart=loss]', 'data-points'));
+    expect((await canvas('breakdown')).ink > 200, 'time breakdown drawn');
+    await shot('05-job-paused');
+    const r0 = requests.length;
+    worker.kill('SIGCONT');
+    paused = false;
+    await until('more points', async () =>
+      Number(await page.getAttribute('[data-chart=loss]', 'data-points')) > n0, 20000);
+    await until('a changed loss curve', async () => (await canvas('loss')).hash !== before.hash);
+    const metricUrls = requests.slice(r0).filter((u) => u.includes('/metrics?'));
+    expect(metricUrls.length > 0 && metricUrls.every((u) => !u.includes('since_step=-1')),
+      `only new points asked for: ${metricUrls.slice(0, 3).join(' ')}`);
+    await shot('05-job-training');
+  });
+
+  await check('the trials complete and show their test accuracy', async () => {
+    if (paused) worker.kill('SIGCONT');
+    const done = await until('three completed trials', async () => {
+      const r = await call('GET', `/v1/jobs?sweep_id=${sweep.id}`, key);
+      return r.jobs.every((j) => j.state === 'completed') && r.jobs;
+    }, 60000);
+    await page.goto(`${base}/#/jobs?sweep=${sweep.id}`);
+    await until('completed rows', async () => (await page.locator('#jobs tr[data-job] .s-completed').count()) === 3);
+    for (const j of done) {
+      const acc = j.latest_metrics.eval_accuracy;
+      expect(acc > 0.5, `${j.name}: test accuracy ${acc} is not above chance (0.25)`);
+      const cell = await until(`${j.name}'s accuracy`, async () =>
+        (await page.locator(`#jobs tr[data-job="${j.id}"] td.test-acc`).innerText()).trim());
+      expect(cell === fmt(acc), `${j.name}: shows ${cell}, the API says ${acc}`);
+    }
+    await shot('06-jobs-completed');
   });
 
   await check('the sweep view ranks trials, highlights the best and overlays curves', async () => {
     await page.goto(`${base}/#/sweeps/${sweep.id}`);
+    const s = await call('GET', `/v1/sweeps/${sweep.id}`, key);
+    expect(s.best_trial !== null, 'a best trial');
     await until('trial rows', async () => (await page.locator('#trials tr[data-trial]').count()) === 3);
-    // eval_loss is lowest for trial 0 (fastest decay, smallest offset)
-    await until('best trial', async () => (await page.locator('#trials tr.best').getAttribute('data-trial')) === '0');
+    await until('best trial', async () =>
+      (await page.locator('#trials tr.best').getAttribute('data-trial')) === String(s.best_trial.index));
     await page.click('#trials th[data-key="slowdown"]');
     await page.click('#trials th[data-key="slowdown"]');
     const first = await page.locator('#trials tbody tr').first().getAttribute('data-trial');
     expect(first === '2', `sorted by slowdown descending, first is trial ${first}`);
-    await until('overlaid curves', async () => (await canvas('sweep-loss')).ink > 500);
-    await shot('04-sweep');
+    await until('overlaid curves', async () => (await canvas('sweep-loss')).ink > 200);
+    await shot('07-sweep');
   });
 
-  await check('a job shows loss, slowdown and step-time charts that update', async () => {
+  await check('a completed job lists its final checkpoint and its model downloads', async () => {
     await page.goto(`${base}/#/jobs/${jobs[0]}`);
-    await until('50 points', async () => (await page.getAttribute('[data-chart=loss]', 'data-points')) === '50');
-    const before = await until('a drawn loss curve', async () => {
-      const c = await canvas('loss');
-      return c.ink > 500 && c;
-    });
-    expect((await canvas('breakdown')).ink > 500, 'time breakdown drawn');
-    expect((await canvas('slowdown')).ink > 500, 'slowdown drawn');
-    await until('slowdown 1.25', async () => (await text('#job-slowdown')) === '1.25');
-    await shot('05-job-before');
-    const n0 = requests.length;
-    sql(metricRows(jobs[0], 0, 51, 120));
-    sql(latest(jobs[0], 120, 0, 1.6));
-    await until('120 points', async () => (await page.getAttribute('[data-chart=loss]', 'data-points')) === '120');
-    await until('slowdown 1.6', async () => (await text('#job-slowdown')) === '1.6');
-    const after = await canvas('loss');
-    expect(after.hash !== before.hash, 'the loss curve changed');
-    const metricUrls = requests.slice(n0).filter((u) => u.includes('/metrics?'));
-    expect(metricUrls.length > 0 && metricUrls.every((u) => !u.includes('since_step=-1')),
-      `only new points asked for: ${metricUrls.slice(0, 3).join(' ')}`);
-    await shot('05-job-after');
-  });
-
-  await check('a checkpoint appears and the model downloads', async () => {
-    const bytes = Buffer.concat([Buffer.from([8, 0, 0, 0, 0, 0, 0, 0]), Buffer.from('{}      ')]);
-    fs.mkdirSync(path.join(dataDir, 'artifacts', jobs[0]), { recursive: true });
-    fs.writeFileSync(path.join(dataDir, 'artifacts', jobs[0], 'final.safetensors'), bytes);
-    sql(`INSERT INTO checkpoints (job_id, step, path, bytes, is_final) VALUES ('${jobs[0]}', 120,` +
-      ` '${jobs[0]}/final.safetensors', ${bytes.length}, true)`);
-    sql(`INSERT INTO job_events (job_id, kind, message) VALUES ('${jobs[0]}', 'checkpoint',` +
-      ` 'final checkpoint at step 120')`);
-    await until('the checkpoint row', async () => /final/.test(await text('#checkpoints tbody')), 15000);
-    await until('the event row', async () => /final checkpoint/.test(await text('#events tbody')), 15000);
+    await until('the final checkpoint', async () => /final/.test(await text('#checkpoints tbody')), 15000);
     const [dl] = await Promise.all([page.waitForEvent('download'), page.click('#download')]);
     const file = path.join(artifacts, dl.suggestedFilename());
     await dl.saveAs(file);
     expect(dl.suggestedFilename() === 'lr-grid-0.safetensors', `name ${dl.suggestedFilename()}`);
-    expect(fs.readFileSync(file).equals(bytes), 'downloaded bytes differ');
-    await shot('06-job-checkpoint');
-  });
-
-  await check('the cluster view shows devices, tenant shares and slowdown', async () => {
-    sql("INSERT INTO workers (id, name, state) VALUES ('00000000-0000-4000-8000-0000000000aa', 'cpu-node-1', 'ready')");
-    sql("INSERT INTO devices (worker_id, idx, kind, name, memory_bytes, utilization, group_id, tenant_id) VALUES" +
-      " ('00000000-0000-4000-8000-0000000000aa', 0, 'cpu', 'cpu0', 17179869184, 0.82," +
-      ` '00000000-0000-4000-8000-000000000001', '${tenant.id}'),` +
-      " ('00000000-0000-4000-8000-0000000000aa', 1, 'cpu', 'cpu1', 17179869184, 0.1, NULL, NULL)");
-    await page.goto(`${base}/#/cluster`);
-    await until('max slowdown', async () => /1\.6/.test(await text('#max-slowdown')));
-    const tenants = await text('#tenants tbody');
-    expect(/alice/.test(tenants), `tenants: ${tenants}`);
-    expect(/cpu-node-1/.test(await text('main')), 'worker listed');
-    await shot('07-cluster');
+    const bytes = fs.readFileSync(file);
+    const res = await fetch(`${base}/v1/jobs/${jobs[0]}/model`, { headers: { Authorization: `Bearer ${key}` } });
+    expect(bytes.equals(Buffer.from(await res.arrayBuffer())), 'the download differs from the API\'s');
+    // safetensors: an 8-byte header length, then the header naming the tensors
+    const header = JSON.parse(bytes.subarray(8, 8 + Number(bytes.readBigUInt64LE(0))).toString());
+    expect(['0.weight', '0.bias', '2.weight', '2.bias'].every((n) => header[n]),
+      `tensors: ${Object.keys(header).join(', ')}`);
+    expect(header['0.weight'].shape.join() === `512,${F}`, `0.weight ${header['0.weight'].shape}`);
+    await shot('08-job-completed');
   });
 
   await check('an unreachable server is reported, and polling backs off', async () => {
@@ -302,7 +425,7 @@ try {
     const msg = await until('the banner', async () => (await page.locator('#banner').isVisible()) &&
       text('#banner'), 15000);
     expect(/unreachable/i.test(msg), `banner: ${msg}`);
-    await shot('08-unreachable');
+    await shot('09-unreachable');
   });
 
   await check('no script errors in the page', async () => {
@@ -313,6 +436,7 @@ try {
   console.log(`FAIL setup: ${e.stack || e}`);
 } finally {
   if (browser) await browser.close().catch(() => {});
+  await stopWorker();
   await stopServer();
   try {
     psql(baseUrl, `DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
@@ -320,10 +444,13 @@ try {
     console.log(`could not drop ${dbName}: ${e}`);
   }
   if (failed) {
-    const log = path.join(dataDir, 'fuseboxd.log');
-    if (fs.existsSync(log)) console.log(fs.readFileSync(log, 'utf8').split('\n').slice(-40).join('\n'));
+    for (const name of ['fuseboxd.log', 'worker.log']) {
+      const log = path.join(root, name);
+      if (fs.existsSync(log))
+        console.log(`== ${name}\n${fs.readFileSync(log, 'utf8').split('\n').slice(-40).join('\n')}`);
+    }
   } else {
-    fs.rmSync(dataDir, { recursive: true, force: true });
+    fs.rmSync(root, { recursive: true, force: true });
   }
 }
 console.log(`${passed} passed, ${failed} failed (${((Date.now() - t0) / 1000).toFixed(1)} s;` +
