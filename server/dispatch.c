@@ -1017,12 +1017,78 @@ done:
     return ok;
 }
 
+/*
+ * Slowdown (DESIGN.md): (elapsed + remaining steps x step time) / (total steps x
+ * isolated step time), elapsed from submission.  The isolated step time is
+ * the profile of (fusion key, array size, device kind): measured whenever an
+ * array has its devices to itself (no other unfinished array on any of them)
+ * and smoothed, then reused for arrays that share.  Until a profile exists a
+ * job's slowdown stays unknown.
+ */
+static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m)
+{
+    double step_ms = 0;
+    const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
+    for (int i = 0; i < 4; i++)
+        if (isfinite(parts[i])) step_ms += parts[i];
+    if (!(step_ms > 0) || m->n_progress < 1) return true;
+    size_t cap = (size_t)m->n_progress * 48 + 16;
+    char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap);
+    bool ok = false;
+    if (!ids || !steps || !totals) goto done;
+    size_t li = 1, ls = 1, lt = 1;
+    ids[0] = steps[0] = totals[0] = '{';
+    for (int i = 0; i < m->n_progress; i++) {
+        const fb_wire_member_progress *p = &m->progress[i];
+        li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
+        ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
+        lt += (size_t)snprintf(totals + lt, cap - lt, "%s%lld", i ? "," : "",
+                               (long long)p->steps);
+    }
+    snprintf(ids + li, cap - li, "}");
+    snprintf(steps + ls, cap - ls, "}");
+    snprintf(totals + lt, cap - lt, "}");
+    char ms[40], b[16];
+    snprintf(ms, sizeof ms, "%.9g", step_ms);
+    snprintf(b, sizeof b, "%d", m->n_progress);
+    const char *vp[3] = {m->group_id, ms, b};
+    const char *vs[6] = {m->group_id, ms, b, ids, steps, totals};
+    ok = exec1(d,
+               "INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms)"
+               " SELECT g.fusion_key, $3::int, w.backend, $2::float8 FROM groups g"
+               " JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid"
+               " AND NOT EXISTS (SELECT 1 FROM groups o WHERE o.id <> g.id"
+               "  AND o.state <> 'finished' AND o.worker_id = g.worker_id"
+               "  AND o.device_idx && g.device_idx)"
+               " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
+               " isolated_step_ms = 0.8 * p.isolated_step_ms + 0.2 * EXCLUDED.isolated_step_ms,"
+               " measured_at = now()",
+               3, vp) &&
+         exec1(d,
+               "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
+               "  + (u.total - u.step) * $2::float8) / (u.total * p.isolated_step_ms) AS x"
+               " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
+               " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
+               " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
+               " JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
+               "  AND p.device_kind = w.backend WHERE u.total > 0),"
+               " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
+               "  WHERE jm.job_id = s.id AND jm.step = s.step)"
+               " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
+               6, vs);
+done:
+    free(ids);
+    free(steps);
+    free(totals);
+    return ok;
+}
+
 /* Writes queued progress reports, all in one transaction; kept on failure. */
 static void flush_progress(fb_dispatch_t *d)
 {
     if (!d->progress.head || !db_ok(d) || !begin(d)) return;
     for (pending *p = d->progress.head; p; p = p->next)
-        if (!write_progress(d, &p->m)) {
+        if (!write_progress(d, &p->m) || !record_slowdown(d, &p->m)) {
             rollback(d);
             return;
         }

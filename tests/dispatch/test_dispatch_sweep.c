@@ -78,6 +78,14 @@ static void sweep_is_one_array(void)
              " AND data->>'group_id' = '%s' AND (data->>'members')::int = 4",
              group);
     CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "4");
+    /* slowdown: measured against the array's own isolated profile (it ran alone) */
+    for (int i = 0; i < 4; i++) {
+        double slowdown = strtod(e2e_job_field(&T, T.key, ids[i], "slowdown"), NULL);
+        printf("trial %d: slowdown %.3f\n", i, slowdown);
+        CHECK(slowdown > 0 && slowdown < 100);
+    }
+    CHECK_STR_EQ(fbt_sql_value(&T.s, "SELECT count(*) > 0 FROM profiles WHERE n_models = 4"),
+                 "t");
     /* progress and checkpoints were recorded */
     snprintf(sql, sizeof sql,
              "SELECT count(*) > 0 FROM job_metrics WHERE job_id = '%s' AND loss IS NOT NULL",
