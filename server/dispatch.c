@@ -132,6 +132,7 @@ static int64_t now_ms(void)
 /* ---- PostgreSQL ------------------------------------------------------------ */
 
 static bool load_groups(fb_dispatch_t *d);
+static bool update_utilization(fb_dispatch_t *d, const char *group_id);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
 static bool db_ok(fb_dispatch_t *d)
@@ -421,7 +422,7 @@ static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *wh
                1, v) ||
         !exec1(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
                1, v) ||
-        !commit(d))
+        !update_utilization(d, group_id) || !commit(d))
         goto fail;
     fb_log_json(FB_LOG_INFO, "requeued an array's jobs",
                 json_pack("{s:s, s:s, s:i}", "group_id", group_id, "why", why, "jobs", (int)n));
@@ -450,10 +451,11 @@ static bool maybe_finish_group(fb_dispatch_t *d, const char *group_id, bool *fin
     if (!r) return false;
     *finished = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "finished") == 0;
     PQclear(r);
-    return !*finished || exec1(d,
-                               "UPDATE devices SET group_id = NULL, tenant_id = NULL"
-                               " WHERE group_id = $1::uuid",
-                               1, v);
+    return !*finished || (exec1(d,
+                                "UPDATE devices SET group_id = NULL, tenant_id = NULL"
+                                " WHERE group_id = $1::uuid",
+                                1, v) &&
+                          update_utilization(d, group_id));
 }
 
 /* ---- events -------------------------------------------------------------- */
@@ -946,6 +948,35 @@ static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
         *len += (size_t)snprintf(b + *len, cap - *len, "NULL");
 }
 
+/*
+ * A device's utilization: the part of its time the arrays on it spend
+ * working (compute, communication, I/O) rather than waiting for their turn,
+ * summed over the unfinished arrays there, from their latest reports.
+ * Recomputed for the devices of group_id (after its report, or its end).
+ */
+static bool update_utilization(fb_dispatch_t *d, const char *group_id)
+{
+    const char *v[1] = {group_id};
+    return exec1(d,
+                 "WITH g AS (SELECT worker_id, device_idx FROM groups WHERE id = $1::uuid),"
+                 " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
+                 "   THEN t.work / t.total END), 0) AS u"
+                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = ANY(g.device_idx)"
+                 "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
+                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
+                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
+                 "   coalesce((o.breakdown->>'compute_ms')::float8, 0)"
+                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
+                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
+                 "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
+                 "   FROM groups o WHERE o.worker_id = d.worker_id AND d.idx = ANY(o.device_idx)"
+                 "   AND o.state <> 'finished') t ON true"
+                 "  GROUP BY d.worker_id, d.idx)"
+                 " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
+                 " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx",
+                 1, v);
+}
+
 static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
 {
     size_t cap = (size_t)m->n_progress * 48 + 16;
@@ -1007,7 +1038,8 @@ static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
                " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
                " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
                " WHERE id = $1::uuid",
-               6, vg);
+               6, vg) &&
+         update_utilization(d, m->group_id);
 done:
     free(ids);
     free(steps);

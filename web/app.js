@@ -509,16 +509,20 @@ function sweepView(id) {
   let rows = [];
   let best = null;
   let paramNames = [];
+  let rule = null; // the sweep's early-stopping rule, null without one
   let chart = null;
   const series = new Map();
 
   const columns = () => [
     ['index', '#'], ['name', 'Trial'], ['state', 'State'], ['step', 'Step'],
     ...paramNames.map((p) => [`p:${p}`, p]),
-    ['best', 'Best'], ['loss', 'Loss'], ['eval_loss', 'Eval loss'], ['accuracy', 'Accuracy'],
-    ['eval_accuracy', 'Eval acc.'], ['slowdown', 'Slowdown'],
+    ['best', 'Best'], ...(rule ? [['rungs', 'Rungs']] : []), ['loss', 'Loss'],
+    ['eval_loss', 'Eval loss'], ['accuracy', 'Accuracy'], ['eval_accuracy', 'Eval acc.'],
+    ['slowdown', 'Slowdown'],
   ];
-  const value = (r, k) => (k.startsWith('p:') ? (r.params || {})[k.slice(2)] : r[k]);
+  // rungs sort by how far a trial got, so the survivors gather at one end
+  const value = (r, k) => (k.startsWith('p:') ? (r.params || {})[k.slice(2)] :
+    k === 'rungs' ? r.rungs.length : r[k]);
   const render = () => {
     thead.replaceChildren(h('tr', {}, columns().map(([k, label]) => h('th', {
       'data-key': k, class: sort.key === k ? (sort.dir > 0 ? 'asc' : 'desc') : null,
@@ -540,7 +544,8 @@ function sweepView(id) {
     columns().map(([k]) => {
       const val = value(r, k);
       if (k === 'name') return h('td', {}, h('a', { href: `#/jobs/${r.job_id}` }, r.name));
-      if (k === 'state') return h('td', {}, stateBadge(r.state));
+      if (k === 'state') return h('td', { class: 'state' }, stateBadge(r.state), earlyStopped(r));
+      if (k === 'rungs') return h('td', { class: 'rungs' }, rungCells(r.rungs, rule));
       return h('td', { class: 'num' }, fmt(val));
     }))));
   };
@@ -549,8 +554,12 @@ function sweepView(id) {
     const [s, jobs] = await Promise.all([api(`/v1/sweeps/${id}`),
       api(`/v1/jobs?sweep_id=${id}&limit=200`)]);
     best = s.best_trial;
+    const es = s.spec && s.spec.early_stopping;
+    rule = es && typeof es === 'object' ? es : null;
     head.replaceChildren(h('h2', {}, s.name), stateBadge(s.state),
-      h('span', { class: 'muted' }, `${s.n_trials} trials, ranked by ${s.metric.name} (${s.metric.mode})`),
+      h('span', { class: 'muted' }, `${s.n_trials} trials, ranked by ${s.metric.name} (${s.metric.mode})`,
+        rule ? `; ASHA early stopping on ${rule.metric} (${rule.mode}), rungs at steps ` +
+          `${rungSteps(rule).join(', ')}` : ''),
       h('span', { class: 'spacer' }),
       h('a', { href: `#/jobs?sweep=${id}` }, 'jobs'));
     const byId = new Map(jobs.jobs.map((j) => [j.id, j]));
@@ -558,7 +567,8 @@ function sweepView(id) {
     rows = s.trials.map((t) => {
       const j = byId.get(t.job_id) || {};
       return { index: t.index, job_id: t.job_id, name: t.name, state: t.state, step: t.step,
-        params: t.params, best: t.best ? t.best.value : null, loss: metricOf(j, 'loss'),
+        params: t.params, best: t.best ? t.best.value : null, rungs: t.rungs || [],
+        end_reason: t.end_reason || null, loss: metricOf(j, 'loss'),
         eval_loss: metricOf(j, 'eval_loss'), accuracy: metricOf(j, 'accuracy'),
         eval_accuracy: metricOf(j, 'eval_accuracy'), slowdown: j.slowdown ?? null };
     });
@@ -580,6 +590,38 @@ function sweepView(id) {
     chart.set([steps, ...cols]);
   }, 3000);
   return v;
+}
+
+// Rung r of an ASHA rule lies at step grace_steps * reduction_factor^r
+// (docs/api.md, "Early stopping (ASHA)").
+function rungSteps(rule) {
+  const out = [];
+  for (let r = 0, st = rule.grace_steps; r < rule.max_rungs && Number.isSafeInteger(st);
+    r++, st *= rule.reduction_factor) out.push(st);
+  return out;
+}
+
+// A trial's rung history in one cell, oldest first: "r0 0.412 ✓ · r1 0.38 ✗",
+// with the step, metric and decision time on hover.  A stop is final, so a
+// ✗ is always the last rung shown.
+function rungCells(rungs, rule) {
+  if (!rungs.length) return h('span', { class: 'muted' }, '—');
+  const what = rule ? rule.metric : 'metric';
+  return rungs.map((g, i) => [i ? ' · ' : null, h('span', {
+    class: `rung ${g.decision === 'stop' ? 'stop' : 'go'}`, 'data-rung': g.rung,
+    title: `rung ${g.rung} at step ${g.step}: ${what} ${g.metric} → ${g.decision}` +
+      ` (${fmtTime(g.decided_at)})` },
+  `r${g.rung} ${fmt(g.metric)} ${g.decision === 'stop' ? '✗' : '✓'}`)]);
+}
+
+// The marker of a trial the early-stopping rule ended: its state alone
+// ("completed") would pass it off as one that trained all its steps.
+function earlyStopped(r) {
+  if (r.end_reason !== 'early_stopped') return null;
+  const at = r.rungs.find((g) => g.decision === 'stop');
+  return h('span', { class: 'badge early-stopped', title: at ?
+    `stopped by ASHA at rung ${at.rung} (step ${at.step}); left its array at step ${r.step}` :
+    'stopped by ASHA' }, 'early stopped');
 }
 
 function clusterView() {

@@ -149,6 +149,9 @@ static void cancel_one_member(void)
     /* wide enough that the array trains for seconds: the cancel lands mid-run */
     submit_sweep(T.key, "long", lrs, 3, 1024, 256, 3000, 1000, ids, names);
     for (int i = 0; i < 3; i++) e2e_wait_state(&T, T.key, ids[i], "running", 60);
+    /* a device that trains is used: the arrays' reports give its utilization */
+    e2e_wait_sql(&T, "SELECT coalesce(bool_or(utilization > 0.5), false) FROM devices", 30,
+                 "the device's utilization from the array's reports");
     char path[128];
     snprintf(path, sizeof path, "/v1/jobs/%s/cancel", ids[1]);
     fbt_resp r = fbt_call(&T.s, "POST", path, T.key, NULL);

@@ -422,16 +422,78 @@ try {
     await shot('08-job-completed');
   });
 
+  // Trial 1's learning rate is far better than the others', so whichever of
+  // 0 and 2 reports last at rung 0 (the array reports its members in one
+  // order, forwards or backwards) is the third result there and not the
+  // best: ASHA stops it.  The survivors go on alone to rung 1 (two results
+  // there, too few to stop anyone) and finish; their steps are many more
+  // than the rungs', so the stopped trial leaves its array before its end
+  // (one that reaches its last step first just finishes, end_reason null).
+  let asha;
+  await check('the sweep view shows each trial\'s ASHA rungs and marks the early-stopped ones', async () => {
+    asha = await call('POST', '/v1/sweeps', key, {
+      name: 'lr-asha',
+      base: { dataset: 'synth', model: model(64), batch_size: 32, steps: 3000, eval_every: 100,
+        optimizer: { type: 'adam', lr: 0.001 }, seed: 5 },
+      search: { type: 'grid', params: { 'optimizer.lr': { values: [2e-5, 0.01, 1e-5] } } },
+      early_stopping: { type: 'asha', metric: 'eval_loss', mode: 'min', grace_steps: 100,
+        reduction_factor: 3, max_rungs: 2 },
+    });
+    const s = await until('the ASHA trials to finish with a stop', async () => {
+      const x = await call('GET', `/v1/sweeps/${asha.id}`, key);
+      const rungs = x.trials.map((t) => `${t.index} ${t.state} ${t.end_reason} ` +
+        t.rungs.map((g) => `r${g.rung}@${g.step}=${g.decision}`).join(','));
+      if (!x.trials.every((t) => t.state === 'completed' && t.rungs.length) ||
+          !x.trials.some((t) => t.end_reason === 'early_stopped'))
+        throw new Error(rungs.join('; '));
+      return x;
+    }, 40000);
+    const stopped = s.trials.filter((t) => t.end_reason === 'early_stopped');
+    expect(stopped.length === 1 && stopped[0].index !== 1 && stopped[0].step < 3000 &&
+      stopped[0].rungs.map((g) => g.decision).join() === 'stop',
+    `one trial stopped at rung 0, not the best: ${JSON.stringify(s.trials)}`);
+    await page.goto(`${base}/#/sweeps/${asha.id}`);
+    await until('trial rows', async () => (await page.locator('#trials tr[data-trial]').count()) === 3);
+    expect(/ASHA early stopping on eval_loss \(min\), rungs at steps 100, 300/.test(await text('#main .toolbar')),
+      'the rule in the heading');
+    for (const t of s.trials) {
+      const row = page.locator(`#trials tr[data-trial="${t.index}"]`);
+      const want = t.rungs.map((g) => `r${g.rung} ${fmt(g.metric)} ${g.decision === 'stop' ? '✗' : '✓'}`)
+        .join(' · ');
+      const got = await until(`trial ${t.index}'s rungs`, async () =>
+        (await row.locator('td.rungs').innerText()).trim());
+      expect(got === want, `trial ${t.index}: shows "${got}", the API says "${want}"`);
+      expect((await row.locator('td.rungs .rung.stop').count()) === (t.end_reason ? 1 : 0),
+        `trial ${t.index}: stop marks`);
+      const marker = row.locator('td.state .early-stopped');
+      expect((await marker.count()) === (t.end_reason === 'early_stopped' ? 1 : 0),
+        `trial ${t.index} (${t.end_reason}): early-stopped marker`);
+      if (t.end_reason) {
+        const title = await marker.getAttribute('title');
+        expect(title.includes(`rung 0 (step ${t.rungs[0].step})`), `marker title: ${title}`);
+      }
+    }
+    // a sweep without an early-stopping rule has no rungs column
+    await page.goto(`${base}/#/sweeps/${sweep.id}`);
+    await until('trial rows', async () => (await page.locator('#trials tr[data-trial]').count()) === 3);
+    expect((await page.locator('#trials th[data-key="rungs"]').count()) === 0, 'rungs column on lr-grid');
+    await page.goto(`${base}/#/sweeps/${asha.id}`);
+    await until('the rungs', () => page.locator('#trials td.rungs .rung.stop').isVisible());
+    await until('overlaid curves', async () => (await canvas('sweep-loss')).ink > 200);
+    await shot('09-sweep-asha');
+  });
+
   await check('an unreachable server is reported, and polling backs off', async () => {
     await page.goto(`${base}/#/jobs`);
-    await until('jobs', async () => (await page.locator('#jobs tr[data-job]').count()) === 3);
+    // the lr-grid trials, and the lr-asha ones
+    await until('jobs', async () => (await page.locator('#jobs tr[data-job]').count()) === 6);
     await stopServer();
     // fuseboxd exits 0 on SIGTERM (under ASan: without leaks or errors)
     expect(server.exitCode === 0, `fuseboxd exit status ${server.exitCode} ${server.signalCode || ''}`);
     const msg = await until('the banner', async () => (await page.locator('#banner').isVisible()) &&
       text('#banner'), 15000);
     expect(/unreachable/i.test(msg), `banner: ${msg}`);
-    await shot('09-unreachable');
+    await shot('10-unreachable');
   });
 
   await check('no script errors in the page', async () => {
