@@ -164,6 +164,9 @@ typedef struct member {
     /* the group thread's own */
     bool started;
     double loss, accuracy, lr;
+    /* it finished at final_step: the next report still carries its last training values */
+    bool final_report;
+    int64_t final_step;
 } member;
 
 typedef struct group {
@@ -642,6 +645,8 @@ static void on_train_event(const fb_train_event *ev, void *user)
         break;
     case FB_TRAIN_DONE:
         set_alive(g, mb, false);
+        mb->final_report = true;
+        mb->final_step = ev->step;
         o = event_new(g, g->id, g->generation, FB_EV_FINISHED, mb->job_id, ev->step);
         if (o) {
             o->w.loss = ev->loss;
@@ -753,11 +758,13 @@ static void send_progress(runner *r, double now)
     o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
-        if (mb->sidx < 0 || !fb_session_has(r->s, mb->sidx)) continue;
+        bool in = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
+        if (!in && !mb->final_report) continue;
         fb_wire_member_progress *p = &o->w.progress[n++];
         snprintf(p->job_id, sizeof p->job_id, "%s", mb->job_id);
-        p->step = fb_session_steps_done(r->s);
-        p->steps = fb_session_total_steps(r->s, mb->sidx);
+        p->step = in ? fb_session_steps_done(r->s) : mb->final_step;
+        p->steps = in ? fb_session_total_steps(r->s, mb->sidx) : mb->final_step;
+        mb->final_report = false;
         p->loss = mb->loss;
         p->accuracy = mb->accuracy;
         p->lr = mb->lr;
@@ -872,13 +879,19 @@ static void train_loop(runner *r)
                 push_out(g, o);
             }
         }
+        /* the report goes before this step's events, so that a member that finished is
+         * reported with its last training values while the server still counts it in */
+        bool finishing = false;
+        for (int i = 0; i < g->n_members; i++)
+            finishing |= g->m[i].final_report;
+        if (!err && (first || finishing || t2 - r->last_progress >= g->a->progress_ms))
+            send_progress(r, t2);
         flush_pending(r);
         if (err) {
             fail_all(r, msg);
             flush_pending(r);
             return;
         }
-        if (first || t2 - r->last_progress >= g->a->progress_ms) send_progress(r, t2);
         first = false;
     }
 }

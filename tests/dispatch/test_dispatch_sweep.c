@@ -91,6 +91,12 @@ static void sweep_is_one_array(void)
              "SELECT count(*) > 0 FROM job_metrics WHERE job_id = '%s' AND loss IS NOT NULL",
              ids[0]);
     CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "t");
+    /* the last step's training loss arrives too, even when the array ends between reports */
+    snprintf(sql, sizeof sql,
+             "SELECT (SELECT loss IS NOT NULL FROM job_metrics WHERE job_id = '%s' AND step = 200)"
+             " AND (SELECT (latest_metrics->>'step')::int = 200 FROM jobs WHERE id = '%s')",
+             ids[0], ids[0]);
+    CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "t");
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM checkpoints WHERE job_id = '%s' AND kind = 'state'", ids[0]);
     CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "1"); /* step 100; the last step is the model */
