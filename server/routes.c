@@ -74,6 +74,19 @@ int fb_route_txn(fb_req *req, fb_db_fn fn, void *arg)
     return err;
 }
 
+void fb_pg_page(PGresult *r, long long limit, json_t **items, char *next, size_t next_cap)
+{
+    json_decref(*items);
+    *items = json_array();
+    int n = PQntuples(r);
+    next[0] = '\0';
+    for (int i = 0; i < n && i < limit; i++) {
+        json_array_append_new(*items, fb_pg_json(r, i, 1));
+        if (n > limit && i == limit - 1) snprintf(next, next_cap, "%s", PQgetvalue(r, i, 0));
+    }
+    PQclear(r);
+}
+
 json_t *fb_pg_json(const PGresult *r, int row, int col)
 {
     if (PQgetisnull(r, row, col)) return json_null();

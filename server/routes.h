@@ -84,6 +84,14 @@ int fb_route_txn(fb_req *req, fb_db_fn fn, void *arg);
  * memory or malformed. */
 json_t *fb_pg_json(const PGresult *r, int row, int col);
 
+/*
+ * One page of a cursor-paginated list from a query that asked for limit + 1
+ * rows: column 0 is the row's cursor, column 1 its JSON.  Replaces *items
+ * with the first limit rows' JSON (a new array) and writes the cursor of the
+ * last one into next when a further row exists ("" otherwise).  Clears r.
+ */
+void fb_pg_page(PGresult *r, long long limit, json_t **items, char *next, size_t next_cap);
+
 /* Reads an optional integer query parameter in [lo, hi] into *out (def when
  * absent); FB_ERR_BAD_QUERY naming it otherwise. */
 int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,

@@ -247,16 +247,7 @@ static int job_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                         " ORDER BY j.seq DESC LIMIT $6::integer",
         6, x->vals, &err, msg, cap);
     if (!r) return err;
-    json_decref(x->items);
-    x->items = json_array();
-    int n = PQntuples(r);
-    x->next[0] = '\0';
-    for (int i = 0; i < n && i < x->limit; i++) {
-        json_array_append_new(x->items, fb_pg_json(r, i, 1));
-        if (n > x->limit && i == x->limit - 1)
-            snprintf(x->next, sizeof x->next, "%s", PQgetvalue(r, i, 0));
-    }
-    PQclear(r);
+    fb_pg_page(r, x->limit, &x->items, x->next, sizeof x->next);
     return FB_OK;
 }
 
