@@ -732,6 +732,23 @@ static int apply_event(fb_dispatch_t *d, pending *e)
     snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
     snprintf(state, sizeof state, "%s", PQgetvalue(r, 0, 1));
     PQclear(r);
+    {
+        /* an event resent after its acknowledgement was lost is recorded once */
+        char st[24];
+        snprintf(st, sizeof st, "%lld", (long long)m->step);
+        const char *va[4] = {m->group_id, m->job_id, kind, st};
+        r = q(d,
+              "INSERT INTO events_applied (group_id, job_id, kind, step)"
+              " VALUES ($1::uuid, $2::uuid, $3, $4::bigint) ON CONFLICT DO NOTHING RETURNING 1",
+              4, va);
+        if (!r) goto fail;
+        bool fresh = PQntuples(r) == 1;
+        PQclear(r);
+        if (!fresh) {
+            rollback(d);
+            return FB_OK;
+        }
+    }
     char step[24], loss[40], acc[40];
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     fmt_num(loss, sizeof loss, m->loss);
