@@ -1844,6 +1844,7 @@ static void plan(fb_dispatch_t *d)
                     pr->devices[pr->n_devices++] = k;
         }
         pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
+        pr->time_share = strtod(PQgetvalue(c.running, i, 7), NULL);
         int *rt = &c.run_tenants[(size_t)nrun * 64];
         const char *t = PQgetvalue(c.running, i, 4); /* "{uuid,uuid}" */
         while (*t && pr->n_tenants < 64) {

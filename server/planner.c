@@ -219,6 +219,8 @@ static int validate_running(const fb_plan_snapshot *s, int *dev_stamp, char *msg
         if (R->mem_per_device < 0 || R->mem_per_device > FB_PLAN_MAX_BYTES)
             return BAD("running[%d].mem_per_device = %lld is outside 0..2^56", g,
                        (long long)R->mem_per_device);
+        if (!(R->time_share >= 0 && R->time_share <= 1))
+            return BAD("running[%d].time_share = %g is outside [0, 1]", g, R->time_share);
         if (R->n_tenants < 1 || !R->tenants)
             return BAD("running[%d] has no tenants (n_tenants %d)", g, R->n_tenants);
         for (int i = 0; i < R->n_tenants; i++)
@@ -923,13 +925,17 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
         if (j >= 0) heap_push(theap, &n_heap, make_qent(p, t, j));
     }
 
-    /* time shares, when anything new shares a device */
-    if (res.n_groups > 0) {
+    /* time shares, when anything new shares a device or a running share is off the formula */
+    bool known = false;
+    for (int g = 0; g < R; g++) known |= s->running[g].time_share > 0;
+    if (res.n_groups > 0 || known) {
         double *old_share = scratch_alloc(&sc, (size_t)R + (size_t)res.n_groups, sizeof(double));
         double *new_share = scratch_alloc(&sc, (size_t)R + (size_t)res.n_groups, sizeof(double));
         if (sc.failed) goto nomem_res;
         if ((rc = compute_shares(p, &sc, res.groups, res.n_groups, old_share, new_share)))
             goto nomem_res;
+        for (int g = 0; g < R; g++)
+            if (s->running[g].time_share > 0) old_share[g] = s->running[g].time_share;
         for (int G = 0; G < res.n_groups; G++) res.groups[G].time_share = new_share[R + G];
         int n_changed = 0;
         for (int g = 0; g < R; g++)

@@ -75,6 +75,10 @@ typedef struct fb_plan_running {
     int64_t mem_per_device;                 /* bytes it holds on each */
     int n_tenants;
     const int *tenants;                     /* indices of the tenants of its members */
+    /* its time share now, in (0, 1]; 0 = unknown (taken to be what the formula gives the
+     * running groups alone).  Known shares let a plan with no new group still correct the
+     * shares of groups whose neighbours finished. */
+    double time_share;
 } fb_plan_running;
 
 typedef struct fb_plan_snapshot {

@@ -124,12 +124,13 @@ static bool compatible(const fb_plan_snapshot *s, const int64_t *batch, int a, i
            x->public_dataset && y->public_dataset;
 }
 
-/* The share a running group had before the plan: the formula over the
- * running groups alone, smallest over its devices. */
+/* The share a running group had before the plan: its known share, else the
+ * formula over the running groups alone, smallest over its devices. */
 static double running_share_before(const fb_plan_snapshot *s, int g)
 {
     double best = 1.0;
     const fb_plan_running *G = &s->running[g];
+    if (G->time_share > 0) return G->time_share;
     for (int i = 0; i < G->n_devices; i++) {
         int d = G->devices[i];
         double wsum = 0.0;
@@ -925,6 +926,51 @@ static void test_running_share_changes(void)
     fb_plan_result_free(&r);
 }
 
+/* A running group's known share is corrected when its neighbour has finished, with no new
+ * group placed; a known share that already fits the formula is left alone. */
+static void test_known_shares_corrected(void)
+{
+    scn c;
+    scn_init(&c);
+    c.max_g = 2;
+    int a = add_tenant(&c, 1, false, 100), b = add_tenant(&c, 3, false, 100);
+    int d0 = add_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int alone = add_running(&c, a, d0, 1, 100);
+    c.running[alone].time_share = 0.5; /* its neighbour has gone */
+    int fits = add_running(&c, b, d0 + 1, 1, 100);
+    c.running[fits].time_share = 1.0;
+    fb_plan_result r;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.n_groups, 0);
+    CHECK_INT_EQ(r.n_shares, 1);
+    CHECK_INT_EQ(r.shares[0].running, alone);
+    CHECK_NEAR(r.shares[0].time_share, 1.0, 1e-12);
+    fb_plan_result_free(&r);
+
+    /* shares follow the tenants' weights (1 : 3) when both are on one device */
+    scn e;
+    scn_init(&e);
+    e.max_g = 2;
+    a = add_tenant(&e, 1, false, 100);
+    b = add_tenant(&e, 3, false, 100);
+    d0 = add_worker(&e, 1, FB_PLAN_CPU, 1000, true);
+    int ga = add_running(&e, a, d0, 1, 100), gb = add_running(&e, b, d0, 1, 100);
+    e.running[ga].time_share = 0.5;
+    e.running[gb].time_share = 0.5;
+    plan(&e, &r);
+    CHECK_INT_EQ(r.n_shares, 2);
+    for (int i = 0; i < 2; i++)
+        CHECK_NEAR(r.shares[i].time_share, r.shares[i].running == ga ? 0.25 : 0.75, 1e-12);
+    fb_plan_result_free(&r);
+
+    /* out of range is refused */
+    e.running[ga].time_share = 1.5;
+    fb_plan_snapshot s = snap_of(&e);
+    char msg[256];
+    CHECK_INT_EQ(fb_plan_run(&s, e.batch, &r, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
+    CHECK(strstr(msg, "time_share") != NULL);
+}
+
 /* ---- positions, determinism ----------------------------------------------------- */
 
 static void test_positions(void)
@@ -1586,6 +1632,7 @@ int main(int argc, char **argv)
     test_device_kinds();
     test_shares_follow_weights();
     test_running_share_changes();
+    test_known_shares_corrected();
     test_positions();
     test_malformed();
     test_huge_estimates();
