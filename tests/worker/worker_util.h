@@ -9,6 +9,7 @@
 #define FB_TESTS_WORKER_UTIL_H
 
 #include "check.h"
+#include "engine/engine_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -52,29 +53,6 @@ static inline void wu_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* rm -rf path. */
-static inline void wu_rm_rf(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        if (d) {
-            struct dirent *de;
-            while ((de = readdir(d)) != NULL) {
-                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-                char sub[4096];
-                snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
-                wu_rm_rf(sub);
-            }
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        unlink(path);
     }
 }
 
@@ -337,7 +315,7 @@ static inline void wu_server_stop(wu_server *s)
     zmq_close(s->zap);
     zmq_close(s->router);
     zmq_ctx_term(s->ctx);
-    wu_rm_rf(s->dir);
+    et_rmtree(s->dir);
 }
 
 /* Spawns fusebox-worker against s with the usual test flags plus extra (NULL-terminated). */
