@@ -16,57 +16,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build}
 trials=${2:-64}
 steps=${3:-150}
-# shellcheck source=../../scripts/lib/common.sh
-source "$root/scripts/lib/common.sh"
-for b in server/fuseboxd workers/fusebox-worker; do
-    [[ -x $build/$b ]] || fb_die "build first: cmake --build $build (missing $b)"
-done
-# This machine sets both; they slow OpenBLAS.  Unset for both runs alike.
-unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
-
-work=$(mktemp -d /tmp/fusebox-bench-dispatch.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    fb_pg_throwaway_stop
-    rm -rf -- "$work"
-}
-trap cleanup EXIT
-fb_pg_throwaway_start >/dev/null
-
-json() { /usr/bin/python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
-psql_q() { "$FB_PG_BINDIR/psql" "$1" -XtAq -c "$2"; }
+# shellcheck source=../lib/cluster.sh
+source "$root/bench/lib/cluster.sh"
+bench_setup dispatch
 
 # run NAME MAX_ARRAY: one server and worker on a fresh database; prints a row.
 run() {
-    local name=$1 max_array=$2 db dir port wport admin tenant key sweep t0 t1
-    db=fusebox_bench_$name
-    local pg_port url=${FB_TMP_PG_URL%/*}/$db
-    pg_port=$(sed -E 's|.*:([0-9]+)/.*|\1|' <<<"$FB_TMP_PG_URL")
-    fb_as_pg "$FB_PG_BINDIR/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres "$db"
-    dir=$work/$name
-    mkdir -p "$dir"
-    "$build/workers/fusebox-worker" --gen-key "$dir/worker.key" >/dev/null 2>&1
-    sed -n 's/^public: //p' "$dir/worker.key" >"$dir/worker-keys"
-    port=$(fb_free_port)
-    wport=$(fb_free_port)
-    "$build/server/fuseboxd" --database-url "$url" --data-dir "$dir" --port "$port" \
-        --worker-listen "tcp://127.0.0.1:$wport" --max-array "$max_array" \
-        --log-level warn 2>"$dir/fuseboxd.log" &
-    pids+=($!)
-    for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-    "$build/workers/fusebox-worker" --server "tcp://127.0.0.1:$wport" \
-        --server-key "$dir/server.key.pub" --key "$dir/worker.key" --name "bench-$name" \
-        --cpu-devices 1 2>"$dir/worker.log" &
-    pids+=($!)
-    local api=http://127.0.0.1:$port
-    admin=$(cat "$dir/admin.key")
-    tenant=$(curl -fsS -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' \
-        -d '{"name": "bench", "quotas": {"max_queued_jobs": 100000}}' "$api/v1/tenants" | json "d['id']")
-    key=$(curl -fsS -X POST -H "Authorization: Bearer $admin" "$api/v1/tenants/$tenant/keys" |
-        json "d['key']")
-    sleep 1 # the worker registers
+    local name=$1 max_array=$2 url api dir key sweep t0 t1
+    bench_cluster "$name" "$max_array"
     t0=$(date +%s.%N)
     sweep=$(curl -fsS -H "Authorization: Bearer $key" -H 'Content-Type: application/json' -d "{
       \"name\": \"bench\", \"base\": {\"dataset\": \"fashion-mnist\",
@@ -76,10 +33,7 @@ run() {
       \"search\": {\"type\": \"random\", \"count\": $trials, \"seed\": 1,
         \"params\": {\"optimizer.lr\": {\"distribution\": \"log_uniform\", \"low\": 1e-4, \"high\": 1e-2}}}}" \
         "$api/v1/sweeps" | json "d['id']")
-    while [[ $(psql_q "$url" "SELECT count(*) FROM jobs WHERE state IN ('queued', 'scheduled', 'running')") != 0 ]]; do
-        sleep 0.5
-        kill -0 "${pids[-1]}" 2>/dev/null || { tail "$dir/worker.log" >&2; fb_die "the worker exited"; }
-    done
+    bench_wait
     t1=$(date +%s.%N)
     psql_q "$url" "
       WITH s AS (SELECT j.id, extract(epoch FROM (SELECT min(e.recorded_at) FROM job_events e
@@ -94,8 +48,7 @@ run() {
              round((3600 * (SELECT count(*) FROM jobs WHERE sweep_id = '$sweep'
                            AND state = 'completed') / ($t1 - $t0))::numeric, 0)
       FROM s" | tr '|' ' '
-    kill -TERM "${pids[-1]}" "${pids[-2]}" 2>/dev/null || true
-    wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null || true
+    bench_stop
 }
 
 echo "Dispatch benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, one CPU worker;" \

@@ -27,59 +27,15 @@ trials=${2:-27}
 steps=${3:-900}
 grace=${4:-100}
 rungs=${5:-2}
-# shellcheck source=../../scripts/lib/common.sh
-source "$root/scripts/lib/common.sh"
-for b in server/fuseboxd workers/fusebox-worker; do
-    [[ -x $build/$b ]] || fb_die "build first: cmake --build $build (missing $b)"
-done
-# This machine sets both; they slow OpenBLAS.  Unset for every run alike.
-unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
-
-work=$(mktemp -d /tmp/fusebox-bench-sweep.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    fb_pg_throwaway_stop
-    rm -rf -- "$work"
-}
-trap cleanup EXIT
-fb_pg_throwaway_start >/dev/null
-
-json() { /usr/bin/python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
-psql_q() { "$FB_PG_BINDIR/psql" "$1" -XtAq -c "$2"; }
+# shellcheck source=../lib/cluster.sh
+source "$root/bench/lib/cluster.sh"
+bench_setup sweep
 
 # run NAME MAX_ARRAY EARLY_STOPPING(json or null): one server and worker on a
 # fresh database; prints a row.
 run() {
-    local name=$1 max_array=$2 es=$3 db dir port wport admin tenant key sweep
-    db=fusebox_bench_$name
-    db=${db//-/_}
-    local pg_port url=${FB_TMP_PG_URL%/*}/$db
-    pg_port=$(sed -E 's|.*:([0-9]+)/.*|\1|' <<<"$FB_TMP_PG_URL")
-    fb_as_pg "$FB_PG_BINDIR/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres "$db"
-    dir=$work/$name
-    mkdir -p "$dir"
-    "$build/workers/fusebox-worker" --gen-key "$dir/worker.key" >/dev/null 2>&1
-    sed -n 's/^public: //p' "$dir/worker.key" >"$dir/worker-keys"
-    port=$(fb_free_port)
-    wport=$(fb_free_port)
-    "$build/server/fuseboxd" --database-url "$url" --data-dir "$dir" --port "$port" \
-        --worker-listen "tcp://127.0.0.1:$wport" --max-array "$max_array" \
-        --log-level warn 2>"$dir/fuseboxd.log" &
-    pids+=($!)
-    for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-    "$build/workers/fusebox-worker" --server "tcp://127.0.0.1:$wport" \
-        --server-key "$dir/server.key.pub" --key "$dir/worker.key" --name "bench-$name" \
-        --cpu-devices 1 2>"$dir/worker.log" &
-    pids+=($!)
-    local api=http://127.0.0.1:$port
-    admin=$(cat "$dir/admin.key")
-    tenant=$(curl -fsS -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' \
-        -d '{"name": "bench", "quotas": {"max_queued_jobs": 100000}}' "$api/v1/tenants" | json "d['id']")
-    key=$(curl -fsS -X POST -H "Authorization: Bearer $admin" "$api/v1/tenants/$tenant/keys" |
-        json "d['key']")
-    sleep 1 # the worker registers
+    local name=$1 max_array=$2 es=$3 url api dir key sweep
+    bench_cluster "$name" "$max_array"
     sweep=$(curl -fsS -H "Authorization: Bearer $key" -H 'Content-Type: application/json' -d "{
       \"name\": \"bench\", \"base\": {\"dataset\": \"fashion-mnist\",
         \"model\": {\"input\": [1, 28, 28], \"layers\": [{\"type\": \"flatten\"},
@@ -90,10 +46,7 @@ run() {
         \"params\": {\"optimizer.lr\": {\"distribution\": \"log_uniform\", \"low\": 1e-4, \"high\": 3e-2},
                      \"optimizer.weight_decay\": {\"distribution\": \"uniform\", \"low\": 0, \"high\": 0.1}}},
       \"early_stopping\": $es}" "$api/v1/sweeps" | json "d['id']")
-    while [[ $(psql_q "$url" "SELECT count(*) FROM jobs WHERE state IN ('queued', 'scheduled', 'running')") != 0 ]]; do
-        sleep 0.5
-        kill -0 "${pids[-1]}" 2>/dev/null || { tail "$dir/worker.log" >&2; fb_die "the worker exited"; }
-    done
+    bench_wait
     # times from the database's own clock: submission (the sweep's created_at) to finish
     psql_q "$url" "
       WITH s AS (SELECT created_at FROM sweeps WHERE id = '$sweep'),
@@ -110,8 +63,7 @@ run() {
              round((SELECT acc FROM best)::numeric, 4),
              round((SELECT done_s FROM best)::numeric, 1),
              round((SELECT max(done_s) FROM t)::numeric, 1)" | tr '|' ' '
-    kill -TERM "${pids[-1]}" "${pids[-2]}" 2>/dev/null || true
-    wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null || true
+    bench_stop
 }
 
 asha="{\"type\": \"asha\", \"metric\": \"eval_accuracy\", \"mode\": \"max\", \"grace_steps\": $grace,
