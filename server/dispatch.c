@@ -133,6 +133,8 @@ static int64_t now_ms(void)
 
 static bool load_groups(fb_dispatch_t *d);
 static bool update_utilization(fb_dispatch_t *d, const char *group_id);
+static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m, const char *ids,
+                            const char *steps, const char *totals);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
 static bool db_ok(fb_dispatch_t *d)
@@ -997,22 +999,25 @@ static bool update_utilization(fb_dispatch_t *d, const char *group_id)
 static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
 {
     size_t cap = (size_t)m->n_progress * 48 + 16;
-    char *ids = malloc(cap), *steps = malloc(cap), *loss = malloc(cap), *acc = malloc(cap),
-         *lr = malloc(cap);
+    char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap), *loss = malloc(cap),
+         *acc = malloc(cap), *lr = malloc(cap);
     bool ok = false;
-    if (!ids || !steps || !loss || !acc || !lr) goto done;
-    size_t li = 1, ls = 1, ll = 1, la = 1, lr_ = 1;
-    ids[0] = steps[0] = loss[0] = acc[0] = lr[0] = '{';
+    if (!ids || !steps || !totals || !loss || !acc || !lr) goto done;
+    size_t li = 1, ls = 1, lt = 1, ll = 1, la = 1, lr_ = 1;
+    ids[0] = steps[0] = totals[0] = loss[0] = acc[0] = lr[0] = '{';
     for (int i = 0; i < m->n_progress; i++) {
         const fb_wire_member_progress *p = &m->progress[i];
         li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
         ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
+        lt += (size_t)snprintf(totals + lt, cap - lt, "%s%lld", i ? "," : "",
+                               (long long)p->steps);
         arr_num(loss, cap, &ll, p->loss, i == 0);
         arr_num(acc, cap, &la, p->accuracy, i == 0);
         arr_num(lr, cap, &lr_, p->lr, i == 0);
     }
     snprintf(ids + li, cap - li, "}");
     snprintf(steps + ls, cap - ls, "}");
+    snprintf(totals + lt, cap - lt, "}");
     snprintf(loss + ll, cap - ll, "}");
     snprintf(acc + la, cap - la, "}");
     snprintf(lr + lr_, cap - lr_, "}");
@@ -1056,10 +1061,11 @@ static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
                " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
                " WHERE id = $1::uuid",
                6, vg) &&
-         update_utilization(d, m->group_id);
+         update_utilization(d, m->group_id) && record_slowdown(d, m, ids, steps, totals);
 done:
     free(ids);
     free(steps);
+    free(totals);
     free(loss);
     free(acc);
     free(lr);
@@ -1072,37 +1078,23 @@ done:
  * the profile of (fusion key, array size, device kind): measured whenever an
  * array has its devices to itself (no other unfinished array on any of them)
  * and smoothed, then reused for arrays that share.  Until a profile exists a
- * job's slowdown stays unknown.
+ * job's slowdown stays unknown.  ids, steps and totals are the report's
+ * members as the array literals write_progress built.
  */
-static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m)
+static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m, const char *ids,
+                            const char *steps, const char *totals)
 {
     double step_ms = 0;
     const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
     for (int i = 0; i < 4; i++)
         if (isfinite(parts[i])) step_ms += parts[i];
     if (!(step_ms > 0) || m->n_progress < 1) return true;
-    size_t cap = (size_t)m->n_progress * 48 + 16;
-    char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap);
-    bool ok = false;
-    if (!ids || !steps || !totals) goto done;
-    size_t li = 1, ls = 1, lt = 1;
-    ids[0] = steps[0] = totals[0] = '{';
-    for (int i = 0; i < m->n_progress; i++) {
-        const fb_wire_member_progress *p = &m->progress[i];
-        li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
-        ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
-        lt += (size_t)snprintf(totals + lt, cap - lt, "%s%lld", i ? "," : "",
-                               (long long)p->steps);
-    }
-    snprintf(ids + li, cap - li, "}");
-    snprintf(steps + ls, cap - ls, "}");
-    snprintf(totals + lt, cap - lt, "}");
     char ms[40], b[16];
     snprintf(ms, sizeof ms, "%.9g", step_ms);
     snprintf(b, sizeof b, "%d", m->n_progress);
     const char *vp[3] = {m->group_id, ms, b};
     const char *vs[6] = {m->group_id, ms, b, ids, steps, totals};
-    ok = exec1(d,
+    return exec1(d,
                "INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms)"
                " SELECT g.fusion_key, $3::int, w.backend, $2::float8 FROM groups g"
                " JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid"
@@ -1125,11 +1117,6 @@ static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m)
                "  WHERE jm.job_id = s.id AND jm.step = s.step)"
                " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
                6, vs);
-done:
-    free(ids);
-    free(steps);
-    free(totals);
-    return ok;
 }
 
 /* Writes queued progress reports, all in one transaction; kept on failure. */
@@ -1137,7 +1124,7 @@ static void flush_progress(fb_dispatch_t *d)
 {
     if (!d->progress.head || !db_ok(d) || !begin(d)) return;
     for (pending *p = d->progress.head; p; p = p->next)
-        if (!write_progress(d, &p->m) || !record_slowdown(d, &p->m)) {
+        if (!write_progress(d, &p->m)) {
             rollback(d);
             return;
         }

@@ -74,6 +74,20 @@ int fb_route_txn(fb_req *req, fb_db_fn fn, void *arg)
     return err;
 }
 
+int fb_route_reply_page(fb_req *req, fb_db_fn fn, void *arg, json_t **items, const char *next,
+                        const char *key)
+{
+    int err = fb_route_txn(req, fn, arg);
+    if (err) {
+        json_decref(*items);
+        return err;
+    }
+    if (!*items) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
+    fb_req_reply_json(req, 200, json_pack("{s:o, s:o}", key, *items, "next_cursor",
+                                          next[0] ? json_string(next) : json_null()));
+    return FB_OK;
+}
+
 void fb_pg_page(PGresult *r, long long limit, json_t **items, char *next, size_t next_cap)
 {
     json_decref(*items);

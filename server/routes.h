@@ -92,6 +92,15 @@ json_t *fb_pg_json(const PGresult *r, int row, int col);
  */
 void fb_pg_page(PGresult *r, long long limit, json_t **items, char *next, size_t next_cap);
 
+/*
+ * Runs a list route's transaction fn (which fills *items and next with
+ * fb_pg_page) and answers {"<key>": items, "next_cursor": next or null}.
+ * Owns *items afterwards on every path.  Returns FB_OK or the error
+ * already recorded on the request.
+ */
+int fb_route_reply_page(fb_req *req, fb_db_fn fn, void *arg, json_t **items, const char *next,
+                        const char *key);
+
 /* Reads an optional integer query parameter in [lo, hi] into *out (def when
  * absent); FB_ERR_BAD_QUERY naming it otherwise. */
 int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,

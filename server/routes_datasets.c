@@ -1909,15 +1909,7 @@ int fb_route_dataset_list(fb_req *req)
     x.vals[0] = req->key.tenant_id;
     x.vals[1] = cursor[0] ? cursor : NULL;
     x.vals[2] = limit_s;
-    if ((err = fb_route_txn(req, list_txn, &x))) {
-        json_decref(x.items);
-        return err;
-    }
-    if (!x.items) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
-    fb_req_reply_json(req, 200,
-                      json_pack("{s:o, s:o}", "datasets", x.items, "next_cursor",
-                                x.next[0] ? json_string(x.next) : json_null()));
-    return FB_OK;
+    return fb_route_reply_page(req, list_txn, &x, &x.items, x.next, "datasets");
 }
 
 typedef struct ds_get {

@@ -295,15 +295,7 @@ int fb_route_job_list(fb_req *req)
     x.vals[3] = name[0] ? name : NULL;
     x.vals[4] = cursor[0] ? cursor : NULL;
     x.vals[5] = limit_s;
-    if ((err = fb_route_txn(req, job_list_txn, &x))) {
-        json_decref(x.items);
-        return err;
-    }
-    if (!x.items) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
-    fb_req_reply_json(req, 200,
-                      json_pack("{s:o, s:o}", "jobs", x.items, "next_cursor",
-                                x.next[0] ? json_string(x.next) : json_null()));
-    return FB_OK;
+    return fb_route_reply_page(req, job_list_txn, &x, &x.items, x.next, "jobs");
 }
 
 /* ---- cancel ---- */

@@ -8,6 +8,7 @@
 #define FB_TESTS_SESSION_UTIL_H
 
 #include "check.h"
+#include "data/data_util.h"
 #include "engine/engine_util.h"
 
 #include <dirent.h>
@@ -74,23 +75,6 @@ static inline void su_log_free(su_log *l)
     su_log_init(l);
 }
 
-/* The bytes of a file (malloc'd), *len its size. */
-static inline void *su_read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK(f != NULL);
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0);
-    rewind(f);
-    void *buf = malloc((size_t)n + 1);
-    CHECK(buf != NULL);
-    CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 static inline void su_copy_blob(su_blob *b, const fb_train_event *ev)
 {
     b->step = ev->step;
@@ -139,7 +123,7 @@ static inline void su_record(const fb_train_event *ev, void *user)
         if (l->check_files && b->path[0] && b->data) {
             /* the file and the blob come from one serializer: the same bytes */
             size_t n;
-            void *file = su_read_file(b->path, &n);
+            void *file = du_read(b->path, &n);
             CHECK_INT_EQ(n, b->len);
             CHECK(memcmp(file, b->data, n) == 0);
             free(file);

@@ -137,7 +137,7 @@ static void test_events(void)
             fb_st_close(f);
             if (mode == 1) {
                 size_t n;
-                void *file = su_read_file(d->path, &n);
+                void *file = du_read(d->path, &n);
                 CHECK_INT_EQ(n, d->len);
                 CHECK(memcmp(file, d->data, n) == 0);
                 free(file);
@@ -149,7 +149,7 @@ static void test_events(void)
     char path[1024];
     snprintf(path, sizeof path, "%s/a.checkpoint.safetensors", dir);
     size_t n;
-    void *file = su_read_file(path, &n);
+    void *file = du_read(path, &n);
     CHECK_INT_EQ(n, log.ckpt[0][2].len);
     CHECK(memcmp(file, log.ckpt[0][2].data, n) == 0);
     free(file);
