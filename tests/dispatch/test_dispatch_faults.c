@@ -12,6 +12,7 @@
  *    array finishes.
  */
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,8 +63,10 @@ static void submit_sweep(const char *name, const char *extra_base, const char *o
     fbt_resp_free(&r);
 }
 
-/* Each job's model must equal fusebox-train's for the same specs as one array. */
-static void check_against_reference(char (*ids)[64], char (*names)[64], int n, const char *tag)
+/* Each job's model must equal fusebox-train's for the same specs as one array: bit for bit
+ * (tol 0) when the jobs trained in that composition throughout, else within tol. */
+static void check_against_reference(char (*ids)[64], char (*names)[64], int n, const char *tag,
+                                    double tol)
 {
     char files[4][400], ref[400], path[128];
     const char *fp[4];
@@ -87,7 +90,7 @@ static void check_against_reference(char (*ids)[64], char (*names)[64], int n, c
         snprintf(want, sizeof want, "%s/%s.safetensors", ref, names[i]);
         double d = e2e_max_diff(got, want);
         printf("%s: job %d: max |model - uninterrupted fusebox-train| = %g\n", tag, i, d);
-        CHECK(d == 0);
+        CHECK(d >= 0 && d <= tol);
     }
 }
 
@@ -96,8 +99,9 @@ static void worker_killed(pid_t *worker)
     char ids[2][64], names[2][64], sql[512];
     submit_sweep("kill", "", "adam", "0.002, 0.01", 2, 1024, 900, 100, ids, names);
     snprintf(sql, sizeof sql,
-             "SELECT bool_and(resume_step >= 200) FROM jobs WHERE id IN ('%s', '%s')", ids[0],
-             ids[1]);
+             "SELECT min(resume_step) >= 200 AND min(resume_step) = max(resume_step) FROM jobs"
+             " WHERE id IN ('%s', '%s')",
+             ids[0], ids[1]);
     e2e_wait_sql(&T, sql, 120, "checkpoints at step 200");
     CHECK_INT_EQ(e2e_kill(*worker, SIGKILL), 128 + SIGKILL);
     double t0 = fbt_now_ms();
@@ -124,7 +128,16 @@ static void worker_killed(pid_t *worker)
                  ids[i]);
         CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "t");
     }
-    check_against_reference(ids, names, 2, "kill");
+    /* the two resume together (one array, bit-identical) when the kill left both at the same
+     * checkpoint; when it fell between their two checkpoint records they resume at different
+     * steps, in arrays of one, and match within the fused-vs-solo tolerance (Adam over 900
+     * steps amplifies the rounding of other GEMM shapes to a few 1e-3 in the weights) */
+    snprintf(sql, sizeof sql,
+             "SELECT count(DISTINCT group_id) = 1 FROM jobs WHERE id IN ('%s', '%s')", ids[0],
+             ids[1]);
+    bool together = strcmp(fbt_sql_value(&T.s, sql), "t") == 0;
+    printf("kill: the jobs resumed %s\n", together ? "in one array" : "in separate arrays");
+    check_against_reference(ids, names, 2, "kill", together ? 0 : 1e-2);
 }
 
 static void server_killed(void)
@@ -159,7 +172,7 @@ static void server_killed(void)
     }
     snprintf(sql, sizeof sql, "SELECT generation FROM groups WHERE id = '%s'", group);
     CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "1");
-    check_against_reference(ids, names, 2, "restart");
+    check_against_reference(ids, names, 2, "restart", 0);
 }
 
 static void member_diverges(void)
