@@ -9,7 +9,7 @@
 #   - durable POST /v1/jobs per second (wrk, 64 connections) next to
 #     bench_api_raw, a raw libpq INSERT+COMMIT loop into the same jobs table
 #     of the same database with as many connections as fuseboxd's pool
-#     (FUSEBOX_BENCH_POOL, default 4, fuseboxd's default on 2 cores): the
+#     (FUSEBOX_BENCH_POOL, default one per core, fuseboxd's default): the
 #     limit; target ratio >= 0.5;
 #   - GET /v1/jobs/{id} per second and its p99 latency with 64 connections;
 #     target p99 <= 20 ms; next to it GET /healthz's p99 under the same load,
@@ -23,7 +23,7 @@ here=$root/bench/api
 build=${1:-$root/build}
 runs=${FUSEBOX_BENCH_RUNS:-3}
 secs=${FUSEBOX_BENCH_SECONDS:-8}
-pool=${FUSEBOX_BENCH_POOL:-4}
+pool=${FUSEBOX_BENCH_POOL:-$(nproc)}
 conns=64
 pgbin=/usr/lib/postgresql/15/bin
 
