@@ -439,7 +439,7 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
     static const char *const k_ln[] = {"type", "eps", "affine", NULL};
     static const char *const k_res[] = {"type", "body", "shortcut", NULL};
     static const char *const gelu_names[] = {"none", "tanh"};
-    int err, t;
+    int err, t = 0;
     int64_t v;
 
     if (!json_is_object(obj))

@@ -236,7 +236,7 @@ static int parse_param(json_t *v, const char *path, fb_search_type type, param *
     static const char *const allowed[] = {"distribution", "values", "low", "high", NULL};
     int err = only_fields(v, where, allowed, msg, cap);
     if (err) return err;
-    int dist;
+    int dist = 0;
     int def = json_object_get(v, "values") ? DIST_CHOICE : -1;
     if ((err = get_enum(v, "distribution", where, def < 0, def, dist_names, 4, &dist, msg, cap)))
         return err;
@@ -304,7 +304,7 @@ static int parse_search(fb_sweep_spec *s, json_t *search, char *msg, size_t cap)
     int err = only_fields(search, "search", allowed, msg, cap);
     if (err) return err;
     static const char *const types[] = {"grid", "random"};
-    int type;
+    int type = 0;
     if ((err = get_enum(search, "type", "search", true, 0, types, 2, &type, msg, cap))) return err;
     s->type = (fb_search_type)type;
     if (s->type == FB_SEARCH_GRID) {

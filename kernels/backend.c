@@ -5,6 +5,11 @@
  * they are the same for every backend.
  */
 #include "backend_impl.h"
+#include "cuda/cuda_backend.h"
+
+#include <string.h>
+
+#include "../api/errors.h"
 
 #define FB_OP_FN(be, fn)                                                                           \
     do {                                                                                           \
@@ -16,11 +21,71 @@
 
 #ifndef FB_HAVE_CUDA
 /* Without CUDA built in there is no CUDA backend; kernels/cuda provides this
- * function when FB_HAVE_CUDA is defined. */
+ * function and those of cuda/cuda_backend.h when FB_HAVE_CUDA is defined.
+ * These stand-ins let callers use them without #ifdef. */
 fb_backend_t *fb_backend_cuda(int device)
 {
     (void)device;
     return NULL;
+}
+
+/* No CUDA backend exists in this build: FB_ERR_UNSUPPORTED, *out untouched. */
+int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, size_t cap)
+{
+    (void)out;
+    if (msg && cap > 0)
+        snprintf(msg, cap, "CUDA device %d: fusebox was built without CUDA", device);
+    return FB_ERR_UNSUPPORTED;
+}
+
+/* Always false: no backend of this build is CUDA. */
+bool fb_backend_is_cuda(const fb_backend_t *be)
+{
+    (void)be;
+    return false;
+}
+
+/* No stream outside CUDA. */
+void *fb_cuda_backend_stream(fb_backend_t *be, int which)
+{
+    (void)be;
+    (void)which;
+    return NULL;
+}
+
+/* A backend that is not CUDA has no recorded error. */
+int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap)
+{
+    (void)be;
+    (void)msg;
+    (void)cap;
+    return FB_OK;
+}
+
+/* Nothing to clear outside CUDA. */
+void fb_cuda_backend_clear_error(fb_backend_t *be)
+{
+    (void)be;
+}
+
+/* TF32 exists only on CUDA. */
+void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on)
+{
+    (void)be;
+    (void)on;
+}
+
+/* Zero counters outside CUDA. */
+void fb_cuda_backend_pool_stats(fb_backend_t *be, fb_cuda_pool_stats *out)
+{
+    (void)be;
+    if (out) memset(out, 0, sizeof *out);
+}
+
+/* No pool to trim outside CUDA. */
+void fb_cuda_backend_trim(fb_backend_t *be)
+{
+    (void)be;
 }
 #endif
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_backend.h"
 #include "rng.h"
 #include "safetensors.h"
 
@@ -736,6 +737,15 @@ static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stre
     for (int i = n - 1; i >= 0; i--) backward_node(a, &nodes[i], N, stream);
 }
 
+/* FB_OK, or the device failure the backend recorded since it was created
+ * (a CUDA backend's ops return nothing and record their first failure; see
+ * kernels/cuda/cuda_backend.h).  Free on the CPU backends; on CUDA it waits
+ * for queued work, which the caller's downloads have mostly done already. */
+static int device_status(const fb_array *a, char *msg, size_t cap)
+{
+    return fb_cuda_backend_error(a->be, msg, cap);
+}
+
 int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
                               uint64_t stream, float *loss, float *correct, char *msg,
                               size_t cap)
@@ -758,7 +768,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     fb_backend_upload(a->be, ACT(a->x_off), x, (size_t)N * (size_t)a->in_numel * sizeof(float));
     forward_nodes(a, a->nodes, a->n_nodes, N, train, stream);
     a->last_n = N;
-    if (!y) return FB_OK;
+    if (!y) return device_status(a, msg, cap);
 
     bool grad = train;
     float *dlogits = NULL;
@@ -789,15 +799,31 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);
     if (loss) fb_backend_download(a->be, loss, dev_loss, (size_t)B * sizeof(float));
     if (correct) fb_backend_download(a->be, correct, dev_correct, (size_t)B * sizeof(float));
-    return FB_OK;
+    return device_status(a, msg, cap);
 }
 
 void fb_array_logits(const fb_array *a, int m, int N, float *dst)
 {
+    const size_t K = (size_t)a->K, B = (size_t)a->B;
+    const float *src = a->act + a->logits_off;
+    /* One download of all members' rows, then a host gather: on a GPU every
+     * download waits for the device, so N row-sized ones would cost N waits.
+     * Row by row only when the host buffer cannot be had. */
+    if (B == 1) {
+        fb_backend_download(a->be, dst, src, (size_t)N * K * sizeof(float));
+        return;
+    }
+    float *all = malloc((size_t)N * B * K * sizeof *all);
+    if (!all) {
+        for (int n = 0; n < N; n++)
+            fb_backend_download(a->be, dst + (size_t)n * K, src + ((size_t)n * B + m) * K,
+                                K * sizeof(float));
+        return;
+    }
+    fb_backend_download(a->be, all, src, (size_t)N * B * K * sizeof *all);
     for (int n = 0; n < N; n++)
-        fb_backend_download(a->be, dst + (size_t)n * a->K,
-                            a->act + a->logits_off + ((size_t)n * a->B + m) * a->K,
-                            (size_t)a->K * sizeof(float));
+        memcpy(dst + (size_t)n * K, all + ((size_t)n * B + m) * K, K * sizeof *all);
+    free(all);
 }
 
 /* ---- optimisation and membership ------------------------------------------ */
@@ -975,6 +1001,7 @@ int fb_array_add_tensors(const fb_array *a, int m, bool grads, fb_st_writer *w, 
         tracked[k] = a->bn_tracked[(size_t)m * a->n_bn + k];
         if ((err = fb_st_writer_add_i64(w, name, NULL, 0, &tracked[k], msg, cap))) goto fail;
     }
+    if ((err = device_status(a, msg, cap))) goto fail; /* the downloads may not have happened */
     *hold = block;
     return FB_OK;
 fail:
@@ -1076,7 +1103,7 @@ int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t cap)
                           host[t], d->per_member * sizeof(float));
     }
     memcpy(a->bn_tracked + (size_t)m * a->n_bn, tracked, (size_t)a->n_bn * sizeof *tracked);
-    err = FB_OK;
+    err = device_status(a, msg, cap);
 done:
     if (host)
         for (int t = 0; t < n_total; t++) free(host[t]);

@@ -60,7 +60,11 @@ int fb_array_outputs(const fb_array *a);
  * loss [B] and correct [B] (may be NULL) receive each member's mean loss and
  * count of correct argmax predictions, in host memory.  For mse, y holds class
  * labels turned into one-hot targets when the output has K > 1 features, or
- * x-aligned float targets are not supported (FB_ERR_UNSUPPORTED).
+ * x-aligned float targets are not supported (FB_ERR_UNSUPPORTED).  On a CUDA
+ * backend a failed device call anywhere since the backend was created (this
+ * step, or an fb_array_step before it) is returned here (FB_ERR_IO,
+ * FB_ERR_NOMEM or FB_ERR_DATA, see kernels/cuda/cuda_backend.h), and then
+ * loss and correct hold nothing meaningful.
  */
 int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
                               uint64_t stream, float *loss, float *correct, char *msg,
@@ -89,7 +93,8 @@ void fb_array_remove(fb_array *a, int m);
  * Writes member m's parameters and batch-norm buffers as safetensors (what a
  * PyTorch user loads with load_state_dict), atomically.  With grads true,
  * writes the gradients of the last backward under the same names instead.
- * meta_key/meta_value (may be NULL) add one metadata entry.
+ * meta_key/meta_value (may be NULL) add one metadata entry.  A device failure
+ * on the CUDA backend fails the save before anything is written.
  */
 int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const char *meta_key,
                   const char *meta_value, char *msg, size_t msg_cap);
@@ -99,7 +104,9 @@ int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const 
  * no unknown tensor may appear, except that a full-state checkpoint
  * (metadata "format" = FB_CHECKPOINT_FORMAT, session.h) may carry optimizer
  * state under "optim.", which is ignored: a checkpoint serves as an init
- * file for its model part.  On failure member m is unchanged. */
+ * file for its model part.  On failure member m is unchanged, except that a
+ * device failure on the CUDA backend (reported like fb_array_forward_backward)
+ * leaves it undefined. */
 int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t msg_cap);
 
 /* ---- one member's state, tensor by tensor (checkpoints) ------------------- */

@@ -3,7 +3,7 @@
  * writes back what the engine computed, so that test_torch_parity.py can
  * compare the two.
  *
- *   torch_driver [--backend cpu|cpu-ref] [--threads T] grad SPEC INIT BATCH OUT_PREFIX
+ *   torch_driver [--backend cpu|cpu-ref|cuda] [--threads T] grad SPEC INIT BATCH OUT_PREFIX
  *     B = 1.  Loads INIT into the model of SPEC, runs one train-mode forward and
  *     backward on BATCH ("x" F32 [N, ...], "y" I64 [N]) and writes
  *       OUT_PREFIX.logits.safetensors  "logits" [N, K] and "loss" [] of that
@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "cuda/cuda_backend.h"
 #include "safetensors.h"
 
 #define MSG_CAP 1024
@@ -37,9 +38,9 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: torch_driver [--backend cpu|cpu-ref] [--threads T] grad SPEC INIT BATCH "
+            "usage: torch_driver [--backend cpu|cpu-ref|cuda] [--threads T] grad SPEC INIT BATCH "
             "OUT_PREFIX\n"
-            "       torch_driver [--backend cpu|cpu-ref] [--threads T] traj SPEC INIT "
+            "       torch_driver [--backend cpu|cpu-ref|cuda] [--threads T] traj SPEC INIT "
             "[SPEC INIT ...] BATCHES OUT.json\n");
 }
 
@@ -271,8 +272,16 @@ int main(int argc, char **argv)
     fb_backend_t *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
                        : strcmp(backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
                                                           : NULL;
+    if (strcmp(backend, "cuda") == 0) {
+        /* device 0; 77 tells the test script that there is none to test */
+        char why[256];
+        if (fb_cuda_backend_get(0, &be, why, sizeof why) != FB_OK) {
+            fprintf(stderr, "torch_driver: no CUDA backend: %s\n", why);
+            return 77;
+        }
+    }
     if (!be) {
-        fprintf(stderr, "torch_driver: unknown backend '%s' (cpu, cpu-ref)\n", backend);
+        fprintf(stderr, "torch_driver: unknown backend '%s' (cpu, cpu-ref, cuda)\n", backend);
         return 2;
     }
     fb_backend_set_threads(be, threads);
@@ -288,6 +297,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* A failed device call is recorded by the backend, not returned by the
+     * ops: the run only counts if none happened. */
+    if (!err) err = fb_cuda_backend_error(be, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "torch_driver: %s (%s)\n", msg, fb_err_code(err));
         return 1;

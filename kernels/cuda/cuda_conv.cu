@@ -1,0 +1,250 @@
+/*
+ * The CUDA backend's 2-D convolution on cuDNN.
+ *
+ * The engine's layouts are cuDNN's NCHW ones: in [N, B*C, H, W], w [B, K, C,
+ * kh, kw] = [B*K, C, kh, kw] and out [N, B*K, Ho, Wo], so B members are one
+ * grouped convolution with groups = B.  The shared first layer reads in [N,
+ * C, H, W] and is one ungrouped convolution with B*K output channels.
+ *
+ * Each shape (geometry and TF32 setting) gets a plan on first use: the
+ * descriptors and, for each direction, the algorithm cuDNN's heuristics rank
+ * first among the deterministic ones that fit the workspace limit.  The
+ * heuristic ranking (not a timed search) makes the choice the same in every
+ * run on the same device and library, so runs are reproducible.  Plans live
+ * as long as the backend.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* The most workspace one algorithm may ask for. */
+#define FBC_CONV_WS_LIMIT ((size_t)512 << 20)
+
+static cudnnMathType_t plan_math(const struct fbc_conv_plan *p)
+{
+    /* FMA math keeps float convolutions off the TF32 tensor cores. */
+    return p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+static bool geom_equal(const fb_conv_geom *a, const fb_conv_geom *b)
+{
+    return a->N == b->N && a->B == b->B && a->C == b->C && a->H == b->H && a->W == b->W &&
+           a->K == b->K && a->kh == b->kh && a->kw == b->kw && a->sh == b->sh && a->sw == b->sw &&
+           a->ph == b->ph && a->pw == b->pw && a->Ho == b->Ho && a->Wo == b->Wo &&
+           a->shared == b->shared;
+}
+
+static void plan_destroy(struct fbc_conv_plan *p)
+{
+    if (p->x) cudnnDestroyTensorDescriptor(p->x);
+    if (p->y) cudnnDestroyTensorDescriptor(p->y);
+    if (p->w) cudnnDestroyFilterDescriptor(p->w);
+    if (p->conv) cudnnDestroyConvolutionDescriptor(p->conv);
+    memset(p, 0, sizeof *p);
+}
+
+/* The exact workspace of one algorithm of one direction (dir 0 forward,
+ * 1 backward data, 2 backward filter); false when cuDNN cannot say. */
+static bool algo_ws(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, int algo,
+                    size_t *ws)
+{
+    cudnnStatus_t s;
+    if (dir == 0)
+        s = cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->x, p->w, p->conv, p->y,
+                                                    (cudnnConvolutionFwdAlgo_t)algo, ws);
+    else if (dir == 1)
+        s = cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->w, p->y, p->conv, p->x,
+                                                         (cudnnConvolutionBwdDataAlgo_t)algo, ws);
+    else
+        s = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            c->dnn, p->x, p->y, p->conv, p->w, (cudnnConvolutionBwdFilterAlgo_t)algo, ws);
+    return s == CUDNN_STATUS_SUCCESS;
+}
+
+/* Keeps, in cuDNN's heuristic order, the results that succeeded, are
+ * deterministic and whose workspace fits the limit.  perf has n entries. */
+template <typename Perf>
+static void keep_algos(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, const Perf *perf,
+                       int n, struct fbc_conv_algos *out)
+{
+    out->n = out->cur = 0;
+    for (int i = 0; i < n && out->n < FBC_CONV_CANDIDATES; i++) {
+        size_t ws = 0;
+        if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC)
+            continue;
+        if (!algo_ws(c, p, dir, (int)perf[i].algo, &ws) || ws > FBC_CONV_WS_LIMIT) continue;
+        out->algo[out->n] = (int)perf[i].algo;
+        out->ws[out->n] = ws;
+        out->n++;
+    }
+}
+
+/* Fills p (zeroed by the caller) for g; false with the error recorded. */
+static bool plan_make(struct fbc_ctx *c, struct fbc_conv_plan *p, const fb_conv_geom *g)
+{
+    const int Bi = g->shared ? 1 : g->B;
+    long long cin = (long long)Bi * g->C, cout = (long long)g->B * g->K;
+    if (cin > INT32_MAX || cout > INT32_MAX) {
+        fbc_fail(c, FB_ERR_UNSUPPORTED, "conv2d: %lld input or %lld output channels", cin, cout);
+        return false;
+    }
+    p->g = *g;
+    p->tf32 = c->tf32;
+    if (!FBC_DNN(c, cudnnCreateTensorDescriptor(&p->x)) ||
+        !FBC_DNN(c, cudnnCreateTensorDescriptor(&p->y)) ||
+        !FBC_DNN(c, cudnnCreateFilterDescriptor(&p->w)) ||
+        !FBC_DNN(c, cudnnCreateConvolutionDescriptor(&p->conv)))
+        return false;
+    if (!FBC_DNN(c, cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->N,
+                                               (int)cin, g->H, g->W)) ||
+        !FBC_DNN(c, cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->N,
+                                               (int)cout, g->Ho, g->Wo)) ||
+        !FBC_DNN(c, cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                               (int)cout, g->C, g->kh, g->kw)) ||
+        !FBC_DNN(c, cudnnSetConvolution2dDescriptor(p->conv, g->ph, g->pw, g->sh, g->sw, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)) ||
+        !FBC_DNN(c, cudnnSetConvolutionGroupCount(p->conv, Bi == 1 ? 1 : g->B)) ||
+        !FBC_DNN(c, cudnnSetConvolutionMathType(p->conv, plan_math(p))))
+        return false;
+
+    /* cuDNN's idea of the output size must be ours. */
+    int dn = 0, dc = 0, dh = 0, dw = 0;
+    if (!FBC_DNN(c, cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &dn, &dc, &dh, &dw)))
+        return false;
+    if (dn != g->N || dc != (int)cout || dh != g->Ho || dw != g->Wo) {
+        fbc_fail(c, FB_ERR_INTERNAL,
+                 "conv2d: cuDNN output [%d, %d, %d, %d], expected [%d, %lld, %d, %d]", dn, dc, dh,
+                 dw, g->N, cout, g->Ho, g->Wo);
+        return false;
+    }
+
+    enum { MAXALG = 16 };
+    int n = 0;
+    cudnnConvolutionFwdAlgoPerf_t pf[MAXALG];
+    if (!FBC_DNN(c, cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv, p->y,
+                                                           MAXALG, &n, pf)))
+        return false;
+    keep_algos(c, p, 0, pf, n, &p->fwd);
+    if (!p->fwd.n) {
+        fbc_fail(c, FB_ERR_UNSUPPORTED, "conv2d: cuDNN offers no deterministic forward algorithm");
+        return false;
+    }
+    if (!g->shared) {
+        cudnnConvolutionBwdDataAlgoPerf_t pd[MAXALG];
+        if (!FBC_DNN(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv,
+                                                                    p->x, MAXALG, &n, pd)))
+            return false;
+        keep_algos(c, p, 1, pd, n, &p->bwd_data);
+        if (!p->bwd_data.n) {
+            fbc_fail(c, FB_ERR_UNSUPPORTED,
+                     "conv2d: cuDNN offers no deterministic backward-data algorithm");
+            return false;
+        }
+    }
+    cudnnConvolutionBwdFilterAlgoPerf_t pw[MAXALG];
+    if (!FBC_DNN(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->x, p->y, p->conv,
+                                                                  p->w, MAXALG, &n, pw)))
+        return false;
+    keep_algos(c, p, 2, pw, n, &p->bwd_filter);
+    if (!p->bwd_filter.n) {
+        fbc_fail(c, FB_ERR_UNSUPPORTED,
+                 "conv2d: cuDNN offers no deterministic backward-filter algorithm");
+        return false;
+    }
+    return true;
+}
+
+/* The plan for g, made on first use; NULL with the error recorded. */
+static struct fbc_conv_plan *plan_get(struct fbc_ctx *c, const fb_conv_geom *g)
+{
+    for (int i = 0; i < c->n_plans; i++)
+        if (c->plans[i].tf32 == c->tf32 && geom_equal(&c->plans[i].g, g)) return &c->plans[i];
+    if (c->n_plans == c->cap_plans) {
+        int cap = c->cap_plans ? 2 * c->cap_plans : 16;
+        struct fbc_conv_plan *np =
+            (struct fbc_conv_plan *)realloc(c->plans, (size_t)cap * sizeof *np);
+        if (!np) {
+            fbc_fail(c, FB_ERR_NOMEM, "conv2d: out of host memory for a plan");
+            return NULL;
+        }
+        c->plans = np;
+        c->cap_plans = cap;
+    }
+    struct fbc_conv_plan *p = &c->plans[c->n_plans];
+    memset(p, 0, sizeof *p);
+    if (!plan_make(c, p, g)) {
+        plan_destroy(p);
+        return NULL;
+    }
+    c->n_plans++;
+    return p;
+}
+
+/* Whether a status says cuDNN will not run this algorithm on this shape
+ * (any of the NOT_SUPPORTED codes), so the next candidate may be tried. */
+static bool not_supported(cudnnStatus_t s)
+{
+    return (int)s / 1000 == (int)CUDNN_STATUS_NOT_SUPPORTED / 1000;
+}
+
+/* Runs direction dir (0 forward, 1 backward data, 2 backward filter) with the
+ * current candidate, moving on to the next while cuDNN refuses; false with
+ * the error recorded. */
+static bool conv_run(struct fbc_ctx *c, struct fbc_conv_plan *p, int dir, const float *a,
+                     const float *b, float *dst, float beta)
+{
+    struct fbc_conv_algos *al = dir == 0 ? &p->fwd : dir == 1 ? &p->bwd_data : &p->bwd_filter;
+    const float one = 1.0f;
+    if (!FBC_DNN(c, cudnnSetConvolutionMathType(p->conv, plan_math(p)))) return false;
+    for (;;) {
+        size_t wsz = al->ws[al->cur];
+        void *ws = NULL;
+        if (wsz && !(ws = fbc_buf_get(c, &c->ws, wsz, "cuDNN workspace"))) return false;
+        cudnnStatus_t s;
+        if (dir == 0)
+            s = cudnnConvolutionForward(c->dnn, &one, p->x, a, p->w, b, p->conv,
+                                        (cudnnConvolutionFwdAlgo_t)al->algo[al->cur], ws, wsz,
+                                        &beta, p->y, dst);
+        else if (dir == 1)
+            s = cudnnConvolutionBackwardData(c->dnn, &one, p->w, a, p->y, b, p->conv,
+                                             (cudnnConvolutionBwdDataAlgo_t)al->algo[al->cur], ws,
+                                             wsz, &beta, p->x, dst);
+        else
+            s = cudnnConvolutionBackwardFilter(c->dnn, &one, p->x, a, p->y, b, p->conv,
+                                               (cudnnConvolutionBwdFilterAlgo_t)al->algo[al->cur],
+                                               ws, wsz, &beta, p->w, dst);
+        if (not_supported(s) && al->cur + 1 < al->n) {
+            al->cur++;
+            continue;
+        }
+        return FBC_DNN(c, s);
+    }
+}
+
+/* out [N, B*K, Ho, Wo] = conv(in, w) + bias [B*K] (bias may be NULL). */
+extern "C" void fbc_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+                                   const float *bias, const fb_conv_geom *g, float *scratch)
+{
+    (void)scratch;
+    struct fbc_ctx *c = fbc_begin(be);
+    if (!c || g->N == 0) return;
+    struct fbc_conv_plan *p = plan_get(c, g);
+    if (!p || !conv_run(c, p, 0, in, w, out, 0.0f)) return;
+    if (bias) fbc_bias_add(c, out, bias, g->N, g->B * g->K, g->Ho * g->Wo);
+}
+
+/* Accumulates (beta = 1) dbias [B*K] (may be NULL), dw [B*K, C, kh, kw] and,
+ * not shared, din [N, B*C, H, W] (may be NULL). */
+extern "C" void fbc_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+                                    const float *dout, const float *in, const float *w,
+                                    const fb_conv_geom *g, float *scratch)
+{
+    (void)scratch;
+    struct fbc_ctx *c = fbc_begin(be);
+    if (!c || g->N == 0) return;
+    struct fbc_conv_plan *p = plan_get(c, g);
+    if (!p) return;
+    if (dbias) fbc_channel_sum_acc(c, dbias, dout, g->N, g->B * g->K, g->Ho * g->Wo);
+    if (!conv_run(c, p, 2, in, dout, dw, 1.0f)) return;
+    if (din && !g->shared) conv_run(c, p, 1, w, dout, din, 1.0f);
+}
