@@ -29,6 +29,8 @@
 #include <zmq.h>
 
 #include "datadir.h"
+#include "device.h"
+#include "dp.h"
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
@@ -39,6 +41,7 @@
 #ifdef FB_HAVE_CUDA
 #include "cuda/cuda_device.h"
 #endif
+#include "cuda/cuda_backend.h"
 
 #ifndef FB_VERSION_STRING
 #define FB_VERSION_STRING "0.1.0"
@@ -198,7 +201,14 @@ typedef struct group {
     bool waiting;
     int n_split;
     int64_t split[FB_WIRE_MAX_DEVICES];
+    uint64_t split_gen; /* bumped by each REBALANCE that carries a split */
     struct group *dev_next;
+
+    /* hybrid parallelism, set at ASSIGN: n_dp data shards x pipeline stages on the worker's
+     * devices dp_devs (shard d, stage p at d * pipeline + p); 1 x 1 = one device */
+    int n_dp;
+    int pipeline;
+    int dp_devs[FB_WIRE_MAX_DEVICES];
 
     struct group *next; /* the main thread's list */
 } group;
@@ -226,6 +236,7 @@ struct fb_agent {
     agent_device dev[FB_WIRE_MAX_DEVICES];
     int n_dev_init; /* devices whose mutex and condition exist */
     const char *backend;
+    bool sync_bn; /* --sync-batchnorm */
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -524,6 +535,7 @@ typedef struct runner {
     fb_session *s;
     outmsg *pending, *pending_tail; /* events of the step in progress */
     double last_progress, samples, idle_ms;
+    uint64_t split_gen; /* the REBALANCE split the session trains with */
 } runner;
 
 /* Hands a message to the main thread; it owns it from then on. */
@@ -752,9 +764,11 @@ static void send_progress(runner *r, double now)
     o->w.generation = g->generation;
     /* evaluation and checkpoints run on the device, so they count as compute */
     o->w.compute_ms = (t.compute_ms + t.other_ms) / (double)steps;
-    o->w.comm_ms = 0; /* one device per group until hybrid parallelism lands */
+    /* data parallelism: all-reduce time backward did not hide, and waiting for the
+     * slowest device, on top of waiting for the device's turn */
+    o->w.comm_ms = t.comm_ms / (double)steps;
     o->w.io_ms = t.io_ms / (double)steps;
-    o->w.idle_ms = r->idle_ms / (double)steps;
+    o->w.idle_ms = (r->idle_ms + t.idle_ms) / (double)steps;
     o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
@@ -800,6 +814,33 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
                        .start_step = g->start_step,
                        .blobs = true,
                        .loader = loader};
+    fb_device devs[FB_WIRE_MAX_DEVICES];
+    int64_t split[FB_WIRE_MAX_DEVICES];
+    fb_dp_opts dpo = {.slow_rank = -1};
+    if (g->n_dp * g->pipeline > 1) {
+        for (int k = 0; k < g->n_dp * g->pipeline; k++) {
+            const agent_device *ad = &a->dev[g->dp_devs[k]];
+            memset(&devs[k], 0, sizeof devs[k]);
+            devs[k].kind = strcmp(ad->info.kind, "cuda") == 0 ? FB_DEVICE_CUDA : FB_DEVICE_CPU;
+            devs[k].ordinal = ad->info.idx;
+            devs[k].be = ad->be;
+        }
+        o.devices = devs;
+        o.n_devices = g->n_dp * g->pipeline;
+        o.pipeline = g->pipeline;
+        /* synchronised batch norm needs host memory: CPU devices only */
+        dpo.sync_bn = a->sync_bn && devs[0].kind == FB_DEVICE_CPU;
+        o.dp = &dpo;
+        /* the split of the ASSIGN, when it fits; the session checks it */
+        agent_device *primary = &a->dev[g->dev];
+        pthread_mutex_lock(&primary->mu);
+        if (g->n_split == g->n_dp) {
+            memcpy(split, g->split, sizeof split);
+            o.split = split;
+        }
+        r->split_gen = g->split_gen;
+        pthread_mutex_unlock(&primary->mu);
+    }
     int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train,
                              ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
     free(specs);
@@ -831,6 +872,52 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
     return !fb_session_done(r->s);
 }
 
+/* TF32 is a setting of the device's backend, not of an array: set it for
+ * this group's spec before each of its steps, since groups of another
+ * precision may share the device.  Nothing happens on CPU devices. */
+static void set_precision(group *g)
+{
+    bool tf32 = g->n_sess > 0 && g->m[g->by_sidx[0]].spec.precision == FB_PREC_TF32;
+    int n = g->n_dp * g->pipeline;
+    if (n <= 1) {
+        fb_cuda_backend_set_tf32(g->a->dev[g->dev].be, tf32);
+        return;
+    }
+    for (int k = 0; k < n; k++)
+        fb_cuda_backend_set_tf32(g->a->dev[g->dp_devs[k]].be, tf32);
+}
+
+/* Takes a REBALANCE's new split into the session between two steps; a split
+ * that does not fit (another shard count, another batch) is logged and the
+ * old one stays. */
+static void apply_split(runner *r, agent_device *d)
+{
+    group *g = r->g;
+    int64_t split[FB_WIRE_MAX_DEVICES];
+    int n = 0;
+    pthread_mutex_lock(&d->mu);
+    bool changed = g->split_gen != r->split_gen;
+    if (changed) {
+        n = g->n_split;
+        memcpy(split, g->split, sizeof split);
+        r->split_gen = g->split_gen;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!changed || fb_session_shards(r->s) < 2) return;
+    char msg[256];
+    if (fb_session_set_split(r->s, split, n, msg, sizeof msg) != FB_OK) {
+        agent_log("group %s: REBALANCE split not applied: %s", g->id, msg);
+        return;
+    }
+    char text[256];
+    size_t at = 0;
+    for (int d = 0; d < n && at < sizeof text; d++)
+        at += (size_t)snprintf(text + at, sizeof text - at, "%s%lld", d ? "/" : "",
+                               (long long)split[d]);
+    agent_log("group %s: batch split %s from step %lld", g->id, text,
+              (long long)fb_session_steps_done(r->s));
+}
+
 /* Trains until every member has left, or a stop or drain request. */
 static void train_loop(runner *r)
 {
@@ -857,11 +944,13 @@ static void train_loop(runner *r)
             dev_release(d, g, 0);
             break;
         }
+        apply_split(r, d);
         /* who trains this step, so that each gets "started" after its first one */
         for (int i = 0; i < g->n_members; i++) {
             member *mb = &g->m[i];
             mb->started = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
         }
+        set_precision(g);
         int size = fb_session_size(r->s);
         int err = fb_session_step(r->s, msg, sizeof msg);
         double t2 = now_ms();
@@ -1291,6 +1380,16 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     g->time_share = m->time_share > 0 ? m->time_share : 1;
     g->n_split = m->n_split;
     memcpy(g->split, m->split, sizeof g->split);
+    g->n_dp = 1;
+    g->pipeline = 1;
+    int want_d = m->parallel_data > 0 ? m->parallel_data : 1;
+    int want_p = m->parallel_pipeline > 0 ? m->parallel_pipeline : 1;
+    if (want_d * want_p > 1 && m->n_group_devices == want_d * want_p) {
+        /* shard d, stage p is entry d * P + p (docs/wire.md) */
+        g->n_dp = want_d;
+        g->pipeline = want_p;
+        for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
+    }
     g->ticket = a->next_ticket++;
     g->m = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->m);
     g->by_sidx = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->by_sidx);
@@ -1331,10 +1430,9 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         group_free(g);
         return;
     }
-    if (m->n_group_devices > 1)
-        agent_log("group %s: %d devices assigned; data and pipeline parallelism are not "
-                  "implemented yet, so it trains on device %d alone (same results)",
-                  m->group_id, m->n_group_devices, g->dev);
+    if (g->n_dp * g->pipeline > 1)
+        agent_log("group %s: %d data shard%s x %d pipeline stage%s", m->group_id, g->n_dp,
+                  g->n_dp == 1 ? "" : "s", g->pipeline, g->pipeline == 1 ? "" : "s");
     g->bye = outmsg_new(OUT_EXIT, g);
     g->push = g->bye ? zmq_socket(a->ctx, ZMQ_PUSH) : NULL;
     if (!g->push || zmq_connect(g->push, a->inproc) != 0 || start_thread(g) != 0) {
@@ -1399,6 +1497,7 @@ static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
     if (m->n_split > 0) {
         g->n_split = m->n_split;
         memcpy(g->split, m->split, sizeof g->split);
+        g->split_gen++;
     }
     pthread_mutex_unlock(&d->mu);
     agent_log("group %s: time share %.3g", g->id, m->time_share);
@@ -1700,29 +1799,35 @@ void fb_agent_drain(fb_agent *a)
 
 /* ---- set-up and tear-down ---------------------------------------------------------------- */
 
-/* The devices: CPU devices that share the machine's RAM evenly. */
+/* The devices: every CUDA device when the build has CUDA and the machine a GPU
+ * with a backend for it, else cpu_devices CPU devices that share the machine's
+ * RAM evenly (device.h).  Each device keeps its own backend. */
 static void find_devices(fb_agent *a, int cpu_devices)
 {
-#ifdef FB_HAVE_CUDA
-    int n_gpu = fb_cuda_device_count();
-    if (n_gpu > 0)
-        agent_log("%d CUDA device%s found, but the ops have no CUDA backend yet; offering %d "
-                  "CPU device%s",
-                  n_gpu, n_gpu == 1 ? "" : "s", cpu_devices, cpu_devices == 1 ? "" : "s");
-#endif
     int64_t ram = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
     if (ram <= 0) ram = (int64_t)1 << 30;
-    a->backend = "cpu";
-    a->n_devices = cpu_devices;
-    for (int i = 0; i < cpu_devices; i++) {
+    fb_device devs[FB_WIRE_MAX_DEVICES];
+    char msg[256];
+    int n = fb_devices_discover(cpu_devices, (uint64_t)ram, devs, FB_WIRE_MAX_DEVICES, msg,
+                                sizeof msg);
+    if (n < 1) {
+        /* cpu_devices was checked by the caller; one CPU device is always there */
+        agent_log("device discovery: %s; offering one CPU device", msg);
+        n = fb_devices_discover(1, (uint64_t)ram, devs, 1, msg, sizeof msg);
+    }
+    a->backend = devs[0].kind == FB_DEVICE_CUDA ? "cuda" : "cpu";
+    a->n_devices = n;
+    for (int i = 0; i < n; i++) {
         fb_wire_device *d = &a->dev[i].info;
         d->idx = i;
-        snprintf(d->kind, sizeof d->kind, "cpu");
-        snprintf(d->name, sizeof d->name, "cpu%d", i);
-        d->memory_bytes = ram / cpu_devices > 0 ? ram / cpu_devices : 1;
+        snprintf(d->kind, sizeof d->kind, "%s", devs[i].kind == FB_DEVICE_CUDA ? "cuda" : "cpu");
+        snprintf(d->name, sizeof d->name, "%s", devs[i].name);
+        d->memory_bytes = (int64_t)devs[i].memory_bytes;
         d->free_bytes = d->memory_bytes;
-        a->dev[i].be = fb_backend_cpu();
+        a->dev[i].be = devs[i].be;
     }
+    if (devs[0].kind == FB_DEVICE_CUDA)
+        agent_log("%d CUDA device%s offered", n, n == 1 ? "" : "s");
 }
 
 static int set_opt(void *s, int opt, const void *v, size_t len, const char *what, char *msg,
@@ -1875,6 +1980,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->threads =
         o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
     if (a->threads < 1) a->threads = 1;
+    a->sync_bn = o->sync_batchnorm;
     /* one process-wide CPU backend: every group's math uses this many threads */
     fb_backend_set_threads(fb_backend_cpu(), a->threads);
 

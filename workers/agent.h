@@ -45,6 +45,8 @@ typedef struct fb_agent_opts {
     int progress_ms;        /* PROGRESS at least this often per group; 0 = default */
     uint64_t outbox_bytes;  /* blob bytes of unacknowledged events before it complains;
                                0 = default */
+    bool sync_batchnorm;    /* data-parallel groups on CPU devices normalise batch norm over
+                               the global batch (dp.h); false = each device's statistics */
 } fb_agent_opts;
 
 /*

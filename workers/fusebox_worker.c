@@ -43,6 +43,9 @@ static void usage(FILE *f)
                "                        [FUSEBOX_WORKER_HEARTBEAT_MS]\n"
                "  --progress-ms MS      progress report cadence per group (default 1000)\n"
                "                        [FUSEBOX_WORKER_PROGRESS_MS]\n"
+               "  --sync-batchnorm on|off  batch-norm statistics over the whole global batch\n"
+               "                        in data-parallel groups on CPU devices (default off:\n"
+               "                        each device's own) [FUSEBOX_WORKER_SYNC_BATCHNORM]\n"
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
@@ -81,6 +84,7 @@ enum {
     OPT_HEARTBEAT,
     OPT_PROGRESS,
     OPT_GEN_KEY,
+    OPT_SYNC_BN,
     OPT_COUNT
 };
 
@@ -98,6 +102,7 @@ static const struct {
     {"heartbeat-ms", "FUSEBOX_WORKER_HEARTBEAT_MS"},
     {"progress-ms", "FUSEBOX_WORKER_PROGRESS_MS"},
     {"gen-key", "FUSEBOX_WORKER_GEN_KEY"},
+    {"sync-batchnorm", "FUSEBOX_WORKER_SYNC_BATCHNORM"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -140,6 +145,7 @@ int main(int argc, char **argv)
         {"heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT},
         {"progress-ms", required_argument, NULL, OPT_PROGRESS},
         {"gen-key", required_argument, NULL, OPT_GEN_KEY},
+        {"sync-batchnorm", required_argument, NULL, OPT_SYNC_BN},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -200,6 +206,16 @@ int main(int argc, char **argv)
             origin(where, sizeof where, k, from_env[k]);
             fprintf(stderr, "fusebox-worker: %s needs an integer in [%d, %d], not '%s'\n", where,
                     ints[i].lo, ints[i].hi, val[k]);
+            return EXIT_USAGE;
+        }
+    }
+    if (val[OPT_SYNC_BN]) {
+        if (strcmp(val[OPT_SYNC_BN], "on") == 0) {
+            o.sync_batchnorm = true;
+        } else if (strcmp(val[OPT_SYNC_BN], "off") != 0) {
+            origin(where, sizeof where, OPT_SYNC_BN, from_env[OPT_SYNC_BN]);
+            fprintf(stderr, "fusebox-worker: %s needs on or off, not '%s'\n", where,
+                    val[OPT_SYNC_BN]);
             return EXIT_USAGE;
         }
     }

@@ -24,6 +24,8 @@
 #include "loader.h"
 #include "rng.h"
 #include "safetensors.h"
+#include "dp.h"
+#include "pp.h"
 
 #define DATA_STREAM 0x64617461ULL /* "data": the shuffle's RNG stream */
 #define FILE_CAP 160
@@ -38,7 +40,11 @@ struct fb_session {
     const fb_dataset *train, *test;
     fb_train_opts opts; /* a copy */
     fb_loader *loader;
-    fb_array *a;
+    fb_array *a;  /* the array; with data parallelism, replica 0 of dp's */
+    fb_dp *dp;    /* NULL on one device */
+    fb_pp *pp;    /* pipeline stages (then a is the whole model's view of them), or NULL */
+    int shards;   /* data shards: dp's ranks, or pp's */
+    int64_t split[FB_DP_MAX_RANKS];
 
     int *member;                /* [n]: slot -> member index, first B valid */
     int64_t *total;             /* [n] by member: updates in total */
@@ -158,7 +164,11 @@ static int slot_of(const fb_session *s, int i)
 static void remove_slot(fb_session *s, int b)
 {
     int B = fb_array_size(s->a);
-    fb_array_remove(s->a, b);
+    if (s->dp)
+        fb_dp_remove(s->dp, b);
+    else
+        fb_array_remove(s->a, b);
+    if (s->pp) fb_pp_remove(s->pp, b);
     for (int j = b; j + 1 < B; j++)
         s->member[j] = s->member[j + 1];
 }
@@ -391,7 +401,69 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
         else
             snprintf(s->files[i], FILE_CAP, "%s", specs[i]->name);
     }
-    if ((err = fb_array_new(be, specs, n, (int)bs, &s->a, msg, cap))) goto fail;
+    s->shards = 1;
+    if (s->opts.pipeline > 1) {
+        int P = s->opts.pipeline, D = s->opts.n_devices / P;
+        if (!s->opts.devices || D < 1 || D * P != s->opts.n_devices || D > FB_DP_MAX_RANKS ||
+            D > bs) {
+            err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                          "%d pipeline stages need a multiple of %d devices (not %d) and a batch "
+                          "of at least one sample per data shard",
+                          P, P, s->opts.n_devices);
+            goto fail;
+        }
+        int m = s->opts.micro_batches > 0 ? s->opts.micro_batches : 2 * P;
+        if (m > bs / D) m = (int)(bs / D);
+        if (m > 64) m = 64;
+        if ((err = fb_pp_new(s->opts.devices, D, P, m, specs, n, (int)bs, s->opts.dp, &s->pp, msg,
+                             cap)))
+            goto fail;
+        /* the whole model, for evaluation, checkpoints and weights, kept equal to the stages */
+        if ((err = fb_array_new(be, specs, n, (int)bs, &s->a, msg, cap))) goto fail;
+        s->shards = D;
+        if (s->opts.split) {
+            int64_t sum = 0;
+            for (int d = 0; d < D; d++) {
+                if (s->opts.split[d] < 1) sum = -1;
+                if (sum >= 0) sum += s->opts.split[d];
+            }
+            if (sum != bs) {
+                err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                              "the split of %d shards does not add up to the batch of %lld", D,
+                              (long long)bs);
+                goto fail;
+            }
+            memcpy(s->split, s->opts.split, (size_t)D * sizeof *s->split);
+        } else {
+            fb_dp_even_split(D, (int)bs, NULL, s->split);
+        }
+    } else if (s->opts.n_devices > 1) {
+        int D = s->opts.n_devices;
+        s->shards = D;
+        if (!s->opts.devices || D > FB_DP_MAX_RANKS || D > bs) {
+            err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                          "data parallelism over %d devices needs 2..%d devices and a batch of "
+                          "at least that many samples (batch_size %lld)",
+                          D, FB_DP_MAX_RANKS, (long long)bs);
+            goto fail;
+        }
+        if ((err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, s->opts.dp, &s->dp, msg,
+                             cap)))
+            goto fail;
+        s->a = fb_dp_array(s->dp, 0);
+        if (s->opts.split) {
+            if ((err = fb_dp_check_split(s->dp, s->opts.split, (int)bs, msg, cap))) goto fail;
+            memcpy(s->split, s->opts.split, (size_t)D * sizeof *s->split);
+        } else {
+            fb_dp_even_split(D, (int)bs, NULL, s->split);
+        }
+    } else if ((err = fb_array_new(be, specs, n, (int)bs, &s->a, msg, cap))) {
+        goto fail;
+    }
+    /* none of these outlive the call (train.h) */
+    s->opts.devices = NULL;
+    s->opts.split = NULL;
+    s->opts.dp = NULL;
     size_t most = 1;
     for (int t = 0; t < fb_array_tensor_count(s->a, FB_ARRAY_PARAM); t++) {
         size_t k = fb_array_tensor_at(s->a, FB_ARRAY_PARAM, t).numel;
@@ -422,7 +494,11 @@ fail:
 void fb_session_free(fb_session *s)
 {
     if (!s) return;
-    fb_array_free(s->a);
+    if (s->dp)
+        fb_dp_free(s->dp);
+    else
+        fb_array_free(s->a);
+    fb_pp_free(s->pp);
     free(s->specs);
     free(s->member);
     free(s->total);
@@ -479,8 +555,55 @@ void fb_session_detach(fb_session *s, int member)
 fb_session_times fb_session_take_times(fb_session *s)
 {
     fb_session_times t = s->times;
+    t.devices = fb_session_devices(s);
     memset(&s->times, 0, sizeof s->times);
     return t;
+}
+
+int fb_session_devices(const fb_session *s)
+{
+    return s->pp ? s->shards * s->opts.pipeline : s->dp ? fb_dp_ranks(s->dp) : 1;
+}
+
+int fb_session_shards(const fb_session *s)
+{
+    return s->shards;
+}
+
+int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t cap)
+{
+    int D = s->shards;
+    if (!split || n != D)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "a split of %d shards for a session on %d device%s", split ? n : 0, D,
+                       D == 1 ? "" : "s");
+    if (s->pp) {
+        int64_t sum = 0;
+        for (int d = 0; d < D; d++) {
+            if (split[d] < 1)
+                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                               "shard %d of the split has %lld samples (at least 1)", d,
+                               (long long)split[d]);
+            sum += split[d];
+        }
+        if (sum != s->bs)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "the split adds up to %lld samples, the batch has %lld",
+                           (long long)sum, (long long)s->bs);
+        memcpy(s->split, split, (size_t)D * sizeof *split);
+        return FB_OK;
+    }
+    if (!s->dp) {
+        if (split[0] != s->bs)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "the split adds up to %lld samples, the batch has %lld",
+                           (long long)split[0], (long long)s->bs);
+        return FB_OK;
+    }
+    int err = fb_dp_check_split(s->dp, split, (int)s->bs, msg, cap);
+    if (err) return err;
+    memcpy(s->split, split, (size_t)D * sizeof *split);
+    return FB_OK;
 }
 
 int fb_session_checkpoint(const fb_session *s, int member, void **buf, size_t *len, char *msg,
@@ -687,22 +810,28 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
         }
     }
 
-    /* everything fits: now change the member, in the order it was read */
-    at = scratch;
-    for (int p = 0; p < 2; p++) {
-        for (int t = 0; t < fb_array_tensor_count(a, parts[p]); t++) {
-            fb_array_set(a, b, parts[p], t, at);
-            at += fb_array_tensor_at(a, parts[p], t).numel;
+    /* everything fits: now change the member, in the order it was read, on every
+     * data-parallel replica (they hold one state) */
+    int replicas = s->dp ? fb_dp_ranks(s->dp) : 1;
+    for (int d = 0; d < replicas; d++) {
+        fb_array *ad = s->dp ? fb_dp_array(s->dp, d) : a;
+        at = scratch;
+        for (int p = 0; p < 2; p++) {
+            for (int t = 0; t < fb_array_tensor_count(ad, parts[p]); t++) {
+                fb_array_set(ad, b, parts[p], t, at);
+                at += fb_array_tensor_at(ad, parts[p], t).numel;
+            }
         }
-    }
-    for (int k = 0; k < n_slots; k++) {
-        for (int t = 0; t < n_params; t++) {
-            fb_array_set(a, b, oparts[k], t, at);
-            at += fb_array_tensor_at(a, oparts[k], t).numel;
+        for (int k = 0; k < n_slots; k++) {
+            for (int t = 0; t < n_params; t++) {
+                fb_array_set(ad, b, oparts[k], t, at);
+                at += fb_array_tensor_at(ad, oparts[k], t).numel;
+            }
         }
+        for (int k = 0; k < n_bn; k++)
+            fb_array_set_bn_tracked(ad, b, k, tracked[k]);
     }
-    for (int k = 0; k < n_bn; k++)
-        fb_array_set_bn_tracked(a, b, k, tracked[k]);
+    if (s->pp) fb_pp_scatter(s->pp, a, b);
     err = FB_OK;
 done:
     free(scratch);
@@ -781,10 +910,23 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
     s->steps_since++;
 
     int B = fb_array_size(a);
-    if ((err = fb_array_forward_backward(a, bx, by, (int)s->bs, true, (uint64_t)s->step, s->loss,
-                                         s->correct, msg, cap)))
-        return err;
     int64_t done_steps = s->step + 1;
+    if (s->pp) {
+        /* the pipeline updates within its step, so the hyperparameters come first; a
+         * member whose loss turns out not finite leaves below, and its update goes
+         * with it */
+        for (int b = 0; b < B; b++)
+            fb_array_hparams(a, b, done_steps, s->total[s->member[b]], &s->hp[b]);
+        err = fb_pp_train_step(s->pp, bx, by, (int)s->bs, s->split, (uint64_t)s->step, s->hp,
+                               s->loss, s->correct, msg, cap);
+    } else if (s->dp) {
+        err = fb_dp_forward_backward(s->dp, bx, by, (int)s->bs, s->split, (uint64_t)s->step,
+                                     s->loss, s->correct, msg, cap);
+    } else {
+        err = fb_array_forward_backward(a, bx, by, (int)s->bs, true, (uint64_t)s->step, s->loss,
+                                        s->correct, msg, cap);
+    }
+    if (err) return err;
     for (int b = 0; b < B; b++) {
         /* each member's loss is its own mean (no sum over members feeds back), so one
          * member's NaN stays in its slot; its update is skipped and it leaves below */
@@ -800,12 +942,41 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
         }
         fb_array_hparams(a, b, done_steps, s->total[s->member[b]], &s->hp[b]);
     }
-    fb_array_step(a, s->hp);
+    if (s->pp)
+        fb_pp_gather(s->pp, a); /* the whole model's view, for what follows the step */
+    else if (s->dp)
+        fb_dp_step(s->dp, s->hp);
+    else
+        fb_array_step(a, s->hp);
     s->step = done_steps;
     s->samples_since += s->bs * B;
     double t2 = now_s();
     s->times.io_ms += 1e3 * (t1 - t0);
-    s->times.compute_ms += 1e3 * (t2 - t1);
+    if (s->pp) {
+        /* the stages' mean busy time is compute; the rest of the step is the bubble */
+        fb_pp_times pt = fb_pp_take_times(s->pp);
+        double busy = 0;
+        for (int p = 0; p < pt.P; p++) busy += pt.busy_ms[p] / pt.P;
+        double wall = 1e3 * (t2 - t1);
+        s->times.compute_ms += busy;
+        s->times.idle_ms += wall > busy ? wall - busy : 0;
+    } else if (s->dp) {
+        /* the step's wall time, split into the devices' mean compute, their mean wait
+         * for communication, and the rest: waiting for the slowest device */
+        fb_dp_times dt = fb_dp_take_times(s->dp);
+        double compute = 0, comm = 0;
+        for (int d = 0; d < dt.D; d++) {
+            compute += dt.compute_ms[d] / dt.D;
+            comm += dt.comm_exposed_ms[d] / dt.D;
+        }
+        double wall = 1e3 * (t2 - t1);
+        double idle = wall - compute - comm;
+        s->times.compute_ms += compute;
+        s->times.comm_ms += comm;
+        s->times.idle_ms += idle > 0 ? idle : 0;
+    } else {
+        s->times.compute_ms += 1e3 * (t2 - t1);
+    }
     s->times.steps++;
 
     classify(s, done_steps);

@@ -39,6 +39,10 @@ typedef struct fb_session_times {
     double compute_ms;  /* forward, backward and update */
     double io_ms;       /* waiting for minibatches (assembling them, in memory) */
     double other_ms;    /* the rest of the step: evaluation, checkpoints, events, departures */
+    /* data parallelism (0 on one device), means over the devices: */
+    double comm_ms;     /* waiting for all-reduces that backward did not hide */
+    double idle_ms;     /* waiting for a slower device (load imbalance) */
+    int devices;        /* devices the session trains on */
 } fb_session_times;
 
 /*
@@ -134,6 +138,22 @@ int fb_session_model(const fb_session *s, int member, void **buf, size_t *len, c
 /* Removes member i from the array now (no event), between steps; the
  * others keep their state.  A no-op when it has left (or never was). */
 void fb_session_detach(fb_session *s, int member);
+
+/*
+ * Sets the split of the global batch over the session's data shards from
+ * the next step on: split[0..n) samples per shard, n the session's shard
+ * count (fb_session_shards), every shard >= 1, the sum the batch size (one
+ * device: n = 1 and the batch size).  Training does not change with the
+ * split beyond float rounding (dp.h).  Returns FB_OK or FB_ERR_OUT_OF_RANGE
+ * with msg filled; the split in force is unchanged on failure.
+ */
+int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t msg_cap);
+
+/* Devices the session trains on (1 without data or pipeline parallelism). */
+int fb_session_devices(const fb_session *s);
+
+/* Data shards of the session: the entries a split has (1 without data parallelism). */
+int fb_session_shards(const fb_session *s);
 
 /* Returns the times accumulated since the last call (or the start) and resets them. */
 fb_session_times fb_session_take_times(fb_session *s);

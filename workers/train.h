@@ -58,6 +58,8 @@ typedef struct fb_train_event {
 typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
 
 struct fb_loader; /* workers/data/loader.h */
+struct fb_device; /* workers/device.h */
+struct fb_dp_opts; /* workers/dp.h */
 
 typedef struct fb_train_opts {
     int log_every;       /* report a step event every N steps (and the last); 0 = last only */
@@ -72,6 +74,21 @@ typedef struct fb_train_opts {
     int64_t start_step;
     /* checkpoint and done events carry the files' bytes (event.blob) */
     bool blobs;
+    /* data parallelism (workers/dp.h): with n_devices > 1 the array is replicated on
+     * devices[0..n_devices) (the backend given to the session is then not used) and each
+     * batch is split over them by split[0..n_devices) (NULL: as evenly as possible); dp
+     * (may be NULL) sets buckets, overlap and synchronised batch norm.  The pointers are
+     * read while the session opens; none is kept. */
+    const struct fb_device *devices;
+    int n_devices;
+    const int64_t *split;
+    const struct fb_dp_opts *dp;
+    /* pipeline parallelism (workers/pp.h): with pipeline = P > 1 the n_devices devices are
+     * D = n_devices / P data shards x P stages (shard d, stage p: devices[d * P + p]) and
+     * each batch flows through the stages as micro_batches micro-batches (0: 2 P, at most
+     * batch / D); split then has D entries */
+    int pipeline;
+    int micro_batches;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */

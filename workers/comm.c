@@ -1,0 +1,111 @@
+/*
+ * The communication interface's dispatch and its shared-memory backend.
+ *
+ * The shared-memory backend needs no rendezvous: the one communication
+ * thread that calls it holds every local rank's buffer, so a sum is a loop.
+ * It adds in rank order and writes the one result to every rank, so that the
+ * replicas' parameters, updated from it, stay bit-identical.
+ */
+#include "comm_impl.h"
+
+#include <stdlib.h>
+
+#include "errors.h"
+
+#define FB_COMM_MAX_LOCAL 64
+
+static int shm_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t cap)
+{
+    (void)msg;
+    (void)cap;
+    int R = c->n_local;
+    /* blocks of a few KiB keep the ranks' slices in cache between read and write */
+    enum { BLOCK = 1024 };
+    for (size_t i0 = 0; i0 < n; i0 += BLOCK) {
+        size_t i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
+        for (size_t i = i0; i < i1; i++) {
+            float s = bufs[0][i];
+            for (int r = 1; r < R; r++) s += bufs[r][i];
+            for (int r = 0; r < R; r++) bufs[r][i] = s;
+        }
+    }
+    return FB_OK;
+}
+
+static void shm_free(fb_comm_t *c)
+{
+    (void)c;
+}
+
+static const struct fb_comm_ops shm_ops = {
+    .name = "shm",
+    .host_memory = 1,
+    .allreduce_sum = shm_allreduce,
+    .free = shm_free,
+};
+
+int fb_comm_shm_new(int n_local, fb_comm_t **out, char *msg, size_t msg_cap)
+{
+    if (!out) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "no output pointer");
+    if (n_local < 1 || n_local > FB_COMM_MAX_LOCAL)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "a shared-memory communicator holds 1..%d ranks, not %d",
+                       FB_COMM_MAX_LOCAL, n_local);
+    fb_comm_t *c = calloc(1, sizeof *c);
+    if (!c) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    c->ops = &shm_ops;
+    c->n_local = n_local;
+    *out = c;
+    return FB_OK;
+}
+
+int fb_comm_local_size(const fb_comm_t *c)
+{
+    return c ? c->n_local : 0;
+}
+
+const char *fb_comm_name(const fb_comm_t *c)
+{
+    return c ? c->ops->name : "(null)";
+}
+
+int fb_comm_host_memory(const fb_comm_t *c)
+{
+    return c ? c->ops->host_memory : 0;
+}
+
+int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
+                          size_t msg_cap)
+{
+    if (n == 0) return FB_OK;
+    return c->ops->allreduce_sum(c, bufs, n, msg, msg_cap);
+}
+
+void fb_comm_free(fb_comm_t *c)
+{
+    if (!c) return;
+    c->ops->free(c);
+    free(c);
+}
+
+#ifndef FB_HAVE_CUDA
+/* Without CUDA there is no NCCL; comm_nccl.c provides these in CUDA builds. */
+int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t msg_cap)
+{
+    (void)id;
+    return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
+}
+
+int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
+                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
+                     size_t msg_cap)
+{
+    (void)n_local;
+    (void)devices;
+    (void)base;
+    (void)world;
+    (void)id;
+    (void)out;
+    return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
+}
+#endif

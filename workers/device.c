@@ -1,0 +1,65 @@
+/*
+ * Device discovery.  CUDA devices win when there are any: a worker with GPUs
+ * offers them and not its CPU, since a group placed on the CPU of a GPU
+ * machine would only slow down the groups on its GPUs.
+ */
+#include "device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "errors.h"
+
+#ifdef FB_HAVE_CUDA
+#include "cuda/cuda_device.h"
+#endif
+
+int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *out, int cap,
+                        char *msg, size_t msg_cap)
+{
+    if (!out || cap < 1)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "no room for devices");
+#ifdef FB_HAVE_CUDA
+    int n_gpu = fb_cuda_device_count();
+    if (n_gpu > cap) n_gpu = cap;
+    int found = 0;
+    for (int i = 0; i < n_gpu; i++) {
+        struct fb_cuda_device_info info;
+        char m[128];
+        fb_backend_t *be = fb_backend_cuda(i);
+        if (!be || fb_cuda_device_info(i, &info, m, sizeof m) != FB_OK) continue;
+        found++;
+    }
+    if (found > 0) {
+        int k = 0;
+        for (int i = 0; i < n_gpu; i++) {
+            struct fb_cuda_device_info info;
+            char m[128];
+            fb_backend_t *be = fb_backend_cuda(i);
+            if (!be || fb_cuda_device_info(i, &info, m, sizeof m) != FB_OK) continue;
+            fb_device *d = &out[k++];
+            memset(d, 0, sizeof *d);
+            d->kind = FB_DEVICE_CUDA;
+            d->ordinal = i;
+            snprintf(d->name, sizeof d->name, "%s", info.name);
+            d->memory_bytes = info.total_bytes;
+            d->be = be;
+        }
+        return k;
+    }
+#endif
+    if (cpu_devices < 1 || cpu_devices > cap)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "cpu devices must be 1..%d, not %d",
+                       cap, cpu_devices);
+    for (int i = 0; i < cpu_devices; i++) {
+        fb_device *d = &out[i];
+        memset(d, 0, sizeof *d);
+        d->kind = FB_DEVICE_CPU;
+        d->ordinal = i;
+        snprintf(d->name, sizeof d->name, "cpu%d", i);
+        uint64_t share = host_memory_bytes / (uint64_t)cpu_devices;
+        d->memory_bytes = share > 0 ? share : 1;
+        d->be = fb_backend_cpu();
+    }
+    return cpu_devices;
+}
