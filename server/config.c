@@ -96,6 +96,9 @@ static const opt opts[] = {
         "members per fused training array; 1 disables fusion"),
     INT("max-groups-per-device", "FUSEBOX_MAX_GROUPS_PER_DEVICE", max_groups_per_device, 1, 64,
         "fused arrays that may share one device"),
+    INT("rebalance-ms", "FUSEBOX_REBALANCE_MS", rebalance_ms, 0, 3600000,
+        "fair-share period: time shares and batch splits of running arrays are revised this "
+        "often (0: off, shares stay as placed)"),
     STR("datasets-dir", "FUSEBOX_DATASETS_DIR", datasets_dir,
         "tenants' datasets, DIR/<tenant id>/<name>/ (default DATA_DIR/datasets)"),
     STR("import-roots", "FUSEBOX_IMPORT_ROOTS", import_roots,
@@ -140,6 +143,7 @@ void fb_config_defaults(fb_config *cfg)
     cfg->tick_ms = 500;
     cfg->max_array = 64;
     cfg->max_groups_per_device = 4;
+    cfg->rebalance_ms = 5000;
     snprintf(cfg->data_tool, sizeof cfg->data_tool, "%s", FB_DEFAULT_DATA_TOOL);
     snprintf(cfg->builtin_dir, sizeof cfg->builtin_dir, "%s", FB_DEFAULT_BUILTIN_DIR);
 }

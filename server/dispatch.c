@@ -31,8 +31,11 @@
 
 #include "asha.h"
 #include "errors.h"
+#include "fairshare.h"
 #include "jobspec.h"
 #include "log.h"
+#include "metrics.h"
+#include "paths.h"
 #include "planner.h"
 #include "wire.h"
 
@@ -45,6 +48,8 @@
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
 #define PLAN_EVERY_TICKS 10
+/* longest one flush of progress reports writes before it commits and yields */
+#define FLUSH_BUDGET_MS 100
 
 typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
@@ -53,6 +58,9 @@ typedef struct worker {
     bool draining;
     int n_devices;
     fb_wire_device devices[FB_WIRE_MAX_DEVICES];
+    /* the fair-share controller's count of imbalanced periods per device, handed back to it
+     * each period (the policy keeps no state) */
+    int imbalanced[FB_WIRE_MAX_DEVICES];
 } worker;
 
 /* A group that is not finished: whom its messages must come from. */
@@ -63,6 +71,13 @@ typedef struct group {
     /* when its worker re-registered without it (0: not missing); its last events may still
      * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
     int64_t missing_since_ms;
+    /* its step time and the busy part of it (compute, communication, I/O: waiting for its
+     * turn on a shared device left out), measured by note_step_time and smoothed as the
+     * fair-share controller wants (fb_fair_ewma); 0 until measured */
+    double step_ms, busy_ms;
+    int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
+    int64_t base_step;   /* where the step being measured began: the furthest member step */
+    int64_t base_ms;     /* and when that report arrived */
 } group;
 
 typedef struct pending {
@@ -71,6 +86,9 @@ typedef struct pending {
     fb_wire_msg m;
     void *blob; /* EVENT: the referenced blob, copied */
     size_t blob_len;
+    /* PROGRESS: the step's wall-clock time and busy part of the window it closed
+     * (note_step_time), 0 when none; and the group's smoothed ones after it */
+    double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
 } pending;
 
 typedef struct queue {
@@ -105,6 +123,7 @@ struct fb_dispatch {
     int64_t pg_retry_ms;
     int pg_backoff_ms;
     bool pg_down_said;
+    bool artifact_fail_said; /* "cannot write an artifact" logged until one succeeds */
     bool groups_loaded;
 
     int64_t start_ms;
@@ -120,6 +139,8 @@ struct fb_dispatch {
     bool plan_due;
     int64_t last_plan_ms;
     int ticks;
+    int64_t last_rebalance_ms;
+    fb_fair_params fair;
 };
 
 static int64_t now_ms(void)
@@ -133,7 +154,8 @@ static int64_t now_ms(void)
 
 static bool load_groups(fb_dispatch_t *d);
 static bool update_utilization(fb_dispatch_t *d, const char *group_id);
-static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m, const char *ids,
+struct pending;
+static bool record_slowdown(fb_dispatch_t *d, const struct pending *p, const char *ids,
                             const char *steps, const char *totals);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
@@ -238,6 +260,8 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     g->generation = gen;
     snprintf(g->worker, sizeof g->worker, "%s", worker_name);
     g->missing_since_ms = 0;
+    g->step_ms = g->busy_ms = 0;
+    g->reports = g->base_step = g->base_ms = 0;
     return true;
 }
 
@@ -361,13 +385,11 @@ static int write_artifact(fb_dispatch_t *d, const char *tenant, const char *job,
     return FB_OK;
 }
 
-/* Reads an artifact (relative path) into memory; NULL when it cannot. */
+/* Reads an artifact (relative path) into memory; NULL when it cannot, or
+ * when the path leads out of the artifacts directory (paths.h). */
 static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
 {
-    if (strstr(rel, "..") || rel[0] == '/') return NULL;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", d->artifacts, rel);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = fb_path_open_under(d->artifacts, rel);
     if (fd < 0) return NULL;
     struct stat st;
     void *buf = NULL;
@@ -939,12 +961,20 @@ static void flush_events(fb_dispatch_t *d)
         pending *e = d->events.head;
         int err = apply_event(d, e);
         if (err == FB_ERR_IO) {
-            fb_log_json(FB_LOG_ERROR, "cannot write an artifact; the event waits",
-                        json_pack("{s:s, s:s}", "job_id", e->m.job_id, "artifacts",
-                                  d->artifacts));
+            /* once per outage (a full disk would otherwise log every turn of the loop) */
+            if (!d->artifact_fail_said)
+                fb_log_json(FB_LOG_ERROR, "cannot write an artifact; the event waits",
+                            json_pack("{s:s, s:s}", "job_id", e->m.job_id, "artifacts",
+                                      d->artifacts));
+            d->artifact_fail_said = true;
             return;
         }
         if (err) return;
+        if (d->artifact_fail_said) {
+            fb_log_json(FB_LOG_INFO, "events are written again",
+                        json_pack("{s:s}", "artifacts", d->artifacts));
+            d->artifact_fail_said = false;
+        }
         pop(&d->events);
         fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = e->m.seq};
         snprintf(ack.group_id, sizeof ack.group_id, "%s", e->m.group_id);
@@ -996,8 +1026,9 @@ static bool update_utilization(fb_dispatch_t *d, const char *group_id)
                  1, v);
 }
 
-static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
+static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
 {
+    const fb_wire_msg *m = &p->m;
     size_t cap = (size_t)m->n_progress * 48 + 16;
     char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap), *loss = malloc(cap),
          *acc = malloc(cap), *lr = malloc(cap);
@@ -1043,8 +1074,11 @@ static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
                " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
                " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
                " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms",
-               10, vm) &&
-         exec1(d,
+               10, vm);
+    /* a report superseded by a newer one of the same array only adds its points to the
+     * time series: the newer one sets the latest state */
+    if (!ok || !full) goto done;
+    ok = exec1(d,
                "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
                " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
                " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
@@ -1061,7 +1095,7 @@ static bool write_progress(fb_dispatch_t *d, const fb_wire_msg *m)
                " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
                " WHERE id = $1::uuid",
                6, vg) &&
-         update_utilization(d, m->group_id) && record_slowdown(d, m, ids, steps, totals);
+         update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
 done:
     free(ids);
     free(steps);
@@ -1077,63 +1111,119 @@ done:
  * isolated step time), elapsed from submission.  The isolated step time is
  * the profile of (fusion key, array size, device kind): measured whenever an
  * array has its devices to itself (no other unfinished array on any of them)
- * and smoothed, then reused for arrays that share.  Until a profile exists a
- * job's slowdown stays unknown.  ids, steps and totals are the report's
- * members as the array literals write_progress built.
+ * and smoothed, then reused for arrays that share.  Until a profile exists
+ * the busy part of the step stands in for it.  p carries the report's step
+ * as note_step_time measured it: the step of the window the report closed
+ * (none for an array's first report, so its warm-up never counts), which
+ * feeds the profile, and the smoothed step, which the slowdown uses, as the
+ * fair-share controller does (before the first window closes, the report's
+ * own breakdown stands in for both).  A report that closed no window, or a member's
+ * last report (its window holds the final evaluation and export, which no
+ * later step pays), is cold: it only seeds a missing profile, which the
+ * first warm report replaces (profiles.warm).  ids, steps and totals are the
+ * report's members as the array literals write_progress built.
  */
-static bool record_slowdown(fb_dispatch_t *d, const fb_wire_msg *m, const char *ids,
+static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
                             const char *steps, const char *totals)
 {
-    double step_ms = 0;
-    const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
-    for (int i = 0; i < 4; i++)
-        if (isfinite(parts[i])) step_ms += parts[i];
-    if (!(step_ms > 0) || m->n_progress < 1) return true;
-    char ms[40], b[16];
+    const fb_wire_msg *m = &p->m;
+    double step_ms = p->smooth_step_ms, busy_ms = p->smooth_busy_ms;
+    if (!(step_ms > 0 && busy_ms > 0)) {
+        /* nothing measured yet (an array's first half second): the report's own breakdown,
+         * which is all a short job ever has */
+        const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
+        step_ms = busy_ms = 0;
+        for (int i = 0; i < 4; i++)
+            if (isfinite(parts[i]) && parts[i] > 0) {
+                step_ms += parts[i];
+                if (i < 3) busy_ms += parts[i];
+            }
+    }
+    if (!(step_ms > 0) || !(busy_ms > 0) || m->n_progress < 1) return true;
+    /* a profile only from a report that closed a measuring window */
+    bool warm = p->step_ms > 0 && p->busy_ms > 0;
+    /* a member's last report carries its final evaluation and model export, which a
+     * later step of the array does not pay */
+    for (int i = 0; i < m->n_progress && warm; i++)
+        if (m->progress[i].step >= m->progress[i].steps) warm = false;
+    /* a cold report only seeds a profile that does not exist yet; the first warm one
+     * replaces the seed, later ones are averaged in: a faster step quickly, a slower one
+     * slowly, since load from outside the array (other processes on the machine, the
+     * server catching up) only ever makes a step slower than it is alone */
+    static const char profile_sql[] =
+        "INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
+        " SELECT g.fusion_key, $3::int, w.backend, $2::float8, $4::boolean FROM groups g"
+        " JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid"
+        " AND NOT EXISTS (SELECT 1 FROM groups o WHERE o.id <> g.id"
+        "  AND o.state <> 'finished' AND o.worker_id = g.worker_id"
+        "  AND o.device_idx && g.device_idx)"
+        " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
+        " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
+        "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
+        "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
+        "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
+        " warm = true, measured_at = now() WHERE EXCLUDED.warm";
+    /* the profile takes this window's step (a cold seed the smoothed one); the slowdown the
+     * smoothed step, the one the controller acts on */
+    char ms[40], b[16], busy[40], prof[40];
     snprintf(ms, sizeof ms, "%.9g", step_ms);
     snprintf(b, sizeof b, "%d", m->n_progress);
-    const char *vp[3] = {m->group_id, ms, b};
-    const char *vs[6] = {m->group_id, ms, b, ids, steps, totals};
-    return exec1(d,
-               "INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms)"
-               " SELECT g.fusion_key, $3::int, w.backend, $2::float8 FROM groups g"
-               " JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid"
-               " AND NOT EXISTS (SELECT 1 FROM groups o WHERE o.id <> g.id"
-               "  AND o.state <> 'finished' AND o.worker_id = g.worker_id"
-               "  AND o.device_idx && g.device_idx)"
-               " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
-               " isolated_step_ms = 0.8 * p.isolated_step_ms + 0.2 * EXCLUDED.isolated_step_ms,"
-               " measured_at = now()",
-               3, vp) &&
-         exec1(d,
-               "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
-               "  + (u.total - u.step) * $2::float8) / (u.total * p.isolated_step_ms) AS x"
-               " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
-               " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
-               " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
-               " JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
-               "  AND p.device_kind = w.backend WHERE u.total > 0),"
-               " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
-               "  WHERE jm.job_id = s.id AND jm.step = s.step)"
-               " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-               6, vs);
+    snprintf(busy, sizeof busy, "%.9g", busy_ms);
+    snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
+    const char *vp[4] = {m->group_id, prof, b, warm ? "true" : "false"};
+    const char *vs[7] = {m->group_id, ms, b, ids, steps, totals, busy};
+    return exec1(d, profile_sql, 4, vp) &&
+           exec1(d,
+                 "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
+                 "  + (u.total - u.step) * $2::float8)"
+                 "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
+                 " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
+                 " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
+                 " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
+                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
+                 "  AND p.device_kind = w.backend"
+                 " WHERE u.total > 0 AND coalesce(p.isolated_step_ms, $7::float8) > 0),"
+                 " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
+                 "  WHERE jm.job_id = s.id AND jm.step = s.step)"
+                 " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
+                 7, vs);
 }
 
-/* Writes queued progress reports, all in one transaction; kept on failure. */
+/* Whether a report queued after p is of the same array (and so supersedes p's
+ * latest state). */
+static bool superseded(const pending *p)
+{
+    for (const pending *q = p->next; q; q = q->next)
+        if (strcmp(q->m.group_id, p->m.group_id) == 0) return true;
+    return false;
+}
+
+/*
+ * Writes queued progress reports in one transaction, oldest first; kept on
+ * failure.  A report superseded by a newer one of the same array writes only
+ * its metric points (one statement instead of six), and one call writes for
+ * at most FLUSH_BUDGET_MS before it commits what it wrote, so that a backlog
+ * (many arrays, a slow database) neither starves planning and heartbeats nor
+ * grows: the loop comes back for the rest on its next turn.
+ */
 static void flush_progress(fb_dispatch_t *d)
 {
     if (!d->progress.head || !db_ok(d) || !begin(d)) return;
-    for (pending *p = d->progress.head; p; p = p->next)
-        if (!write_progress(d, &p->m)) {
+    int64_t t0 = now_ms();
+    int n = 0;
+    for (pending *p = d->progress.head; p; p = p->next) {
+        if (!write_progress(d, p, !superseded(p))) {
             rollback(d);
             return;
         }
+        n++;
+        if (now_ms() - t0 >= FLUSH_BUDGET_MS) break;
+    }
     if (!commit(d)) {
         rollback(d);
         return;
     }
-    pending *p;
-    while ((p = pop(&d->progress))) pending_free(p);
+    for (pending *p; n > 0 && (p = pop(&d->progress)); n--) pending_free(p);
 }
 
 /* ---- messages from workers ----------------------------------------------- */
@@ -1242,6 +1332,53 @@ fail:
     rollback(d);
 }
 
+/* Steps are measured over windows of at least this long: reports that arrive bunched
+ * (the loop was busy, or the worker's outbox caught up) must not look like fast steps. */
+#define STEP_WINDOW_MS 500
+
+/*
+ * Measures a current group's step from its PROGRESS reports and smooths it.
+ * The step time is the wall-clock time over the steps the array made in a
+ * window of STEP_WINDOW_MS or more, as the control loop sees the reports
+ * arrive: the workers' own per-step breakdown adds up per-thread times (it
+ * can exceed the wall-clock time of a step), so it only says which part of a
+ * step is busy (compute, communication, I/O) and which waits for the array's
+ * turn on a shared device.  The busy part stands in for the isolated step
+ * time until a profile exists (the workers' stride scheduler runs one array
+ * at a time on a device, so that is what a step takes alone, cache effects
+ * aside).  The first window starts at the array's first report, so its
+ * warm-up never counts.  *step_ms and *busy_ms receive the step and busy
+ * time of a window this report closes, 0 when it closes none.
+ */
+static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_ms,
+                           double *busy_ms)
+{
+    *step_ms = *busy_ms = 0;
+    group *g = find_group(d, m->group_id);
+    if (!g) return;
+    int64_t t = now_ms(), step = 0;
+    for (int i = 0; i < m->n_progress; i++)
+        if (m->progress[i].step > step) step = m->progress[i].step;
+    if (g->reports++ == 0 || step < g->base_step) {
+        g->base_step = step;
+        g->base_ms = t;
+        return;
+    }
+    if (t - g->base_ms < STEP_WINDOW_MS || step == g->base_step) return;
+    double wall = (double)(t - g->base_ms) / (double)(step - g->base_step);
+    g->base_step = step;
+    g->base_ms = t;
+    double busy = 0, idle = isfinite(m->idle_ms) && m->idle_ms > 0 ? m->idle_ms : 0;
+    const double parts[3] = {m->compute_ms, m->comm_ms, m->io_ms};
+    for (int i = 0; i < 3; i++)
+        if (isfinite(parts[i]) && parts[i] > 0) busy += parts[i];
+    if (!(busy > 0) || !(wall > 0) || wall > 1e12) return;
+    *step_ms = wall;
+    *busy_ms = wall * busy / (busy + idle);
+    g->step_ms = fb_fair_ewma(g->step_ms, *step_ms, d->fair.smoothing);
+    g->busy_ms = fb_fair_ewma(g->busy_ms, *busy_ms, d->fair.smoothing);
+}
+
 /* Receives one multipart message from the ROUTER and acts on it. */
 static void on_message(fb_dispatch_t *d)
 {
@@ -1314,8 +1451,15 @@ static void on_message(fb_dispatch_t *d)
             fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
         }
         {
+            double step_ms, busy_ms;
+            note_step_time(d, &m, &step_ms, &busy_ms);
             pending *p = calloc(1, sizeof *p);
             if (!p) break;
+            p->step_ms = step_ms;
+            p->busy_ms = busy_ms;
+            const group *g = find_group(d, m.group_id);
+            p->smooth_step_ms = g ? g->step_ms : 0;
+            p->smooth_busy_ms = g ? g->busy_ms : 0;
             snprintf(p->worker, sizeof p->worker, "%s", name);
             p->m = m;
             memset(&m, 0, sizeof m);
@@ -1870,7 +2014,8 @@ static void plan(fb_dispatch_t *d)
     fb_plan_snapshot snap = {.jobs = c.pj, .n_jobs = nq, .tenants = c.pt, .n_tenants = nt,
                              .devices = c.pd, .n_devices = nd, .running = c.pr, .n_running = nrun,
                              .max_b = d->cfg.max_array,
-                             .max_groups_per_device = d->cfg.max_groups_per_device};
+                             .max_groups_per_device = d->cfg.max_groups_per_device,
+                             .keep_running_shares = d->cfg.rebalance_ms > 0};
     fb_plan_result res;
     char err[256];
     if (fb_plan_run(&snap, c.batch, &res, err, sizeof err)) {
@@ -1976,11 +2121,322 @@ static void detach_cancelled(fb_dispatch_t *d)
     PQclear(r);
 }
 
+/* ---- fair share ------------------------------------------------------------ */
+
+/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
+static int parse_ints(const char *p, int64_t *out, int cap)
+{
+    int n = 0;
+    while (*p && n < cap) {
+        while (*p && *p != '-' && (*p < '0' || *p > '9'))
+            p++;
+        if (!*p) break;
+        char *end;
+        out[n++] = strtoll(p, &end, 10);
+        if (end == p) break;
+        p = end;
+    }
+    return n;
+}
+
+/* A measured time in seconds as the policy accepts it: 0 (unknown) or within its bounds. */
+static double fair_seconds(double ms)
+{
+    double x = ms / 1000.0;
+    return isfinite(x) && x >= FB_FAIR_MIN_VALUE && x <= FB_FAIR_MAX_VALUE ? x : 0.0;
+}
+
+/*
+ * The most a migrated member may lose: it resumes from its last checkpoint,
+ * and a DETACH takes no new one, so a group moves only while every member's
+ * work since its checkpoint is at most this fraction of its steps.
+ */
+#define MIGRATE_MAX_LOSS 0.1
+
+typedef struct fair_ctx {
+    PGresult *tenants, *groups, *jobs;
+    char **tenant_ids; /* sorted, pointing into tenants */
+    fb_fair_tenant *ft;
+    fb_fair_device *fd;
+    int *dev_worker, *dev_idx;
+    fb_fair_group *fg;
+    fb_fair_job *fj;
+    int *grow;        /* snapshot group -> row of the groups result */
+    int *jfirst;      /* snapshot group -> its first row of the jobs result */
+    bool *lossy;      /* snapshot group: migrating it would lose too much */
+} fair_ctx;
+
+static void fair_ctx_free(fair_ctx *c)
+{
+    PQclear(c->tenants);
+    PQclear(c->groups);
+    PQclear(c->jobs);
+    free(c->tenant_ids);
+    free(c->ft);
+    free(c->fd);
+    free(c->dev_worker);
+    free(c->dev_idx);
+    free(c->fg);
+    free(c->fj);
+    free(c->grow);
+    free(c->jfirst);
+    free(c->lossy);
+}
+
+/* The snapshot device of (worker w, index idx), -1 when unknown. */
+static int fair_device(const fair_ctx *c, int nd, int w, int64_t idx)
+{
+    for (int k = 0; k < nd; k++)
+        if (c->dev_worker[k] == w && c->dev_idx[k] == idx) return k;
+    return -1;
+}
+
+/* Records a decision of the controller and tells the group's worker. */
+static void fair_apply(fb_dispatch_t *d, const fb_fair_group *G, const fb_fair_decision *dec,
+                       const char *gid)
+{
+    group *g = find_group(d, gid);
+    if (!g || !find_worker(d, g->worker)) return;
+    const int64_t *split = dec->split_changed ? dec->split : G->split;
+    char share[40], gen[24], split_buf[FB_FAIR_MAX_SHARDS * 24 + 3];
+    size_t len = 0;
+    split_buf[len++] = '{';
+    for (int i = 0; i < G->n_shards; i++)
+        len += (size_t)snprintf(split_buf + len, sizeof split_buf - len, "%s%lld", i ? "," : "",
+                                (long long)split[i]);
+    snprintf(split_buf + len, sizeof split_buf - len, "}");
+    snprintf(share, sizeof share, "%.17g", dec->time_share);
+    snprintf(gen, sizeof gen, "%lld", (long long)g->generation);
+    const char *v[4] = {gid, share, split_buf, gen};
+    /* the generation guards against a group re-assigned since the snapshot */
+    if (!exec1(d,
+               "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
+               " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
+               " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
+               " AND state <> 'finished'",
+               4, v))
+        return;
+    fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
+                     .time_share = dec->time_share, .n_split = G->n_shards};
+    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
+    for (int i = 0; i < G->n_shards && i < FB_WIRE_MAX_DEVICES; i++) m.split[i] = split[i];
+    send_to(d, g->worker, &m, NULL, NULL, 0);
+    fb_log_json(FB_LOG_INFO, "fair share: rebalanced an array",
+                json_pack("{s:s, s:f, s:f, s:f, s:b}", "group_id", gid, "slowdown",
+                          dec->slowdown, "time_share", dec->time_share, "target_share",
+                          dec->target_share, "split_changed", dec->split_changed));
+}
+
+/*
+ * A suggested migration: every member leaves its array on the server's
+ * request and goes back to the queue from its last checkpoint, and the
+ * planner, which prefers the least loaded devices, places it anew.
+ */
+static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, int sg)
+{
+    const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
+    group *g = find_group(d, gid);
+    if (!g || !find_worker(d, g->worker) || c->lossy[sg]) return;
+    for (int k = 0; k < G->n_jobs; k++) {
+        const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
+        send_detach(d, g->worker, g->id, g->generation, job, "migrated");
+        detach_recent(d, job, now_ms());
+    }
+    fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",
+                json_pack("{s:s, s:s, s:i}", "group_id", gid, "worker", g->worker, "members",
+                          G->n_jobs));
+    fb_metrics_fair_migrated();
+}
+
+/*
+ * One fair-share period: a snapshot of the running groups (their devices,
+ * splits and shares from the groups table, smoothed step times from the
+ * reports, isolated step times from the profiles, members' progress), the
+ * policy (fairshare.h), and its decisions: new shares and splits written to
+ * the groups table and sent as REBALANCE, migrations started, gauges
+ * published.  The controller owns the shares of running groups; the planner
+ * only sets a new group's first one.
+ */
+static void rebalance(fb_dispatch_t *d)
+{
+    d->last_rebalance_ms = now_ms();
+    if (!db_ok(d)) return;
+    fair_ctx c = {0};
+    fb_fair_result res = {0};
+    c.tenants = q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
+    c.groups = q(d,
+                 "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
+                 " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
+                 " FROM groups g JOIN workers w ON w.id = g.worker_id"
+                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key"
+                 "  AND p.n_models = g.n_members AND p.device_kind = w.backend"
+                 " WHERE g.state <> 'finished' ORDER BY g.id",
+                 0, NULL);
+    /* members in group order; a group's first is a member of the tenant it is charged to
+     * (tenant_ids[1], as the planner charges it) */
+    c.jobs = q(d,
+               "SELECT j.group_id, j.id, j.tenant_id::text,"
+               " extract(epoch FROM now() - j.created_at), LEAST(j.step, j.steps), j.steps,"
+               " j.resume_step FROM jobs j JOIN groups g ON g.id = j.group_id"
+               " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
+               " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
+               0, NULL);
+    if (!c.tenants || !c.groups || !c.jobs) goto out;
+    int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
+    int nd = 0;
+    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
+    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
+    c.ft = calloc((size_t)(nt ? nt : 1), sizeof *c.ft);
+    c.fd = calloc((size_t)(nd ? nd : 1), sizeof *c.fd);
+    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
+    c.dev_idx = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_idx);
+    c.fg = calloc((size_t)(nr ? nr : 1), sizeof *c.fg);
+    c.fj = calloc((size_t)(nj ? nj : 1), sizeof *c.fj);
+    c.grow = calloc((size_t)(nr ? nr : 1), sizeof *c.grow);
+    c.jfirst = calloc((size_t)(nr ? nr : 1), sizeof *c.jfirst);
+    c.lossy = calloc((size_t)(nr ? nr : 1), sizeof *c.lossy);
+    if (!c.tenant_ids || !c.ft || !c.fd || !c.dev_worker || !c.dev_idx || !c.fg || !c.fj ||
+        !c.grow || !c.jfirst || !c.lossy)
+        goto out;
+    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
+    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
+    for (int i = 0; i < nt; i++) {
+        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
+        double w = strtod(PQgetvalue(c.tenants, i, 1), NULL);
+        c.ft[k].weight = isfinite(w) && w > 0 ? w : 1.0;
+    }
+    nd = 0;
+    for (int i = 0; i < d->n_workers; i++)
+        for (int k = 0; k < d->workers[i].n_devices; k++) {
+            const fb_wire_device *dv = &d->workers[i].devices[k];
+            int imb = d->workers[i].imbalanced[k];
+            c.fd[nd] = (fb_fair_device){.kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
+                                                                               : FB_PLAN_CPU,
+                                        .ready = !d->workers[i].draining,
+                                        .imbalanced_periods = imb > 0 ? imb : 0};
+            c.dev_worker[nd] = i;
+            c.dev_idx[nd++] = dv->idx;
+        }
+    /* groups and their members; rows the policy would refuse are left out, not the period */
+    int ng = 0, jrow = 0, nfj = 0;
+    for (int i = 0; i < nr; i++) {
+        const char *gid = PQgetvalue(c.groups, i, 0);
+        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) < 0) jrow++;
+        int j0 = jrow;
+        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) == 0) jrow++;
+        worker *w = find_worker(d, PQgetvalue(c.groups, i, 1));
+        group *mem = find_group(d, gid);
+        if (!w || !mem || jrow == j0) continue;
+        int widx = (int)(w - d->workers);
+        fb_fair_group *G = &c.fg[ng];
+        memset(G, 0, sizeof *G);
+        int64_t dev[FB_PLAN_MAX_GROUP_DEVICES], split[FB_FAIR_MAX_SHARDS];
+        int n_dev = parse_ints(PQgetvalue(c.groups, i, 2), dev, FB_PLAN_MAX_GROUP_DEVICES);
+        int n_split = parse_ints(PQgetvalue(c.groups, i, 3), split, FB_FAIR_MAX_SHARDS);
+        int D = (int)strtol(PQgetvalue(c.groups, i, 5), NULL, 10);
+        int P = (int)strtol(PQgetvalue(c.groups, i, 6), NULL, 10);
+        if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
+        bool ok = true;
+        int64_t batch = 0;
+        for (int s = 0; s < D && ok; s++) {
+            /* a shard is where its first pipeline stage runs (devices are data-major) */
+            G->devices[s] = fair_device(&c, nd, widx, dev[s * P]);
+            G->split[s] = split[s];
+            batch += split[s] > 0 ? split[s] : 0;
+            ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
+        }
+        double share = strtod(PQgetvalue(c.groups, i, 4), NULL);
+        if (!ok || !(share > 0 && share <= 1)) continue;
+        G->n_shards = D;
+        G->time_share = share;
+        G->step_time_s = fair_seconds(mem->step_ms);
+        double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
+        G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
+        bool lossy = false;
+        int n_in = 0;
+        for (int r = j0; r < jrow; r++) {
+            int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, r, 2));
+            int64_t total = strtoll(PQgetvalue(c.jobs, r, 5), NULL, 10);
+            int64_t done = strtoll(PQgetvalue(c.jobs, r, 4), NULL, 10);
+            int64_t resume = strtoll(PQgetvalue(c.jobs, r, 6), NULL, 10);
+            double el = strtod(PQgetvalue(c.jobs, r, 3), NULL);
+            /* a member the policy could not take makes the whole group's rows unusable
+             * (the job rows must stay contiguous with jfirst) */
+            if (t < 0 || total < 1 || total > FB_FAIR_MAX_STEPS || done < 0) {
+                ok = false;
+                break;
+            }
+            lossy |= (double)(done - resume) > MIGRATE_MAX_LOSS * (double)total;
+            c.fj[nfj + n_in++] = (fb_fair_job){
+                .tenant = t,
+                .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
+                .steps_done = done,
+                .total_steps = total};
+        }
+        if (!ok) continue;
+        G->n_jobs = n_in;
+        G->jobs = &c.fj[nfj];
+        c.jfirst[ng] = j0;
+        c.lossy[ng] = lossy;
+        c.grow[ng++] = i;
+        nfj += n_in;
+    }
+    fb_fair_snapshot snap = {.devices = c.fd, .n_devices = nd, .tenants = c.ft,
+                             .n_tenants = nt, .groups = c.fg, .n_groups = ng};
+    char err[256];
+    if (fb_fair_run(&snap, &d->fair, &res, err, sizeof err)) {
+        fb_log_json(FB_LOG_ERROR, "the fair-share controller refused its snapshot",
+                    json_pack("{s:s}", "error", err));
+        goto out;
+    }
+    /* the snapshot's devices are the workers' in order */
+    for (int i = 0, k = 0; i < d->n_workers; i++)
+        for (int x = 0; x < d->workers[i].n_devices; x++, k++)
+            d->workers[i].imbalanced[x] = res.imbalanced_periods[k];
+    int n_changed = 0;
+    fb_metrics_fair_begin(res.max_slowdown, res.mean_slowdown);
+    for (int g = 0; g < ng; g++) {
+        const fb_fair_decision *dec = &res.groups[g];
+        const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
+        fb_metrics_fair_group(gid, dec->slowdown,
+                              dec->share_changed ? dec->time_share : c.fg[g].time_share);
+        if (!dec->share_changed && !dec->split_changed) continue;
+        fair_apply(d, &c.fg[g], dec, gid);
+        n_changed++;
+    }
+    fb_metrics_fair_end(n_changed);
+    for (int i = 0; i < res.n_migrations; i++)
+        fair_migrate(d, &c, &c.fg[res.migrations[i].group], res.migrations[i].group);
+    if (n_changed || res.n_migrations)
+        fb_log_json(FB_LOG_INFO, "fair share: period",
+                    json_pack("{s:i, s:i, s:i, s:f, s:f}", "groups", ng, "changed", n_changed,
+                              "migrations", res.n_migrations, "max_slowdown", res.max_slowdown,
+                              "mean_slowdown", res.mean_slowdown));
+out:
+    fb_fair_result_free(&res);
+    fair_ctx_free(&c);
+}
+
+/* Handles the messages waiting on the worker socket, at most 256 at a time so
+ * that the loop's other duties keep their turn. */
+static void drain_router(fb_dispatch_t *d)
+{
+    for (int k = 0; k < 256; k++) {
+        int ev = 0;
+        size_t sz = sizeof ev;
+        if (zmq_getsockopt(d->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN)) break;
+        on_message(d);
+    }
+}
+
 static void tick(fb_dispatch_t *d)
 {
     int64_t t = now_ms();
     d->ticks++;
     reload_keys(d);
+    /* what waits on the socket first: a busy loop must not call a worker silent whose
+     * heartbeats are queued here */
+    drain_router(d);
     /* silent workers are lost */
     for (int i = 0; i < d->n_workers; i++) {
         worker *w = &d->workers[i];
@@ -2031,6 +2487,7 @@ static void tick(fb_dispatch_t *d)
         }
     }
     if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
+    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
 }
 
 static void *loop(void *arg)
@@ -2058,14 +2515,7 @@ static void *loop(void *arg)
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) break;
         if (items[2].revents & ZMQ_POLLIN) break;
         if (items[1].revents & ZMQ_POLLIN) on_zap(d);
-        if (items[0].revents & ZMQ_POLLIN)
-            for (int k = 0; k < 256; k++) {
-                int ev = 0;
-                size_t sz = sizeof ev;
-                if (zmq_getsockopt(d->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
-                    break;
-                on_message(d);
-            }
+        if (items[0].revents & ZMQ_POLLIN) drain_router(d);
         if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
             if (PQconsumeInput(d->pg)) {
                 PGnotify *nt;
@@ -2086,7 +2536,10 @@ static void *loop(void *arg)
     }
     /* last words: what is already received gets written when possible */
     flush_events(d);
-    flush_progress(d);
+    for (int n = -1; d->progress.head && d->progress.n != n;) {
+        n = d->progress.n;
+        flush_progress(d);
+    }
     return NULL;
 }
 
@@ -2123,6 +2576,8 @@ fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, ch
         return NULL;
     }
     d->cfg = *cfg;
+    d->fair = fb_fair_params_default();
+    if (cfg->rebalance_ms > 0) d->fair.period_s = cfg->rebalance_ms / 1000.0;
     snprintf(d->artifacts, sizeof d->artifacts, "%s", artifacts);
     d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
     d->keys = calloc(MAX_KEYS, sizeof *d->keys);

@@ -263,9 +263,8 @@ void fb_req_add_header(fb_req *req, const char *name, const char *value)
 
 /* ---- request checks ----------------------------------------------------- */
 
-/* Matches path against pattern, filling params; true on a match. */
-static bool match_pattern(const char *pattern, const char *path,
-                          char params[FB_MAX_PATH_PARAMS][FB_PATH_PARAM_MAX + 1])
+bool fb_http_match_pattern(const char *pattern, const char *path,
+                           char params[FB_MAX_PATH_PARAMS][FB_PATH_PARAM_MAX + 1])
 {
     const char *p = pattern, *s = path;
     int np = 0;
@@ -299,10 +298,10 @@ static int find_route(const char *method, const char *path, fb_req *req, char *a
     allow[0] = '\0';
     size_t used = 0;
     for (int i = 0; i < fb_n_routes; i++) {
-        if (!match_pattern(fb_routes[i].pattern, path, NULL)) continue;
+        if (!fb_http_match_pattern(fb_routes[i].pattern, path, NULL)) continue;
         *path_known = true;
         if (strcmp(fb_routes[i].method, method) == 0) {
-            match_pattern(fb_routes[i].pattern, path, req->params);
+            fb_http_match_pattern(fb_routes[i].pattern, path, req->params);
             return i;
         }
         if (!strstr(allow, fb_routes[i].method) && used < allow_cap)
@@ -398,9 +397,7 @@ static int check_auth(fb_req *req)
     return FB_OK;
 }
 
-/* True when a Content-Type is application/json, optionally with
- * charset=utf-8 and nothing else. */
-static bool is_json_type(const char *ct)
+bool fb_http_is_json_type(const char *ct)
 {
     if (!ct) return false;
     while (*ct == ' ')
@@ -438,9 +435,7 @@ static bool has_body(fb_req *req, uint64_t *declared)
     return te != NULL;
 }
 
-/* An upload's Content-Type: absent (curl -T), application/octet-stream or
- * text/csv; a parameter such as a charset does not matter to a file. */
-static bool is_stream_type(const char *ct)
+bool fb_http_is_stream_type(const char *ct)
 {
     if (!ct) return true;
     while (*ct == ' ')
@@ -455,7 +450,7 @@ static bool is_stream_type(const char *ct)
 static void check_stream(fb_req *req, uint64_t declared)
 {
     req_impl *im = impl_of(req);
-    if (!is_stream_type(fb_req_header(req, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+    if (!fb_http_is_stream_type(fb_req_header(req, MHD_HTTP_HEADER_CONTENT_TYPE))) {
         fb_req_fail(req, FB_ERR_UNSUPPORTED_MEDIA_TYPE, NULL,
                     "send the file as Content-Type: application/octet-stream (or text/csv)");
     } else {
@@ -515,7 +510,7 @@ static void check_headers(fb_req *req, const char *method)
     }
     if (req->route->body == FB_BODY_JSON || (req->route->body == FB_BODY_JSON_OPTIONAL && body)) {
         const char *ct = fb_req_header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
-        if (!is_json_type(ct)) {
+        if (!fb_http_is_json_type(ct)) {
             fb_req_fail(req, FB_ERR_UNSUPPORTED_MEDIA_TYPE, NULL,
                         "the body must be sent as Content-Type: application/json");
             return;
@@ -523,8 +518,7 @@ static void check_headers(fb_req *req, const char *method)
     }
 }
 
-/* Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF). */
-static bool valid_utf8(const unsigned char *s, size_t n, size_t *bad_at)
+bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at)
 {
     size_t i = 0;
     while (i < n) {
@@ -570,8 +564,7 @@ static bool valid_utf8(const unsigned char *s, size_t n, size_t *bad_at)
     return true;
 }
 
-/* Deepest nesting of arrays and objects, strings skipped; stops past limit. */
-static int json_depth(const char *s, size_t n, int limit)
+int fb_http_json_depth(const char *s, size_t n, int limit)
 {
     int depth = 0, max = 0;
     bool in_str = false, esc = false;
@@ -607,11 +600,11 @@ static int parse_body(fb_req *req)
         return fb_req_fail(req, FB_ERR_JSON_SYNTAX, NULL, "the body is empty; send a JSON object");
     }
     size_t bad_at;
-    if (!valid_utf8((const unsigned char *)im->body, im->body_len, &bad_at))
+    if (!fb_http_valid_utf8((const unsigned char *)im->body, im->body_len, &bad_at))
         return fb_req_fail(req, FB_ERR_BAD_ENCODING, NULL,
                            "the body is not valid UTF-8 (byte offset %zu)", bad_at);
     int max = req->srv->cfg.json_max_depth;
-    if (json_depth(im->body, im->body_len, max) > max)
+    if (fb_http_json_depth(im->body, im->body_len, max) > max)
         return fb_req_fail(req, FB_ERR_JSON_TOO_DEEP, NULL,
                            "the body nests arrays and objects deeper than %d levels", max);
     json_error_t jerr;
@@ -848,13 +841,8 @@ static int hex_value(char c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c - 'A' + 10;
 }
 
-/* libmicrohttpd's unescaping of paths and query values, except that %00 is
- * left as it is: a decoded NUL would cut the C string short, so that
- * "/static/index.html%00.js" would read as "/static/index.html". */
-static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *val)
+size_t fb_http_unescape(char *val)
 {
-    (void)cls;
-    (void)conn;
     char *r = val, *w = val;
     while (*r) {
         if (r[0] == '%' && isxdigit((unsigned char)r[1]) && isxdigit((unsigned char)r[2])) {
@@ -869,6 +857,13 @@ static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *val)
     }
     *w = '\0';
     return (size_t)(w - val);
+}
+
+static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *val)
+{
+    (void)cls;
+    (void)conn;
+    return fb_http_unescape(val);
 }
 
 /* Keeps a log line printable and short. */

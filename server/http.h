@@ -146,6 +146,39 @@ int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limi
  * none or it was taken already. */
 int fb_req_take_body_fd(fb_req *req);
 
+/*
+ * The parsers the checks above are made of, public so that the fuzz target
+ * (tests/fuzz/fuzz_http.c) can feed them hostile bytes without a socket.
+ */
+
+/* Matches a NUL-terminated path against a route pattern ("/v1/jobs/{id}":
+ * {name} matches one non-empty segment of at most FB_PATH_PARAM_MAX bytes),
+ * copying the segments into params (may be NULL) in pattern order.  True on
+ * a match; params may be partly written either way. */
+bool fb_http_match_pattern(const char *pattern, const char *path,
+                           char params[FB_MAX_PATH_PARAMS][FB_PATH_PARAM_MAX + 1]);
+
+/* Decodes %XX escapes of a path or query value in place, except %00, which
+ * stays as it is so that a NUL never cuts the string short.  Returns the
+ * new length. */
+size_t fb_http_unescape(char *val);
+
+/* True when a Content-Type is application/json, optionally with
+ * charset=utf-8 and nothing else. */
+bool fb_http_is_json_type(const char *ct);
+
+/* An upload's Content-Type: absent (curl -T), application/octet-stream or
+ * text/csv; a parameter such as a charset does not matter to a file. */
+bool fb_http_is_stream_type(const char *ct);
+
+/* Strict UTF-8 over n bytes (no overlong forms, no surrogates, nothing above
+ * U+10FFFF); false with the offset of the first bad sequence in *bad_at. */
+bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at);
+
+/* The deepest nesting of arrays and objects in n bytes of JSON text, strings
+ * skipped; returns as soon as it exceeds limit. */
+int fb_http_json_depth(const char *s, size_t n, int limit);
+
 /* Starts the daemon on cfg's address; NULL with msg on failure. */
 struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap);
 

@@ -1,10 +1,14 @@
 /*
- * Lock-free request counters and their Prometheus rendering.
+ * Lock-free request counters and their Prometheus rendering, and the
+ * fair-share gauges the control loop publishes.
  */
 #include "metrics.h"
 
+#include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +44,8 @@ struct fb_metrics {
     route_stats *routes; /* n_routes + 1 */
     _Atomic uint64_t errors[N_ERRS];
 };
+
+static void fair_render(fb_textbuf *b);
 
 void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...)
 {
@@ -188,4 +194,121 @@ void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b)
                           fb_err_code(err_values[i]), fb_err_http_status(err_values[i]),
                           (unsigned long long)v);
     }
+    fair_render(b);
+}
+
+/* ---- fair-share gauges -------------------------------------------------------- */
+
+typedef struct fair_group {
+    char id[64];
+    double slowdown, time_share;
+} fair_group;
+
+typedef struct fair_period {
+    bool published;
+    double max_slowdown, mean_slowdown;
+    fair_group *groups;
+    int n, cap;
+} fair_period;
+
+/* staging: the control loop's own; published: under fair_mu */
+static pthread_mutex_t fair_mu = PTHREAD_MUTEX_INITIALIZER;
+static fair_period fair_staging, fair_published;
+static _Atomic uint64_t fair_periods, fair_changes, fair_migrations;
+static bool fair_staging_failed;
+
+void fb_metrics_fair_begin(double max_slowdown, double mean_slowdown)
+{
+    fair_staging.max_slowdown = max_slowdown;
+    fair_staging.mean_slowdown = mean_slowdown;
+    fair_staging.n = 0;
+    fair_staging_failed = false;
+}
+
+void fb_metrics_fair_group(const char *group_id, double slowdown, double time_share)
+{
+    if (!group_id || fair_staging_failed) return;
+    if (fair_staging.n == fair_staging.cap) {
+        int cap = fair_staging.cap ? 2 * fair_staging.cap : 64;
+        fair_group *g = realloc(fair_staging.groups, (size_t)cap * sizeof *g);
+        if (!g) {
+            /* a partial period would look like groups that vanished: skip it whole */
+            fair_staging_failed = true;
+            return;
+        }
+        fair_staging.groups = g;
+        fair_staging.cap = cap;
+    }
+    fair_group *g = &fair_staging.groups[fair_staging.n++];
+    snprintf(g->id, sizeof g->id, "%s", group_id);
+    g->slowdown = slowdown;
+    g->time_share = time_share;
+}
+
+void fb_metrics_fair_end(int n_changed)
+{
+    atomic_fetch_add_explicit(&fair_periods, 1, memory_order_relaxed);
+    if (n_changed > 0)
+        atomic_fetch_add_explicit(&fair_changes, (uint64_t)n_changed, memory_order_relaxed);
+    if (fair_staging_failed) return;
+    pthread_mutex_lock(&fair_mu);
+    fair_period t = fair_published;
+    fair_published = fair_staging;
+    fair_published.published = true;
+    fair_staging = t;
+    pthread_mutex_unlock(&fair_mu);
+}
+
+void fb_metrics_fair_migrated(void)
+{
+    atomic_fetch_add_explicit(&fair_migrations, 1, memory_order_relaxed);
+}
+
+static void fair_value(fb_textbuf *b, const char *prefix, double v)
+{
+    if (isfinite(v))
+        fb_textbuf_printf(b, "%s %.9g\n", prefix, v);
+    else
+        fb_textbuf_printf(b, "%s NaN\n", prefix);
+}
+
+static void fair_render(fb_textbuf *b)
+{
+    fb_textbuf_printf(b,
+                      "# HELP fusebox_fair_periods_total Fair-share periods run.\n"
+                      "# TYPE fusebox_fair_periods_total counter\nfusebox_fair_periods_total %llu\n"
+                      "# HELP fusebox_fair_changes_total Arrays whose time share or batch split "
+                      "a period changed.\n# TYPE fusebox_fair_changes_total counter\n"
+                      "fusebox_fair_changes_total %llu\n"
+                      "# HELP fusebox_fair_migrations_total Arrays moved off an imbalanced "
+                      "device.\n# TYPE fusebox_fair_migrations_total counter\n"
+                      "fusebox_fair_migrations_total %llu\n",
+                      (unsigned long long)atomic_load(&fair_periods),
+                      (unsigned long long)atomic_load(&fair_changes),
+                      (unsigned long long)atomic_load(&fair_migrations));
+    pthread_mutex_lock(&fair_mu);
+    if (fair_published.published) {
+        fb_textbuf_printf(b, "# HELP fusebox_job_slowdown Slowdown of the running jobs at the "
+                             "last fair-share period (1 = as fast as alone).\n"
+                             "# TYPE fusebox_job_slowdown gauge\n");
+        fair_value(b, "fusebox_job_slowdown{stat=\"max\"}", fair_published.max_slowdown);
+        fair_value(b, "fusebox_job_slowdown{stat=\"mean\"}", fair_published.mean_slowdown);
+        fb_textbuf_printf(b, "# HELP fusebox_group_slowdown Largest slowdown of an array's "
+                             "members.\n# TYPE fusebox_group_slowdown gauge\n");
+        char prefix[128];
+        for (int i = 0; i < fair_published.n; i++) {
+            snprintf(prefix, sizeof prefix, "fusebox_group_slowdown{group=\"%s\"}",
+                     fair_published.groups[i].id);
+            fair_value(b, prefix, fair_published.groups[i].slowdown);
+        }
+        fb_textbuf_printf(b, "# HELP fusebox_group_time_share An array's time share of its "
+                             "devices (a weight of the workers' step scheduler).\n"
+                             "# TYPE fusebox_group_time_share gauge\n");
+        for (int i = 0; i < fair_published.n; i++) {
+            snprintf(prefix, sizeof prefix, "fusebox_group_time_share{group=\"%s\"}",
+                     fair_published.groups[i].id);
+            fair_value(b, prefix, fair_published.groups[i].time_share);
+        }
+    }
+    pthread_mutex_unlock(&fair_mu);
 }

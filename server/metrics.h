@@ -2,7 +2,8 @@
  * Request counters for GET /metrics (Prometheus text format 0.0.4).
  *
  * Counts requests by route and status, a latency histogram per route, and
- * client and server errors by fb_err code.  Every counter is a C11 atomic, so
+ * client and server errors by fb_err code; serves the fair-share controller's
+ * slowdown and time-share gauges.  Every counter is a C11 atomic, so
  * the HTTP threads record without locks.  Gauges that live in the database
  * (jobs by state, queue depth) are appended by the caller at scrape time.
  */
@@ -38,7 +39,26 @@ void fb_metrics_free(fb_metrics_t *m);
  * latency in seconds, and the fb_err code when it failed (0 otherwise). */
 void fb_metrics_record(fb_metrics_t *m, int route, int status, double seconds, int err);
 
-/* Appends every counter and histogram to b. */
+/* Appends every counter and histogram to b, and the fair-share gauges below
+ * once the control loop has published them. */
 void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b);
+
+/*
+ * Fair-share gauges.  The control loop (dispatch.c) publishes the outcome of
+ * each fair-share period here; the scrape renders the latest one.  They are
+ * process-wide rather than part of an fb_metrics_t because the control loop
+ * does not hold the HTTP side's counters: one fuseboxd runs one control loop.
+ * A period is published by fb_metrics_fair_begin, one fb_metrics_fair_group
+ * per running group, then fb_metrics_fair_end, all from one thread (the
+ * control loop's); the scrape sees either the previous period or this one,
+ * never a mix.  group_id is copied (at most 63 characters).  A value that is
+ * not finite is rendered as NaN.
+ */
+void fb_metrics_fair_begin(double max_slowdown, double mean_slowdown);
+void fb_metrics_fair_group(const char *group_id, double slowdown, double time_share);
+/* n_changed: groups whose share or split the period changed. */
+void fb_metrics_fair_end(int n_changed);
+/* Counts one migration the controller started. */
+void fb_metrics_fair_migrated(void);
 
 #endif

@@ -604,6 +604,42 @@ static int compute_shares(plan *p, scratch *sc, fb_plan_group *groups, int n_gro
     return FB_OK;
 }
 
+/*
+ * keep_running_shares: the running groups keep the shares they have (the
+ * fair-share controller owns them), so a new group's share is scaled to
+ * stand to them as the formula would have it.  The workers' stride
+ * scheduler uses shares as weights, so what matters on a device is a
+ * group's share over the sum there: on device d, where the running groups'
+ * known shares sum to K and their formula shares to F, the formula share x
+ * of a new group becomes x * K / F, the smallest over its devices, at most 1
+ * (where the cap bites the controller corrects the rest).
+ */
+static int keep_running(plan *p, scratch *sc, fb_plan_group *groups, int n_groups,
+                        const double *old_share, const double *new_share)
+{
+    const fb_plan_snapshot *s = p->s;
+    int R = s->n_running;
+    double *known = scratch_alloc(sc, (size_t)s->n_devices + 1, sizeof *known);
+    double *formula = scratch_alloc(sc, (size_t)s->n_devices + 1, sizeof *formula);
+    if (sc->failed) return FB_ERR_NOMEM;
+    for (int g = 0; g < R; g++)
+        for (int i = 0; i < s->running[g].n_devices; i++) {
+            known[s->running[g].devices[i]] += old_share[g];
+            formula[s->running[g].devices[i]] += new_share[g];
+        }
+    for (int G = 0; G < n_groups; G++) {
+        double w = 1.0;
+        for (int i = 0; i < groups[G].n_devices; i++) {
+            int d = groups[G].devices[i];
+            double scale = formula[d] > 0.0 ? known[d] / formula[d] : 1.0;
+            double x = new_share[R + G] * scale;
+            if (x < w) w = x;
+        }
+        if (w > 0.0) groups[G].time_share = w;
+    }
+    return FB_OK;
+}
+
 /* ---- positions ------------------------------------------------------------- */
 
 typedef struct ratio_idx {
@@ -937,8 +973,12 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
         for (int g = 0; g < R; g++)
             if (s->running[g].time_share > 0) old_share[g] = s->running[g].time_share;
         for (int G = 0; G < res.n_groups; G++) res.groups[G].time_share = new_share[R + G];
+        if (s->keep_running_shares) {
+            if (keep_running(p, &sc, res.groups, res.n_groups, old_share, new_share))
+                goto nomem_res;
+        }
         int n_changed = 0;
-        for (int g = 0; g < R; g++)
+        for (int g = 0; g < R && !s->keep_running_shares; g++)
             if (new_share[g] - old_share[g] > SHARE_EPS || old_share[g] - new_share[g] > SHARE_EPS)
                 n_changed++;
         if (n_changed > 0) {

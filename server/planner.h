@@ -92,6 +92,11 @@ typedef struct fb_plan_snapshot {
     int n_running;
     int max_b;                 /* members per array at most; 1 disables fusion */
     int max_groups_per_device; /* co-location bound, >= 1 */
+    /* the running groups' shares belong to someone else (the fair-share
+     * controller, fairshare.h): shares[] stays empty and a new group's share
+     * is scaled to the running groups' known shares on its devices (see
+     * fb_plan_run) */
+    bool keep_running_shares;
 } fb_plan_snapshot;
 
 /* A new group: which jobs, where, and how. */
@@ -163,6 +168,11 @@ typedef struct fb_plan_result {
  * at its quota does not hold back a shared array.  Running groups' shares
  * before this plan are taken to be the same formula over the running groups
  * alone; shares[] lists those that differ from it by more than 1e-9.
+ *
+ * With keep_running_shares, shares[] is always empty and a new group's
+ * share is the formula's, scaled on each of its devices by the running
+ * groups' known shares there over their formula shares (so that it stands
+ * to them as the formula says), the smallest over its devices, at most 1.
  */
 int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result *out, char *msg,
                 size_t msg_cap);

@@ -108,6 +108,19 @@ json_t *fb_pg_json(const PGresult *r, int row, int col)
     return json_loadb(v, (size_t)PQgetlength(r, row, col), JSON_DECODE_ANY, NULL);
 }
 
+int fb_query_parse_int(const char *v, long long lo, long long hi, long long *out)
+{
+    errno = 0;
+    char *end = NULL;
+    long long x = strtoll(v, &end, 10);
+    bool digits =
+        v[0] && (isdigit((unsigned char)v[0]) || (v[0] == '-' && isdigit((unsigned char)v[1])));
+    if (!digits || errno || !end || *end) return FB_ERR_BAD_QUERY;
+    if (x < lo || x > hi) return FB_ERR_OUT_OF_RANGE;
+    *out = x;
+    return FB_OK;
+}
+
 int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,
                  long long *out)
 {
@@ -116,17 +129,11 @@ int fb_query_int(fb_req *req, const char *name, long long def, long long lo, lon
         *out = def;
         return FB_OK;
     }
-    errno = 0;
-    char *end = NULL;
-    long long x = strtoll(v, &end, 10);
-    bool digits =
-        v[0] && (isdigit((unsigned char)v[0]) || (v[0] == '-' && isdigit((unsigned char)v[1])));
-    if (!digits || errno || !end || *end)
-        return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: expected an integer", name);
-    if (x < lo || x > hi)
+    int err = fb_query_parse_int(v, lo, hi, out);
+    if (err == FB_ERR_OUT_OF_RANGE)
         return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: %lld is out of range [%lld, %lld]",
-                           name, x, lo, hi);
-    *out = x;
+                           name, strtoll(v, NULL, 10), lo, hi);
+    if (err) return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: expected an integer", name);
     return FB_OK;
 }
 

@@ -106,6 +106,13 @@ int fb_route_reply_page(fb_req *req, fb_db_fn fn, void *arg, json_t **items, con
 int fb_query_int(fb_req *req, const char *name, long long def, long long lo, long long hi,
                  long long *out);
 
+/* The parsing behind fb_query_int, without a request (for the fuzz target):
+ * a decimal integer, optionally negative, with nothing around it, into *out.
+ * FB_OK; FB_ERR_BAD_QUERY when v is not such an integer or overflows;
+ * FB_ERR_OUT_OF_RANGE when it lies outside [lo, hi].  *out is untouched on
+ * failure. */
+int fb_query_parse_int(const char *v, long long lo, long long hi, long long *out);
+
 /* Stores text of at most cap-1 bytes, else fails with FB_ERR_BAD_QUERY. */
 int fb_query_str(fb_req *req, const char *name, char *out, size_t cap);
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "jobspec.h"
+#include "paths.h"
 #include "routes.h"
 #include "server_impl.h"
 
@@ -189,8 +190,13 @@ static int job_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     const char *v[2] = {x->id, x->tenant_id};
     PGresult *r = fb_db_query(
         c, "job_get",
-        "SELECT " FB_SQL_JOB_FULL(
-            FB_SQL_QUEUE_POSITION) " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
+        /* fair_share: what the fair-share controller set for the array the job trains in */
+        "SELECT " FB_SQL_JOB_JSON(
+            FB_SQL_QUEUE_POSITION,
+            ", 'trial_params', j.trial_params, 'spec', j.spec, 'fair_share', (SELECT"
+            " json_build_object('time_share', g.time_share, 'split', to_json(g.split))"
+            " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> 'finished')")
+        " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
         2, v, &err, msg, cap);
     if (!r) return err;
     free(x->text);
@@ -617,22 +623,6 @@ static int job_model_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     return FB_OK;
 }
 
-/* A recorded artifact path is relative, without "..", "." or empty parts. */
-static bool safe_relative(const char *p)
-{
-    if (!p[0] || p[0] == '/') return false;
-    const char *s = p;
-    while (*s) {
-        const char *e = strchr(s, '/');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
-            return false;
-        s += n;
-        if (*s == '/') s++;
-    }
-    return true;
-}
-
 int fb_route_job_model(fb_req *req)
 {
     static const char *const none[] = {NULL};
@@ -646,15 +636,12 @@ int fb_route_job_model(fb_req *req)
     if (!x.have_model)
         return fb_req_fail(req, FB_ERR_NO_MODEL, NULL,
                            "the job has no checkpoint yet; a model exists once it has trained");
-    const char *root = req->srv->artifacts_real;
-    char joined[PATH_MAX], real[PATH_MAX];
-    if (!root[0] || !safe_relative(x.model_path) ||
-        snprintf(joined, sizeof joined, "%s/%s", root, x.model_path) >= (int)sizeof joined ||
-        !realpath(joined, real) || strncmp(real, root, strlen(root)) != 0 ||
-        real[strlen(root)] != '/')
-        return fb_req_fail(req, FB_ERR_NO_MODEL, NULL,
-                           "the job's model file is missing from the artifacts directory");
-    int fd = open(real, O_RDONLY | O_CLOEXEC);
+    /* every link resolved and the result checked to be a regular file inside
+     * the artifacts directory: a tampered row or a planted link or FIFO
+     * never reaches another file or blocks this thread */
+    int fd = req->srv->artifacts_real[0]
+                 ? fb_path_open_under(req->srv->artifacts_real, x.model_path)
+                 : -1;
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (fd >= 0) close(fd);

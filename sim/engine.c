@@ -506,6 +506,8 @@ static int run_planner(eng *e)
         P->n_devices = G->n_dev;
         memcpy(P->devices, G->dev, (size_t)G->n_dev * sizeof *G->dev);
         P->mem_per_device = G->mem_per_device;
+        /* the controller's shares, which the planner scales a new group's share to */
+        P->time_share = e->cfg->rebalance ? G->share : 0;
         P->n_tenants = G->n_members;
         P->tenants = tp;
         for (int m = 0; m < G->n_members; m++)
@@ -521,7 +523,10 @@ static int run_planner(eng *e)
                              .running = pr,
                              .n_running = R,
                              .max_b = e->cfg->max_b,
-                             .max_groups_per_device = e->cfg->max_groups_per_device};
+                             .max_groups_per_device = e->cfg->max_groups_per_device,
+                             /* as in fuseboxd: with rebalancing on, the controller owns
+                              * running groups' shares */
+                             .keep_running_shares = e->cfg->rebalance};
     char err[256];
     if ((rc = fb_plan_run(&snap, batch, &res, err, sizeof err))) {
         rc = fb_errf(e->msg, e->cap, rc, "the planner refused its snapshot: %s", err);

@@ -971,6 +971,77 @@ static void test_known_shares_corrected(void)
     CHECK(strstr(msg, "time_share") != NULL);
 }
 
+/* With keep_running_shares the running groups' shares are the fair-share
+ * controller's: none is changed, and a new group's share is scaled so that
+ * it stands to the running groups' known shares as the formula says. */
+static void test_keep_running_shares(void)
+{
+    scn c;
+    scn_init(&c);
+    c.max_g = 3;
+    int a = add_tenant(&c, 1, false, 100), b = add_tenant(&c, 1, false, 100);
+    int d0 = add_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    /* the controller gave a 0.8 and b 0.2 of d0; the formula would give 0.5 each */
+    int ga = add_running(&c, a, d0, 1, 100), gb = add_running(&c, b, d0, 1, 100);
+    c.running[ga].time_share = 0.8;
+    c.running[gb].time_share = 0.2;
+    add_running(&c, a, d0 + 1, 1, 950); /* full: the new group goes to d0 */
+    int jb = add_job(&c, b, KA, 100);
+    fb_plan_snapshot s = snap_of(&c);
+    fb_plan_result r;
+    char msg[256];
+    /* without the flag the planner resets both (the formula: a 0.5, b's two 0.25) */
+    CHECK_INT_EQ(fb_plan_run(&s, c.batch, &r, msg, sizeof msg), FB_OK);
+    CHECK_INT_EQ(r.n_shares, 2);
+    fb_plan_result_free(&r);
+    s.keep_running_shares = true;
+    CHECK_INT_EQ(fb_plan_run(&s, c.batch, &r, msg, sizeof msg), FB_OK);
+    CHECK_INT_EQ(r.reason[jb], FB_PLAN_PLACED);
+    CHECK_INT_EQ(r.n_groups, 1);
+    CHECK_INT_EQ(r.groups[0].devices[0], d0);
+    CHECK_INT_EQ(r.n_shares, 0);
+    /* formula: 0.25 against running formula shares 0.5 + 0.25 = 0.75 whose known
+     * shares sum to 1.0: 0.25 * 1.0 / 0.75 = 1/3, a quarter of the device's weight */
+    CHECK_NEAR(r.groups[0].time_share, 1.0 / 3.0, 1e-12);
+    fb_plan_result_free(&r);
+
+    /* on a device of its own a new group gets the whole device, as without the flag */
+    scn e;
+    scn_init(&e);
+    e.max_g = 3;
+    int x = add_tenant(&e, 1, false, 100);
+    int f = add_worker(&e, 2, FB_PLAN_CPU, 1000, true);
+    int gx = add_running(&e, x, f, 1, 100);
+    e.running[gx].time_share = 0.4;
+    add_job(&e, x, KA, 100);
+    s = snap_of(&e);
+    s.keep_running_shares = true;
+    CHECK_INT_EQ(fb_plan_run(&s, e.batch, &r, msg, sizeof msg), FB_OK);
+    CHECK_INT_EQ(r.n_groups, 1);
+    CHECK_INT_EQ(r.groups[0].devices[0], f + 1); /* the idle device first */
+    CHECK_NEAR(r.groups[0].time_share, 1.0, 1e-12);
+    CHECK_INT_EQ(r.n_shares, 0);
+    fb_plan_result_free(&r);
+
+    /* three equal groups, one running with the whole device: the two new ones get equal
+     * weights, each a third of the device */
+    scn h;
+    scn_init(&h);
+    h.max_g = 3;
+    int t = add_tenant(&h, 1, false, 100);
+    int hd = add_worker(&h, 1, FB_PLAN_CPU, 1000, true);
+    int g1 = add_running(&h, t, hd, 1, 100);
+    h.running[g1].time_share = 1.0;
+    add_job(&h, t, KA, 100);
+    add_job(&h, t, KB, 100);
+    s = snap_of(&h);
+    s.keep_running_shares = true;
+    CHECK_INT_EQ(fb_plan_run(&s, h.batch, &r, msg, sizeof msg), FB_OK);
+    CHECK_INT_EQ(r.n_groups, 2);
+    for (int i = 0; i < 2; i++) CHECK_NEAR(r.groups[i].time_share, 1.0, 1e-12);
+    fb_plan_result_free(&r);
+}
+
 /* ---- positions, determinism ----------------------------------------------------- */
 
 static void test_positions(void)
@@ -1633,6 +1704,7 @@ int main(int argc, char **argv)
     test_shares_follow_weights();
     test_running_share_changes();
     test_known_shares_corrected();
+    test_keep_running_shares();
     test_positions();
     test_malformed();
     test_huge_estimates();

@@ -1,0 +1,28 @@
+/*
+ * Paths the server takes from its database or from clients and must keep
+ * inside a directory it owns: checkpoints and models under the artifacts
+ * directory.  A recorded path is relative and is resolved with every
+ * symbolic link followed before it is opened, so that neither "..", nor an
+ * absolute path, nor a link planted inside the directory can make the
+ * server read a file outside it.
+ */
+#ifndef FB_SERVER_PATHS_H
+#define FB_SERVER_PATHS_H
+
+#include <stdbool.h>
+
+/* True when p is a relative path without empty, "." or ".." segments (a
+ * trailing slash aside). */
+bool fb_path_safe_relative(const char *p);
+
+/*
+ * Opens root/rel for reading when rel is fb_path_safe_relative and the file
+ * it resolves to, all symbolic links followed, is a regular file inside
+ * root (itself resolved the same way).  The descriptor is checked after the
+ * open, so that a path swapped between the check and the open is caught.
+ * Returns the descriptor (the caller closes it), or -1 with errno set
+ * (EACCES for a path that leaves root); nothing is left open on failure.
+ */
+int fb_path_open_under(const char *root, const char *rel);
+
+#endif
