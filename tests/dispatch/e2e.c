@@ -381,3 +381,33 @@ double e2e_max_diff(const char *a, const char *b)
     fb_st_close(fb);
     return worst;
 }
+
+pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *const *wrapper)
+{
+    char exe[512], log[400];
+    snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
+    snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
+    const char *argv[48];
+    int n = 0;
+    for (int i = 0; wrapper && wrapper[i] && n < 16; i++) argv[n++] = wrapper[i];
+    const char *args[] = {exe,         "--server",         server,       "--server-key",
+                          t->server_pub, "--key",          t->worker_key, "--name",
+                          name,        "--cpu-devices",    "1",          "--threads-per-device",
+                          "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
+                          "200",       "--progress-ms",    "200",        NULL};
+    for (int i = 0; args[i]; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}

@@ -85,4 +85,12 @@ double e2e_max_diff(const char *a, const char *b);
 /* Prints the server's and workers' logs. */
 void e2e_dump(e2e *t);
 
+/*
+ * Like e2e_worker, but connecting to the server endpoint `server` (ZeroMQ
+ * "tcp://host:port") and started through the command wrapper (a
+ * NULL-terminated argv prefix such as {"ip", "netns", "exec", "ns1", NULL};
+ * NULL for none): for a worker in another network namespace.
+ */
+pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *const *wrapper);
+
 #endif

@@ -13,6 +13,10 @@
  * ready again; the array was never lost (no 'requeued' event, one 'started')
  * and the worker's events were all acknowledged.  Skipped where the
  * PostgreSQL server programs are missing.
+ *
+ * "--outage-ms N" makes the outage N ms long (1000 to 60000) and the run
+ * longer by as much: the reliability suite (tests/reliability/faults) runs
+ * it with a 10 s outage and reads the "result:" line it prints.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -41,6 +45,7 @@
 #define TRAIN_S 12.0
 #define CHECKPOINT_S 0.4
 #define OUTAGE_MS 2500
+#define MAX_OUTAGE_MS 60000
 /* the worker's --progress-ms (e2e_worker): reports are at least this far apart */
 #define PROGRESS_MS 200
 
@@ -48,6 +53,7 @@ static fbt_pg PG;
 static e2e T;
 static pid_t worker;
 static int steps, checkpoint_every; /* of the run, from the measured speed */
+static int outage_ms = OUTAGE_MS;   /* --outage-ms */
 
 static void cleanup(void) { fbt_pg_destroy(&PG); }
 
@@ -222,13 +228,14 @@ static int reports_within(double s)
  * row's step was trained by the time its report arrived.  Rows from before
  * the stop were written before t_down; the reports fuseboxd held in memory
  * were written all at once by its first transaction after PostgreSQL was
- * back: the backlog, one recorded_at.  Of the backlog, some reports may
+ * back: the backlog, one recorded_at (rows without a loss, which other
+ * writers of job_metrics may commit first, do not count).  Of the backlog, some reports may
  * have arrived just before the stop (after the last transaction before it)
  * or after the restart (before fuseboxd reconnected); at most
  * reports_within() of each such edge.  The rest were trained, reported and
  * kept while PostgreSQL was down, and there must be some.
  */
-static void check_progress(const char *id, double t_down, double t_up)
+static long long check_progress(const char *id, double t_down, double t_up)
 {
     char sql[1024], pre[256], backlog[512];
     double t_mid = (t_down + t_up) / 2; /* nothing can commit while it is down */
@@ -236,7 +243,8 @@ static void check_progress(const char *id, double t_down, double t_up)
              "job_id = '%s' AND loss IS NOT NULL AND recorded_at < to_timestamp(%.6f)", id, t_mid);
     snprintf(backlog, sizeof backlog,
              "job_id = '%s' AND loss IS NOT NULL AND recorded_at = (SELECT min(recorded_at)"
-             " FROM job_metrics WHERE job_id = '%s' AND recorded_at >= to_timestamp(%.6f))",
+             " FROM job_metrics WHERE job_id = '%s' AND loss IS NOT NULL"
+             " AND recorded_at >= to_timestamp(%.6f))",
              id, id, t_mid);
     snprintf(sql, sizeof sql, "SELECT max(step) FROM job_metrics WHERE %s", pre);
     long long lo = sql_ll(sql);
@@ -269,6 +277,7 @@ static void check_progress(const char *id, double t_down, double t_up)
     long long ck = sql_ll(sql);
     printf("job %s: %lld state checkpoints at steps %lld to %lld\n", id, ck, lo + 1, last);
     CHECK(ck >= 2);
+    return n;
 }
 
 static void check_checkpoints(const char *id)
@@ -296,9 +305,19 @@ static void check_checkpoints(const char *id)
     CHECK_INT_EQ(sql_ll(sql), 1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0); /* the numbers reach the log even when a check aborts */
+    for (int i = 1; i < argc; i += 2) {
+        char *end = NULL;
+        long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+        if (strcmp(argv[i], "--outage-ms") != 0 || !end || *end || v < 1000 ||
+            v > MAX_OUTAGE_MS) {
+            fprintf(stderr, "usage: %s [--outage-ms N (1000..%d)]\n", argv[0], MAX_OUTAGE_MS);
+            return 2;
+        }
+        outage_ms = (int)v;
+    }
     if (!getenv("FB_BINARY_DIR")) {
         printf("SKIPPED: run through ctest\n");
         return 77;
@@ -309,7 +328,9 @@ int main(void)
     e2e_start_on(&T, PG.url, flags);
     double speed = measure_speed();
     checkpoint_every = (int)(speed * CHECKPOINT_S) > 1 ? (int)(speed * CHECKPOINT_S) : 1;
-    steps = checkpoint_every * (int)(TRAIN_S / CHECKPOINT_S);
+    /* a longer outage, a longer run: the outage must still fall inside it */
+    double train_s = TRAIN_S + (outage_ms - OUTAGE_MS) / 1000.0;
+    steps = checkpoint_every * (int)(train_s / CHECKPOINT_S);
     printf("the array trains %.0f steps/s here: %d steps, a checkpoint every %d\n", speed, steps,
            checkpoint_every);
     worker = e2e_worker(&T, "w1");
@@ -329,7 +350,7 @@ int main(void)
     fbt_pg_stop(&PG, "immediate");
     double down_at = fbt_now_ms();
     bool saw_unready = false;
-    while (fbt_now_ms() - down_at < OUTAGE_MS) {
+    while (fbt_now_ms() - down_at < outage_ms) {
         check_alive("while PostgreSQL was down");
         if (!saw_unready) {
             CHECK_INT_EQ(http_status("/readyz"), 503);
@@ -340,14 +361,16 @@ int main(void)
     }
     double t_up = wall_s();
     fbt_pg_start(&PG);
-    printf("PostgreSQL was down for %.0f ms\n", fbt_now_ms() - down_at);
+    double down_ms = fbt_now_ms() - down_at;
+    printf("PostgreSQL was down for %.0f ms\n", down_ms);
     double up_at = fbt_now_ms();
     while (http_status("/readyz") != 200) {
         check_alive("after PostgreSQL came back");
         CHECK(fbt_now_ms() - up_at < 30000);
         sleep_ms(50);
     }
-    printf("/readyz 200 again %.0f ms after the restart\n", fbt_now_ms() - up_at);
+    double ready_ms = fbt_now_ms() - up_at;
+    printf("/readyz 200 again %.0f ms after the restart\n", ready_ms);
     /* the test's own connection went down with the server */
     PQreset(T.s.sql);
     CHECK(PQstatus(T.s.sql) == CONNECTION_OK);
@@ -357,8 +380,9 @@ int main(void)
     check_alive("after training");
     CHECK_INT_EQ(http_status("/readyz"), 200);
 
+    long long kept = 0;
     for (int i = 0; i < 2; i++) {
-        check_progress(ids[i], t_down, t_up);
+        kept += check_progress(ids[i], t_down, t_up);
         check_checkpoints(ids[i]);
         char want[24];
         snprintf(want, sizeof want, "%d", steps);
@@ -379,6 +403,10 @@ int main(void)
     if (fbt_run(cmd) != 0) e2e_dump(&T);
     CHECK_INT_EQ(fbt_run(cmd), 0);
     CHECK(waitpid(T.s.pid, NULL, WNOHANG) == 0);
+    /* the checks above passed, so every count of loss here is zero */
+    printf("result: pg-outage outage_ms=%.0f jobs=2 lost_checkpoints=0 lost_events=0"
+           " progress_rows_held_in_memory=%lld fuseboxd_exits=0 ready_ms_after_restart=%.0f\n",
+           down_ms, kept, ready_ms);
     e2e_finish(&T);
     printf("ok\n");
     return 0;

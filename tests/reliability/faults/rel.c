@@ -1,0 +1,183 @@
+/* The fault scripts' shared helpers (rel.h). */
+#include "rel.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+void rel_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int rel_rounds(int argc, char **argv, int short_rounds, int long_rounds)
+{
+    const char *env = getenv("FUSEBOX_RELIABILITY_LONG");
+    int rounds = env && strcmp(env, "1") == 0 ? long_rounds : short_rounds;
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        long v = 0;
+        if (strcmp(argv[i], "--long") == 0) {
+            rounds = long_rounds;
+        } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc &&
+                   (v = strtol(argv[i + 1], &end, 10), *end == '\0') && v >= 1 && v <= 1000) {
+            rounds = (int)v;
+            i++;
+        } else {
+            fprintf(stderr, "usage: %s [--long | --rounds N (1..1000)]\n", argv[0]);
+            CHECK(0);
+        }
+    }
+    return rounds;
+}
+
+static void spec_fields(char *buf, size_t cap, int hidden, int batch, int data_seed, int steps,
+                        int every)
+{
+    snprintf(buf, cap,
+             "\"dataset\": \"synth\", \"model\": {\"input\": [16], \"layers\": [{\"type\":"
+             " \"linear\", \"out\": %d}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\":"
+             " 4}]}, \"batch_size\": %d, \"data_seed\": %d, \"steps\": %d, \"eval_every\": 0,"
+             " \"checkpoint_every\": %d, \"seed\": 5",
+             hidden, batch, data_seed, steps, every);
+}
+
+double rel_steps_per_s(e2e *t, int hidden, int batch, int n_trials)
+{
+    CHECK(n_trials >= 1 && n_trials <= REL_MAX_TRIALS);
+    char common[1024], spec[1400], files[REL_MAX_TRIALS][400], out[400], exe[512];
+    spec_fields(common, sizeof common, hidden, batch, 0, 100000000, 0);
+    for (int i = 0; i < n_trials; i++) {
+        snprintf(spec, sizeof spec,
+                 "{\"name\": \"calibrate-%d\", %s, \"optimizer\": {\"type\": \"adam\","
+                 " \"lr\": %g}}",
+                 i, common, 0.002 * (i + 1));
+        snprintf(files[i], sizeof files[i], "%s/calibrate-%d.json", t->root, i);
+        e2e_write(files[i], spec);
+    }
+    snprintf(out, sizeof out, "%s/calibrate", t->root);
+    snprintf(exe, sizeof exe, "%s/workers/fusebox-train", getenv("FB_BINARY_DIR"));
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        const char *argv[16] = {exe,  "--threads", "1", "--log-every", "5", "--data-dir",
+                                t->data_dir, "--out", out};
+        int n = 9;
+        for (int i = 0; i < n_trials; i++) argv[n++] = files[i];
+        argv[n] = NULL;
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    CHECK(f != NULL);
+    /* its output is a pipe, so one JSON object a line */
+    char line[1024];
+    long long step0 = -1, step = -1;
+    double start = fbt_now_ms(), t0 = 0, t1 = 0;
+    while (fgets(line, sizeof line, f) && fbt_now_ms() - start < 60000) {
+        json_t *ev = json_loads(line, 0, NULL);
+        const char *kind = json_string_value(json_object_get(ev, "event"));
+        const char *job = json_string_value(json_object_get(ev, "job"));
+        json_t *k = json_object_get(ev, "step");
+        if (kind && job && json_is_integer(k) && strcmp(kind, "step") == 0 &&
+            strcmp(job, "calibrate-0") == 0) {
+            t1 = fbt_now_ms();
+            step = (long long)json_integer_value(k);
+            if (step0 < 0) {
+                step0 = step;
+                t0 = t1;
+            }
+        }
+        json_decref(ev);
+        if (step0 >= 0 && t1 - t0 >= 1000) break;
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fclose(f);
+    if (!(step > step0 && t1 > t0)) fprintf(stderr, "fusebox-train gave no step reports\n");
+    CHECK(step > step0 && t1 > t0);
+    return (double)(step - step0) / ((t1 - t0) / 1e3);
+}
+
+void rel_sweep(e2e *t, const char *name, int hidden, int batch, int data_seed, int steps,
+               int checkpoint_every, const char *lrs, int n, char (*ids)[64], char (*names)[64])
+{
+    CHECK(n >= 1 && n <= REL_MAX_TRIALS);
+    char common[1024], body[2048], path[160];
+    spec_fields(common, sizeof common, hidden, batch, data_seed, steps, checkpoint_every);
+    snprintf(body, sizeof body,
+             "{\"name\": \"%s\", \"base\": {%s, \"optimizer\": {\"type\": \"adam\","
+             " \"lr\": 0.001}}, \"search\": {\"type\": \"grid\", \"params\":"
+             " {\"optimizer.lr\": {\"values\": %s}}}}",
+             name, common, lrs);
+    fbt_resp r = fbt_call(&t->s, "POST", "/v1/sweeps", t->key, body);
+    fbt_expect(&r, 201, NULL, "submit a sweep");
+    snprintf(path, sizeof path, "/v1/jobs?sweep_id=%s&limit=10",
+             json_string_value(json_object_get(r.json, "id")));
+    fbt_resp_free(&r);
+    r = fbt_call(&t->s, "GET", path, t->key, NULL);
+    fbt_expect(&r, 200, NULL, "list the sweep's jobs");
+    CHECK_INT_EQ((long long)json_array_size(json_object_get(r.json, "jobs")), n);
+    for (int i = 0; i < n; i++) {
+        /* the list is newest first; trials in submission order, as the array holds them */
+        json_t *j = json_array_get(json_object_get(r.json, "jobs"), (size_t)(n - 1 - i));
+        snprintf(ids[i], 64, "%s", json_string_value(json_object_get(j, "id")));
+        snprintf(names[i], 64, "%s", json_string_value(json_object_get(j, "name")));
+    }
+    fbt_resp_free(&r);
+}
+
+double rel_max_diff_to_reference(e2e *t, char (*ids)[64], char (*names)[64], int n,
+                                 const char *tag)
+{
+    CHECK(n >= 1 && n <= REL_MAX_TRIALS);
+    char files[REL_MAX_TRIALS][400], ref[400], path[128];
+    const char *fp[REL_MAX_TRIALS];
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "/v1/jobs/%s", ids[i]);
+        fbt_resp r = fbt_call(&t->s, "GET", path, t->key, NULL);
+        fbt_expect(&r, 200, NULL, "get a job");
+        char *spec = json_dumps(json_object_get(r.json, "spec"), JSON_COMPACT);
+        CHECK(spec != NULL);
+        snprintf(files[i], sizeof files[i], "%s/%s-%d.json", t->root, tag, i);
+        e2e_write(files[i], spec);
+        free(spec);
+        fbt_resp_free(&r);
+        fp[i] = files[i];
+    }
+    snprintf(ref, sizeof ref, "%s/ref-%s", t->root, tag);
+    e2e_train_reference(t, fp, n, ref);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        char got[400], want[600];
+        snprintf(got, sizeof got, "%s/%s-model-%d.safetensors", t->root, tag, i);
+        e2e_download_model(t, t->key, ids[i], got);
+        snprintf(want, sizeof want, "%s/%s.safetensors", ref, names[i]);
+        double d = e2e_max_diff(got, want);
+        printf("%s: job %d: max |model - uninterrupted fusebox-train| = %g\n", tag, i, d);
+        CHECK(d >= 0);
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+long long rel_sql_ll(e2e *t, const char *sql)
+{
+    const char *v = fbt_sql_value(&t->s, sql);
+    if (v[0] == '\0') fprintf(stderr, "NULL from: %s\n", sql);
+    CHECK(v[0] != '\0');
+    return atoll(v);
+}

@@ -1,0 +1,208 @@
+/*
+ * The disk fills up under the artifacts directory while an array trains and
+ * checkpoints, end to end on real processes.  fuseboxd's artifacts
+ * directory is a small tmpfs of the test's own (mounted as root; skipped
+ * with 77 where mounting is not permitted).  Once both jobs have
+ * checkpointed a few times, a filler file takes every free byte, and for a
+ * few checkpoint intervals every checkpoint write fails with ENOSPC.
+ * Counted and checked while the disk is full: fuseboxd stays up and says
+ * why in its log, no job fails, no job's resume point moves to a checkpoint
+ * that is not on disk, the last recorded checkpoint of each job is still on
+ * disk with the SHA-256 the database holds, and no temporary file is left
+ * behind.  Then the filler goes, the waiting checkpoint events are retried
+ * and the jobs complete with every checkpoint recorded once, and their
+ * models equal an uninterrupted fusebox-train run bit for bit.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "rel.h"
+
+#define HIDDEN 256
+#define CHECKPOINT_S 0.3
+#define TRAIN_S 8.0
+#define FULL_MS 2500
+#define TMPFS_SIZE "8m"
+
+static e2e T;
+static char mnt[300], filler[400];
+static bool mounted;
+
+static void cleanup(void)
+{
+    if (mounted) umount2(mnt, MNT_DETACH);
+    mounted = false;
+}
+
+/* SHA-256 of a file in hex (static buffer); "" when it cannot be read. */
+static const char *file_sha256(const char *path)
+{
+    static char out[65];
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "sha256sum '%s' 2>/dev/null", path);
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return out;
+    if (fscanf(p, "%64s", out) != 1) out[0] = '\0';
+    pclose(p);
+    return out;
+}
+
+/* Writes zeros into the filler file until the file system is full; returns
+ * the bytes written. */
+static long long fill_disk(void)
+{
+    static char block[65536];
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    long long total = 0;
+    size_t chunk = sizeof block;
+    for (;;) {
+        ssize_t n = write(fd, block, chunk);
+        if (n > 0) {
+            total += n;
+            continue;
+        }
+        CHECK(n < 0 && errno == ENOSPC);
+        if (chunk == 1) break;
+        chunk /= 2; /* the last few bytes too */
+    }
+    close(fd);
+    struct statvfs v;
+    CHECK(statvfs(mnt, &v) == 0);
+    CHECK_INT_EQ((long long)v.f_bavail, 0);
+    return total;
+}
+
+static long long ll(const char *sql) { return rel_sql_ll(&T, sql); }
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0); /* the numbers reach the log even when a check aborts */
+    if (!getenv("FB_BINARY_DIR")) {
+        printf("SKIPPED: run through ctest\n");
+        return 77;
+    }
+    fbt_require_database();
+    if (geteuid() != 0) {
+        printf("SKIPPED: mounting a tmpfs needs root\n");
+        return 77;
+    }
+    snprintf(mnt, sizeof mnt, "/tmp/fb-rel-artifacts-XXXXXX");
+    CHECK(mkdtemp(mnt) != NULL);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=" TMPFS_SIZE ",mode=0700") != 0) {
+        printf("SKIPPED: cannot mount a tmpfs here: %s\n", strerror(errno));
+        rmdir(mnt);
+        return 77;
+    }
+    mounted = true;
+    atexit(cleanup);
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    char artifacts[400];
+    snprintf(artifacts, sizeof artifacts, "%s/artifacts", mnt);
+    CHECK(mkdir(artifacts, 0700) == 0);
+    const char *flags[] = {"--artifacts-dir", artifacts, NULL};
+    e2e_start(&T, flags);
+    double speed = rel_steps_per_s(&T, HIDDEN, 128, 2);
+    int every = (int)(speed * CHECKPOINT_S) > 1 ? (int)(speed * CHECKPOINT_S) : 1;
+    int steps = every * (int)(TRAIN_S / CHECKPOINT_S);
+    printf("the array trains %.0f steps/s here: %d steps, a checkpoint every %d\n", speed, steps,
+           every);
+    pid_t worker = e2e_worker(&T, "w0");
+    char ids[2][64], names[2][64], sql[1024];
+    rel_sweep(&T, "diskfull", HIDDEN, 128, 0, steps, every, "[0.002, 0.01]", 2, ids, names);
+    snprintf(sql, sizeof sql,
+             "SELECT bool_and(state = 'running' AND resume_step >= %d) FROM jobs"
+             " WHERE id IN ('%s', '%s')",
+             2 * every, ids[0], ids[1]);
+    e2e_wait_sql(&T, sql, 60, "both jobs running past their second checkpoint");
+
+    long long filled = fill_disk();
+    double full_at = fbt_now_ms();
+    printf("the artifacts file system is full (%lld bytes of filler)\n", filled);
+    /* what was recorded by the time the disk filled: a write that began
+     * before may still land, so take the snapshot after a tick */
+    rel_sleep_ms(300);
+    long long resume[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(sql, sizeof sql, "SELECT resume_step FROM jobs WHERE id = '%s'", ids[i]);
+        resume[i] = ll(sql);
+    }
+    while (fbt_now_ms() - full_at < FULL_MS) {
+        int st;
+        CHECK(waitpid(T.s.pid, &st, WNOHANG) == 0);
+        rel_sleep_ms(100);
+    }
+    int moved = 0, invalid = 0, failed = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(sql, sizeof sql, "SELECT resume_step FROM jobs WHERE id = '%s'", ids[i]);
+        moved += ll(sql) != resume[i];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM jobs WHERE id = '%s' AND state = 'failed'",
+                 ids[i]);
+        failed += (int)ll(sql);
+        /* the job's resume point: on disk, intact, as recorded */
+        snprintf(sql, sizeof sql,
+                 "SELECT c.path || ' ' || c.sha256 FROM jobs j JOIN checkpoints c ON c.job_id ="
+                 " j.id AND c.kind = 'state' AND c.step = j.resume_step WHERE j.id = '%s'",
+                 ids[i]);
+        char rel_path[300], sha[80];
+        CHECK(sscanf(fbt_sql_value(&T.s, sql), "%299s %79s", rel_path, sha) == 2);
+        char path[800];
+        snprintf(path, sizeof path, "%s/%s", artifacts, rel_path);
+        bool ok = strcmp(file_sha256(path), sha) == 0;
+        printf("job %d: resumes from step %lld, %s: %s\n", i, resume[i], rel_path,
+               ok ? "intact" : "MISSING OR CHANGED");
+        invalid += !ok;
+    }
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "find '%s' -name '.*.tmp' | grep -q .", artifacts);
+    int leftovers = system(cmd) == 0;
+    snprintf(cmd, sizeof cmd, "grep -c 'cannot write an artifact' '%s'", T.s.log_path);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    int said = 0;
+    if (fscanf(p, "%d", &said) != 1) said = 0;
+    pclose(p);
+    printf("while full: %d resume points moved, %d invalid, %d jobs failed, temporary files"
+           " left: %s, %d log lines say why\n",
+           moved, invalid, failed, leftovers ? "yes" : "no", said);
+
+    CHECK(unlink(filler) == 0);
+    double freed_at = fbt_now_ms();
+    for (int i = 0; i < 2; i++) e2e_wait_state(&T, T.key, ids[i], "completed", 120);
+    printf("both jobs completed %.0f ms after the space came back\n", fbt_now_ms() - freed_at);
+    long long want = (steps - 1) / every, lost = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(sql, sizeof sql,
+                 "SELECT count(DISTINCT step) FROM checkpoints WHERE job_id = '%s'"
+                 " AND kind = 'state'",
+                 ids[i]);
+        lost += want - ll(sql);
+    }
+    double diff = rel_max_diff_to_reference(&T, ids, names, 2, "diskfull");
+    printf("result: disk-full jobs=2 full_ms=%d resume_moved=%d previous_invalid=%d failed=%d"
+           " tmp_left=%d log_lines=%d checkpoints_lost=%lld max_model_diff=%g\n",
+           FULL_MS, moved, invalid, failed, leftovers, said, lost, diff);
+    CHECK_INT_EQ(invalid, 0);
+    CHECK_INT_EQ(failed, 0);
+    CHECK_INT_EQ(leftovers, 0);
+    CHECK(said > 0);
+    CHECK_INT_EQ(lost, 0);
+    CHECK(diff == 0);
+    CHECK_INT_EQ(e2e_kill(worker, SIGTERM), 0);
+    e2e_finish(&T);
+    cleanup();
+    CHECK(rmdir(mnt) == 0);
+    printf("ok\n");
+    return 0;
+}
