@@ -5,6 +5,9 @@ settings the programs know: every FUSEBOX_* environment variable and every
 `fuseboxd --help`, and those of services built from Dockerfile.worker* in
 `fusebox-worker --help`.  A typo there would otherwise be ignored silently
 (an unknown variable) or stop the container at start (an unknown flag).
+Each must also be in the program's section of the configuration reference,
+docs/configuration.md, so that what the deployment sets is documented
+(tests/docs checks the reference against the programs).
 
 Before the real check it runs the same check on a small compose file with
 known mistakes and requires exactly those to be reported, so a checker that
@@ -25,6 +28,7 @@ except ImportError:
 
 SRC = os.environ.get("FB_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("FB_BINARY_DIR") or os.path.join(SRC, "build")
+REFERENCE = os.path.join(SRC, "docs", "configuration.md")
 PROGRAMS = {
     "fuseboxd": os.path.join(BIN, "server", "fuseboxd"),
     "fusebox-worker": os.path.join(BIN, "workers", "fusebox-worker"),
@@ -39,6 +43,20 @@ def help_text(program):
     if r.returncode != 0 or not r.stdout:
         sys.exit(f"FAIL: {path} --help exited {r.returncode}: {r.stderr.strip()}")
     return r.stdout
+
+
+def reference_sections():
+    """The text of each '## <program>' section of the configuration reference."""
+    with open(REFERENCE, encoding="utf-8") as f:
+        text = f.read()
+    out = {}
+    for part in re.split(r"^## ", text, flags=re.M)[1:]:
+        title, _, body = part.partition("\n")
+        out[title.strip()] = body
+    missing = [p for p in PROGRAMS if p not in out]
+    if missing:
+        sys.exit(f"FAIL: {REFERENCE} has no section for {', '.join(missing)}")
+    return out
 
 
 def program_of(dockerfile):
@@ -71,7 +89,17 @@ def flags_of(command):
     return [str(a).split("=", 1)[0] for a in command or [] if str(a).startswith("--")]
 
 
-def check_compose(doc, helps, where):
+def unknown(helps, refs, program, name, is_flag):
+    """Why name is not a known setting of program, or None when it is."""
+    known = known_flag if is_flag else known_env
+    if not known(helps[program], name):
+        return f"{name} is not in `{program} --help`"
+    if not known(refs[program], name):
+        return f"{name} is not in the {program} section of docs/configuration.md"
+    return None
+
+
+def check_compose(doc, helps, refs, where):
     """Problems, one string each, in the services of one compose document."""
     problems = []
     for name, svc in (doc.get("services") or {}).items():
@@ -85,16 +113,14 @@ def check_compose(doc, helps, where):
                 problems.append(f"{where}: service {name}: {e} is set, but the service runs "
                                 "no fusebox program")
             continue
-        for e in envs:
-            if not known_env(helps[program], e):
-                problems.append(f"{where}: service {name}: {e} is not in `{program} --help`")
-        for f in flags:
-            if not known_flag(helps[program], f):
-                problems.append(f"{where}: service {name}: {f} is not in `{program} --help`")
+        for setting, is_flag in [(e, False) for e in envs] + [(f, True) for f in flags]:
+            why = unknown(helps, refs, program, setting, is_flag)
+            if why:
+                problems.append(f"{where}: service {name}: {why}")
     return problems
 
 
-def check_dockerfile(path, helps):
+def check_dockerfile(path, helps, refs):
     program = program_of(path)
     problems = []
     with open(path, encoding="utf-8") as f:
@@ -105,8 +131,9 @@ def check_dockerfile(path, helps):
             continue
         for w in words[1:]:
             var = w.split("=", 1)[0]
-            if var.startswith("FUSEBOX_") and not known_env(helps[program], var):
-                problems.append(f"{path}: ENV {var} is not in `{program} --help`")
+            why = unknown(helps, refs, program, var, False) if var.startswith("FUSEBOX_") else None
+            if why:
+                problems.append(f"{path}: ENV {why}")
     return problems
 
 
@@ -130,12 +157,19 @@ SELF_EXPECTED = [
     "self-test: service srv: --no-such-flag is not in `fuseboxd --help`",
     "self-test: service wrk: FUSEBOX_DATABASE_URL is not in `fusebox-worker --help`",
     "self-test: service wrk: --listen is not in `fusebox-worker --help`",
+    "self-test: service srv: --worker-listen is not in the fuseboxd section of "
+    "docs/configuration.md",
 ]
+# a reference that lacks one setting both programs' --help show
+SELF_REFS = {
+    "fuseboxd": "| `--listen` | `FUSEBOX_LISTEN` |",
+    "fusebox-worker": "| `--server` | `FUSEBOX_WORKER_SERVER` |\n| `--name` | `FUSEBOX_WORKER_NAME` |",
+}
 
 
 def main():
     helps = {p: help_text(p) for p in PROGRAMS}
-    got = check_compose(yaml.safe_load(SELF_TEST), helps, "self-test")
+    got = check_compose(yaml.safe_load(SELF_TEST), helps, SELF_REFS, "self-test")
     if sorted(got) != sorted(SELF_EXPECTED):
         print("FAIL: the checker does not find the planted mistakes")
         print("  expected:\n    " + "\n    ".join(SELF_EXPECTED))
@@ -146,7 +180,8 @@ def main():
     compose = os.path.join(docker_dir, "docker-compose.yml")
     with open(compose, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
-    problems = check_compose(doc, helps, compose)
+    refs = reference_sections()
+    problems = check_compose(doc, helps, refs, compose)
     checked = 0
     for name, svc in (doc.get("services") or {}).items():
         build = svc.get("build")
@@ -158,13 +193,14 @@ def main():
             checked += 1
     for entry in sorted(os.listdir(docker_dir)):
         if entry.startswith("Dockerfile."):
-            problems.extend(check_dockerfile(os.path.join(docker_dir, entry), helps))
+            problems.extend(check_dockerfile(os.path.join(docker_dir, entry), helps, refs))
     if checked == 0:
         problems.append(f"{compose}: no service is built from a Dockerfile of docker/")
     for p in problems:
         print("FAIL: " + p)
     if not problems:
-        print(f"ok: {checked} services and the Dockerfiles pass only known settings")
+        print(f"ok: {checked} services and the Dockerfiles pass only settings that exist and "
+              "are in the configuration reference")
     return 1 if problems else 0
 
 
