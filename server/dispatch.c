@@ -2516,13 +2516,15 @@ static void *loop(void *arg)
         if (items[2].revents & ZMQ_POLLIN) break;
         if (items[1].revents & ZMQ_POLLIN) on_zap(d);
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
-        if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
-            if (PQconsumeInput(d->pg)) {
-                PGnotify *nt;
-                while ((nt = PQnotifies(d->pg))) {
-                    d->plan_due = true;
-                    PQfreemem(nt);
-                }
+        if (n == 4 && (items[3].revents & ZMQ_POLLIN)) PQconsumeInput(d->pg);
+        /* libpq also takes notifications in while it reads the results of the loop's own
+         * statements, and the socket then has nothing left to wake the poll: look for
+         * queued ones every turn, or a submission would wait for the periodic plan */
+        if (d->pg) {
+            PGnotify *nt;
+            while ((nt = PQnotifies(d->pg))) {
+                d->plan_due = true;
+                PQfreemem(nt);
             }
         }
         t = now_ms();
