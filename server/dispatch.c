@@ -2490,6 +2490,17 @@ static void tick(fb_dispatch_t *d)
     if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
 }
 
+/* A submission or cancellation was notified: plan soon. */
+static void take_notifies(fb_dispatch_t *d)
+{
+    if (!d->pg) return;
+    PGnotify *nt;
+    while ((nt = PQnotifies(d->pg))) {
+        d->plan_due = true;
+        PQfreemem(nt);
+    }
+}
+
 static void *loop(void *arg)
 {
     fb_dispatch_t *d = arg;
@@ -2506,6 +2517,10 @@ static void *loop(void *arg)
             items[3].fd = PQsocket(d->pg);
             n = 4;
         }
+        /* libpq also takes notifications in while it reads the results of the loop's own
+         * statements, and the socket then has nothing left to wake the poll: look for
+         * queued ones before every wait, or a submission would wait for the next tick */
+        take_notifies(d);
         int64_t t = now_ms();
         long timeout = next_tick > t ? (long)(next_tick - t) : 0;
         if (d->plan_due) {
@@ -2516,16 +2531,9 @@ static void *loop(void *arg)
         if (items[2].revents & ZMQ_POLLIN) break;
         if (items[1].revents & ZMQ_POLLIN) on_zap(d);
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
-        if (n == 4 && (items[3].revents & ZMQ_POLLIN)) PQconsumeInput(d->pg);
-        /* libpq also takes notifications in while it reads the results of the loop's own
-         * statements, and the socket then has nothing left to wake the poll: look for
-         * queued ones every turn, or a submission would wait for the periodic plan */
-        if (d->pg) {
-            PGnotify *nt;
-            while ((nt = PQnotifies(d->pg))) {
-                d->plan_due = true;
-                PQfreemem(nt);
-            }
+        if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
+            PQconsumeInput(d->pg);
+            take_notifies(d);
         }
         t = now_ms();
         if (t >= next_tick) {
