@@ -321,6 +321,9 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     for (int i = 0; i < n; i++)
         if (!specs[i])
             return fb_errf(msg, cap, FB_ERR_INTERNAL, "fb_session_new: spec %d is NULL", i);
+    for (int i = 0; i < n; i++)
+        if (specs[i]->precision == FB_PREC_BF16)
+            return fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "%s", FB_BF16_REFUSED);
     const fb_job_spec *s0 = specs[0];
     int64_t in_numel = fb_shape_numel(&s0->input);
     int K = (int)fb_shape_numel(&s0->output);
