@@ -41,6 +41,9 @@
 
 static fbt_server S;
 static char t_id[64], t_key[128];
+/* the oversized requests carry another tenant's key: a tenant that floods
+ * uses up its own rate limit (429), not the flooded tenant's */
+static char a_id[64], a_key[128];
 static atomic_bool stop;
 
 /* ---- descriptors ---------------------------------------------------------- */
@@ -242,7 +245,7 @@ typedef struct oversize {
 static int oversized(int kind)
 {
     char auth[200];
-    snprintf(auth, sizeof auth, "Authorization: Bearer %s", t_key);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", a_key);
     size_t cap = 256 * 1024;
     char *buf = malloc(cap);
     CHECK(buf != NULL);
@@ -482,6 +485,7 @@ int main(void)
     fbt_db_create(&S);
     fbt_server_start(&S, NULL);
     fbt_tenant(&S, "flooded", "", t_id, sizeof t_id, t_key, sizeof t_key);
+    fbt_tenant(&S, "attacker", "", a_id, sizeof a_id, a_key, sizeof a_key);
     test_flood();
     CHECK_INT_EQ(fbt_server_stop(&S), 0);
     fbt_db_drop(&S);
