@@ -154,6 +154,7 @@ static int64_t now_ms(void)
 
 static bool load_groups(fb_dispatch_t *d);
 static bool update_utilization(fb_dispatch_t *d, const char *group_id);
+static void flush_progress(fb_dispatch_t *d);
 struct pending;
 static bool record_slowdown(fb_dispatch_t *d, const struct pending *p, const char *ids,
                             const char *steps, const char *totals);
@@ -1206,7 +1207,7 @@ static bool superseded(const pending *p)
  * (many arrays, a slow database) neither starves planning and heartbeats nor
  * grows: the loop comes back for the rest on its next turn.
  */
-static void flush_progress(fb_dispatch_t *d)
+static void flush_progress_run(fb_dispatch_t *d)
 {
     if (!d->progress.head || !db_ok(d) || !begin(d)) return;
     int64_t t0 = now_ms();
@@ -1888,7 +1889,7 @@ out:
 }
 
 /* One planning round: snapshot, policy, decisions. */
-static void plan(fb_dispatch_t *d)
+static void plan_run(fb_dispatch_t *d)
 {
     d->plan_due = false;
     d->last_plan_ms = now_ms();
@@ -2257,7 +2258,7 @@ static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, 
  * published.  The controller owns the shares of running groups; the planner
  * only sets a new group's first one.
  */
-static void rebalance(fb_dispatch_t *d)
+static void rebalance_run(fb_dispatch_t *d)
 {
     d->last_rebalance_ms = now_ms();
     if (!db_ok(d)) return;
@@ -2415,6 +2416,40 @@ static void rebalance(fb_dispatch_t *d)
 out:
     fb_fair_result_free(&res);
     fair_ctx_free(&c);
+}
+
+/* ---- timed phases ---------------------------------------------------------- */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
+static void plan(fb_dispatch_t *d)
+{
+    double t0 = mono_s();
+    plan_run(d);
+    fb_metrics_control(FB_CONTROL_PLAN, mono_s() - t0);
+}
+
+/* A flush of progress reports, timed when there was something to write. */
+static void flush_progress(fb_dispatch_t *d)
+{
+    if (!d->progress.head) return;
+    double t0 = mono_s();
+    flush_progress_run(d);
+    fb_metrics_control(FB_CONTROL_FLUSH, mono_s() - t0);
+}
+
+/* A fair-share period, timed. */
+static void rebalance(fb_dispatch_t *d)
+{
+    double t0 = mono_s();
+    rebalance_run(d);
+    fb_metrics_control(FB_CONTROL_REBALANCE, mono_s() - t0);
 }
 
 /* Handles the messages waiting on the worker socket, at most 256 at a time so

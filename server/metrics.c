@@ -1,6 +1,6 @@
 /*
- * Lock-free request counters and their Prometheus rendering, and the
- * fair-share gauges the control loop publishes.
+ * Lock-free request counters and their Prometheus rendering, and what the
+ * control loop publishes: the fair-share gauges and the time of its phases.
  */
 #include "metrics.h"
 
@@ -46,6 +46,7 @@ struct fb_metrics {
 };
 
 static void fair_render(fb_textbuf *b);
+static void control_render(fb_textbuf *b);
 
 void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...)
 {
@@ -195,6 +196,7 @@ void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b)
                           (unsigned long long)v);
     }
     fair_render(b);
+    control_render(b);
 }
 
 /* ---- fair-share gauges -------------------------------------------------------- */
@@ -311,4 +313,48 @@ static void fair_render(fb_textbuf *b)
         }
     }
     pthread_mutex_unlock(&fair_mu);
+}
+
+/* ---- control-loop phases ------------------------------------------------------ */
+
+static const char *const phase_names[FB_CONTROL_PHASES] = {"plan", "flush", "rebalance"};
+static _Atomic uint64_t control_buckets[FB_CONTROL_PHASES][N_BOUNDS + 1]; /* last = +Inf */
+static _Atomic uint64_t control_sum_us[FB_CONTROL_PHASES];
+
+void fb_metrics_control(fb_control_phase phase, double seconds)
+{
+    if ((int)phase < 0 || phase >= FB_CONTROL_PHASES || !(seconds >= 0)) return;
+    int i = 0;
+    while (i < N_BOUNDS && seconds > bounds[i]) i++;
+    atomic_fetch_add_explicit(&control_buckets[phase][i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&control_sum_us[phase], (uint64_t)(seconds * 1e6),
+                              memory_order_relaxed);
+}
+
+static void control_render(fb_textbuf *b)
+{
+    fb_textbuf_printf(b, "# HELP fusebox_control_loop_seconds Time of one run of a phase of "
+                         "fuseboxd's control loop (plan: the scheduling decision).\n"
+                         "# TYPE fusebox_control_loop_seconds histogram\n");
+    for (int p = 0; p < FB_CONTROL_PHASES; p++) {
+        uint64_t cum = 0;
+        for (int i = 0; i <= N_BOUNDS; i++) {
+            cum += atomic_load_explicit(&control_buckets[p][i], memory_order_relaxed);
+            char le[32];
+            if (i < N_BOUNDS)
+                snprintf(le, sizeof le, "%g", bounds[i]);
+            else
+                snprintf(le, sizeof le, "+Inf");
+            fb_textbuf_printf(b,
+                              "fusebox_control_loop_seconds_bucket{phase=\"%s\",le=\"%s\"} "
+                              "%llu\n",
+                              phase_names[p], le, (unsigned long long)cum);
+        }
+        fb_textbuf_printf(b, "fusebox_control_loop_seconds_sum{phase=\"%s\"} %.6f\n",
+                          phase_names[p],
+                          (double)atomic_load_explicit(&control_sum_us[p], memory_order_relaxed) /
+                              1e6);
+        fb_textbuf_printf(b, "fusebox_control_loop_seconds_count{phase=\"%s\"} %llu\n",
+                          phase_names[p], (unsigned long long)cum);
+    }
 }

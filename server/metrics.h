@@ -61,4 +61,20 @@ void fb_metrics_fair_end(int n_changed);
 /* Counts one migration the controller started. */
 void fb_metrics_fair_migrated(void);
 
+/* The control loop's phases, timed by fb_metrics_control. */
+typedef enum fb_control_phase {
+    FB_CONTROL_PLAN,      /* one plan: read the queue, decide, write and send assignments */
+    FB_CONTROL_FLUSH,     /* one flush of queued progress reports */
+    FB_CONTROL_REBALANCE, /* one fair-share period */
+    FB_CONTROL_PHASES
+} fb_control_phase;
+
+/*
+ * Records that one run of a control-loop phase took `seconds`; rendered by
+ * fb_metrics_render as the histogram fusebox_control_loop_seconds{phase}.
+ * Process-wide and lock-free, like the fair-share gauges: the control loop
+ * records, HTTP threads render.
+ */
+void fb_metrics_control(fb_control_phase phase, double seconds);
+
 #endif
