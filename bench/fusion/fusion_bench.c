@@ -15,7 +15,7 @@
  *       train impl=fusebox-fused model=mlp threads=1 B=16 sps=... gflops=...
  *     sps is samples x models per second over the timed steps (cpu_sps the
  *     same over the process CPU time, steadier on a loaded machine); gflops the
- *     training GEMM FLOP rate (see model_flops).
+ *     training GEMM FLOP rate (see fb_bench_model_flops in bench/lib/models.h).
  *
  *   fusion_bench sgemm --threads T [--n 2048] [--reps 5]
  *     OpenBLAS SGEMM (cblas_sgemm with T OpenBLAS threads) on square n x n
@@ -50,23 +50,10 @@
 #include "array.h"
 #include "jobspec.h"
 #include "kernels.h"
+#include "models.h"
 
-#define BATCH 128
-#define SIDE 28
-#define CLASSES 10
-#define POOL 4 /* distinct synthetic minibatches, used in turn */
 #define MAX_B 64
 #define MSG_CAP 1024
-
-static const char *const MLP_LAYERS =
-    "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":256},{\"type\":\"relu\"},"
-    "{\"type\":\"linear\",\"out\":128},{\"type\":\"relu\"},{\"type\":\"linear\",\"out\":10}]";
-static const char *const CNN_LAYERS =
-    "[{\"type\":\"conv2d\",\"out\":16,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
-    "{\"type\":\"maxpool2d\",\"kernel\":2},"
-    "{\"type\":\"conv2d\",\"out\":32,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
-    "{\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"flatten\"},"
-    "{\"type\":\"linear\",\"out\":10}]";
 
 static double now_s(void)
 {
@@ -90,79 +77,6 @@ static void die(const char *what, const char *msg)
     exit(1);
 }
 
-/* splitmix64, for the synthetic data and the members' hyperparameters. */
-static uint64_t next_u64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* Member i's spec: the model of `model`, its own seed and learning rate, as a
- * hyperparameter sweep would make them. */
-static fb_job_spec *make_spec(const char *model, int i)
-{
-    const char *layers = strcmp(model, "mlp") == 0 ? MLP_LAYERS : CNN_LAYERS;
-    char json[2048], msg[MSG_CAP];
-    snprintf(json, sizeof json,
-             "{\"name\":\"bench-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
-             "\"layers\":%s},\"batch_size\":%d,\"steps\":1000000,"
-             "\"optimizer\":{\"type\":\"adamw\",\"lr\":%.6g,\"weight_decay\":0.01},"
-             "\"seed\":%d,\"data_seed\":0}",
-             model, i, SIDE, SIDE, layers, BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)), 100 + i);
-    fb_job_spec *s = calloc(1, sizeof *s);
-    if (!s) die("spec", "out of memory");
-    if (fb_job_spec_parse(json, strlen(json), NULL, s, msg, sizeof msg)) die("spec", msg);
-    return s;
-}
-
-/*
- * Multiply-add FLOPs (x2) of one training step of one member on N samples:
- * every linear and conv layer's forward GEMM, its weight-gradient GEMM, and
- * its input-gradient GEMM except for the first layer (its input is the data,
- * which needs no gradient; PyTorch skips it too).
- */
-static double model_flops(const fb_job_spec *s, int N)
-{
-    double total = 0;
-    bool first = true;
-    for (int i = 0; i < s->n_layers; i++) {
-        const fb_layer *L = &s->layers[i];
-        double f;
-        if (L->type == FB_LAYER_LINEAR)
-            f = 2.0 * (double)L->in.d[0] * (double)L->out_features;
-        else if (L->type == FB_LAYER_CONV2D)
-            f = 2.0 * (double)L->in.d[0] * L->kernel[0] * L->kernel[1] *
-                (double)fb_shape_numel(&L->out);
-        else
-            continue;
-        total += f * (first ? 2.0 : 3.0);
-        first = false;
-    }
-    return total * N;
-}
-
-typedef struct data_pool {
-    float *x;   /* [POOL * BATCH, 784] */
-    int32_t *y; /* [POOL * BATCH] */
-} data_pool;
-
-static data_pool make_data(void)
-{
-    data_pool d;
-    size_t F = (size_t)SIDE * SIDE;
-    d.x = malloc((size_t)POOL * BATCH * F * sizeof *d.x);
-    d.y = malloc((size_t)POOL * BATCH * sizeof *d.y);
-    if (!d.x || !d.y) die("data", "out of memory");
-    uint64_t st = 42;
-    for (size_t i = 0; i < (size_t)POOL * BATCH * F; i++)
-        d.x[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f);
-    for (size_t i = 0; i < (size_t)POOL * BATCH; i++)
-        d.y[i] = (int32_t)(next_u64(&st) % CLASSES);
-    return d;
-}
-
 /* A trainer: one array plus the per-step buffers the training loop keeps. */
 typedef struct trainer {
     fb_array *a;
@@ -180,7 +94,7 @@ static void trainer_init(trainer *tr, fb_backend_t *be, const char *model, int B
     char msg[MSG_CAP];
     memset(tr, 0, sizeof *tr);
     tr->B = B;
-    for (int b = 0; b < B; b++) tr->specs[b] = make_spec(model, first + b);
+    for (int b = 0; b < B; b++) tr->specs[b] = fb_bench_spec("bench", model, first + b);
     if (fb_array_new(be, (const fb_job_spec *const *)tr->specs, B, BATCH, &tr->a, msg, sizeof msg))
         die("array", msg);
     tr->x = malloc((size_t)BATCH * SIDE * SIDE * sizeof *tr->x);
@@ -264,8 +178,8 @@ static double sgemm_gflops(fb_backend_t *be, int n, int reps, int threads)
     if (!a || !b || !c) die("sgemm", "out of memory");
     uint64_t st = 7;
     for (size_t i = 0; i < nn; i++) {
-        a[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
-        b[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
+        a[i] = (float)(fb_bench_next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
+        b[i] = (float)(fb_bench_next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
     }
     openblas_set_num_threads(threads);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
@@ -342,7 +256,7 @@ int main(int argc, char **argv)
         printf("sgemm threads=%d n=%d gflops=%.2f\n", threads, n, sgemm_gflops(be, n, reps, threads));
         return 0;
     }
-    data_pool d = make_data();
+    data_pool d = fb_bench_make_data();
     if (strcmp(cmd, "train") == 0) {
         static const char *const modes[] = {"fused", "solo"};
         bool run_mode[2] = {false, false};
@@ -350,8 +264,8 @@ int main(int argc, char **argv)
         else if (strcmp(mode, "solo") == 0) run_mode[1] = true;
         else if (strcmp(mode, "fused,solo") == 0) run_mode[0] = run_mode[1] = true;
         else usage();
-        fb_job_spec *s = make_spec(model, 0);
-        double flops = model_flops(s, BATCH);
+        fb_job_spec *s = fb_bench_spec("bench", model, 0);
+        double flops = fb_bench_model_flops(s, BATCH);
         fb_job_spec_free(s);
         free(s);
         for (int i = 0; i < nB; i++) {

@@ -43,23 +43,10 @@
 #include "errors.h"
 #include "jobspec.h"
 #include "kernels.h"
+#include "models.h"
 
-#define BATCH 128
-#define SIDE 28
-#define CLASSES 10
-#define POOL 4 /* distinct synthetic minibatches, used in turn */
 #define MAX_B 64
 #define MSG_CAP 1024
-
-static const char *const MLP_LAYERS =
-    "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":256},{\"type\":\"relu\"},"
-    "{\"type\":\"linear\",\"out\":128},{\"type\":\"relu\"},{\"type\":\"linear\",\"out\":10}]";
-static const char *const CNN_LAYERS =
-    "[{\"type\":\"conv2d\",\"out\":16,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
-    "{\"type\":\"maxpool2d\",\"kernel\":2},"
-    "{\"type\":\"conv2d\",\"out\":32,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
-    "{\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"flatten\"},"
-    "{\"type\":\"linear\",\"out\":10}]";
 
 static fb_backend_t *g_be;
 
@@ -91,75 +78,6 @@ static void check_device(const char *what)
     if (fb_cuda_backend_error(g_be, msg, sizeof msg) != FB_OK) die(what, msg);
 }
 
-/* splitmix64, for the synthetic data. */
-static uint64_t next_u64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* Member i's spec: its own seed and learning rate, as a sweep makes them. */
-static fb_job_spec *make_spec(const char *model, int i)
-{
-    const char *layers = strcmp(model, "mlp") == 0 ? MLP_LAYERS : CNN_LAYERS;
-    char json[2048], msg[MSG_CAP];
-    snprintf(json, sizeof json,
-             "{\"name\":\"gpubench-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
-             "\"layers\":%s},\"batch_size\":%d,\"steps\":1000000,"
-             "\"optimizer\":{\"type\":\"adamw\",\"lr\":%.6g,\"weight_decay\":0.01},"
-             "\"seed\":%d,\"data_seed\":0}",
-             model, i, SIDE, SIDE, layers, BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)), 100 + i);
-    fb_job_spec *s = calloc(1, sizeof *s);
-    if (!s) die("spec", "out of memory");
-    if (fb_job_spec_parse(json, strlen(json), NULL, s, msg, sizeof msg)) die("spec", msg);
-    return s;
-}
-
-/* Multiply-add FLOPs (x2) of one training step of one member on N samples:
- * forward, weight-gradient and (but for the first layer) input-gradient GEMMs
- * of every linear and conv layer, as bench/fusion counts them. */
-static double model_flops(const fb_job_spec *s, int N)
-{
-    double total = 0;
-    bool first = true;
-    for (int i = 0; i < s->n_layers; i++) {
-        const fb_layer *L = &s->layers[i];
-        double f;
-        if (L->type == FB_LAYER_LINEAR)
-            f = 2.0 * (double)L->in.d[0] * (double)L->out_features;
-        else if (L->type == FB_LAYER_CONV2D)
-            f = 2.0 * (double)L->in.d[0] * L->kernel[0] * L->kernel[1] *
-                (double)fb_shape_numel(&L->out);
-        else
-            continue;
-        total += f * (first ? 2.0 : 3.0);
-        first = false;
-    }
-    return total * N;
-}
-
-typedef struct data_pool {
-    float *x;   /* [POOL * BATCH, 784] */
-    int32_t *y; /* [POOL * BATCH] */
-} data_pool;
-
-static data_pool make_data(void)
-{
-    data_pool d;
-    size_t F = (size_t)SIDE * SIDE;
-    d.x = malloc((size_t)POOL * BATCH * F * sizeof *d.x);
-    d.y = malloc((size_t)POOL * BATCH * sizeof *d.y);
-    if (!d.x || !d.y) die("data", "out of memory");
-    uint64_t st = 42;
-    for (size_t i = 0; i < (size_t)POOL * BATCH * F; i++)
-        d.x[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f);
-    for (size_t i = 0; i < (size_t)POOL * BATCH; i++)
-        d.y[i] = (int32_t)(next_u64(&st) % CLASSES);
-    return d;
-}
-
 typedef struct trainer {
     fb_array *a;
     fb_job_spec *specs[MAX_B];
@@ -175,7 +93,7 @@ static void trainer_init(trainer *tr, const char *model, int B, int first)
     memset(tr, 0, sizeof *tr);
     tr->B = B;
     for (int b = 0; b < B; b++)
-        tr->specs[b] = make_spec(model, first + b);
+        tr->specs[b] = fb_bench_spec("gpubench", model, first + b);
     if (fb_array_new(g_be, (const fb_job_spec *const *)tr->specs, B, BATCH, &tr->a, msg,
                      sizeof msg))
         die("array", msg);
@@ -261,7 +179,7 @@ static double sgemm_gflops(int n, int reps)
     if (!h || !a || !b || !c) die("sgemm", "out of memory");
     uint64_t st = 7;
     for (size_t i = 0; i < nn; i++)
-        h[i] = (float)(next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
+        h[i] = (float)(fb_bench_next_u64(&st) >> 40) * (1.0f / 16777216.0f) - 0.5f;
     fb_backend_upload(g_be, a, h, nn * sizeof *h);
     fb_backend_upload(g_be, b, h, nn * sizeof *h);
     fb_sgemm(g_be, c, a, b, n, n, n);
@@ -336,9 +254,9 @@ int main(int argc, char **argv)
         printf("sgemm n=%d gflops=%.1f\n", n, sgemm_gflops(n, reps));
         return 0;
     }
-    data_pool d = make_data();
-    fb_job_spec *s = make_spec(model, 0);
-    double flops = model_flops(s, BATCH);
+    data_pool d = fb_bench_make_data();
+    fb_job_spec *s = fb_bench_spec("gpubench", model, 0);
+    double flops = fb_bench_model_flops(s, BATCH);
     fb_job_spec_free(s);
     free(s);
     if (strcmp(cmd, "train") == 0) {

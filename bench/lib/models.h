@@ -1,0 +1,46 @@
+/*
+ * What the throughput benchmarks (bench/fusion on the CPU, bench/gpu on a
+ * GPU) train, in one place so that their tables compare the same work: the
+ * issue's MLP (784-256-128-10) and small CNN on Fashion-MNIST-shaped
+ * synthetic data, batch 128, one spec per member as a hyperparameter sweep
+ * makes them, and the training FLOPs both count.  Every function exits the
+ * program with a message on failure: these are benchmark programs.
+ */
+#ifndef FB_BENCH_MODELS_H
+#define FB_BENCH_MODELS_H
+
+#include <stdint.h>
+
+#include "jobspec.h"
+
+#define BATCH 128
+#define SIDE 28
+#define CLASSES 10
+#define POOL 4 /* distinct synthetic minibatches, used in turn */
+
+/* splitmix64: the synthetic data and the members' hyperparameters. */
+uint64_t fb_bench_next_u64(uint64_t *s);
+
+/* Member i's spec of model "mlp" or "cnn", named "<prefix>-<model>-<i>": its
+ * own seed and learning rate, as a sweep makes them.  The caller frees it
+ * with fb_job_spec_free and free. */
+fb_job_spec *fb_bench_spec(const char *prefix, const char *model, int i);
+
+/*
+ * Multiply-add FLOPs (x2) of one training step of one member on N samples:
+ * every linear and conv layer's forward GEMM, its weight-gradient GEMM, and
+ * its input-gradient GEMM except for the first layer (its input is the data,
+ * which needs no gradient; PyTorch skips it too).
+ */
+double fb_bench_model_flops(const fb_job_spec *s, int N);
+
+/* POOL synthetic minibatches: x [POOL * BATCH, SIDE * SIDE] uniform in
+ * [0, 1), y [POOL * BATCH] in [0, CLASSES), the same in every run. */
+typedef struct data_pool {
+    float *x;
+    int32_t *y;
+} data_pool;
+
+data_pool fb_bench_make_data(void);
+
+#endif
