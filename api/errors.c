@@ -1,5 +1,6 @@
 #include "errors.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,4 +63,9 @@ int fb_errf(char *buf, size_t cap, int err, const char *fmt, ...)
         va_end(ap);
     }
     return err;
+}
+
+int fb_err_write_errno(int e)
+{
+    return e == ENOSPC || e == EDQUOT ? FB_ERR_NO_SPACE : FB_ERR_IO;
 }

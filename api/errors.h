@@ -60,7 +60,9 @@
     X(FB_ERR_TOO_MANY_TRIALS, -67, "too_many_trials", 400, "a sweep expands into too many jobs") \
     X(FB_ERR_BAD_WIRE, -68, "bad_wire_message", 400, "a wire message is malformed or stale")     \
     X(FB_ERR_DIVERGED, -69, "diverged", 422, "training produced a non-finite loss")              \
-    X(FB_ERR_DETACHED, -70, "detached", 409, "the member left its array")
+    X(FB_ERR_DETACHED, -70, "detached", 409, "the member left its array")                        \
+    X(FB_ERR_NO_SPACE, -71, "insufficient_storage", 507,                                          \
+      "the server's storage is full; retry once space is freed")
 
 typedef enum fb_err {
 #define FB_ERR_ENUM_(name, value, code, http, desc) name = value,
@@ -81,6 +83,12 @@ const char *fb_err_describe(int err);
 /* Parses a code name back to its value; returns 1 and sets *out on success, 0
  * when the name is unknown. */
 int fb_err_from_code(const char *code, int *out);
+
+/* The error of a failed write with errno e: FB_ERR_NO_SPACE when the file
+ * system or a quota is full (ENOSPC, EDQUOT), the machine's state rather
+ * than the request's, which may succeed once space is freed; FB_ERR_IO
+ * otherwise. */
+int fb_err_write_errno(int e);
 
 /* Formats a message into buf (always NUL-terminated when cap > 0) and returns
  * err, so callers can write `return fb_errf(msg, cap, FB_ERR_X, "...", ...)`. */

@@ -801,8 +801,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return MHD_YES;
             }
             if (!write_all(im->body_fd, upload_data, n)) {
-                fb_req_fail(req, FB_ERR_IO, NULL, "the server could not store the upload: %s",
-                            strerror(errno));
+                int e = errno;
+                /* a full disk is the server's storage, not a fault of the request */
+                fb_req_fail(req, fb_err_write_errno(e), NULL,
+                            "the server could not store the upload: %s", strerror(e));
                 return MHD_YES;
             }
             im->body_len += n;

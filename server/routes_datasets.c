@@ -32,6 +32,12 @@
  * added split, ready as before) and removes what the import left.  Renames
  * of dataset directories happen under one process-wide mutex: one fuseboxd
  * owns a datasets directory.
+ *
+ * A full disk.  The data tool exits 3 when the datasets file system is full
+ * (ENOSPC, EDQUOT); so do staging and the rename here.  Such an import fails
+ * as insufficient_storage, not bad_data: the tenant's file is fine and the
+ * same import succeeds once space is freed.  What it wrote goes with the
+ * staging directory, so nothing half-written is left or recorded.
  */
 #define _GNU_SOURCE /* renameat2, close_range, mkostemp, pipe2 */
 
@@ -69,6 +75,7 @@
 #define DS_SHARDS_MAX 65536               /* per split */
 #define DS_TREE_DEPTH 8                   /* directories deep a dataset may be */
 #define DS_SHOWN_MAX (PATH_MAX + 64)
+#define DS_TOOL_NO_SPACE 3 /* the data tool's exit status for a full file system */
 
 /* The advisory lock an import holds is keyed by
  * hashtextextended('fusebox-dataset:' || id::text, 0), written out in each
@@ -141,8 +148,12 @@ static int tenant_dir(const fb_config *cfg, const char *tenant, char *out, size_
     const char *dirs[2] = {cfg->datasets_dir, out};
     for (int i = 0; i < 2; i++) {
         if (mkdir(dirs[i], 0750) != 0 && errno != EEXIST) {
+            int e = errno;
             fb_log_json(FB_LOG_ERROR, "cannot create a datasets directory",
-                        json_pack("{s:s, s:s}", "path", dirs[i], "detail", strerror(errno)));
+                        json_pack("{s:s, s:s}", "path", dirs[i], "detail", strerror(e)));
+            if (fb_err_write_errno(e) == FB_ERR_NO_SPACE)
+                return fb_errf(msg, msg_cap, FB_ERR_NO_SPACE,
+                               "the server's datasets disk is full; retry once space is freed");
             return fb_errf(msg, msg_cap, FB_ERR_IO,
                            "the server cannot write its datasets directory (see its log)");
         }
@@ -750,6 +761,28 @@ static void import_free(ds_import *im)
     free(im);
 }
 
+/*
+ * The error of an import that ran out of space while writing split (NULL:
+ * outside the data tool), with detail (what failed, may be "") for the
+ * tenant, who cannot free the space: what was kept and how to retry.  The
+ * administrator, who can, is told in the log.
+ */
+static int no_space(const ds_import *im, char *err, size_t cap, const char *split,
+                    const char *detail)
+{
+    fb_log_json(FB_LOG_ERROR, "dataset import: the datasets directory is full",
+                json_pack("{s:s, s:s, s:s, s:s}", "dir", im->tenant_dir, "dataset", im->name,
+                          "split", split ? split : "", "detail", detail));
+    char where[DS_SPLIT_MAX + 32] = "";
+    if (split) snprintf(where, sizeof where, " while writing split %s", split);
+    return fb_errf(err, cap, FB_ERR_NO_SPACE,
+                   "insufficient storage: the server's datasets disk filled up%s (%s); "
+                   "nothing of this import was kept; %s once space is freed",
+                   where, detail[0] ? detail : "no space left on device",
+                   im->update ? "the dataset is as it was before; upload the split again"
+                              : "delete the dataset and import it again");
+}
+
 /* Runs the tool on one input split into the staging directory. */
 static int import_split(const ds_import *im, const ds_input *in, const char *staging, char *err,
                         size_t cap)
@@ -787,10 +820,13 @@ static int import_split(const ds_import *im, const ds_input *in, const char *sta
     if (status == 0) return FB_OK;
     char prefix[PATH_MAX + 2];
     snprintf(prefix, sizeof prefix, "%s/", staging);
-    const char *from[] = {"fusebox-data: ", "/dev/fd/3", "/dev/fd/4", prefix};
-    const char *to[] = {"", in->shown[0], in->shown[1], ""};
+    /* the tool names the code of its error in parentheses; the server's own code says it */
+    const char *from[] = {"fusebox-data: ", "/dev/fd/3", "/dev/fd/4", prefix,
+                          " (insufficient_storage)"};
+    const char *to[] = {"", in->shown[0], in->shown[1], "", ""};
     char clean[DS_ERR_MAX];
-    rewrite_text(clean, sizeof clean, text, from, to, 4);
+    rewrite_text(clean, sizeof clean, text, from, to, 5);
+    if (status == DS_TOOL_NO_SPACE) return no_space(im, err, cap, in->split, clean);
     return fb_errf(err, cap, status == 1 ? FB_ERR_DATA : FB_ERR_INTERNAL, "split %s: %s", in->split,
                    clean[0] ? clean : "the data tool failed without saying why");
 }
@@ -810,6 +846,7 @@ static int import_verify(const ds_import *im, const char *staging, char *err, si
     const char *to[] = {"", ""};
     char clean[DS_ERR_MAX];
     rewrite_text(clean, sizeof clean, text, from, to, 2);
+    if (status == DS_TOOL_NO_SPACE) return no_space(im, err, cap, NULL, clean);
     return fb_errf(err, cap, FB_ERR_DATA, "the imported dataset did not verify: %s", clean);
 }
 
@@ -900,9 +937,12 @@ static int import_finish(ds_import *im, int tdir, const char *stage_name, json_t
         moved = renameat(tdir, stage_name, tdir, im->name) == 0;
     }
     if (!moved) {
+        int e = errno;
         fb_log_json(FB_LOG_ERROR, "dataset import: cannot move the dataset into place",
-                    json_pack("{s:s, s:s}", "dir", im->tenant_dir, "detail", strerror(errno)));
-        rc = fb_errf(err, cap, FB_ERR_IO, "the server could not move the dataset into place");
+                    json_pack("{s:s, s:s}", "dir", im->tenant_dir, "detail", strerror(e)));
+        rc = fb_err_write_errno(e) == FB_ERR_NO_SPACE
+                 ? no_space(im, err, cap, NULL, strerror(e))
+                 : fb_errf(err, cap, FB_ERR_IO, "the server could not move the dataset into place");
         goto rollback;
     }
     if ((rc = import_do(im->pg, "COMMIT", 0, NULL, err, cap))) {
@@ -962,9 +1002,12 @@ static void *import_main(void *arg)
     bool staged = im->update ? link_tree(tdir, im->name, tdir, stage_name, DS_TREE_DEPTH) == 0
                              : mkdirat(tdir, stage_name, 0750) == 0;
     if (!staged) {
+        int e = errno;
         fb_log_json(FB_LOG_ERROR, "dataset import: cannot stage",
-                    json_pack("{s:s, s:s}", "path", staging, "detail", strerror(errno)));
-        rc = fb_errf(err, sizeof err, FB_ERR_IO, "the server could not prepare the import");
+                    json_pack("{s:s, s:s}", "path", staging, "detail", strerror(e)));
+        rc = fb_err_write_errno(e) == FB_ERR_NO_SPACE
+                 ? no_space(im, err, sizeof err, NULL, strerror(e))
+                 : fb_errf(err, sizeof err, FB_ERR_IO, "the server could not prepare the import");
         goto out;
     }
     for (int i = 0; i < im->n_inputs && !rc; i++)
@@ -1751,8 +1794,13 @@ int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limi
     snprintf(path, sizeof path, "%s/.upload-XXXXXX", dir);
     int f = mkostemp(path, O_CLOEXEC);
     if (f < 0) {
+        int e = errno;
         fb_log_json(FB_LOG_ERROR, "cannot spool an upload",
-                    json_pack("{s:s, s:s}", "dir", dir, "detail", strerror(errno)));
+                    json_pack("{s:s, s:s}", "dir", dir, "detail", strerror(e)));
+        if (fb_err_write_errno(e) == FB_ERR_NO_SPACE)
+            return fb_req_fail(req, FB_ERR_NO_SPACE, NULL,
+                               "the server's datasets disk is full; upload again once space is "
+                               "freed");
         return fb_req_fail(req, FB_ERR_IO, NULL, "the server cannot store uploads (see its log)");
     }
     /* nameless from the start: whatever happens to the request, nothing stays */

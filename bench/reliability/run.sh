@@ -4,17 +4,18 @@
 # The reliability suite's long modes (issue 13, faults and load): each test
 # of tests/reliability/faults and tests/reliability/load runs with --long
 # (20 rounds of SIGKILL on a worker, 10 on fuseboxd, a 10 s PostgreSQL
-# outage, 100 running arrays over 10,000 queued jobs) and prints a
-# "result:" line of counts; this script collects them into the table of
-# docs/RELIABILITY.md, one row per test with its exit status.  TEST names
-# (e.g. test_rel_worker_kill) pick a subset; the default is all of them.
+# outage, 50 dataset imports into a full disk, 100 running arrays over
+# 10,000 queued jobs) and prints a "result:" line of counts; this script
+# collects them into the table of docs/RELIABILITY.md, one row per test with
+# its exit status.  TEST names (e.g. test_rel_worker_kill) pick a subset; the
+# default is all of them.
 #
-# BUILD_DIR (default build) must hold the tests, fuseboxd, fusebox-worker
-# and fusebox-train.  Uses FUSEBOX_TEST_DATABASE_URL when set, else starts a
-# throwaway PostgreSQL (scripts/lib/common.sh) and stops it at the end.  The
-# disk-full and network tests need root (mount, ip netns) and report
-# "skipped" without it.  FUSEBOX_RELIABILITY_SEED repeats a run's random
-# choices.
+# BUILD_DIR (default build) must hold the tests, fuseboxd, fusebox-worker,
+# fusebox-train and fusebox-data.  Uses FUSEBOX_TEST_DATABASE_URL when set,
+# else starts a throwaway PostgreSQL (scripts/lib/common.sh) and stops it at
+# the end.  The disk-full and network tests need root (mount, ip netns) and
+# report "skipped" without it.  FUSEBOX_RELIABILITY_SEED repeats a run's
+# random choices.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -22,7 +23,7 @@ shift || true
 tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
     tests=(test_rel_worker_kill test_rel_server_kill test_rel_pg_outage test_rel_disk_full
-           test_rel_netsplit test_rel_load)
+           test_rel_disk_full_import test_rel_netsplit test_rel_load)
 fi
 # shellcheck source=../../scripts/lib/common.sh
 source "$root/scripts/lib/common.sh"

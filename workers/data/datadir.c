@@ -20,7 +20,8 @@
 static int dd_mkdir(const char *p, char *msg, size_t cap)
 {
     if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
+        return fb_errf(msg, cap, fb_err_write_errno(errno), "cannot create %s: %s", p,
+                       strerror(errno));
     struct stat st;
     if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
         return fb_errf(msg, cap, FB_ERR_IO, "%s is not a directory", p);

@@ -7,7 +7,9 @@
  *   fusebox-data verify DIR
  *
  * Exit status: 0 success, 1 a data or I/O error (the message names the file
- * and, where there is one, the chunk), 2 a usage error.
+ * and, where there is one, the chunk), 2 a usage error, 3 the output's file
+ * system is full (ENOSPC, EDQUOT): kept apart from 1 so that fuseboxd can
+ * tell a tenant that the server ran out of space, not that the data is bad.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,6 +24,7 @@
 
 #define EXIT_DATA 1
 #define EXIT_USAGE 2
+#define EXIT_NO_SPACE 3
 
 static void usage(FILE *f)
 {
@@ -46,11 +49,13 @@ static void usage(FILE *f)
             "inspect prints the manifest and each shard's header; verify re-reads every shard\n"
             "and checks every checksum (file, header, index, chunks) and every label.\n"
             "\n"
-            "exit status: 0 ok, 1 bad data or an I/O error, 2 bad usage\n");
+            "exit status: 0 ok, 1 bad data or an I/O error, 2 bad usage, 3 the output's file\n"
+            "system is full\n");
 }
 
 static int exit_for(int err)
 {
+    if (err == FB_ERR_NO_SPACE) return EXIT_NO_SPACE;
     return err == FB_ERR_OUT_OF_RANGE || err == FB_ERR_INTERNAL ? EXIT_USAGE : EXIT_DATA;
 }
 

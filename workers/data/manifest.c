@@ -481,7 +481,8 @@ int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t 
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot create %s: %s", tmp,
+                     strerror(errno));
         free(text);
         return rc;
     }
@@ -492,24 +493,27 @@ int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t 
         ssize_t k = write(fd, text + off, len - off);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
-            rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+            rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", tmp,
+                         strerror(errno));
             goto fail;
         }
         off += (size_t)k;
     }
     if (fsync(fd) != 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot fsync %s: %s", tmp,
+                     strerror(errno));
         goto fail;
     }
     int cfd = fd;
     fd = -1;
     if (close(cfd) != 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot close %s: %s", tmp,
+                     strerror(errno));
         goto fail;
     }
     if (rename(tmp, path) != 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s to %s: %s", tmp, path,
-                     strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot rename %s to %s: %s", tmp,
+                     path, strerror(errno));
         goto fail;
     }
     free(text);

@@ -271,13 +271,15 @@ int fb_shard_writer_open(fb_shard_writer **out, const char *path, const fb_shard
     }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", w->tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot create %s: %s", w->tmp,
+                     strerror(errno));
         goto fail;
     }
     /* the header is written last, over these zeros */
     uint8_t zero[FB_SHARD_HEADER_BYTES] = {0};
     if (write_all(w->fd, zero, sizeof zero) != 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
+                     strerror(errno));
         goto fail;
     }
     w->offset = FB_SHARD_HEADER_BYTES;
@@ -315,7 +317,8 @@ static int writer_flush(fb_shard_writer *w, char *msg, size_t cap)
     if (ZSTD_isError(zn))
         return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: zstd: %s", w->path, ZSTD_getErrorName(zn));
     if (write_all(w->fd, w->z, zn) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
+        return fb_errf(msg, cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
+                       strerror(errno));
     uint8_t *e = w->index + w->index_len;
     put_u64(e, w->offset);
     put_u64(e + 8, zn);
@@ -396,7 +399,8 @@ int fb_shard_writer_finish(fb_shard_info *info, fb_shard_writer *w, char *msg, s
                        w->path);
     uint64_t index_offset = w->offset;
     if (write_all(w->fd, w->index, w->index_len) != 0)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
+                       strerror(errno));
     uint8_t h[FB_SHARD_HEADER_BYTES] = {0};
     memcpy(h, FB_SHARD_MAGIC, 8);
     put_u32(h + 8, FB_SHARD_VERSION);
@@ -411,13 +415,16 @@ int fb_shard_writer_finish(fb_shard_info *info, fb_shard_writer *w, char *msg, s
     put_u32(h + 56, fb_crc32c(0, w->index, w->index_len));
     put_u32(h + 60, fb_crc32c(0, h, 60));
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
+                       strerror(errno));
     if (fsync(w->fd) != 0)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync %s: %s", w->tmp, strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot fsync %s: %s", w->tmp,
+                       strerror(errno));
     int fd = w->fd;
     w->fd = -1;
     if (close(fd) != 0)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot close %s: %s", w->tmp, strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot close %s: %s", w->tmp,
+                       strerror(errno));
     /* read back through the page cache: the whole-file checksum the manifest keeps */
     uint32_t crc;
     uint64_t bytes;
@@ -426,12 +433,12 @@ int fb_shard_writer_finish(fb_shard_info *info, fb_shard_writer *w, char *msg, s
         return fb_errf(msg, msg_cap, FB_ERR_IO, "%s: %" PRIu64 " bytes on disk, %" PRIu64
                        " written", w->tmp, bytes, index_offset + w->index_len);
     if (rename(w->tmp, w->path) != 0)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s to %s: %s", w->tmp, w->path,
-                       strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot rename %s to %s: %s", w->tmp,
+                       w->path, strerror(errno));
     w->finished = true;
     if (fsync_parent(w->path) != 0)
-        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync the directory of %s: %s", w->path,
-                       strerror(errno));
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno),
+                       "cannot fsync the directory of %s: %s", w->path, strerror(errno));
     if (info) {
         info->bytes = bytes;
         info->raw_bytes = w->raw_bytes;
