@@ -354,3 +354,24 @@ int fb_db_run(fb_db_pool_t *pool, fb_db_fn fn, void *arg, char *msg, size_t cap)
         backoff = backoff * 2 > 500 ? 500 : backoff * 2;
     }
 }
+
+char *fb_db_text_array(const char *const *items, int n)
+{
+    size_t cap = 3;
+    for (int i = 0; i < n; i++) cap += strlen(items[i]) * 2 + 3;
+    char *s = malloc(cap), *p = s;
+    if (!s) return NULL;
+    *p++ = '{';
+    for (int i = 0; i < n; i++) {
+        if (i) *p++ = ',';
+        *p++ = '"';
+        for (const char *c = items[i]; *c; c++) {
+            if (*c == '"' || *c == '\\') *p++ = '\\';
+            *p++ = *c;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}

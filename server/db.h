@@ -91,6 +91,10 @@ const char *fb_db_sqlstate(const fb_db_conn *c);
 /* Sends a connection's NOTICE messages to the JSON log (debug level). */
 void fb_db_route_notices(PGconn *pg);
 
+/* A PostgreSQL array literal of n strings ('{"a","b"}', quotes and backslashes
+ * escaped), to pass as one text parameter; malloc'd, NULL when out of memory. */
+char *fb_db_text_array(const char *const *items, int n);
+
 /* The raw libpq connection, for code that needs libpq directly. */
 PGconn *fb_db_pg(fb_db_conn *c);
 

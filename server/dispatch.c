@@ -30,6 +30,7 @@
 #include <zmq.h>
 
 #include "asha.h"
+#include "db.h"
 #include "errors.h"
 #include "fairshare.h"
 #include "jobspec.h"
@@ -37,6 +38,7 @@
 #include "metrics.h"
 #include "paths.h"
 #include "planner.h"
+#include "queue.h"
 #include "wire.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
@@ -48,8 +50,15 @@
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
 #define PLAN_EVERY_TICKS 10
-/* longest one flush of progress reports writes before it commits and yields */
+#define SLOW_PLAN_S 0.1 /* a plan this long is logged with where its time went */
+/* time for writing queue reasons: with the plan (the head of the queue), then per tick */
+#define REASONS_IN_PLAN_S 0.01
+#define REASONS_PER_STATEMENT 50
+#define REASONS_IN_TICK_S 0.025
+/* longest one flush of progress reports writes before it yields */
 #define FLUSH_BUDGET_MS 100
+/* and longest one transaction of it: a submission waits at most this for its plan */
+#define FLUSH_SLICE_MS 20
 
 typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
@@ -102,6 +111,12 @@ typedef struct keyinfo {
     int data, pipeline;
 } keyinfo;
 
+/* A queue reason to write (write_reasons); reason is a static text of the planner's. */
+typedef struct reason_todo {
+    char job[FB_WIRE_ID_LEN + 1];
+    const char *reason;
+} reason_todo;
+
 typedef struct detach_sent {
     char job[FB_WIRE_ID_LEN + 1];
     int64_t at_ms;
@@ -141,6 +156,9 @@ struct fb_dispatch {
     int ticks;
     int64_t last_rebalance_ms;
     fb_fair_params fair;
+    fb_queue *queue; /* the queued jobs, kept between plans (queue.h) */
+    reason_todo *reasons; /* queue reasons the last plan changed, in planning order */
+    int n_reasons, cap_reasons, next_reason;
 };
 
 static int64_t now_ms(void)
@@ -152,7 +170,16 @@ static int64_t now_ms(void)
 
 /* ---- PostgreSQL ------------------------------------------------------------ */
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static bool load_groups(fb_dispatch_t *d);
+static int write_reasons(fb_dispatch_t *d, double budget_s);
+static void take_notifies(fb_dispatch_t *d);
 static bool update_utilization(fb_dispatch_t *d, const char *group_id);
 static void flush_progress(fb_dispatch_t *d);
 struct pending;
@@ -166,6 +193,8 @@ static bool db_ok(fb_dispatch_t *d)
     int64_t t = now_ms();
     if (t < d->pg_retry_ms) return false;
     if (d->pg) PQfinish(d->pg);
+    /* what changed while the connection was away is read whole */
+    fb_queue_invalidate(d->queue);
     const char *keys[] = {"dbname", "connect_timeout", "application_name", NULL};
     const char *vals[] = {d->cfg.database_url, "2", "fuseboxd-control", NULL};
     d->pg = PQconnectdbParams(keys, vals, 1);
@@ -194,6 +223,13 @@ static bool db_ok(fb_dispatch_t *d)
     d->pg_backoff_ms = 0;
     d->plan_due = true;
     if (!d->groups_loaded && !load_groups(d)) return false;
+    /* the whole queue once per connection, here rather than in the first plan: loading
+     * state, like the groups, not a decision (at 10,000 queued jobs it takes about as long
+     * as the 50 ms a decision has); a failure leaves it to the next plan */
+    char msg[256];
+    if (fb_queue_sync(d->queue, d->pg, NULL, msg, sizeof msg))
+        fb_log_json(FB_LOG_WARN, "control loop: the queue could not be read",
+                    json_pack("{s:s}", "error", msg));
     return true;
 }
 
@@ -1200,31 +1236,43 @@ static bool superseded(const pending *p)
 }
 
 /*
- * Writes queued progress reports in one transaction, oldest first; kept on
- * failure.  A report superseded by a newer one of the same array writes only
- * its metric points (one statement instead of six), and one call writes for
- * at most FLUSH_BUDGET_MS before it commits what it wrote, so that a backlog
- * (many arrays, a slow database) neither starves planning and heartbeats nor
+ * Writes queued progress reports, oldest first, in transactions of at most
+ * FLUSH_SLICE_MS; what a failed one held is kept.  A report superseded by a
+ * newer one of the same array writes only its metric points (one statement
+ * instead of six), and one call writes for at most FLUSH_BUDGET_MS, less
+ * when a submission wants a plan (after at least one slice, so that
+ * frequent submissions cannot starve the reports), so that a backlog (many
+ * arrays, a slow database) neither starves planning and heartbeats nor
  * grows: the loop comes back for the rest on its next turn.
  */
 static void flush_progress_run(fb_dispatch_t *d)
 {
-    if (!d->progress.head || !db_ok(d) || !begin(d)) return;
     int64_t t0 = now_ms();
-    int n = 0;
-    for (pending *p = d->progress.head; p; p = p->next) {
-        if (!write_progress(d, p, !superseded(p))) {
+    /* slices of one transaction each: PostgreSQL hands a listening session its
+     * notifications only between transactions, and a submission that arrives during a
+     * long flush is planned after the slice it arrived in, not after the whole flush */
+    for (bool first = true; d->progress.head && now_ms() - t0 < FLUSH_BUDGET_MS &&
+                            (first || !d->plan_due);
+         first = false) {
+        if (!db_ok(d) || !begin(d)) return;
+        int64_t t1 = now_ms();
+        int n = 0;
+        for (pending *p = d->progress.head; p; p = p->next) {
+            if (!write_progress(d, p, !superseded(p))) {
+                rollback(d);
+                return;
+            }
+            n++;
+            if (now_ms() - t1 >= FLUSH_SLICE_MS) break;
+        }
+        if (!commit(d)) {
             rollback(d);
             return;
         }
-        n++;
-        if (now_ms() - t0 >= FLUSH_BUDGET_MS) break;
+        for (pending *p; n > 0 && (p = pop(&d->progress)); n--) pending_free(p);
+        PQconsumeInput(d->pg);
+        take_notifies(d);
     }
-    if (!commit(d)) {
-        rollback(d);
-        return;
-    }
-    for (pending *p; n > 0 && (p = pop(&d->progress)); n--) pending_free(p);
 }
 
 /* ---- messages from workers ----------------------------------------------- */
@@ -1650,30 +1698,9 @@ static int tenant_index(char **sorted, int n, const char *s)
     return hit ? (int)(hit - sorted) : -1;
 }
 
-/* Appends a PostgreSQL array literal of strings (ids, plain words) to a buffer. */
-static char *pg_array(const char *const *items, int n)
-{
-    size_t cap = 3;
-    for (int i = 0; i < n; i++) cap += strlen(items[i]) * 2 + 3;
-    char *s = malloc(cap), *p = s;
-    if (!s) return NULL;
-    *p++ = '{';
-    for (int i = 0; i < n; i++) {
-        if (i) *p++ = ',';
-        *p++ = '"';
-        for (const char *c = items[i]; *c; c++) {
-            if (*c == '"' || *c == '\\') *p++ = '\\';
-            *p++ = *c;
-        }
-        *p++ = '"';
-    }
-    *p++ = '}';
-    *p = '\0';
-    return s;
-}
-
 typedef struct plan_ctx {
-    PGresult *jobs, *tenants, *running;
+    const fb_queue_job *const *jobs; /* the queue in planning order, owned by d->queue */
+    PGresult *tenants, *running;
     fb_plan_job *pj;
     int64_t *batch;
     fb_plan_tenant *pt;
@@ -1682,13 +1709,12 @@ typedef struct plan_ctx {
     int *dev_worker; /* device -> index into d->workers */
     fb_plan_running *pr;
     int *run_tenants;
-    int *row;     /* snapshot job -> row of the jobs result */
+    int *row;     /* snapshot job -> its place in jobs */
     int *run_row; /* snapshot running group -> row of the running result */
 } plan_ctx;
 
 static void plan_ctx_free(plan_ctx *c)
 {
-    PQclear(c->jobs);
     PQclear(c->tenants);
     PQclear(c->running);
     free(c->pj);
@@ -1717,13 +1743,12 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
     /* members that resume need their checkpoint: one that cannot be read restarts */
     int n_ok = 0;
     for (int i = 0; i < B; i++) {
-        int j = c->row[g->jobs[i]];
-        const char *id = PQgetvalue(c->jobs, j, 0);
-        int64_t rs = strtoll(PQgetvalue(c->jobs, j, 4), NULL, 10);
-        if (rs > 0) {
-            const char *path = PQgetvalue(c->jobs, j, 8);
+        const fb_queue_job *qj = c->jobs[c->row[g->jobs[i]]];
+        const char *id = qj->id;
+        if (qj->resume_step > 0) {
+            const char *path = qj->resume_path ? qj->resume_path : "";
             size_t len = 0;
-            void *b = PQgetisnull(c->jobs, j, 8) ? NULL : read_artifact(d, path, &len);
+            void *b = qj->resume_path ? read_artifact(d, path, &len) : NULL;
             if (!b) {
                 const char *v[1] = {id};
                 fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
@@ -1743,7 +1768,7 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
         ids[n_ok++] = id;
     }
     if (!n_ok) goto out;
-    char *ids_arr = pg_array(ids, n_ok);
+    char *ids_arr = fb_db_text_array(ids, n_ok);
     const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
     char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
     const char **split_s = malloc((size_t)g->parallel_data * sizeof *split_s);
@@ -1764,7 +1789,8 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
         snprintf(split_buf[i], sizeof split_buf[i], "%lld", (long long)g->split[i]);
         split_s[i] = split_buf[i];
     }
-    char *dev_arr = pg_array(dev_s, g->n_devices), *split_arr = pg_array(split_s, g->parallel_data);
+    char *dev_arr = fb_db_text_array(dev_s, g->n_devices),
+         *split_arr = fb_db_text_array(split_s, g->parallel_data);
     free(dev_s);
     free(split_s);
     char pd_s[16], pp_s[16], mem_s[24], share_s[40];
@@ -1773,11 +1799,13 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
     snprintf(mem_s, sizeof mem_s, "%lld", (long long)g->mem_per_device);
     snprintf(share_s, sizeof share_s, "%.17g", g->time_share);
     const char *first = ids[0];
-    int j0 = c->row[g->jobs[0]];
+    const fb_queue_job *j0 = c->jobs[c->row[g->jobs[0]]];
+    char rs0[24];
+    snprintf(rs0, sizeof rs0, "%lld", (long long)j0->resume_step);
     bool ok = dev_arr && split_arr && begin(d);
     char gid[FB_WIRE_ID_LEN + 1] = "";
     if (ok) {
-        const char *v[10] = {PQgetvalue(c->jobs, j0, 3), w->id, PQgetvalue(c->jobs, j0, 4),
+        const char *v[10] = {j0->fusion_key, w->id, rs0,
                              pd_s, pp_s, dev_arr, split_arr, mem_s, share_s, first};
         r = q(d,
               "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
@@ -1847,10 +1875,10 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g)
     }
     int nb = 0;
     snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", PQgetvalue(c->jobs, j0, 3));
-    snprintf(m.dataset, sizeof m.dataset, "%s", PQgetvalue(c->jobs, j0, 9));
-    if (PQgetvalue(c->jobs, j0, 6)[0] != 't')
-        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", PQgetvalue(c->jobs, j0, 2));
+    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", j0->fusion_key);
+    snprintf(m.dataset, sizeof m.dataset, "%s", j0->dataset);
+    if (!j0->public_dataset)
+        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", j0->tenant_id);
     m.n_group_devices = g->n_devices;
     for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
     m.parallel_data = g->parallel_data;
@@ -1895,25 +1923,19 @@ static void plan_run(fb_dispatch_t *d)
     d->last_plan_ms = now_ms();
     if (!db_ok(d)) return;
     plan_ctx c = {0};
-    char lim[16];
-    snprintf(lim, sizeof lim, "%d", MAX_QUEUE_READ);
-    const char *vl[1] = {lim};
-    c.jobs = q(d,
-               /* where the worker reads the data: a tenant's own dataset from its
-                * directory (private: never shared between tenants), a registered
-                * built-in under its built-in name, any other name from the workers'
-                * data directory as it stands (public) */
-               "SELECT j.id, j.seq, j.tenant_id, j.fusion_key, j.resume_step, j.priority,"
-               " coalesce(ds.source = 'builtin', true),"
-               " coalesce(j.queue_reason, ''), j.resume_path,"
-               " CASE WHEN ds.source = 'builtin' THEN coalesce(ds.manifest->>'builtin', j.dataset)"
-               "  ELSE j.dataset END"
-               " FROM jobs j LEFT JOIN datasets ds ON ds.tenant_id = j.tenant_id"
-               "  AND ds.name = j.dataset"
-               " WHERE j.state = 'queued' ORDER BY j.priority DESC, j.seq LIMIT $1::int",
-               1, vl);
-    if (!c.jobs) goto out;
-    int nj = PQntuples(c.jobs);
+    /* where a slow plan's time went: reading the queue, the snapshot and policy, the new
+     * arrays, the reasons */
+    double t_start = mono_s(), t_read = 0, t_policy = 0, t_groups = 0;
+    int n_read = 0, n_started = 0, n_reasons = 0;
+    char err[256];
+    if (fb_queue_sync(d->queue, d->pg, &n_read, err, sizeof err)) {
+        fb_log_json(FB_LOG_WARN, "control loop: the queue could not be read",
+                    json_pack("{s:s}", "error", err));
+        goto out;
+    }
+    int nj = fb_queue_ordered(d->queue, MAX_QUEUE_READ, &c.jobs);
+    if (nj < 0) goto out;
+    t_read = mono_s();
     c.tenants = q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
     c.running = q(d,
                   "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
@@ -1995,19 +2017,20 @@ static void plan_run(fb_dispatch_t *d)
     /* the queue */
     int nq = 0;
     for (int i = 0; i < nj; i++) {
-        const keyinfo *k = key_info(d, PQgetvalue(c.jobs, i, 3), PQgetvalue(c.jobs, i, 0));
-        int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, i, 2));
+        const fb_queue_job *qj = c.jobs[i];
+        const keyinfo *k = key_info(d, qj->fusion_key, qj->id);
+        int t = tenant_index(c.tenant_ids, nt, qj->tenant_id);
         if (!k || t < 0) continue;
-        c.pj[nq] = (fb_plan_job){.seq = strtoll(PQgetvalue(c.jobs, i, 1), NULL, 10),
+        c.pj[nq] = (fb_plan_job){.seq = qj->seq,
                                  .tenant = t,
-                                 .fusion_key = PQgetvalue(c.jobs, i, 3),
-                                 .start_step = strtoll(PQgetvalue(c.jobs, i, 4), NULL, 10),
-                                 .priority = (int)strtol(PQgetvalue(c.jobs, i, 5), NULL, 10),
+                                 .fusion_key = qj->fusion_key,
+                                 .start_step = qj->resume_step,
+                                 .priority = qj->priority,
                                  .mem_member_bytes = k->member,
                                  .mem_shared_bytes = k->shared,
                                  .parallel_data = k->data,
                                  .parallel_pipeline = k->pipeline,
-                                 .public_dataset = PQgetvalue(c.jobs, i, 6)[0] == 't'};
+                                 .public_dataset = qj->public_dataset};
         c.batch[nq] = k->batch;
         c.row[nq++] = i;
     }
@@ -2018,13 +2041,15 @@ static void plan_run(fb_dispatch_t *d)
                              .max_groups_per_device = d->cfg.max_groups_per_device,
                              .keep_running_shares = d->cfg.rebalance_ms > 0};
     fb_plan_result res;
-    char err[256];
     if (fb_plan_run(&snap, c.batch, &res, err, sizeof err)) {
         fb_log_json(FB_LOG_ERROR, "the planner refused its snapshot",
                     json_pack("{s:s}", "error", err));
         goto out;
     }
+    t_policy = mono_s();
     for (int i = 0; i < res.n_groups; i++) start_group(d, &c, &res.groups[i]);
+    n_started = res.n_groups;
+    t_groups = mono_s();
     /* time shares of running groups changed by co-location */
     for (int i = 0; i < res.n_shares; i++) {
         int row = c.run_row[res.shares[i].running];
@@ -2045,39 +2070,79 @@ static void plan_run(fb_dispatch_t *d)
         }
         send_to(d, g->worker, &m, NULL, NULL, 0);
     }
-    /* reasons of the jobs that wait, written only where they changed */
-    int nw = 0;
-    const char **wid = malloc((size_t)(nq ? nq : 1) * sizeof *wid),
-               **wre = malloc((size_t)(nq ? nq : 1) * sizeof *wre);
-    if (wid && wre) {
-        for (int i = 0; i < nq; i++) {
-            if (res.reason[i] == FB_PLAN_PLACED) continue;
-            const char *text = fb_plan_reason_text(res.reason[i]);
-            if (strcmp(PQgetvalue(c.jobs, c.row[i], 7), text) == 0) continue;
-            wid[nw] = PQgetvalue(c.jobs, c.row[i], 0);
-            wre[nw++] = text;
-        }
-        if (nw) {
-            char *a = pg_array(wid, nw), *b = pg_array(wre, nw);
-            const char *v[2] = {a, b};
-            if (a && b)
-                exec1(d,
-                      "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
-                      " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
-                      " AND j.queue_reason IS DISTINCT FROM v.r",
-                      2, v);
-            free(a);
-            free(b);
+    /* reasons of the jobs that wait, where they changed: the head of the queue now, the
+     * rest in later ticks (write_reasons) */
+    d->n_reasons = 0;
+    if (nq > d->cap_reasons) {
+        reason_todo *rt = realloc(d->reasons, (size_t)nq * sizeof *rt);
+        if (rt) {
+            d->reasons = rt;
+            d->cap_reasons = nq;
         }
     }
-    free(wid);
-    free(wre);
+    for (int i = 0; i < nq && d->n_reasons < d->cap_reasons; i++) {
+        if (res.reason[i] == FB_PLAN_PLACED) continue;
+        const fb_queue_job *qj = c.jobs[c.row[i]];
+        const char *text = fb_plan_reason_text(res.reason[i]);
+        if (strcmp(qj->queue_reason, text) == 0) continue;
+        reason_todo *rt = &d->reasons[d->n_reasons++];
+        memcpy(rt->job, qj->id, sizeof rt->job);
+        rt->reason = text;
+    }
+    d->next_reason = 0;
+    n_reasons = write_reasons(d, REASONS_IN_PLAN_S);
     fb_plan_result_free(&res);
+    double t_end = mono_s();
+    if (t_end - t_start > SLOW_PLAN_S)
+        fb_log_json(FB_LOG_WARN, "a slow plan",
+                    json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i}", "ms",
+                              (t_end - t_start) * 1e3, "read_queue_ms", (t_read - t_start) * 1e3,
+                              "policy_ms", (t_policy - t_read) * 1e3, "new_arrays_ms",
+                              (t_groups - t_policy) * 1e3, "reasons_ms", (t_end - t_groups) * 1e3,
+                              "jobs_read", n_read, "queued", nj, "arrays_started", n_started,
+                              "reasons_written", n_reasons));
 out:
     plan_ctx_free(&c);
 }
 
 /* ---- the tick ------------------------------------------------------------ */
+
+/*
+ * Writes the queue reasons the last plan left to write, in planning order,
+ * REASONS_PER_STATEMENT to a statement, until budget_s has passed; returns how many it wrote.
+ * A plan over 10,000 queued jobs can change the reason of all of them, and
+ * writing them at once held the loop for a second: the head of the queue
+ * gets its reasons with the plan, the rest a budget per tick.
+ */
+static int write_reasons(fb_dispatch_t *d, double budget_s)
+{
+    double t0 = mono_s();
+    int written = 0;
+    while (d->next_reason < d->n_reasons && mono_s() - t0 < budget_s) {
+        int n = d->n_reasons - d->next_reason;
+        if (n > REASONS_PER_STATEMENT) n = REASONS_PER_STATEMENT;
+        const char *ids[REASONS_PER_STATEMENT], *texts[REASONS_PER_STATEMENT];
+        for (int i = 0; i < n; i++) {
+            ids[i] = d->reasons[d->next_reason + i].job;
+            texts[i] = d->reasons[d->next_reason + i].reason;
+        }
+        char *a = fb_db_text_array(ids, n), *b = fb_db_text_array(texts, n);
+        const char *v[2] = {a, b};
+        bool ok = a && b &&
+                  exec1(d,
+                        "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
+                        " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
+                        " AND j.queue_reason IS DISTINCT FROM v.r",
+                        2, v);
+        free(a);
+        free(b);
+        if (!ok) break;
+        for (int i = 0; i < n; i++) fb_queue_set_reason(d->queue, ids[i], texts[i]);
+        d->next_reason += n;
+        written += n;
+    }
+    return written;
+}
 
 static bool detach_recent(fb_dispatch_t *d, const char *job, int64_t t)
 {
@@ -2420,13 +2485,6 @@ out:
 
 /* ---- timed phases ---------------------------------------------------------- */
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
 static void plan(fb_dispatch_t *d)
 {
@@ -2509,7 +2567,7 @@ static void tick(fb_dispatch_t *d)
             const char **names = malloc((size_t)d->n_workers * sizeof *names);
             if (names) {
                 for (int i = 0; i < d->n_workers; i++) names[i] = d->workers[i].name;
-                char *a = pg_array(names, d->n_workers);
+                char *a = fb_db_text_array(names, d->n_workers);
                 const char *v[1] = {a};
                 if (a)
                     exec1(d,
@@ -2522,6 +2580,10 @@ static void tick(fb_dispatch_t *d)
         }
     }
     if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
+    if (db_ok(d)) {
+        write_reasons(d, REASONS_IN_TICK_S);
+        fb_queue_maintain(d->queue, d->pg);
+    }
     if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
 }
 
@@ -2626,7 +2688,8 @@ fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, ch
     snprintf(d->artifacts, sizeof d->artifacts, "%s", artifacts);
     d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
     d->keys = calloc(MAX_KEYS, sizeof *d->keys);
-    if (!d->workers || !d->keys) {
+    d->queue = fb_queue_new();
+    if (!d->workers || !d->keys || !d->queue) {
         fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -2720,5 +2783,7 @@ void fb_dispatch_stop(fb_dispatch_t *d)
     free(d->groups);
     free(d->kinfo);
     free(d->detached);
+    fb_queue_free(d->queue);
+    free(d->reasons);
     free(d);
 }

@@ -215,6 +215,10 @@ static double sql_double(const char *sql)
     return atof(v);
 }
 
+/* How long after its first row the backlog may take to be written.  Reports that arrive
+ * meanwhile count as edges (check_progress), so the width does not loosen the check. */
+#define BACKLOG_WINDOW_MS 1500
+
 /* How many reports, at least PROGRESS_MS apart, can arrive within seconds s. */
 static int reports_within(double s)
 {
@@ -227,25 +231,29 @@ static int reports_within(double s)
  * report, and a report carries the step trained when it was sent, so a
  * row's step was trained by the time its report arrived.  Rows from before
  * the stop were written before t_down; the reports fuseboxd held in memory
- * were written all at once by its first transaction after PostgreSQL was
- * back: the backlog, one recorded_at (rows without a loss, which other
- * writers of job_metrics may commit first, do not count).  Of the backlog, some reports may
- * have arrived just before the stop (after the last transaction before it)
- * or after the restart (before fuseboxd reconnected); at most
- * reports_within() of each such edge.  The rest were trained, reported and
+ * were written by its first transactions after PostgreSQL was back (a flush
+ * commits every few reports, and may yield to a plan): the backlog, every
+ * row written within BACKLOG_WINDOW_MS of the first one (rows without a
+ * loss, which other writers of job_metrics may commit first, do not count).
+ * Of the backlog, some reports may have arrived just before the stop (after
+ * the last transaction before it) or after the restart (before fuseboxd
+ * reconnected, or while the backlog was written); at most reports_within()
+ * of each such edge.  The rest were trained, reported and
  * kept while PostgreSQL was down, and there must be some.
  */
 static long long check_progress(const char *id, double t_down, double t_up)
 {
-    char sql[1024], pre[256], backlog[512];
+    char sql[2048], pre[256], backlog[1024];
     double t_mid = (t_down + t_up) / 2; /* nothing can commit while it is down */
     snprintf(pre, sizeof pre,
              "job_id = '%s' AND loss IS NOT NULL AND recorded_at < to_timestamp(%.6f)", id, t_mid);
     snprintf(backlog, sizeof backlog,
-             "job_id = '%s' AND loss IS NOT NULL AND recorded_at = (SELECT min(recorded_at)"
+             "job_id = '%s' AND loss IS NOT NULL AND recorded_at BETWEEN (SELECT min(recorded_at)"
              " FROM job_metrics WHERE job_id = '%s' AND loss IS NOT NULL"
-             " AND recorded_at >= to_timestamp(%.6f))",
-             id, id, t_mid);
+             " AND recorded_at >= to_timestamp(%.6f)) AND (SELECT min(recorded_at)"
+             " FROM job_metrics WHERE job_id = '%s' AND loss IS NOT NULL"
+             " AND recorded_at >= to_timestamp(%.6f)) + interval '%d ms'",
+             id, id, t_mid, id, t_mid, BACKLOG_WINDOW_MS);
     snprintf(sql, sizeof sql, "SELECT max(step) FROM job_metrics WHERE %s", pre);
     long long lo = sql_ll(sql);
     snprintf(sql, sizeof sql,

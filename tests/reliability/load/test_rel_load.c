@@ -229,6 +229,19 @@ static plan_time read_plan_time(void)
     return pt;
 }
 
+/* The plans fuseboxd logged as slow, with where their time went (up to 8 of them). */
+static void print_slow_plans(const char *log_path)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f) return;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"a slow plan\"") && n++ < 8) printf("slow plan: %s", line);
+    fclose(f);
+    printf("plans logged as slow (over 100 ms): %d\n", n);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0); /* the numbers reach the log even when a check aborts */
@@ -396,6 +409,7 @@ int main(int argc, char **argv)
      * the strict mode; submit to ASSIGN also waits for whatever the loop was doing
      * when the job came (a progress flush, a fair-share period): it need only come
      * (missed above), docs/RELIABILITY.md has its numbers */
+    print_slow_plans(T.s.log_path);
     if (strict) CHECK(pt.p99_le_ms <= limit);
     fw_stop(pool);
     e2e_finish(&T);
