@@ -682,6 +682,51 @@ static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
     return err;
 }
 
+/* devices[] of PROGRESS (optional): one entry per device of the group, each named once, all
+ * over the same number of steps. */
+static int decode_device_steps(dec *d, json_t *root, fb_wire_msg *m)
+{
+    static const char *const k_dev[] = {"idx",     "compute_ms", "pass_ms", "comm_ms", "io_ms",
+                                        "idle_ms", "steps",      "samples", NULL};
+    static const char *const times[] = {"compute_ms", "comm_ms", "io_ms", "idle_ms"};
+    json_t *arr;
+    int err = get_array(d, root, "", "devices", false, 1, FB_WIRE_MAX_DEVICES, &arr);
+    if (err || !arr) return err;
+    size_t n = json_array_size(arr);
+    for (size_t i = 0; i < n; i++) {
+        fb_wire_device_step *e = &m->device_steps[i];
+        json_t *o = json_array_get(arr, i);
+        char path[32];
+        snprintf(path, sizeof path, "devices[%zu]", i);
+        if ((err = element_object(d, o, path, k_dev))) return err;
+        if ((err = get_i(d, o, path, "idx", true, 0, FB_WIRE_MAX_DEVICES - 1, &e->device)))
+            return err;
+        for (size_t k = 0; k < i; k++)
+            if (m->device_steps[k].device == e->device)
+                return bad(d, path, "idx", "device %d is listed twice", e->device);
+        double *slots[] = {&e->compute_ms, &e->comm_ms, &e->io_ms, &e->idle_ms};
+        for (int t = 0; t < 4; t++)
+            if ((err = get_num(d, o, path, times[t], true, false, 0, false, HUGE_VAL, slots[t])))
+                return err;
+        if ((err = get_num(d, o, path, "pass_ms", true, false, 0, false, HUGE_VAL, &e->pass_ms)))
+            return err;
+        /* a part of compute_ms (both are means of the same steps, so no rounding slack) */
+        if (e->pass_ms > e->compute_ms)
+            return bad(d, path, "pass_ms", "%g ms is more than compute_ms (%g ms), which holds it",
+                       e->pass_ms, e->compute_ms);
+        if ((err = get_int(d, o, path, "steps", true, 0, MAX_INT, &e->steps))) return err;
+        if (i > 0 && e->steps != m->device_steps[0].steps)
+            return bad(d, path, "steps", "%lld, but devices[0] reports %lld: every device of a "
+                       "report covers the same steps", (long long)e->steps,
+                       (long long)m->device_steps[0].steps);
+        if ((err = get_int(d, o, path, "samples", true, 0, MAX_INT, &e->samples))) return err;
+        if (e->steps == 0 && e->samples > 0)
+            return bad(d, path, "samples", "%lld samples in 0 steps", (long long)e->samples);
+    }
+    m->n_device_steps = (int)n;
+    return FB_OK;
+}
+
 static int decode_progress(dec *d, json_t *root, fb_wire_msg *m)
 {
     static const char *const k_prog[] = {"job_id", "steps", "step", "loss", "accuracy", "lr", NULL};
@@ -696,6 +741,7 @@ static int decode_progress(dec *d, json_t *root, fb_wire_msg *m)
     if ((err = get_num(d, root, "", "samples_per_s", true, false, 0, false, HUGE_VAL,
                        &m->samples_per_s)))
         return err;
+    if ((err = decode_device_steps(d, root, m))) return err;
     if ((err = get_array(d, root, "", "members", true, 1, FB_WIRE_MAX_MEMBERS, &arr))) return err;
     size_t n = json_array_size(arr);
     m->progress = calloc(n, sizeof *m->progress);
@@ -811,7 +857,7 @@ static const struct {
     [FB_WIRE_PROGRESS] = {decode_progress,
                           (const char *const[]){"v", "type", "group_id", "generation", "compute_ms",
                                                 "comm_ms", "io_ms", "idle_ms", "samples_per_s",
-                                                "members", NULL}},
+                                                "devices", "members", NULL}},
     [FB_WIRE_EVENT] = {decode_event, (const char *const[]){"v", "type", "group_id", "generation",
                                                            "seq", "event", "job_id", "step", "loss",
                                                            "accuracy", "blob", "text", NULL}},
@@ -1180,6 +1226,27 @@ static void encode_progress(enc *e, json_t *o, const fb_wire_msg *m)
     put_num(e, o, "", "io_ms", m->io_ms, false);
     put_num(e, o, "", "idle_ms", m->idle_ms, false);
     put_num(e, o, "", "samples_per_s", m->samples_per_s, false);
+    /* the per-device breakdown is optional: a report without it is written as before */
+    if (!count_ok(e, "devices", m->n_device_steps, FB_WIRE_MAX_DEVICES, m->device_steps)) return;
+    if (m->n_device_steps > 0) {
+        json_t *devs = json_array();
+        for (int i = 0; i < m->n_device_steps && !e->err; i++) {
+            const fb_wire_device_step *x = &m->device_steps[i];
+            json_t *dobj = json_object();
+            char path[32];
+            snprintf(path, sizeof path, "devices[%d]", i);
+            put_int(e, dobj, "idx", x->device);
+            put_num(e, dobj, path, "compute_ms", x->compute_ms, false);
+            put_num(e, dobj, path, "pass_ms", x->pass_ms, false);
+            put_num(e, dobj, path, "comm_ms", x->comm_ms, false);
+            put_num(e, dobj, path, "io_ms", x->io_ms, false);
+            put_num(e, dobj, path, "idle_ms", x->idle_ms, false);
+            put_int(e, dobj, "steps", x->steps);
+            put_int(e, dobj, "samples", x->samples);
+            append(e, devs, dobj);
+        }
+        put(e, o, "devices", devs);
+    }
     if (!count_ok(e, "members", m->n_progress, FB_WIRE_MAX_MEMBERS, m->progress)) return;
     json_t *arr = json_array();
     for (int i = 0; i < m->n_progress && !e->err; i++) {

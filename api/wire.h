@@ -98,6 +98,27 @@ typedef struct fb_wire_member_progress {
     double loss, accuracy, lr; /* NaN when unknown (encoded as null) */
 } fb_wire_member_progress;
 
+/*
+ * One device of a group in PROGRESS: where its time went per step since the
+ * last report, ms, and the samples it trained on in those steps, so that the
+ * server can tell each device's speed and split the batch by it.  The speed
+ * is samples per second of the training passes (pass_ms): the update costs
+ * a replica the same whatever its share, and counting it would make a small
+ * shard look slow and shrink it further.  A device of a data-parallel shard counts the
+ * shard's samples once per step; pipeline stages of one shard count the same
+ * samples each.
+ */
+typedef struct fb_wire_device_step {
+    int device;        /* the worker's device index, one of the group's, 0..FB_WIRE_MAX_DEVICES-1 */
+    double compute_ms; /* forward, backward and update */
+    double pass_ms;    /* of compute_ms: forward and backward over its shard */
+    double comm_ms;    /* communication that compute did not hide */
+    double io_ms;      /* waiting for minibatches */
+    double idle_ms;    /* waiting: for slower devices, the pipeline bubble, the device's turn */
+    int64_t steps;     /* steps in the interval (equal for every device of the report) */
+    int64_t samples;   /* samples this device trained on in those steps */
+} fb_wire_device_step;
+
 typedef struct fb_wire_msg {
     fb_wire_type type;
     /* every type but HELLO/WELCOME/HEARTBEAT/DRAIN names a group and its generation */
@@ -144,6 +165,10 @@ typedef struct fb_wire_msg {
     /* PROGRESS: the step time breakdown since the last report, per step, ms */
     double compute_ms, comm_ms, io_ms, idle_ms;
     double samples_per_s; /* samples x members per second since the last report */
+    /* PROGRESS: the same breakdown per device of the group (optional on the wire: 0 when
+     * absent, else the group's D x P devices, each named once) */
+    int n_device_steps;
+    fb_wire_device_step device_steps[FB_WIRE_MAX_DEVICES];
     int n_progress;
     fb_wire_member_progress *progress; /* [n_progress], malloc'd */
 

@@ -87,6 +87,13 @@ typedef struct group {
     int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
     int64_t base_step;   /* where the step being measured began: the furthest member step */
     int64_t base_ms;     /* and when that report arrived */
+    /* each of its devices' speed by the worker's device index: samples per second of the
+     * device's training passes, from the reports' per-device breakdown (note_device_steps),
+     * smoothed as the fair-share controller wants; 0 until measured.  What splits its batch. */
+    double dev_rate[FB_WIRE_MAX_DEVICES];
+    /* the latest per-device breakdown, for the fair-share period's gauges */
+    int n_dev;
+    fb_wire_device_step dev[FB_WIRE_MAX_DEVICES];
 } group;
 
 typedef struct pending {
@@ -299,6 +306,8 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     g->missing_since_ms = 0;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;
+    memset(g->dev_rate, 0, sizeof g->dev_rate);
+    g->n_dev = 0;
     return true;
 }
 
@@ -1063,6 +1072,35 @@ static bool update_utilization(fb_dispatch_t *d, const char *group_id)
                  1, v);
 }
 
+/*
+ * The report's per-device breakdown as the groups table keeps it (schema
+ * 006): per device its index, times per step, samples per step and speed
+ * (samples per second of its training passes; null when it ran none).  A
+ * malloc'd JSON text, or NULL when the report has none or memory ran out.
+ */
+static char *device_breakdown_json(const fb_wire_msg *m)
+{
+    if (m->n_device_steps < 1) return NULL;
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < m->n_device_steps; i++) {
+        const fb_wire_device_step *e = &m->device_steps[i];
+        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
+        double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
+        json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
+                              "compute_ms", e->compute_ms, "comm_ms", e->comm_ms, "io_ms",
+                              e->io_ms, "idle_ms", e->idle_ms, "samples_per_step", per_step,
+                              "samples_per_s",
+                              busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
+        if (!o || json_array_append_new(arr, o)) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
+    json_decref(arr);
+    return text;
+}
+
 static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
 {
     const fb_wire_msg *m = &p->m;
@@ -1133,6 +1171,24 @@ static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
                " WHERE id = $1::uuid",
                6, vg) &&
          update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
+    if (ok && m->n_device_steps > 0) {
+        /* kept only when the report names the group's devices in the group's order, which
+         * gives each entry its shard and stage (devices are shard-major) */
+        char *bd = device_breakdown_json(m);
+        const char *vd[2] = {m->group_id, bd};
+        ok = !bd ||
+             exec1(d,
+                   "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
+                   " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
+                   " 'stage', (e.k - 1) % g.parallel_pipeline) ORDER BY e.k)"
+                   " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
+                   " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
+                   " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
+                   "  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k)"
+                   "  ORDER BY e.k)",
+                   2, vd);
+        free(bd);
+    }
 done:
     free(ids);
     free(steps);
@@ -1428,6 +1484,35 @@ static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_
     g->busy_ms = fb_fair_ewma(g->busy_ms, *busy_ms, d->fair.smoothing);
 }
 
+/*
+ * Takes a report's per-device breakdown into its group: the latest entries,
+ * and each device's speed, the samples it trained on per second of its own
+ * training passes (communication and waiting left out, so that a device is
+ * not taken for slow because it waited for another; the update left out,
+ * which costs every replica the same whatever its share), smoothed.  Rates are kept
+ * by device index; the fair-share period reads those of the group's own
+ * devices only, so an entry for another device changes nothing.  An array's
+ * first report holds its warm-up (memory touched the first time, threads
+ * started), which says nothing about a device's speed: as for its step time
+ * (note_step_time, called first), it gives no rate.
+ */
+static void note_device_steps(fb_dispatch_t *d, const fb_wire_msg *m)
+{
+    group *g = find_group(d, m->group_id);
+    if (!g || m->n_device_steps < 1) return;
+    g->n_dev = m->n_device_steps;
+    memcpy(g->dev, m->device_steps, (size_t)m->n_device_steps * sizeof *g->dev);
+    if (g->reports <= 1) return;
+    for (int i = 0; i < m->n_device_steps; i++) {
+        const fb_wire_device_step *e = &m->device_steps[i];
+        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
+        if (e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
+        double rate = (double)e->samples / busy_s;
+        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
+        g->dev_rate[e->device] = fb_fair_ewma(g->dev_rate[e->device], rate, d->fair.smoothing);
+    }
+}
+
 /* Receives one multipart message from the ROUTER and acts on it. */
 static void on_message(fb_dispatch_t *d)
 {
@@ -1502,6 +1587,7 @@ static void on_message(fb_dispatch_t *d)
         {
             double step_ms, busy_ms;
             note_step_time(d, &m, &step_ms, &busy_ms);
+            note_device_steps(d, &m);
             pending *p = calloc(1, sizeof *p);
             if (!p) break;
             p->step_ms = step_ms;
@@ -2415,6 +2501,21 @@ static void rebalance_run(fb_dispatch_t *d)
         if (!ok || !(share > 0 && share <= 1)) continue;
         G->n_shards = D;
         G->time_share = share;
+        /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
+         * has been measured; the policy then leaves the split alone */
+        for (int s = 0; s < D; s++) {
+            double rate = 0;
+            for (int p = 0; p < P; p++) {
+                int64_t k = dev[s * P + p];
+                double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
+                if (!(x > 0)) {
+                    rate = 0;
+                    break;
+                }
+                if (p == 0 || x < rate) rate = x;
+            }
+            G->shard_rate[s] = rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE ? rate : 0;
+        }
         G->step_time_s = fair_seconds(mem->step_ms);
         double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
         G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
@@ -2466,6 +2567,14 @@ static void rebalance_run(fb_dispatch_t *d)
         const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
         fb_metrics_fair_group(gid, dec->slowdown,
                               dec->share_changed ? dec->time_share : c.fg[g].time_share);
+        const group *mem = find_group(d, gid);
+        for (int k = 0; mem && k < mem->n_dev; k++) {
+            const fb_wire_device_step *e = &mem->dev[k];
+            fb_metrics_fair_device(gid, mem->worker, e->device,
+                                   (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
+                                                     e->io_ms / 1e3, e->idle_ms / 1e3},
+                                   mem->dev_rate[e->device]);
+        }
         if (!dec->share_changed && !dec->split_changed) continue;
         fair_apply(d, &c.fg[g], dec, gid);
         n_changed++;

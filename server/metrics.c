@@ -206,11 +206,19 @@ typedef struct fair_group {
     double slowdown, time_share;
 } fair_group;
 
+typedef struct fair_device {
+    char group[64], worker[64];
+    int device;
+    double phase_s[4], samples_per_s;
+} fair_device;
+
 typedef struct fair_period {
     bool published;
     double max_slowdown, mean_slowdown;
     fair_group *groups;
     int n, cap;
+    fair_device *devices;
+    int n_dev, cap_dev;
 } fair_period;
 
 /* staging: the control loop's own; published: under fair_mu */
@@ -224,6 +232,7 @@ void fb_metrics_fair_begin(double max_slowdown, double mean_slowdown)
     fair_staging.max_slowdown = max_slowdown;
     fair_staging.mean_slowdown = mean_slowdown;
     fair_staging.n = 0;
+    fair_staging.n_dev = 0;
     fair_staging_failed = false;
 }
 
@@ -245,6 +254,28 @@ void fb_metrics_fair_group(const char *group_id, double slowdown, double time_sh
     snprintf(g->id, sizeof g->id, "%s", group_id);
     g->slowdown = slowdown;
     g->time_share = time_share;
+}
+
+void fb_metrics_fair_device(const char *group_id, const char *worker, int device,
+                            const double phase_s[4], double samples_per_s)
+{
+    if (!group_id || !worker || !phase_s || fair_staging_failed) return;
+    if (fair_staging.n_dev == fair_staging.cap_dev) {
+        int cap = fair_staging.cap_dev ? 2 * fair_staging.cap_dev : 64;
+        fair_device *dv = realloc(fair_staging.devices, (size_t)cap * sizeof *dv);
+        if (!dv) {
+            fair_staging_failed = true;
+            return;
+        }
+        fair_staging.devices = dv;
+        fair_staging.cap_dev = cap;
+    }
+    fair_device *dv = &fair_staging.devices[fair_staging.n_dev++];
+    snprintf(dv->group, sizeof dv->group, "%s", group_id);
+    snprintf(dv->worker, sizeof dv->worker, "%s", worker);
+    dv->device = device;
+    memcpy(dv->phase_s, phase_s, sizeof dv->phase_s);
+    dv->samples_per_s = samples_per_s;
 }
 
 void fb_metrics_fair_end(int n_changed)
@@ -310,6 +341,35 @@ static void fair_render(fb_textbuf *b)
             snprintf(prefix, sizeof prefix, "fusebox_group_time_share{group=\"%s\"}",
                      fair_published.groups[i].id);
             fair_value(b, prefix, fair_published.groups[i].time_share);
+        }
+        static const char *const phases[4] = {"compute", "comm", "io", "idle"};
+        char dprefix[256];
+        fb_textbuf_printf(b, "# HELP fusebox_device_step_seconds Where a step's time went on "
+                             "each device of a running array, per step, at its last report "
+                             "(comm: not hidden by compute; idle: waiting for other devices, "
+                             "the pipeline bubble or the array's turn).\n"
+                             "# TYPE fusebox_device_step_seconds gauge\n");
+        for (int i = 0; i < fair_published.n_dev; i++) {
+            const fair_device *dv = &fair_published.devices[i];
+            for (int ph = 0; ph < 4; ph++) {
+                snprintf(dprefix, sizeof dprefix,
+                         "fusebox_device_step_seconds{group=\"%s\",worker=\"%s\",device=\"%d\","
+                         "phase=\"%s\"}",
+                         dv->group, dv->worker, dv->device, phases[ph]);
+                fair_value(b, dprefix, dv->phase_s[ph]);
+            }
+        }
+        fb_textbuf_printf(b, "# HELP fusebox_device_samples_per_second Samples per second of "
+                             "compute of each device of a running array, smoothed: what the "
+                             "batch split follows.\n"
+                             "# TYPE fusebox_device_samples_per_second gauge\n");
+        for (int i = 0; i < fair_published.n_dev; i++) {
+            const fair_device *dv = &fair_published.devices[i];
+            snprintf(dprefix, sizeof dprefix,
+                     "fusebox_device_samples_per_second{group=\"%s\",worker=\"%s\","
+                     "device=\"%d\"}",
+                     dv->group, dv->worker, dv->device);
+            fair_value(b, dprefix, dv->samples_per_s);
         }
     }
     pthread_mutex_unlock(&fair_mu);

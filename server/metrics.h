@@ -56,6 +56,18 @@ void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b);
  */
 void fb_metrics_fair_begin(double max_slowdown, double mean_slowdown);
 void fb_metrics_fair_group(const char *group_id, double slowdown, double time_share);
+/*
+ * One device of a running group, published within the same period: its
+ * latest step time breakdown per step in seconds (phase_s: compute,
+ * communication not hidden, I/O wait, idle) and its speed (samples per
+ * second of its compute; 0 = not measured).  Rendered as
+ * fusebox_device_step_seconds{group,worker,device,phase} and
+ * fusebox_device_samples_per_second{group,worker,device}: one series per
+ * device of a running group, so the count stays bounded by the devices in
+ * use.  group_id and worker are copied (at most 63 characters each).
+ */
+void fb_metrics_fair_device(const char *group_id, const char *worker, int device,
+                            const double phase_s[4], double samples_per_s);
 /* n_changed: groups whose share or split the period changed. */
 void fb_metrics_fair_end(int n_changed);
 /* Counts one migration the controller started. */

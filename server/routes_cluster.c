@@ -3,7 +3,8 @@
  * The control loop (dispatch.c) fills the tables these read: workers and
  * their devices when they register, and one groups row per fused training
  * array with its worker, device indices, member count, tenants, time share
- * and the throughput and step-time breakdown of its last progress report.
+ * and the throughput and step-time breakdown of its last progress report,
+ * as the mean over its devices and per device.
  *
  * Several arrays may share a device, so which arrays a device hosts is read
  * from the arrays' device lists, never from devices.group_id (which names
@@ -99,7 +100,9 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'time_share', g.time_share, 'split', to_json(g.split),"
         " 'slowdown', (SELECT max(j.slowdown) FROM jobs j WHERE j.group_id = g.id AND j.in_group),"
         " 'samples_per_s', g.samples_per_s,"
-        " 'breakdown', g.breakdown, 'created_at', g.created_at)"
+        " 'breakdown', g.breakdown,"
+        " 'device_breakdown', coalesce(g.device_breakdown, '[]'::jsonb),"
+        " 'created_at', g.created_at)"
         " ORDER BY w.name, g.device_idx, g.created_at, g.id)"
         " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
         " WHERE g.state <> 'finished'), '[]'::json),"

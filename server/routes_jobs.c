@@ -194,11 +194,14 @@ static int job_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     const char *v[2] = {x->id, x->tenant_id};
     PGresult *r = fb_db_query(
         c, "job_get",
-        /* fair_share: what the fair-share controller set for the array the job trains in */
+        /* fair_share: what the fair-share controller set for the array the job trains in;
+         * device_breakdown: that array's latest step time breakdown per device */
         "SELECT " FB_SQL_JOB_JSON(
             FB_SQL_QUEUE_POSITION,
             ", 'trial_params', j.trial_params, 'spec', j.spec, 'fair_share', (SELECT"
             " json_build_object('time_share', g.time_share, 'split', to_json(g.split))"
+            " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> 'finished'),"
+            " 'device_breakdown', (SELECT g.device_breakdown"
             " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> 'finished')")
         " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
         2, v, &err, msg, cap);

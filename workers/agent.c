@@ -34,6 +34,7 @@
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
+#include "backend_impl.h"
 #include "session.h"
 #include "train.h"
 #include "wire.h"
@@ -147,6 +148,10 @@ typedef struct dataset_ref {
 typedef struct agent_device {
     fb_wire_device info;
     fb_backend_t *be;
+    /* a CPU device with a thread count of its own: the CPU backend with that count, which
+     * be then points to (the math ops size their thread teams from a backend's count) */
+    struct fb_backend own_be;
+    int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool busy;            /* a group is stepping */
@@ -770,6 +775,24 @@ static void send_progress(runner *r, double now)
     o->w.io_ms = t.io_ms / (double)steps;
     o->w.idle_ms = (r->idle_ms + t.idle_ms) / (double)steps;
     o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
+    /* each device's own breakdown, so that the server sees which one is slower; waiting for
+     * the group's turn on its device is every device's wait */
+    int n_dev = g->n_dp * g->pipeline;
+    if (t.devices == n_dev && n_dev <= FB_SESSION_MAX_DEVICES && t.steps > 0) {
+        for (int k = 0; k < n_dev; k++) {
+            const fb_session_device_times *dt = &t.dev[k];
+            o->w.device_steps[k] = (fb_wire_device_step){
+                .device = n_dev > 1 ? g->dp_devs[k] : g->dev,
+                .compute_ms = dt->compute_ms / (double)steps,
+                .pass_ms = dt->pass_ms / (double)steps,
+                .comm_ms = dt->comm_ms / (double)steps,
+                .io_ms = dt->io_ms / (double)steps,
+                .idle_ms = (r->idle_ms + dt->idle_ms) / (double)steps,
+                .steps = t.steps,
+                .samples = dt->samples};
+        }
+        o->w.n_device_steps = n_dev;
+    }
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
         bool in = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
@@ -824,6 +847,9 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
             devs[k].kind = strcmp(ad->info.kind, "cuda") == 0 ? FB_DEVICE_CUDA : FB_DEVICE_CPU;
             devs[k].ordinal = ad->info.idx;
             devs[k].be = ad->be;
+            devs[k].cpu_first = ad->cpu_first;
+            devs[k].cpu_count = ad->cpu_count;
+            snprintf(devs[k].name, sizeof devs[k].name, "%s", ad->info.name);
         }
         o.devices = devs;
         o.n_devices = g->n_dp * g->pipeline;
@@ -992,6 +1018,14 @@ static void *group_thread(void *arg)
     runner r = {.g = g};
     char msg[1024];
     agent_device *d = &a->dev[g->dev];
+    if (g->n_dp * g->pipeline == 1 && d->cpu_count > 0) {
+        /* one device: this thread computes for it (more devices: their rank threads do) */
+        fb_device pin = {.kind = FB_DEVICE_CPU, .cpu_first = d->cpu_first,
+                         .cpu_count = d->cpu_count};
+        snprintf(pin.name, sizeof pin.name, "%s", d->info.name);
+        if (fb_device_pin_thread(&pin, msg, sizeof msg) != FB_OK)
+            agent_log("group %s: %s; it runs unpinned", g->id, msg);
+    }
     dataset_ref *ds = dataset_acquire(a, g->dataset_tenant, g->dataset, msg, sizeof msg);
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused = {0};
@@ -1917,6 +1951,17 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     if (o->threads_per_device < 0 || o->threads_per_device > 1024)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                        "threads per device must be in [1, 1024], not %d", o->threads_per_device);
+    if (o->n_device_threads < 0 || o->n_device_threads > cpu_devices ||
+        (o->n_device_threads > 0 && !o->device_threads))
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "device threads are given for %d devices; the worker offers %d CPU "
+                       "device%s",
+                       o->n_device_threads, cpu_devices, cpu_devices == 1 ? "" : "s");
+    for (int i = 0; i < o->n_device_threads; i++)
+        if (o->device_threads[i] < 1 || o->device_threads[i] > 1024)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "threads of device %d must be in [1, 1024], not %d", i,
+                           o->device_threads[i]);
     int hb = o->heartbeat_ms ? o->heartbeat_ms : FB_AGENT_DEFAULT_HEARTBEAT_MS;
     if (hb < 100 || hb > 60000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
@@ -1983,6 +2028,31 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->sync_bn = o->sync_batchnorm;
     /* one process-wide CPU backend: every group's math uses this many threads */
     fb_backend_set_threads(fb_backend_cpu(), a->threads);
+    /* except on CPU devices with a count of their own: a copy of the backend that differs
+     * only in its count; CUDA devices have no such setting */
+    for (int i = 0; i < o->n_device_threads && i < a->n_devices; i++) {
+        agent_device *ad = &a->dev[i];
+        if (strcmp(ad->info.kind, "cpu") != 0) {
+            agent_log("device %d is not a CPU device; its thread count is ignored", i);
+            continue;
+        }
+        ad->own_be = *ad->be;
+        ad->own_be.threads = o->device_threads[i];
+        ad->be = &ad->own_be;
+        agent_log("CPU device %d: %d math thread%s", i, o->device_threads[i],
+                  o->device_threads[i] == 1 ? "" : "s");
+    }
+    /* pinned devices own consecutive cores, as many as their math threads */
+    for (int i = 0, next = 0; o->pin_devices && i < a->n_devices; i++) {
+        agent_device *ad = &a->dev[i];
+        if (strcmp(ad->info.kind, "cpu") != 0) continue;
+        ad->cpu_first = next;
+        ad->cpu_count = ad->be->threads > 0 ? ad->be->threads : a->threads;
+        next = (int)((next + ad->cpu_count) % (cores > 0 ? cores : 1));
+        agent_log("CPU device %d: pinned to core%s %d..%d (modulo %ld)", i,
+                  ad->cpu_count == 1 ? "" : "s", ad->cpu_first, ad->cpu_first + ad->cpu_count - 1,
+                  cores > 0 ? cores : 1);
+    }
 
     if (!zmq_has("curve")) {
         err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");

@@ -40,6 +40,14 @@ typedef struct fb_agent_opts {
     const char *name;       /* [a-z0-9][a-z0-9._-]*, at most 63 chars; NULL = the host's */
     int cpu_devices;        /* CPU devices to offer; 0 = 1 */
     int threads_per_device; /* math threads of a group; 0 = cores / devices, at least 1 */
+    /* math threads of CPU devices 0..n_device_threads-1 one by one (each 1..1024), in place
+     * of threads_per_device; at most cpu_devices entries; NULL/0 = none */
+    const int *device_threads;
+    int n_device_threads;
+    /* CPU devices own cores: device 0 the first as many as it has math threads, device 1 the
+     * next ones, and so on (around the machine's cores), and the threads that compute for a
+     * device run only there; false = the kernel places every thread */
+    bool pin_devices;
     const char *data_dir;   /* NULL = $FUSEBOX_DATA_DIR, else /usr/share/datasets */
     int heartbeat_ms;       /* cadence until the server's WELCOME sets it; 0 = default */
     int progress_ms;        /* PROGRESS at least this often per group; 0 = default */

@@ -1,12 +1,18 @@
 /*
  * Device discovery.  CUDA devices win when there are any: a worker with GPUs
  * offers them and not its CPU, since a group placed on the CPU of a GPU
- * machine would only slow down the groups on its GPUs.
+ * machine would only slow down the groups on its GPUs.  A CPU device may own
+ * cores: the threads that compute for it are pinned to them, so that what
+ * runs on one device does not take the cores of another.
  */
+#define _GNU_SOURCE
 #include "device.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "errors.h"
 
@@ -62,4 +68,21 @@ int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *
         d->be = fb_backend_cpu();
     }
     return cpu_devices;
+}
+
+int fb_device_pin_thread(const fb_device *d, char *msg, size_t msg_cap)
+{
+    if (!d || d->kind != FB_DEVICE_CPU || d->cpu_count < 1) return FB_OK;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (cores > CPU_SETSIZE) cores = CPU_SETSIZE;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < d->cpu_count && i < cores; i++)
+        CPU_SET((int)(((long)d->cpu_first + i) % cores), &set);
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (rc != 0)
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot pin a thread of %s to cores %d..%d: %s",
+                       d->name, d->cpu_first, d->cpu_first + d->cpu_count - 1, strerror(rc));
+    return FB_OK;
 }

@@ -23,6 +23,9 @@ typedef struct fb_device {
     char name[FB_DEVICE_NAME_MAX];
     uint64_t memory_bytes;   /* what the device offers */
     fb_backend_t *be;        /* the backend its ops run on */
+    /* CPU: the cores the threads that compute for it run on, cpu_first.. (modulo the
+     * machine's cores), cpu_count of them; cpu_count 0 = wherever the kernel puts them */
+    int cpu_first, cpu_count;
 } fb_device;
 
 /*
@@ -35,5 +38,12 @@ typedef struct fb_device {
  */
 int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *out, int cap,
                         char *msg, size_t msg_cap);
+
+/*
+ * Pins the calling thread to d's cores (a CPU device with cpu_count > 0); a
+ * thread it then starts (an OpenMP team) inherits them.  Does nothing for
+ * other devices.  Returns FB_OK, or FB_ERR_IO when the kernel refuses.
+ */
+int fb_device_pin_thread(const fb_device *d, char *msg, size_t msg_cap);
 
 #endif

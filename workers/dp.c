@@ -48,6 +48,7 @@ typedef struct rank {
     struct fb_backend be; /* the hooking backend; first, so a handle casts to its rank */
     struct fb_backend_ops ops;
     fb_backend_t *inner;
+    fb_device dev; /* its device, whose cores (if it owns any) the rank thread runs on */
     fb_dp *dp;
     int r;
     fb_array *a;
@@ -535,6 +536,8 @@ static void *rank_main(void *arg)
     rank *r = arg;
     fb_dp *dp = r->dp;
     uint64_t seen = 0;
+    /* a device's cores are a placement hint: a thread the kernel will not pin still trains */
+    fb_device_pin_thread(&r->dev, NULL, 0);
     for (;;) {
         pthread_mutex_lock(&dp->mu);
         while (dp->job_gen == seen) pthread_cond_wait(&dp->job_cv, &dp->mu);
@@ -637,6 +640,7 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         rank *r = &dp->ranks[d];
         r->dp = dp;
         r->r = d;
+        r->dev = devs[d];
         hook_backend(r, devs[d].be, o.threads);
         if ((err = fb_array_new(&r->be, specs, B, max_n, &r->a, msg, msg_cap))) goto fail;
         int n_params = fb_array_tensor_count(r->a, FB_ARRAY_PARAM);
@@ -854,6 +858,10 @@ static int dp_run(fb_dp *dp, job_kind job, const float *x, const int32_t *y, int
     for (int d = 0; d < dp->D; d++) {
         dp->times.compute_ms[d] += dp->ranks[d].compute_ms;
         dp->times.comm_exposed_ms[d] += dp->ranks[d].wait_ms;
+        if (job == JOB_FB) {
+            dp->times.samples[d] += dp->ranks[d].n;
+            dp->times.pass_ms[d] += dp->ranks[d].compute_ms;
+        }
     }
     return FB_OK;
 }

@@ -67,6 +67,12 @@ typedef struct fb_dp_times {
     double wall_ms;                       /* the steps from start to all ranks done */
     double compute_ms[FB_DP_MAX_RANKS];   /* per rank: forward, backward and update */
     double comm_exposed_ms[FB_DP_MAX_RANKS]; /* per rank: waiting for collectives */
+    /* per rank: its training passes (forward and backward over its shard), part of
+     * compute_ms: the time that grows with its share of the batch, where the update does not */
+    double pass_ms[FB_DP_MAX_RANKS];
+    int64_t samples[FB_DP_MAX_RANKS];     /* per rank: samples of its shards in training
+                                             passes (forward and backward; a pipeline stage's
+                                             forward-only passes are not counted) */
     double comm_busy_ms;                  /* the communication thread reducing */
 } fb_dp_times;
 

@@ -37,6 +37,13 @@ static void usage(FILE *f)
                "                        [FUSEBOX_WORKER_CPU_DEVICES]\n"
                "  --threads-per-device T  math threads of each device (default: cores / devices)\n"
                "                        [FUSEBOX_WORKER_THREADS_PER_DEVICE]\n"
+               "  --device-threads T0,T1,...  math threads of CPU devices 0, 1, ... one by one,\n"
+               "                        for machines whose cores are not alike; devices not\n"
+               "                        listed keep --threads-per-device\n"
+               "                        [FUSEBOX_WORKER_DEVICE_THREADS]\n"
+               "  --pin-devices on|off  CPU devices own cores (as many as their threads, in\n"
+               "                        device order) and compute only there (default off)\n"
+               "                        [FUSEBOX_WORKER_PIN_DEVICES]\n"
                "  --data-dir DIR        where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
                "                        /usr/share/datasets) [FUSEBOX_WORKER_DATA_DIR]\n"
                "  --heartbeat-ms MS     heartbeat until the server sets one (default 1000)\n"
@@ -62,6 +69,24 @@ static void on_signal(int sig)
     fb_agent_drain(g_agent);
 }
 
+/* A comma-separated list of 1..cap integers in [lo, hi] into out; -1 when s is not one. */
+static int parse_int_list(const char *s, int lo, int hi, int *out, int cap, int *n)
+{
+    int k = 0;
+    for (const char *p = s;; p++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || (*end && *end != ',') || v < lo || v > hi || k == cap) return -1;
+        if (*p == '+' || *p == ' ' || *p == '\t') return -1;
+        out[k++] = (int)v;
+        if (!*end) break;
+        p = end;
+    }
+    *n = k;
+    return 0;
+}
+
 /* An integer in [lo, hi]; -1 when s is not one. */
 static int parse_int(const char *s, int lo, int hi, int *out)
 {
@@ -85,6 +110,8 @@ enum {
     OPT_PROGRESS,
     OPT_GEN_KEY,
     OPT_SYNC_BN,
+    OPT_DEVICE_THREADS,
+    OPT_PIN_DEVICES,
     OPT_COUNT
 };
 
@@ -103,6 +130,8 @@ static const struct {
     {"progress-ms", "FUSEBOX_WORKER_PROGRESS_MS"},
     {"gen-key", "FUSEBOX_WORKER_GEN_KEY"},
     {"sync-batchnorm", "FUSEBOX_WORKER_SYNC_BATCHNORM"},
+    {"device-threads", "FUSEBOX_WORKER_DEVICE_THREADS"},
+    {"pin-devices", "FUSEBOX_WORKER_PIN_DEVICES"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -146,6 +175,8 @@ int main(int argc, char **argv)
         {"progress-ms", required_argument, NULL, OPT_PROGRESS},
         {"gen-key", required_argument, NULL, OPT_GEN_KEY},
         {"sync-batchnorm", required_argument, NULL, OPT_SYNC_BN},
+        {"device-threads", required_argument, NULL, OPT_DEVICE_THREADS},
+        {"pin-devices", required_argument, NULL, OPT_PIN_DEVICES},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -209,15 +240,31 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (val[OPT_SYNC_BN]) {
-        if (strcmp(val[OPT_SYNC_BN], "on") == 0) {
-            o.sync_batchnorm = true;
-        } else if (strcmp(val[OPT_SYNC_BN], "off") != 0) {
-            origin(where, sizeof where, OPT_SYNC_BN, from_env[OPT_SYNC_BN]);
-            fprintf(stderr, "fusebox-worker: %s needs on or off, not '%s'\n", where,
-                    val[OPT_SYNC_BN]);
+    static const int onoff[] = {OPT_SYNC_BN, OPT_PIN_DEVICES};
+    bool *onoff_dst[] = {&o.sync_batchnorm, &o.pin_devices};
+    for (size_t i = 0; i < sizeof onoff / sizeof onoff[0]; i++) {
+        int k = onoff[i];
+        if (!val[k]) continue;
+        if (strcmp(val[k], "on") == 0) {
+            *onoff_dst[i] = true;
+        } else if (strcmp(val[k], "off") != 0) {
+            origin(where, sizeof where, k, from_env[k]);
+            fprintf(stderr, "fusebox-worker: %s needs on or off, not '%s'\n", where, val[k]);
             return EXIT_USAGE;
         }
+    }
+    int device_threads[FB_WIRE_MAX_DEVICES];
+    if (val[OPT_DEVICE_THREADS]) {
+        if (parse_int_list(val[OPT_DEVICE_THREADS], 1, 1024, device_threads, FB_WIRE_MAX_DEVICES,
+                           &o.n_device_threads)) {
+            origin(where, sizeof where, OPT_DEVICE_THREADS, from_env[OPT_DEVICE_THREADS]);
+            fprintf(stderr,
+                    "fusebox-worker: %s needs 1..%d comma-separated integers in [1, 1024], "
+                    "not '%s'\n",
+                    where, FB_WIRE_MAX_DEVICES, val[OPT_DEVICE_THREADS]);
+            return EXIT_USAGE;
+        }
+        o.device_threads = device_threads;
     }
     if (o.name && !fb_agent_name_valid(o.name)) {
         origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);

@@ -597,5 +597,22 @@ fb_pp_times fb_pp_take_times(fb_pp *pp)
     fb_pp_times t = pp->times;
     memset(&pp->times, 0, sizeof pp->times);
     pp->times.P = pp->P;
+    /* per device, from the stages' data-parallel replicas: a later stage runs one replica set
+     * per member over the same samples, so their times add up and their samples count once */
+    bool per_device = pp->D * pp->P <= FB_DP_MAX_RANKS;
+    t.D = per_device ? pp->D : 0;
+    for (int p = 0; p < pp->P; p++) {
+        stage *s = &pp->st[p];
+        for (int q = 0; q < s->n_dp; q++) {
+            fb_dp_times dt = fb_dp_take_times(stage_dp(s, q));
+            for (int d = 0; d < pp->D && per_device; d++) {
+                int k = d * pp->P + p;
+                t.compute_ms[k] += dt.compute_ms[d];
+                t.comm_ms[k] += dt.comm_exposed_ms[d];
+                t.pass_ms[k] += dt.pass_ms[d];
+                if (q == 0) t.samples[k] += dt.samples[d];
+            }
+        }
+    }
     return t;
 }

@@ -35,6 +35,13 @@ typedef struct fb_pp_times {
     int P;
     double wall_ms;                            /* the steps, start to end */
     double busy_ms[FB_PIPELINE_MAX_STAGES];    /* per stage: its devices computing */
+    /* per device k = d * P + p (shard d, stage p), as fb_pp_new's devs, while D * P is at
+     * most FB_DP_MAX_RANKS (else D is 0 and these are empty): */
+    int D;
+    double compute_ms[FB_DP_MAX_RANKS]; /* forward, backward and update of its replicas */
+    double comm_ms[FB_DP_MAX_RANKS];    /* waiting for the stage's all-reduces */
+    double pass_ms[FB_DP_MAX_RANKS];    /* of compute_ms: its training passes, not the update */
+    int64_t samples[FB_DP_MAX_RANKS];   /* samples of its shard it trained on */
 } fb_pp_times;
 
 /*

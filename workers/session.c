@@ -954,15 +954,29 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
     s->step = done_steps;
     s->samples_since += s->bs * B;
     double t2 = now_s();
-    s->times.io_ms += 1e3 * (t1 - t0);
+    double io = 1e3 * (t1 - t0), wall = 1e3 * (t2 - t1);
+    s->times.io_ms += io;
+    int n_dev = fb_session_devices(s);
+    fb_session_device_times *dv = s->times.dev;
+    if (n_dev > FB_SESSION_MAX_DEVICES) n_dev = 0; /* more than a group has: means only */
+    for (int k = 0; k < n_dev; k++) dv[k].io_ms += io;
     if (s->pp) {
         /* the stages' mean busy time is compute; the rest of the step is the bubble */
         fb_pp_times pt = fb_pp_take_times(s->pp);
         double busy = 0;
         for (int p = 0; p < pt.P; p++) busy += pt.busy_ms[p] / pt.P;
-        double wall = 1e3 * (t2 - t1);
         s->times.compute_ms += busy;
         s->times.idle_ms += wall > busy ? wall - busy : 0;
+        /* a device's own compute and exposed communication; the rest of the step it waited,
+         * for its neighbours in the pipeline or the slower shard */
+        for (int k = 0; k < n_dev && pt.D * pt.P == n_dev; k++) {
+            double rest = wall - pt.compute_ms[k] - pt.comm_ms[k];
+            dv[k].compute_ms += pt.compute_ms[k];
+            dv[k].comm_ms += pt.comm_ms[k];
+            dv[k].idle_ms += rest > 0 ? rest : 0;
+            dv[k].samples += pt.samples[k];
+            dv[k].pass_ms += pt.pass_ms[k];
+        }
     } else if (s->dp) {
         /* the step's wall time, split into the devices' mean compute, their mean wait
          * for communication, and the rest: waiting for the slowest device */
@@ -972,13 +986,25 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
             compute += dt.compute_ms[d] / dt.D;
             comm += dt.comm_exposed_ms[d] / dt.D;
         }
-        double wall = 1e3 * (t2 - t1);
         double idle = wall - compute - comm;
         s->times.compute_ms += compute;
         s->times.comm_ms += comm;
         s->times.idle_ms += idle > 0 ? idle : 0;
+        for (int d = 0; d < n_dev && dt.D == n_dev; d++) {
+            double rest = wall - dt.compute_ms[d] - dt.comm_exposed_ms[d];
+            dv[d].compute_ms += dt.compute_ms[d];
+            dv[d].comm_ms += dt.comm_exposed_ms[d];
+            dv[d].idle_ms += rest > 0 ? rest : 0;
+            dv[d].samples += dt.samples[d];
+            dv[d].pass_ms += dt.pass_ms[d];
+        }
     } else {
-        s->times.compute_ms += 1e3 * (t2 - t1);
+        s->times.compute_ms += wall;
+        if (n_dev == 1) {
+            dv[0].compute_ms += wall;
+            dv[0].samples += s->bs;
+            dv[0].pass_ms += wall; /* one device: no split to tell the update from */
+        }
     }
     s->times.steps++;
 

@@ -31,6 +31,19 @@
 
 typedef struct fb_session fb_session;
 
+/* Devices of a session whose times are kept one by one (a group has at most this many). */
+#define FB_SESSION_MAX_DEVICES 64
+
+/* One device's part of fb_session_times, ms summed over the interval's steps. */
+typedef struct fb_session_device_times {
+    double compute_ms; /* its forward, backward and update */
+    double comm_ms;    /* its wait for all-reduces that backward did not hide */
+    double io_ms;      /* waiting for minibatches (every device waits for the same ones) */
+    double idle_ms;    /* the rest of its steps: waiting for slower devices, the bubble */
+    double pass_ms;    /* of compute_ms: forward and backward over its shard, not the update */
+    int64_t samples;   /* samples it trained on (its shard's; each stage of a shard alike) */
+} fb_session_device_times;
+
 /* Time spent inside fb_session_step since the session opened (or since the
  * last fb_session_take_times), ms; the caller's time between steps is not
  * counted. */
@@ -43,6 +56,9 @@ typedef struct fb_session_times {
     double comm_ms;     /* waiting for all-reduces that backward did not hide */
     double idle_ms;     /* waiting for a slower device (load imbalance) */
     int devices;        /* devices the session trains on */
+    /* per device, in the order of fb_train_opts.devices (shard-major: device d * P + p);
+     * evaluation, checkpoints and departures (other_ms) are in no device's entry */
+    fb_session_device_times dev[FB_SESSION_MAX_DEVICES];
 } fb_session_times;
 
 /*

@@ -3,7 +3,9 @@
  * four CPU devices gets an ASSIGN with parallel 2 x 1 (an uneven split,
  * then a REBALANCE to another split mid-run) and one with 2 x 2 (pipeline
  * stages); every member finishes, its model matches the same job trained
- * alone in this process, and PROGRESS reports the step breakdown.  A
+ * alone in this process, and PROGRESS reports the step breakdown, also per
+ * device: each of the group's devices in its order, with the samples its
+ * shard trained on (so the split shows in them) and its own times.  A
  * REBALANCE with a split that does not fit is ignored and training goes on.
  */
 #include "worker/worker_util.h"
@@ -28,7 +30,47 @@ typedef struct job {
 typedef struct seen {
     int progress, progress_comm;
     double comm_ms, idle_ms;
+    int first_split; /* reports whose per-device samples show exactly the ASSIGN's split */
 } seen;
+
+/* The group's layout, for checking PROGRESS's per-device entries. */
+typedef struct layout {
+    int D, P;
+    const int *devices;
+    const int64_t *split, *rebalance; /* rebalance: NULL when none */
+} layout;
+
+/*
+ * Each device of the group once, in the group's order, over the report's
+ * steps, with compute time of its own, and its shard's samples: the
+ * ASSIGN's split, the REBALANCE's, or (in the report the change falls in) a
+ * mix of both; every stage of a shard trains on the same samples.
+ */
+static void check_devices(const fb_wire_msg *m, const layout *l, seen *o)
+{
+    if (m->n_device_steps == 0) return; /* a report after no step (a member's last) */
+    CHECK_INT_EQ(m->n_device_steps, l->D * l->P);
+    int64_t steps = m->device_steps[0].steps, total = 0;
+    CHECK(steps >= 1);
+    bool first = true;
+    for (int k = 0; k < l->D * l->P; k++) {
+        const fb_wire_device_step *e = &m->device_steps[k];
+        int d = k / l->P;
+        CHECK_INT_EQ(e->device, l->devices[k]);
+        CHECK_INT_EQ(e->steps, steps);
+        CHECK(e->compute_ms > 0 && e->comm_ms >= 0 && e->io_ms >= 0 && e->idle_ms >= 0);
+        /* the passes are part of compute, and the update is the rest (the speed that
+         * splits the batch counts the passes only) */
+        CHECK(e->pass_ms > 0 && e->pass_ms < e->compute_ms);
+        int64_t a = l->split[d] * steps, b = l->rebalance ? l->rebalance[d] * steps : a;
+        CHECK(e->samples >= (a < b ? a : b) && e->samples <= (a > b ? a : b));
+        CHECK_INT_EQ(e->samples, m->device_steps[d * l->P].samples);
+        first &= e->samples == a;
+        if (k % l->P == 0) total += e->samples;
+    }
+    CHECK_INT_EQ(total, 32 * steps); /* the shards together: the whole batch, every step */
+    o->first_split += first;
+}
 
 static void make_jobs(job *j, int group, int scale)
 {
@@ -85,8 +127,9 @@ static void send_rebalance(wu_server *s, const char *gid, int n, const int64_t *
 }
 
 /* Runs the group until every member finished; REBALANCEs after the first PROGRESS. */
-static void pump(wu_server *s, const char *gid, job *j, const int64_t *rebalance, seen *o)
+static void pump(wu_server *s, const char *gid, job *j, const layout *l, seen *o)
 {
+    const int64_t *rebalance = l->rebalance;
     int finished = 0;
     bool rebalanced = rebalance == NULL;
     double end = wu_now_ms() + 120000;
@@ -104,6 +147,7 @@ static void pump(wu_server *s, const char *gid, job *j, const int64_t *rebalance
             o->idle_ms += w.m.idle_ms;
             o->progress_comm += w.m.comm_ms > 0;
             CHECK(w.m.compute_ms > 0 && w.m.comm_ms >= 0 && w.m.idle_ms >= 0);
+            check_devices(&w.m, l, o);
             if (!rebalanced) {
                 /* a split for 3 shards does not fit a 2-shard group: logged, ignored */
                 int64_t wrong[3] = {10, 10, 12};
@@ -182,8 +226,10 @@ static void run_group(wu_server *s, int group, int D, int P, const int *devices,
     wu_uuid(gid, 0x6, (unsigned long long)group);
     send_assign(s, gid, j, D, P, devices, split);
     seen o = {0};
-    pump(s, gid, j, rebalance, &o);
+    layout l = {.D = D, .P = P, .devices = devices, .split = split, .rebalance = rebalance};
+    pump(s, gid, j, &l, &o);
     CHECK(o.progress >= 1);
+    CHECK(o.first_split >= 1); /* a report before the REBALANCE shows the ASSIGN split exactly */
     printf("%s: %d PROGRESS reports, mean comm %.3f ms, idle %.3f ms a step\n", what,
            o.progress, o.comm_ms / o.progress, o.idle_ms / o.progress);
     if (D > 1 && P == 1) CHECK(o.progress_comm >= 1); /* a step waits for its all-reduce */

@@ -103,6 +103,18 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
     CHECK_DBL_SAME(a->io_ms, b->io_ms);
     CHECK_DBL_SAME(a->idle_ms, b->idle_ms);
     CHECK_DBL_SAME(a->samples_per_s, b->samples_per_s);
+    CHECK_INT_EQ(a->n_device_steps, b->n_device_steps);
+    for (int i = 0; i < a->n_device_steps; i++) {
+        const fb_wire_device_step *x = &a->device_steps[i], *y = &b->device_steps[i];
+        CHECK_INT_EQ(x->device, y->device);
+        CHECK_DBL_SAME(x->compute_ms, y->compute_ms);
+        CHECK_DBL_SAME(x->pass_ms, y->pass_ms);
+        CHECK_DBL_SAME(x->comm_ms, y->comm_ms);
+        CHECK_DBL_SAME(x->io_ms, y->io_ms);
+        CHECK_DBL_SAME(x->idle_ms, y->idle_ms);
+        CHECK_INT_EQ(x->steps, y->steps);
+        CHECK_INT_EQ(x->samples, y->samples);
+    }
     CHECK_INT_EQ(a->n_progress, b->n_progress);
     for (int i = 0; i < a->n_progress; i++) {
         const fb_wire_member_progress *x = &a->progress[i], *y = &b->progress[i];
@@ -296,6 +308,27 @@ static void test_round_trips(void)
 
     m = make_progress();
     round_trip(&m, 0);
+    /* with the per-device breakdown: two devices of unequal speed, device indices not in
+     * order, and the largest counts the wire allows */
+    m.n_device_steps = 2;
+    m.device_steps[0] = (fb_wire_device_step){.device = 3, .compute_ms = 20.25, .pass_ms = 17.5,
+                                              .comm_ms = 0.5,
+                                              .io_ms = 1.0 / 7.0, .idle_ms = 0, .steps = 12,
+                                              .samples = 12 * 40};
+    m.device_steps[1] = (fb_wire_device_step){.device = 0, .compute_ms = 10.125, .pass_ms = 10.125,
+                                              .comm_ms = 0,
+                                              .io_ms = 1.0 / 7.0, .idle_ms = 10.5, .steps = 12,
+                                              .samples = 12 * 88};
+    round_trip(&m, 0);
+    m.device_steps[0].steps = m.device_steps[1].steps = (int64_t)1 << 53;
+    m.device_steps[1].samples = (int64_t)1 << 53;
+    round_trip(&m, 0);
+    m.n_device_steps = FB_WIRE_MAX_DEVICES;
+    for (int i = 0; i < FB_WIRE_MAX_DEVICES; i++)
+        m.device_steps[i] = (fb_wire_device_step){.device = FB_WIRE_MAX_DEVICES - 1 - i,
+                                                  .compute_ms = i, .pass_ms = i / 3.0,
+                                                  .steps = 1, .samples = i};
+    round_trip(&m, 0);
     fb_wire_msg_free(&m);
 
     m = make_event(FB_EV_CHECKPOINTED, 1, "", 0.25);
@@ -469,6 +502,14 @@ typedef struct bad_case {
     HDR("progress")                                                                                \
     GRP "'compute_ms':" cms ",'comm_ms':0,'io_ms':0,'idle_ms':0,"                                  \
         "'samples_per_s':10,'members':[" members "]}"
+#define PDEV(idx, cms, steps, samples)                                                             \
+    "{'idx':" idx ",'compute_ms':" cms ",'pass_ms':0.5,'comm_ms':0.5,'io_ms':0,'idle_ms':1,"      \
+    "'steps':" steps                                                                               \
+    ",'samples':" samples "}"
+#define PROGRESS_DEVS(devs)                                                                        \
+    HDR("progress")                                                                                \
+    GRP "'compute_ms':1,'comm_ms':0,'io_ms':0,'idle_ms':0,'samples_per_s':10,'devices':" devs    \
+        ",'members':[" PMEMBER(J1, "1", "10", "0.5", "0.5", "0.1") "]}"
 #define EVENT(kind, rest)                                                                          \
     HDR("event") GRP "'seq':3,'event':'" kind "','job_id':'" J1 "','step':9" rest "}"
 #define WELCOME(wid, hb) HDR("welcome") "'worker_id':" wid ",'heartbeat_ms':" hb "}"
@@ -660,6 +701,51 @@ static const bad_case bad_cases[] = {
      PROGRESS("1", PMEMBER(J1, "1", "10", "0.5", "0.5", "0.1") "," PMEMBER(J1, "1", "10", "0.5",
                                                                            "0.5", "0.1")),
      0, "members[1].job_id: job " J1 " appears more than once"},
+    /* PROGRESS: the per-device breakdown */
+    {"two devices", PROGRESS_DEVS("[" PDEV("0", "2", "4", "100") "," PDEV("1", "3", "4", "28") "]"),
+     0, NULL},
+    {"devices empty", PROGRESS_DEVS("[]"), 0, "devices: 0 entries, allowed 1..64"},
+    {"devices not an array", PROGRESS_DEVS("{}"), 0, "devices: expected an array, got an object"},
+    {"device listed twice",
+     PROGRESS_DEVS("[" PDEV("1", "2", "4", "100") "," PDEV("1", "3", "4", "28") "]"), 0,
+     "devices[1].idx: device 1 is listed twice"},
+    {"device index 64", PROGRESS_DEVS("[" PDEV("64", "2", "4", "100") "]"), 0,
+     "devices[0].idx: 64 is out of range [0, 63]"},
+    {"device index negative", PROGRESS_DEVS("[" PDEV("-1", "2", "4", "100") "]"), 0,
+     "devices[0].idx: -1 is out of range"},
+    {"device compute negative", PROGRESS_DEVS("[" PDEV("0", "-2", "4", "100") "]"), 0,
+     "devices[0].compute_ms: -2 is out of range"},
+    {"device compute null", PROGRESS_DEVS("[" PDEV("0", "null", "4", "100") "]"), 0,
+     "devices[0].compute_ms: expected a number, got null"},
+    {"device steps differ",
+     PROGRESS_DEVS("[" PDEV("0", "2", "4", "100") "," PDEV("1", "3", "5", "28") "]"), 0,
+     "devices[1].steps: 5, but devices[0] reports 4"},
+    {"device passes longer than its compute",
+     PROGRESS_DEVS("[{'idx':0,'compute_ms':1,'pass_ms':1.5,'comm_ms':0,'io_ms':0,'idle_ms':0,"
+                   "'steps':1,'samples':1}]"),
+     0, "devices[0].pass_ms: 1.5 ms is more than compute_ms (1 ms)"},
+    {"device passes negative",
+     PROGRESS_DEVS("[{'idx':0,'compute_ms':1,'pass_ms':-1,'comm_ms':0,'io_ms':0,'idle_ms':0,"
+                   "'steps':1,'samples':1}]"),
+     0, "devices[0].pass_ms: -1 is out of range"},
+    {"device samples without steps", PROGRESS_DEVS("[" PDEV("0", "2", "0", "1") "]"), 0,
+     "devices[0].samples: 1 samples in 0 steps"},
+    {"device samples negative", PROGRESS_DEVS("[" PDEV("0", "2", "4", "-1") "]"), 0,
+     "devices[0].samples: -1 is out of range"},
+    {"device samples above 2^53", PROGRESS_DEVS("[" PDEV("0", "2", "4", "9007199254740993") "]"),
+     0, "devices[0].samples: 9007199254740993 is out of range"},
+    {"device samples real", PROGRESS_DEVS("[" PDEV("0", "2", "4", "1.0") "]"), 0,
+     "devices[0].samples: expected an integer, got a real number"},
+    {"device unknown field",
+     PROGRESS_DEVS("[{'idx':0,'compute_ms':1,'pass_ms':1,'comm_ms':0,'io_ms':0,'idle_ms':0,"
+                   "'steps':1,'samples':1,'stage':0}]"),
+     0, "devices[0].stage: unknown field"},
+    {"device field missing",
+     PROGRESS_DEVS("[{'idx':0,'compute_ms':1,'pass_ms':1,'comm_ms':0,'io_ms':0,'idle_ms':0,"
+                   "'steps':1}]"),
+     0,
+     "devices[0].samples: required field missing"},
+    {"device not an object", PROGRESS_DEVS("[3]"), 0, "devices[0]: expected an object"},
     /* EVENT, ACK, DETACH, DRAIN */
     {"unknown event", EVENT("exploded", ""), 0, "event: \"exploded\" is not one of"},
     {"seq zero", HDR("event") GRP "'seq':0,'event':'started','job_id':'" J1 "','step':0}", 0,
@@ -827,6 +913,17 @@ static void test_encode_refuses(void)
     m.progress[1].step = 5; /* steps is 0 */
     expect_encode_fails(&m, "members[1].step: 5 is out of range [0, 0]");
     m.progress[1].step = 0;
+    m.n_device_steps = FB_WIRE_MAX_DEVICES + 1;
+    expect_encode_fails(&m, "devices: 65 entries, allowed 0..64");
+    m.n_device_steps = -1;
+    expect_encode_fails(&m, "devices: -1 entries");
+    m.n_device_steps = 1;
+    m.device_steps[0] = (fb_wire_device_step){.device = 0, .idle_ms = INFINITY, .steps = 1};
+    expect_encode_fails(&m, "devices[0].idle_ms: inf is not a finite number");
+    m.device_steps[0].idle_ms = 0;
+    m.device_steps[0].device = FB_WIRE_MAX_DEVICES;
+    expect_encode_fails(&m, "devices[0].idx: 64 is out of range");
+    m.n_device_steps = 0;
     snprintf(m.progress[1].job_id, sizeof m.progress[1].job_id, J1);
     expect_encode_fails(&m, "members[1].job_id: job " J1 " appears more than once");
     fb_wire_msg_free(&m);
