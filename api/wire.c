@@ -809,6 +809,10 @@ static int decode_detach(dec *d, json_t *root, fb_wire_msg *m)
     int err = get_group(d, root, m);
     if (!err) err = get_uuid(d, root, "", "job_id", false, m->job_id);
     if (!err) err = get_text(d, root, "", "text", m->text, sizeof m->text);
+    if (!err && json_object_get(root, "keep_state"))
+        err = get_bool(d, root, "", "keep_state", true, &m->keep_state);
+    if (!err && m->keep_state && !m->job_id[0])
+        return bad(d, "", "keep_state", "only a member's DETACH keeps state, not a group's");
     return err;
 }
 
@@ -863,7 +867,8 @@ static const struct {
                                                            "accuracy", "blob", "text", NULL}},
     [FB_WIRE_ACK] = {decode_ack, (const char *const[]){"v", "type", "seq", "group_id", NULL}},
     [FB_WIRE_DETACH] = {decode_detach, (const char *const[]){"v", "type", "group_id", "generation",
-                                                             "job_id", "text", NULL}},
+                                                             "job_id", "text", "keep_state",
+                                                             NULL}},
     [FB_WIRE_REBALANCE] = {decode_rebalance,
                            (const char *const[]){"v", "type", "group_id", "generation", "split",
                                                  "time_share", NULL}},
@@ -1311,6 +1316,11 @@ static void encode_body(enc *e, json_t *o, const fb_wire_msg *m)
         put_group(e, o, m);
         put_opt_str(e, o, "job_id", m->job_id, sizeof m->job_id);
         put_opt_str(e, o, "text", m->text, sizeof m->text);
+        /* written only when set: a worker from before it refuses the field */
+        if (m->keep_state && !m->job_id[0])
+            enc_fail(e, "keep_state", "only a member's DETACH keeps state, not a group's");
+        else if (m->keep_state)
+            put(e, o, "keep_state", json_true());
         break;
     case FB_WIRE_REBALANCE:
         put_group(e, o, m);

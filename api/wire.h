@@ -180,6 +180,9 @@ typedef struct fb_wire_msg {
     double loss, accuracy;    /* EVENT: evaluated/finished (NaN = unknown) */
     int blob;                 /* EVENT: blob index of the file, 0 = none */
     char text[FB_WIRE_TEXT_MAX + 1]; /* EVENT failed, DETACH, DRAIN: why */
+    /* DETACH of one member: it leaves with its full training state (the blob of its
+     * DETACHED event), so that it resumes elsewhere without losing a step */
+    bool keep_state;
 } fb_wire_msg;
 
 /* The type's name on the wire ("hello", ...), and back (-1 when unknown). */

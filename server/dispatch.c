@@ -362,9 +362,9 @@ static bool send_to(fb_dispatch_t *d, const char *name, const fb_wire_msg *m,
 }
 
 static void send_detach(fb_dispatch_t *d, const char *worker_name, const char *group_id,
-                        int64_t gen, const char *job_id, const char *why)
+                        int64_t gen, const char *job_id, const char *why, bool keep_state)
 {
-    fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen};
+    fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen, .keep_state = keep_state};
     snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
     snprintf(m.job_id, sizeof m.job_id, "%s", job_id ? job_id : "");
     snprintf(m.text, sizeof m.text, "%s", why);
@@ -732,7 +732,7 @@ static void asha_send_stop(fb_dispatch_t *d, const fb_wire_msg *m)
                     json_pack("{s:s, s:s}", "job_id", m->job_id, "group_id", m->group_id));
         return;
     }
-    send_detach(d, g->worker, g->id, g->generation, m->job_id, "early_stopped");
+    send_detach(d, g->worker, g->id, g->generation, m->job_id, "early_stopped", false);
     fb_log_json(FB_LOG_INFO, "early stopping: a trial leaves its array",
                 json_pack("{s:s, s:s, s:I}", "job_id", m->job_id, "group_id", g->id, "step",
                           (json_int_t)m->step));
@@ -1356,7 +1356,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
                         json_pack("{s:s, s:s, s:I}", "worker", name, "group_id", r->group_id,
                                   "generation", (json_int_t)r->generation));
-            send_detach(d, name, r->group_id, r->generation, NULL, "stale array");
+            send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
         }
     }
     if (!full) return;
@@ -2264,7 +2264,7 @@ static void detach_cancelled(fb_dispatch_t *d)
         const char *w = PQgetvalue(r, i, 3);
         if (!find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
         send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
-                    PQgetvalue(r, i, 0), "cancelled");
+                    PQgetvalue(r, i, 0), "cancelled", false);
     }
     /* forget old entries */
     for (int i = 0; i < d->n_detached; i++)
@@ -2298,13 +2298,6 @@ static double fair_seconds(double ms)
     return isfinite(x) && x >= FB_FAIR_MIN_VALUE && x <= FB_FAIR_MAX_VALUE ? x : 0.0;
 }
 
-/*
- * The most a migrated member may lose: it resumes from its last checkpoint,
- * and a DETACH takes no new one, so a group moves only while every member's
- * work since its checkpoint is at most this fraction of its steps.
- */
-#define MIGRATE_MAX_LOSS 0.1
-
 typedef struct fair_ctx {
     PGresult *tenants, *groups, *jobs;
     char **tenant_ids; /* sorted, pointing into tenants */
@@ -2315,7 +2308,6 @@ typedef struct fair_ctx {
     fb_fair_job *fj;
     int *grow;        /* snapshot group -> row of the groups result */
     int *jfirst;      /* snapshot group -> its first row of the jobs result */
-    bool *lossy;      /* snapshot group: migrating it would lose too much */
 } fair_ctx;
 
 static void fair_ctx_free(fair_ctx *c)
@@ -2332,7 +2324,6 @@ static void fair_ctx_free(fair_ctx *c)
     free(c->fj);
     free(c->grow);
     free(c->jfirst);
-    free(c->lossy);
 }
 
 /* The snapshot device of (worker w, index idx), -1 when unknown. */
@@ -2381,17 +2372,20 @@ static void fair_apply(fb_dispatch_t *d, const fb_fair_group *G, const fb_fair_d
 
 /*
  * A suggested migration: every member leaves its array on the server's
- * request and goes back to the queue from its last checkpoint, and the
- * planner, which prefers the least loaded devices, places it anew.
+ * request with its full training state (DETACH keep_state), which the
+ * DETACHED event records as its resume point, so it goes back to the queue
+ * without losing a step, and the planner, which prefers the least loaded
+ * devices, places it anew.
  */
 static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, int sg)
 {
     const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
     group *g = find_group(d, gid);
-    if (!g || !find_worker(d, g->worker) || c->lossy[sg]) return;
+    if (!g || !find_worker(d, g->worker)) return;
     for (int k = 0; k < G->n_jobs; k++) {
         const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
-        send_detach(d, g->worker, g->id, g->generation, job, "migrated");
+        /* with its full state: it resumes elsewhere from the step it left at */
+        send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
         detach_recent(d, job, now_ms());
     }
     fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",
@@ -2428,8 +2422,8 @@ static void rebalance_run(fb_dispatch_t *d)
      * (tenant_ids[1], as the planner charges it) */
     c.jobs = q(d,
                "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM now() - j.created_at), LEAST(j.step, j.steps), j.steps,"
-               " j.resume_step FROM jobs j JOIN groups g ON g.id = j.group_id"
+               " extract(epoch FROM now() - j.created_at), LEAST(j.step, j.steps), j.steps"
+               " FROM jobs j JOIN groups g ON g.id = j.group_id"
                " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
                " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
                0, NULL);
@@ -2446,9 +2440,8 @@ static void rebalance_run(fb_dispatch_t *d)
     c.fj = calloc((size_t)(nj ? nj : 1), sizeof *c.fj);
     c.grow = calloc((size_t)(nr ? nr : 1), sizeof *c.grow);
     c.jfirst = calloc((size_t)(nr ? nr : 1), sizeof *c.jfirst);
-    c.lossy = calloc((size_t)(nr ? nr : 1), sizeof *c.lossy);
     if (!c.tenant_ids || !c.ft || !c.fd || !c.dev_worker || !c.dev_idx || !c.fg || !c.fj ||
-        !c.grow || !c.jfirst || !c.lossy)
+        !c.grow || !c.jfirst)
         goto out;
     for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
     qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
@@ -2519,13 +2512,11 @@ static void rebalance_run(fb_dispatch_t *d)
         G->step_time_s = fair_seconds(mem->step_ms);
         double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
         G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
-        bool lossy = false;
         int n_in = 0;
         for (int r = j0; r < jrow; r++) {
             int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, r, 2));
             int64_t total = strtoll(PQgetvalue(c.jobs, r, 5), NULL, 10);
             int64_t done = strtoll(PQgetvalue(c.jobs, r, 4), NULL, 10);
-            int64_t resume = strtoll(PQgetvalue(c.jobs, r, 6), NULL, 10);
             double el = strtod(PQgetvalue(c.jobs, r, 3), NULL);
             /* a member the policy could not take makes the whole group's rows unusable
              * (the job rows must stay contiguous with jfirst) */
@@ -2533,7 +2524,6 @@ static void rebalance_run(fb_dispatch_t *d)
                 ok = false;
                 break;
             }
-            lossy |= (double)(done - resume) > MIGRATE_MAX_LOSS * (double)total;
             c.fj[nfj + n_in++] = (fb_fair_job){
                 .tenant = t,
                 .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
@@ -2544,7 +2534,6 @@ static void rebalance_run(fb_dispatch_t *d)
         G->n_jobs = n_in;
         G->jobs = &c.fj[nfj];
         c.jfirst[ng] = j0;
-        c.lossy[ng] = lossy;
         c.grow[ng++] = i;
         nfj += n_in;
     }

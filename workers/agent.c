@@ -169,6 +169,7 @@ typedef struct member {
     /* under the group's mutex */
     bool alive; /* in the array (or about to enter it) */
     bool detach_req;
+    bool detach_keep; /* the DETACH wants its full state in the DETACHED event */
     /* the group thread's own */
     bool started;
     double loss, accuracy, lr;
@@ -691,6 +692,28 @@ static void on_train_event(const fb_train_event *ev, void *user)
     pend(r, o);
 }
 
+/* Puts a leaving member's full training state into o, its DETACHED event,
+ * with `what` (how it left) as the event's text; when the state cannot be
+ * taken the text says why and the member resumes from its last checkpoint. */
+static void leave_with_state(runner *r, member *mb, outmsg *o, const char *what)
+{
+    if (!o) return;
+    char msg[512];
+    void *buf = NULL;
+    size_t len = 0;
+    int err = fb_session_checkpoint(r->s, mb->sidx, &buf, &len, msg, sizeof msg);
+    if (err) {
+        event_text(o, "%s; no checkpoint: %s", what, msg);
+        agent_log("group %s: %s left without a checkpoint (%s): %s", r->g->id, mb->job_id, what,
+                  msg);
+        return;
+    }
+    o->blob = buf;
+    o->blob_len = len;
+    o->w.blob = 1;
+    event_text(o, "%s", what);
+}
+
 /* Members the server asked to leave leave now, at a step boundary. */
 static void apply_detaches(runner *r)
 {
@@ -703,14 +726,18 @@ static void apply_detaches(runner *r)
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
         pthread_mutex_lock(&g->mu);
-        bool go = mb->detach_req && mb->alive;
-        mb->detach_req = false;
+        bool go = mb->detach_req && mb->alive, keep = mb->detach_keep;
+        mb->detach_req = mb->detach_keep = false;
         if (go) mb->alive = false;
         pthread_mutex_unlock(&g->mu);
         if (!go || mb->sidx < 0) continue;
-        fb_session_detach(r->s, mb->sidx);
         outmsg *o = event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
-        event_text(o, "detached on the server's request");
+        /* the state is taken while the member is still in the session */
+        if (keep)
+            leave_with_state(r, mb, o, "left with its state on the server's request");
+        else
+            event_text(o, "detached on the server's request");
+        fb_session_detach(r->s, mb->sidx);
         pend(r, o);
         agent_log("group %s: %s detached at step %lld", g->id, mb->job_id,
                   (long long)steps_done(r));
@@ -722,7 +749,6 @@ static void apply_detaches(runner *r)
 static void drain_members(runner *r)
 {
     group *g = r->g;
-    char msg[512];
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
         if (mb->sidx < 0 || !is_alive(g, mb)) continue;
@@ -732,18 +758,7 @@ static void drain_members(runner *r)
             pend(r, o);
             continue;
         }
-        void *buf = NULL;
-        size_t len = 0;
-        int err = fb_session_checkpoint(r->s, mb->sidx, &buf, &len, msg, sizeof msg);
-        if (err) {
-            event_text(o, "drained; no checkpoint: %s", msg);
-            agent_log("group %s: %s drained without a checkpoint: %s", g->id, mb->job_id, msg);
-        } else {
-            o->blob = buf;
-            o->blob_len = len;
-            o->w.blob = 1;
-            event_text(o, "drained");
-        }
+        leave_with_state(r, mb, o, "drained");
         pend(r, o);
     }
     flush_pending(r);
@@ -1507,6 +1522,7 @@ static void on_detach(fb_agent *a, const fb_wire_msg *m)
         bool alive = mb->alive;
         if (alive) {
             mb->detach_req = true;
+            mb->detach_keep |= m->keep_state;
             g->detach_pending = true;
         }
         pthread_mutex_unlock(&g->mu);

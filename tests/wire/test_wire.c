@@ -77,6 +77,7 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
     CHECK_INT_EQ(a->heartbeat_ms, b->heartbeat_ms);
     CHECK_INT_EQ(a->reply, b->reply);
     CHECK_INT_EQ(a->known, b->known);
+    CHECK_INT_EQ(a->keep_state, b->keep_state);
     CHECK_STR_EQ(a->fusion_key, b->fusion_key);
     CHECK_STR_EQ(a->dataset, b->dataset);
     CHECK_STR_EQ(a->dataset_tenant, b->dataset_tenant);
@@ -357,6 +358,8 @@ static void test_round_trips(void)
     snprintf(m.job_id, sizeof m.job_id, J2);
     memset(m.text, 'x', FB_WIRE_TEXT_MAX);
     m.text[FB_WIRE_TEXT_MAX] = '\0';
+    round_trip(&m, 0);
+    m.keep_state = true; /* a migration: the member leaves with its state */
     round_trip(&m, 0);
 
     m = blank(FB_WIRE_REBALANCE);
@@ -763,6 +766,10 @@ static const bad_case bad_cases[] = {
     {"ack bad group", HDR("ack") "'seq':1,'group_id':'g1'}", 0, "group_id: \"g1\" is not a UUID"},
     {"ack without seq", "{'v':1,'type':'ack'}", 0, "seq: required field missing"},
     {"detach empty job id", HDR("detach") GRP "'job_id':''}", 0, "job_id: \"\" is not a UUID"},
+    {"detach keep_state of a group", HDR("detach") GRP "'keep_state':true}", 0,
+     "keep_state: only a member's DETACH keeps state"},
+    {"detach keep_state string", HDR("detach") GRP "'job_id':'" J1 "','keep_state':'yes'}", 0,
+     "keep_state: expected true or false, got a string"},
     {"drain text number", HDR("drain") "'text':5}", 0, "text: expected a string, got an integer"},
 };
 
@@ -959,6 +966,9 @@ static void test_encode_refuses(void)
     m.generation = 1;
     snprintf(m.text, sizeof m.text, "bad \xff byte");
     expect_encode_fails(&m, "text: not valid UTF-8");
+    m.text[0] = '\0';
+    m.keep_state = true;
+    expect_encode_fails(&m, "keep_state: only a member's DETACH keeps state");
 
     m = blank(FB_WIRE_HEARTBEAT);
     m.known = true;

@@ -490,10 +490,11 @@ static void scenario_detach(void)
     wu_server_start(&s, "detach", true);
     wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 12);
     group_def g = {0};
-    /* member 0 would train for hours: only a DETACH ends it */
+    /* members 0 and 3 would train for hours: only a DETACH ends them */
     mlp_job(&g, 48, 0, 100000000, 0.01, 1, 0, 0);
     mlp_job(&g, 48, 0, 300, 0.003, 2, 100, 0);
     mlp_job(&g, 48, 0, 400, 0.02, 3, 100, 0);
+    mlp_job(&g, 48, 0, 100000000, 0.005, 4, 0, 0);
 
     pid_t pid = wu_start_worker(&s, "w-detach", NULL);
     wu_msg w;
@@ -549,11 +550,31 @@ static void scenario_detach(void)
     snprintf(d.job_id, sizeof d.job_id, "%s", g.ids[0]);
     snprintf(d.text, sizeof d.text, "cancelled by its tenant");
     wu_send(&s, "w-detach", &d, NULL, NULL, 0);
-    pump(&s, &L, 120000, all_done, "the detach and the others to finish");
+    /* a migration: member 3 leaves with its full state, to resume elsewhere */
+    snprintf(d.job_id, sizeof d.job_id, "%s", g.ids[3]);
+    snprintf(d.text, sizeof d.text, "migrated");
+    d.keep_state = true;
+    wu_send(&s, "w-detach", &d, NULL, NULL, 0);
+    pump(&s, &L, 120000, all_done, "the detaches and the others to finish");
     CHECK(L.job[0].detached);
     CHECK(!L.job[0].finished && !L.job[0].failed);
     CHECK(L.job[0].state == NULL);
     CHECK(L.job[0].detached_step > step_at_hello);
+    CHECK(L.job[3].detached && !L.job[3].finished && !L.job[3].failed);
+    CHECK(L.job[3].state != NULL);
+    {
+        /* the state of the very step it left at: nothing to train again */
+        fb_st_file *f = NULL;
+        char msg[512], step[32];
+        CHECK_INT_EQ(fb_st_parse_buffer(L.job[3].state, L.job[3].state_len, &f, msg, sizeof msg),
+                     0);
+        CHECK_STR_EQ(fb_st_metadata_get(f, "format"), "fusebox-checkpoint-1");
+        snprintf(step, sizeof step, "%lld", (long long)L.job[3].detached_step);
+        CHECK_STR_EQ(fb_st_metadata_get(f, "step"), step);
+        fb_st_close(f);
+        printf("migrated member left at step %lld with %zu bytes of state (%s)\n",
+               (long long)L.job[3].detached_step, L.job[3].state_len, L.job[3].detached_text);
+    }
     for (int i = 1; i < 3; i++) {
         CHECK(L.job[i].finished);
         CHECK_INT_EQ(L.job[i].finished_step, g.spec[i].steps);
