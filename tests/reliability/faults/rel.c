@@ -1,6 +1,9 @@
 /* The fault scripts' shared helpers (rel.h). */
 #include "rel.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,4 +183,38 @@ long long rel_sql_ll(e2e *t, const char *sql)
     if (v[0] == '\0') fprintf(stderr, "NULL from: %s\n", sql);
     CHECK(v[0] != '\0');
     return atoll(v);
+}
+
+const char *rel_file_sha256(const char *path)
+{
+    static char out[65];
+    char cmd[PATH_MAX + 64];
+    snprintf(cmd, sizeof cmd, "sha256sum '%s' 2>/dev/null", path);
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return out;
+    if (fscanf(p, "%64s", out) != 1) out[0] = '\0';
+    pclose(p);
+    return out;
+}
+
+long long rel_fill_disk(const char *filler)
+{
+    static char block[65536];
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    long long total = 0;
+    size_t chunk = sizeof block;
+    for (;;) {
+        ssize_t n = write(fd, block, chunk);
+        if (n > 0) {
+            total += n;
+            continue;
+        }
+        CHECK(n < 0 && errno == ENOSPC);
+        if (chunk == 1) break;
+        chunk /= 2; /* the last few bytes too */
+    }
+    close(fd);
+    return total;
 }

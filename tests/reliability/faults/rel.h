@@ -53,4 +53,15 @@ long long rel_sql_ll(e2e *t, const char *sql);
 /* Sleeps ms milliseconds. */
 void rel_sleep_ms(int ms);
 
+/* SHA-256 of a file in hex (static buffer); "" when it cannot be read. */
+const char *rel_file_sha256(const char *path);
+
+/*
+ * Writes zeros into the file filler (created or truncated) until its file
+ * system is full, the last bytes too, and returns the bytes written; the
+ * caller may give some back with ftruncate.  Fails the test on any error
+ * but ENOSPC.
+ */
+long long rel_fill_disk(const char *filler);
+
 #endif

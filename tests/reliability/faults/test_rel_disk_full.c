@@ -44,40 +44,10 @@ static void cleanup(void)
     mounted = false;
 }
 
-/* SHA-256 of a file in hex (static buffer); "" when it cannot be read. */
-static const char *file_sha256(const char *path)
-{
-    static char out[65];
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "sha256sum '%s' 2>/dev/null", path);
-    out[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    if (!p) return out;
-    if (fscanf(p, "%64s", out) != 1) out[0] = '\0';
-    pclose(p);
-    return out;
-}
-
-/* Writes zeros into the filler file until the file system is full; returns
- * the bytes written. */
+/* Fills the tmpfs; returns the bytes written. */
 static long long fill_disk(void)
 {
-    static char block[65536];
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    CHECK(fd >= 0);
-    long long total = 0;
-    size_t chunk = sizeof block;
-    for (;;) {
-        ssize_t n = write(fd, block, chunk);
-        if (n > 0) {
-            total += n;
-            continue;
-        }
-        CHECK(n < 0 && errno == ENOSPC);
-        if (chunk == 1) break;
-        chunk /= 2; /* the last few bytes too */
-    }
-    close(fd);
+    long long total = rel_fill_disk(filler);
     struct statvfs v;
     CHECK(statvfs(mnt, &v) == 0);
     CHECK_INT_EQ((long long)v.f_bavail, 0);
@@ -159,7 +129,7 @@ int main(void)
         CHECK(sscanf(fbt_sql_value(&T.s, sql), "%299s %79s", rel_path, sha) == 2);
         char path[800];
         snprintf(path, sizeof path, "%s/%s", artifacts, rel_path);
-        bool ok = strcmp(file_sha256(path), sha) == 0;
+        bool ok = strcmp(rel_file_sha256(path), sha) == 0;
         printf("job %d: resumes from step %lld, %s: %s\n", i, resume[i], rel_path,
                ok ? "intact" : "MISSING OR CHANGED");
         invalid += !ok;

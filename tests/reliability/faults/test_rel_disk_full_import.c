@@ -139,20 +139,6 @@ static char *read_file(const char *name, size_t *len)
     return buf;
 }
 
-/* SHA-256 of one file (static buffer); "" when it cannot be read. */
-static const char *file_sha256(const char *path)
-{
-    static char out[65];
-    char cmd[900];
-    snprintf(cmd, sizeof cmd, "sha256sum '%s' 2>/dev/null", path);
-    out[0] = '\0';
-    FILE *p = popen(cmd, "r");
-    if (!p) return out;
-    if (fscanf(p, "%64s", out) != 1) out[0] = '\0';
-    pclose(p);
-    return out;
-}
-
 /* Pages a file of the tmpfs holds. */
 static long long pages_of(const char *rel)
 {
@@ -174,21 +160,9 @@ static long long free_bytes(void)
  * until ENOSPC, then gives back whole pages from its end. */
 static void fill_disk(long long leave_pages)
 {
-    static char block[65536];
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    long long total = rel_fill_disk(filler);
+    int fd = open(filler, O_WRONLY);
     CHECK(fd >= 0);
-    long long total = 0;
-    size_t chunk = sizeof block;
-    for (;;) {
-        ssize_t n = write(fd, block, chunk);
-        if (n > 0) {
-            total += n;
-            continue;
-        }
-        CHECK(n < 0 && errno == ENOSPC);
-        if (chunk == 1) break;
-        chunk /= 2; /* the last few bytes too */
-    }
     CHECK_INT_EQ(free_bytes(), 0);
     CHECK(total >= leave_pages * page_size);
     CHECK(ftruncate(fd, total - leave_pages * page_size) == 0);
@@ -343,8 +317,8 @@ static bool same_data_as_base(const char *name)
         snprintf(a, sizeof a, "%s/base/%s", mnt, shards[i]);
         snprintf(b, sizeof b, "%s/%s/%s", mnt, name, shards[i]);
         char ha[65];
-        snprintf(ha, sizeof ha, "%s", file_sha256(a));
-        if (!ha[0] || strcmp(ha, file_sha256(b)) != 0) return false;
+        snprintf(ha, sizeof ha, "%s", rel_file_sha256(a));
+        if (!ha[0] || strcmp(ha, rel_file_sha256(b)) != 0) return false;
     }
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "'%s/workers/data/fusebox-data' verify '%s/%s' >/dev/null",
