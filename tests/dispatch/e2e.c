@@ -411,3 +411,59 @@ pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *c
     }
     return pid;
 }
+
+double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job,
+                       int log_every, int measure_ms)
+{
+    CHECK(n >= 1 && n <= 16);
+    char out[400], exe[512], every[16];
+    snprintf(out, sizeof out, "%s/calibrate", t->root);
+    snprintf(exe, sizeof exe, "%s/workers/fusebox-train", bin());
+    snprintf(every, sizeof every, "%d", log_every);
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        const char *argv[32] = {exe,         "--threads", "1",   "--log-every", every,
+                                "--data-dir", t->data_dir, "--out", out};
+        int k = 9;
+        for (int i = 0; i < n; i++) argv[k++] = spec_files[i];
+        argv[k] = NULL;
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    CHECK(f != NULL);
+    /* its output is a pipe, so one JSON object a line */
+    char line[1024];
+    long long step0 = -1, step = -1;
+    double start = fbt_now_ms(), t0 = 0, t1 = 0;
+    while (fgets(line, sizeof line, f) && fbt_now_ms() - start < 60000) {
+        json_t *ev = json_loads(line, 0, NULL);
+        const char *kind = json_string_value(json_object_get(ev, "event"));
+        const char *name = json_string_value(json_object_get(ev, "job"));
+        json_t *k = json_object_get(ev, "step");
+        if (kind && name && json_is_integer(k) && strcmp(kind, "step") == 0 &&
+            strcmp(name, job) == 0) {
+            t1 = fbt_now_ms();
+            step = (long long)json_integer_value(k);
+            if (step0 < 0) {
+                step0 = step;
+                t0 = t1;
+            }
+        }
+        json_decref(ev);
+        if (step0 >= 0 && t1 - t0 >= measure_ms) break;
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fclose(f);
+    if (!(step > step0 && t1 > t0)) fprintf(stderr, "fusebox-train gave no step reports\n");
+    CHECK(step > step0 && t1 > t0);
+    return (double)(step - step0) / ((t1 - t0) / 1e3);
+}

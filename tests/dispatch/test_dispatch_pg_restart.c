@@ -115,7 +115,7 @@ static void common_fields(char *buf, size_t cap, int n_steps, int every)
  */
 static double measure_speed(void)
 {
-    char common[1024], spec[1400], files[2][400], out[400], exe[512];
+    char common[1024], spec[1400], files[2][400];
     static const double lrs[2] = {0.002, 0.01};
     common_fields(common, sizeof common, 100000000, 0);
     for (int i = 0; i < 2; i++) {
@@ -126,52 +126,8 @@ static double measure_speed(void)
         snprintf(files[i], sizeof files[i], "%s/calibrate-%d.json", T.root, i);
         e2e_write(files[i], spec);
     }
-    snprintf(out, sizeof out, "%s/calibrate", T.root);
-    snprintf(exe, sizeof exe, "%s/workers/fusebox-train", getenv("FB_BINARY_DIR"));
-    char every[16];
-    snprintf(every, sizeof every, "%d", CALIBRATION_EVERY);
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl(exe, exe, "--threads", "1", "--log-every", every, "--data-dir", T.data_dir, "--out",
-              out, files[0], files[1], (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = fdopen(fds[0], "r");
-    CHECK(f != NULL);
-    /* its output is a pipe, so one JSON object a line */
-    char line[1024];
-    long long step0 = -1, step = -1;
-    double start = fbt_now_ms(), t0 = 0, t = 0;
-    while (fgets(line, sizeof line, f) && fbt_now_ms() - start < 60000) {
-        json_t *ev = json_loads(line, 0, NULL);
-        const char *kind = json_string_value(json_object_get(ev, "event"));
-        const char *job = json_string_value(json_object_get(ev, "job"));
-        json_t *k = json_object_get(ev, "step");
-        if (kind && job && json_is_integer(k) && strcmp(kind, "step") == 0 &&
-            strcmp(job, "calibrate-0") == 0) {
-            t = fbt_now_ms();
-            step = (long long)json_integer_value(k);
-            if (step0 < 0) {
-                step0 = step;
-                t0 = t;
-            }
-        }
-        json_decref(ev);
-        if (step0 >= 0 && t - t0 >= CALIBRATION_MS) break;
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    fclose(f);
-    if (!(step > step0 && t > t0)) fprintf(stderr, "fusebox-train gave no step reports\n");
-    CHECK(step > step0 && t > t0);
-    return (double)(step - step0) / ((t - t0) / 1e3);
+    const char *paths[2] = {files[0], files[1]};
+    return e2e_train_speed(&T, paths, 2, "calibrate-0", CALIBRATION_EVERY, CALIBRATION_MS);
 }
 
 /* A sweep of two trials over lr (the array of measure_speed); ids in

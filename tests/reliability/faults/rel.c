@@ -55,7 +55,7 @@ static void spec_fields(char *buf, size_t cap, int hidden, int batch, int data_s
 double rel_steps_per_s(e2e *t, int hidden, int batch, int n_trials)
 {
     CHECK(n_trials >= 1 && n_trials <= REL_MAX_TRIALS);
-    char common[1024], spec[1400], files[REL_MAX_TRIALS][400], out[400], exe[512];
+    char common[1024], spec[1400], files[REL_MAX_TRIALS][400];
     spec_fields(common, sizeof common, hidden, batch, 0, 100000000, 0);
     for (int i = 0; i < n_trials; i++) {
         snprintf(spec, sizeof spec,
@@ -65,54 +65,9 @@ double rel_steps_per_s(e2e *t, int hidden, int batch, int n_trials)
         snprintf(files[i], sizeof files[i], "%s/calibrate-%d.json", t->root, i);
         e2e_write(files[i], spec);
     }
-    snprintf(out, sizeof out, "%s/calibrate", t->root);
-    snprintf(exe, sizeof exe, "%s/workers/fusebox-train", getenv("FB_BINARY_DIR"));
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        const char *argv[16] = {exe,  "--threads", "1", "--log-every", "5", "--data-dir",
-                                t->data_dir, "--out", out};
-        int n = 9;
-        for (int i = 0; i < n_trials; i++) argv[n++] = files[i];
-        argv[n] = NULL;
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = fdopen(fds[0], "r");
-    CHECK(f != NULL);
-    /* its output is a pipe, so one JSON object a line */
-    char line[1024];
-    long long step0 = -1, step = -1;
-    double start = fbt_now_ms(), t0 = 0, t1 = 0;
-    while (fgets(line, sizeof line, f) && fbt_now_ms() - start < 60000) {
-        json_t *ev = json_loads(line, 0, NULL);
-        const char *kind = json_string_value(json_object_get(ev, "event"));
-        const char *job = json_string_value(json_object_get(ev, "job"));
-        json_t *k = json_object_get(ev, "step");
-        if (kind && job && json_is_integer(k) && strcmp(kind, "step") == 0 &&
-            strcmp(job, "calibrate-0") == 0) {
-            t1 = fbt_now_ms();
-            step = (long long)json_integer_value(k);
-            if (step0 < 0) {
-                step0 = step;
-                t0 = t1;
-            }
-        }
-        json_decref(ev);
-        if (step0 >= 0 && t1 - t0 >= 1000) break;
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    fclose(f);
-    if (!(step > step0 && t1 > t0)) fprintf(stderr, "fusebox-train gave no step reports\n");
-    CHECK(step > step0 && t1 > t0);
-    return (double)(step - step0) / ((t1 - t0) / 1e3);
+    const char *paths[REL_MAX_TRIALS];
+    for (int i = 0; i < n_trials; i++) paths[i] = files[i];
+    return e2e_train_speed(t, paths, n_trials, "calibrate-0", 5, 1000);
 }
 
 void rel_sweep(e2e *t, const char *name, int hidden, int batch, int data_seed, int steps,
