@@ -312,11 +312,11 @@ int fbt_server_stop(fbt_server *s)
 
 /* ---- HTTP ---- */
 
-static int connect_port(int port)
+int fbt_connect(int port, int timeout_ms)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    struct timeval tv = {.tv_sec = 60};
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -328,8 +328,7 @@ static int connect_port(int port)
     return fd;
 }
 
-/* Sends all of buf; false when the peer stopped reading. */
-static bool send_all(int fd, const char *buf, size_t len)
+bool fbt_send_all(int fd, const char *buf, size_t len)
 {
     while (len > 0) {
         ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
@@ -383,7 +382,7 @@ int fbt_http(int port, const char *method, const char *path, const char *const *
              const char *body, size_t body_len, fbt_resp *out)
 {
     memset(out, 0, sizeof *out);
-    int fd = connect_port(port);
+    int fd = fbt_connect(port, 60000);
     if (fd < 0) return -1;
     size_t cap = 8192 + strlen(path), used = 0;
     char *head = malloc(cap);
@@ -400,12 +399,12 @@ int fbt_http(int port, const char *method, const char *path, const char *const *
         used += (size_t)snprintf(head + used, cap - used, "Content-Length: %zu\r\n", body_len);
     used += (size_t)snprintf(head + used, cap - used, "\r\n");
     CHECK(used < cap);
-    bool ok = send_all(fd, head, used);
+    bool ok = fbt_send_all(fd, head, used);
     free(head);
     if (ok && body && body_len) {
         /* like Expect: 100-continue: an early refusal arrives before we send */
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (body_len < 65536 || poll(&p, 1, 150) == 0) send_all(fd, body, body_len);
+        if (body_len < 65536 || poll(&p, 1, 150) == 0) fbt_send_all(fd, body, body_len);
     }
     shutdown(fd, SHUT_WR);
     int rc = read_response(fd, out);
@@ -416,9 +415,9 @@ int fbt_http(int port, const char *method, const char *path, const char *const *
 int fbt_http_raw(int port, const char *raw, size_t len, fbt_resp *out)
 {
     memset(out, 0, sizeof *out);
-    int fd = connect_port(port);
+    int fd = fbt_connect(port, 60000);
     if (fd < 0) return -1;
-    send_all(fd, raw, len);
+    fbt_send_all(fd, raw, len);
     shutdown(fd, SHUT_WR);
     int rc = read_response(fd, out);
     close(fd);

@@ -56,6 +56,13 @@ void fbt_server_start(fbt_server *s, const char *const *extra);
  * signal), failing the test after 30 s. */
 int fbt_server_stop(fbt_server *s);
 
+/* A TCP connection to the loopback port with send and receive timeouts of
+ * timeout_ms; -1 when it cannot be made. */
+int fbt_connect(int port, int timeout_ms);
+
+/* Sends all of buf over fd (no SIGPIPE); false when the peer stopped reading. */
+bool fbt_send_all(int fd, const char *buf, size_t len);
+
 /* Prints the server's log (for failures). */
 void fbt_server_dump_log(const fbt_server *s);
 

@@ -83,34 +83,6 @@ static void raise_nofile(void)
 
 /* ---- a client with deadlines ---------------------------------------------- */
 
-static int dial(int port, int timeout_ms)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static bool send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 /* Reads until the server closes or the deadline passes; returns the status
  * of the response (0 when there was none). */
 static int read_status(int fd)
@@ -133,16 +105,16 @@ static int read_status(int fd)
  * them) and returns the response's status, 0 for none within 5 s. */
 static int exchange(const char *head, size_t head_len, size_t body_bytes)
 {
-    int fd = dial(S.port, 5000);
+    int fd = fbt_connect(S.port, 5000);
     if (fd < 0) return 0;
-    bool ok = send_all(fd, head, head_len);
+    bool ok = fbt_send_all(fd, head, head_len);
     static const char chunk[16384] = {0};
     while (ok && body_bytes > 0) {
         size_t n = body_bytes < sizeof chunk ? body_bytes : sizeof chunk;
         /* an early answer is the refusal: stop sending */
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0) break;
-        ok = send_all(fd, chunk, n);
+        ok = fbt_send_all(fd, chunk, n);
         body_bytes -= n;
     }
     shutdown(fd, SHUT_WR);
@@ -165,10 +137,10 @@ static void *health_main(void *arg)
         "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     while (!atomic_load(&stop) && s->n < 4096) {
         double t0 = fbt_now_ms();
-        int fd = dial(S.port, 2000);
+        int fd = fbt_connect(S.port, 2000);
         int st = 0;
         if (fd >= 0) {
-            if (send_all(fd, req, sizeof req - 1)) st = read_status(fd);
+            if (fbt_send_all(fd, req, sizeof req - 1)) st = read_status(fd);
             close(fd);
         }
         double ms = fbt_now_ms() - t0;
@@ -297,19 +269,19 @@ static int oversized(int kind)
             auth);
         /* 48 chunks of 64 KiB: 3 MiB, three times the default limit */
         int st = 0;
-        int fd = dial(S.port, 5000);
+        int fd = fbt_connect(S.port, 5000);
         if (fd >= 0) {
-            bool ok = send_all(fd, buf, n);
+            bool ok = fbt_send_all(fd, buf, n);
             memset(buf, '[', 65536);
             for (int i = 0; ok && i < 48; i++) {
                 struct pollfd p = {.fd = fd, .events = POLLIN};
                 if (poll(&p, 1, 0) > 0) break;
                 char line[32];
                 int ln = snprintf(line, sizeof line, "10000\r\n");
-                ok = send_all(fd, line, (size_t)ln) && send_all(fd, buf, 65536) &&
-                     send_all(fd, "\r\n", 2);
+                ok = fbt_send_all(fd, line, (size_t)ln) && fbt_send_all(fd, buf, 65536) &&
+                     fbt_send_all(fd, "\r\n", 2);
             }
-            if (ok) send_all(fd, "0\r\n\r\n", 5);
+            if (ok) fbt_send_all(fd, "0\r\n\r\n", 5);
             shutdown(fd, SHUT_WR);
             st = read_status(fd);
             close(fd);
@@ -355,7 +327,7 @@ static void test_flood(void)
     int held[N_HELD];
     int opened = 0;
     for (int i = 0; i < N_HELD; i++) {
-        held[i] = dial(S.port, 5000);
+        held[i] = fbt_connect(S.port, 5000);
         if (held[i] < 0) {
             fprintf(stderr, "connection %d of %d could not be opened: %s\n", i, N_HELD,
                     strerror(errno));
@@ -363,9 +335,9 @@ static void test_flood(void)
         }
         opened++;
         if (i >= N_SLOW && i < N_SLOW + N_PARTIAL)
-            CHECK(send_all(held[i], "GET /v1/jobs HTTP/1.1\r\n", 23));
+            CHECK(fbt_send_all(held[i], "GET /v1/jobs HTTP/1.1\r\n", 23));
         else if (i < N_SLOW)
-            CHECK(send_all(held[i], "G", 1));
+            CHECK(fbt_send_all(held[i], "G", 1));
     }
     /* the server holds them all: one descriptor each */
     int server_held = 0;
