@@ -187,6 +187,7 @@ static double mono_s(void)
 static bool load_groups(fb_dispatch_t *d);
 static int write_reasons(fb_dispatch_t *d, double budget_s);
 static void take_notifies(fb_dispatch_t *d);
+static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t);
 static bool update_utilization(fb_dispatch_t *d, const char *group_id);
 static void flush_progress(fb_dispatch_t *d);
 struct pending;
@@ -1352,7 +1353,9 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
         group *g = find_group(d, r->group_id);
         if (g && g->generation == r->generation && strcmp(g->worker, name) == 0)
             g->missing_since_ms = 0;
-        else {
+        else if (!detach_recent(d, r->group_id, now_ms())) {
+            /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
+             * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
                         json_pack("{s:s, s:s, s:I}", "worker", name, "group_id", r->group_id,
                                   "generation", (json_int_t)r->generation));
@@ -2230,14 +2233,27 @@ static int write_reasons(fb_dispatch_t *d, double budget_s)
     return written;
 }
 
-static bool detach_recent(fb_dispatch_t *d, const char *job, int64_t t)
+/*
+ * Whether a DETACH for key (a job id, or a group id for a whole stale array)
+ * went out less than DETACH_RESEND_MS before t; if not, records t as its
+ * last sending.  Entries ten periods old are forgotten when the list is
+ * full, so that it stays as long as the DETACHes of the last minute.
+ */
+static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t)
 {
     for (int i = 0; i < d->n_detached; i++)
-        if (strcmp(d->detached[i].job, job) == 0) {
+        if (strcmp(d->detached[i].job, key) == 0) {
             if (t - d->detached[i].at_ms < DETACH_RESEND_MS) return true;
             d->detached[i].at_ms = t;
             return false;
         }
+    if (d->n_detached == d->cap_detached) {
+        int kept = 0;
+        for (int i = 0; i < d->n_detached; i++)
+            if (t - d->detached[i].at_ms < 10 * DETACH_RESEND_MS)
+                d->detached[kept++] = d->detached[i];
+        d->n_detached = kept;
+    }
     if (d->n_detached == d->cap_detached) {
         int cap = d->cap_detached ? 2 * d->cap_detached : 16;
         detach_sent *n = realloc(d->detached, (size_t)cap * sizeof *n);
@@ -2245,7 +2261,7 @@ static bool detach_recent(fb_dispatch_t *d, const char *job, int64_t t)
         d->detached = n;
         d->cap_detached = cap;
     }
-    snprintf(d->detached[d->n_detached].job, sizeof d->detached[0].job, "%s", job);
+    snprintf(d->detached[d->n_detached].job, sizeof d->detached[0].job, "%s", key);
     d->detached[d->n_detached++].at_ms = t;
     return false;
 }

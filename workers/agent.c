@@ -1578,9 +1578,15 @@ static void on_message(fb_agent *a, zmq_msg_t *frames, int n_frames)
     }
     switch (m.type) {
     case FB_WIRE_WELCOME:
-        a->welcomed = true;
         snprintf(a->worker_id, sizeof a->worker_id, "%s", m.worker_id);
         a->heartbeat_ms = m.heartbeat_ms;
+        if (a->welcomed) {
+            /* the answer to a HELLO queued while the link was down: a link that comes back
+             * delivers every HELLO of the outage at once, and resending the outbox for each
+             * answer multiplied the traffic of a returning worker */
+            break;
+        }
+        a->welcomed = true;
         agent_log("registered as %s (worker id %s), heartbeat every %d ms; resending %s", a->name,
                   a->worker_id, a->heartbeat_ms,
                   a->outbox ? "the unacknowledged events" : "nothing");
