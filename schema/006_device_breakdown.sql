@@ -5,7 +5,7 @@
 --   {"device": worker's device index, "shard": d, "stage": p,
 --    "compute_ms", "comm_ms", "io_ms", "idle_ms": per step,
 --    "samples_per_step": the samples it trained on per step,
---    "samples_per_s": its speed, samples per second of its compute}
+--    "samples_per_s": its speed, samples per second of its training passes}
 -- NULL until the array reports one.  The fair-share controller splits the
 -- batch by the devices' speeds; GET /v1/cluster, GET /v1/jobs/{id} and
 -- /metrics serve the breakdown.

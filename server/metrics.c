@@ -360,8 +360,8 @@ static void fair_render(fb_textbuf *b)
             }
         }
         fb_textbuf_printf(b, "# HELP fusebox_device_samples_per_second Samples per second of "
-                             "compute of each device of a running array, smoothed: what the "
-                             "batch split follows.\n"
+                             "the training passes of each device of a running array, smoothed: "
+                             "what the batch split follows.\n"
                              "# TYPE fusebox_device_samples_per_second gauge\n");
         for (int i = 0; i < fair_published.n_dev; i++) {
             const fair_device *dv = &fair_published.devices[i];

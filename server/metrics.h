@@ -60,7 +60,7 @@ void fb_metrics_fair_group(const char *group_id, double slowdown, double time_sh
  * One device of a running group, published within the same period: its
  * latest step time breakdown per step in seconds (phase_s: compute,
  * communication not hidden, I/O wait, idle) and its speed (samples per
- * second of its compute; 0 = not measured).  Rendered as
+ * second of its training passes; 0 = not measured).  Rendered as
  * fusebox_device_step_seconds{group,worker,device,phase} and
  * fusebox_device_samples_per_second{group,worker,device}: one series per
  * device of a running group, so the count stays bounded by the devices in
