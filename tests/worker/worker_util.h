@@ -480,8 +480,11 @@ static inline bool wu_next(wu_server *s, int timeout_ms, bool ack, wu_msg *out)
             continue;
         }
         /* a worker repeats HELLO every heartbeat until a WELCOME reaches it, so one more
-         * can cross the WELCOME on a slow machine */
+         * can cross the WELCOME on a slow machine; and one that heard nothing for three
+         * heartbeats (a test busy elsewhere) registers again and holds its events until
+         * welcomed: answer as a server does (a registered worker ignores the extra ones) */
         if (out->m.type == FB_WIRE_HELLO) {
+            wu_send_welcome(s, out->from);
             wu_msg_free(out);
             continue;
         }
