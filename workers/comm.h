@@ -1,8 +1,9 @@
 /*
  * Collective communication between the data-parallel replicas of a group,
- * behind one interface with two backends: shared memory, for devices that
- * live in one process (CPU devices, which are threads of the worker), and
- * NCCL, for CUDA devices within a worker and across workers.
+ * behind one interface with three backends: shared memory, for devices that
+ * live in one process (CPU devices, which are threads of the worker), TCP,
+ * for CPU devices in several processes (workers), and NCCL, for CUDA devices
+ * within a worker and across workers.
  *
  * A communicator covers the local ranks of one worker (ranks base ..
  * base + n_local - 1 of a world of `world` ranks).  It is driven by ONE
@@ -13,7 +14,9 @@
  * memory of the rank's device (host memory for the shared-memory backend).
  *
  * The shared-memory sum adds the ranks' values in rank order and writes the
- * same float to every rank, so replicas stay bit-identical.
+ * same float to every rank, so replicas stay bit-identical.  The TCP sum
+ * does the same over the whole world, so it gives the very floats of the
+ * shared-memory backend for the same world.
  */
 #ifndef FB_WORKERS_COMM_H
 #define FB_WORKERS_COMM_H
@@ -53,10 +56,76 @@ int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
                      const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
                      size_t msg_cap);
 
+/* The size of a group's secret, which every process of a TCP communicator
+ * presents when it joins (the server hands it out with the rendezvous). */
+#define FB_COMM_TOKEN_BYTES 32
+
+/* A listening socket of the process that holds rank 0 (TCP backend). */
+typedef struct fb_comm_tcp_listener fb_comm_tcp_listener;
+
+/*
+ * Listens on addr ("host:port", "[v6 host]:port" or ":port" for every
+ * address; port 0 lets the system choose one) for the members of a TCP
+ * communicator.  *port (may be NULL) receives the port bound, which the
+ * other processes then connect to.  Lets the process holding rank 0 bind
+ * before it starts the others.  Returns FB_OK, FB_ERR_OUT_OF_RANGE (a
+ * malformed address) or FB_ERR_IO (cannot resolve or bind; msg says why);
+ * *out and *port are untouched on failure.
+ */
+int fb_comm_tcp_listen(const char *addr, fb_comm_tcp_listener **out, int *port, char *msg,
+                       size_t msg_cap);
+
+/* Closes the listening socket.  Accepts NULL. */
+void fb_comm_tcp_listener_free(fb_comm_tcp_listener *l);
+
+/*
+ * Opens a TCP communicator for n_local ranks of this process, ranks base ..
+ * base + n_local - 1 of a world of `world` (1..64) ranks spread over several
+ * processes.  The process with base 0 (the root) listens on listener, or,
+ * when listener is NULL, binds root_addr itself for the rendezvous; every
+ * other process connects to root_addr ("host:port"; IPv4, IPv6 or a name,
+ * through getaddrinfo), retrying until the root listens.  Each process
+ * presents token, the group's secret; the root compares it in constant time
+ * and refuses a wrong token, a world of another size and ranks that are out
+ * of range or already held, with a reason that the refused process returns
+ * (FB_ERR_UNAUTHORIZED, FB_ERR_OUT_OF_RANGE, FB_ERR_ALREADY_EXISTS) while
+ * the root goes on waiting for the rightful members.  Returns when every
+ * rank of the world is held exactly once.
+ *
+ * A sum sends every rank's values to the root, which adds them in rank
+ * order and sends the one sum back (a star, not a ring: a ring adds in
+ * another order on each rank, and the replicas must stay bit-identical; at
+ * the speed of CPU devices the root's links are not the bottleneck).  Each
+ * wait of a rendezvous or a sum lasts at most timeout_ms (1..3600000), so
+ * it must exceed the longest time one process can spend between two sums
+ * that another process has already reached (a step's imbalance, an
+ * evaluation; a member waits twice as long for the root's answer, so that
+ * the root, which waits for each peer, is the one to name a silent peer);
+ * a dead, silent or misbehaving peer (a sum of another length,
+ * say) gives FB_ERR_IO naming the peer's ranks, never a hang, and breaks
+ * the communicator: every later sum fails at once.  Every process must be
+ * of one byte order (checked at the rendezvous).
+ *
+ * Returns FB_OK, FB_ERR_OUT_OF_RANGE (bad ranks, timeout or address), a
+ * refusal as above, FB_ERR_IO (the rendezvous failed or timed out) or
+ * FB_ERR_NOMEM; *out is untouched on failure.  The caller keeps listener
+ * and may free it once this returns.
+ */
+int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
+                    fb_comm_tcp_listener *listener, const unsigned char token[FB_COMM_TOKEN_BYTES],
+                    int timeout_ms, fb_comm_t **out, char *msg, size_t msg_cap);
+
+/*
+ * The place of a TCP communicator's ranks: *base, its first local rank, and
+ * *world (either may be NULL).  Returns FB_OK, or FB_ERR_UNSUPPORTED for a
+ * communicator of another backend (its ranks are all in this process).
+ */
+int fb_comm_tcp_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap);
+
 /* Number of local ranks. */
 int fb_comm_local_size(const fb_comm_t *c);
 
-/* The backend's name: "shm" or "nccl". */
+/* The backend's name: "shm", "tcp" or "nccl". */
 const char *fb_comm_name(const fb_comm_t *c);
 
 /* Whether the buffers are host memory (the shared-memory backend). */
@@ -66,7 +135,7 @@ int fb_comm_host_memory(const fb_comm_t *c);
  * Sums bufs[r][0..n) over every rank of the world and leaves the sum in
  * every buffer.  bufs has one pointer per local rank, in rank order.
  * Returns when the sum is complete in every local buffer.  Returns FB_OK or
- * FB_ERR_IO (NCCL failed; msg says why).
+ * FB_ERR_IO (NCCL failed, a TCP peer failed or timed out; msg says why).
  */
 int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
                           size_t msg_cap);

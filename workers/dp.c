@@ -14,6 +14,16 @@
  * end of the step).  A rank queues the same collectives in the same order
  * as every other, because they run the same model: that is what makes the
  * protocol deadlock-free, and fb_dp_last_collectives lets tests check it.
+ *
+ * Across processes (opts.comm) the same holds for the whole world: every
+ * process runs the same model on the same batch, so its communication
+ * thread issues the same collectives in the same order, and each one is a
+ * sum over every rank of every process.  One more collective ends each
+ * training step there: the ranks' weighted losses and correct counts, since
+ * no process sees the others' shards.  The checks of a call (split, labels)
+ * see the same inputs in every process, so they refuse a call everywhere
+ * or nowhere: a process that skipped a step would leave the others waiting
+ * for its collectives until the timeout.
  */
 #include "dp.h"
 
@@ -67,6 +77,7 @@ typedef struct rank {
     float *bn_tmp;
     size_t bn_cap;
     float *loss, *correct; /* [B] */
+    float *world_loss;     /* across processes: [2B], weighted losses, then correct counts */
     const float *inject; /* pipeline: this shard's output gradient [n, B, K], or NULL */
     float *capture;      /* pipeline: this shard's input gradient [n, input] (B = 1), or NULL */
     int err;
@@ -76,8 +87,10 @@ typedef struct rank {
 
 struct fb_dp {
     int D, B, max_n;
+    int world, first; /* the ranks of the world (W) and this process's first */
     fb_dp_opts opts;
     fb_comm_t *comm;
+    bool own_comm;
     bool host;
     rank *ranks;
 
@@ -504,6 +517,14 @@ static void rank_fb(rank *r)
         }
     }
     submit_bucket(r);
+    if (dp->world > dp->D) {
+        /* the other processes' shards' losses: summed like a gradient */
+        for (int b = 0; b < B; b++) {
+            r->world_loss[b] = (float)((double)r->n / dp->N * r->loss[b]);
+            r->world_loss[B + b] = r->correct[b];
+        }
+        enqueue(r, (op){.kind = OP_BUF, .buf = r->world_loss, .n = 2 * (size_t)B});
+    }
     r->hooks = false;
     pthread_mutex_lock(&dp->mu);
     int last = r->n_ops - 1;
@@ -602,6 +623,21 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
     if (o.sync_bn && !host)
         return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
                        "synchronised batch norm runs on CPU devices only");
+    int world = D, base = 0;
+    if (o.comm) {
+        int err = fb_comm_tcp_layout(o.comm, &base, &world, msg, msg_cap);
+        if (err) return err;
+        if (!host)
+            return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                           "ranks across processes run on CPU devices only");
+        if (fb_comm_local_size(o.comm) != D)
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "the communicator holds %d local ranks, the group has %d devices",
+                           fb_comm_local_size(o.comm), D);
+        if (world > FB_DP_MAX_RANKS)
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a world of %d ranks (1..%d)",
+                           world, FB_DP_MAX_RANKS);
+    }
 
     int err = FB_OK;
     fb_dp *dp = calloc(1, sizeof *dp);
@@ -609,6 +645,8 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
     dp->D = D;
     dp->B = B;
     dp->max_n = max_n;
+    dp->world = world;
+    dp->first = base;
     dp->opts = o;
     dp->host = host;
     if (pthread_mutex_init(&dp->mu, NULL)) {
@@ -626,7 +664,9 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (host) {
+    if (o.comm) {
+        dp->comm = o.comm;
+    } else if (host) {
         err = fb_comm_shm_new(D, &dp->comm, msg, msg_cap);
     } else {
         int ords[FB_DP_MAX_RANKS];
@@ -636,6 +676,7 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         if (!err) err = fb_comm_nccl_new(D, ords, 0, D, id, &dp->comm, msg, msg_cap);
     }
     if (err) goto fail;
+    dp->own_comm = !o.comm;
     for (int d = 0; d < D; d++) {
         rank *r = &dp->ranks[d];
         r->dp = dp;
@@ -646,12 +687,13 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         int n_params = fb_array_tensor_count(r->a, FB_ARRAY_PARAM);
         int n_bn = fb_array_bn_count(r->a);
         r->cap_regions = n_params + 1;
-        r->cap_ops = n_params + 3 * n_bn + 2;
+        r->cap_ops = n_params + 3 * n_bn + 3;
         r->regions = calloc((size_t)r->cap_regions, sizeof *r->regions);
         r->ops_q = calloc((size_t)r->cap_ops, sizeof *r->ops_q);
         r->loss = calloc((size_t)B, sizeof *r->loss);
         r->correct = calloc((size_t)B, sizeof *r->correct);
-        if (!r->regions || !r->ops_q || !r->loss || !r->correct) {
+        r->world_loss = calloc(2 * (size_t)B, sizeof *r->world_loss);
+        if (!r->regions || !r->ops_q || !r->loss || !r->correct || !r->world_loss) {
             err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
             goto fail;
         }
@@ -705,10 +747,11 @@ void fb_dp_free(fb_dp *dp)
             free(r->bn_tmp);
             free(r->loss);
             free(r->correct);
+            free(r->world_loss);
         }
         free(dp->ranks);
     }
-    fb_comm_free(dp->comm);
+    if (dp->own_comm) fb_comm_free(dp->comm);
     free(dp->zeros);
     if (dp->mu_ok) {
         pthread_mutex_destroy(&dp->mu);
@@ -725,6 +768,11 @@ int fb_dp_ranks(const fb_dp *dp)
     return dp ? dp->D : 0;
 }
 
+int fb_dp_world(const fb_dp *dp)
+{
+    return dp ? dp->world : 0;
+}
+
 fb_array *fb_dp_array(fb_dp *dp, int d)
 {
     return d >= 0 && d < dp->D ? dp->ranks[d].a : NULL;
@@ -733,7 +781,7 @@ fb_array *fb_dp_array(fb_dp *dp, int d)
 int fb_dp_check_split(const fb_dp *dp, const int64_t *split, int N, char *msg, size_t msg_cap)
 {
     int64_t sum = 0;
-    for (int d = 0; d < dp->D; d++) {
+    for (int d = 0; d < dp->world; d++) {
         if (split[d] < 1 || split[d] > dp->max_n)
             return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "shard %d of the split has %lld samples (1..%d)", d,
@@ -786,11 +834,14 @@ static int dp_run(fb_dp *dp, job_kind job, const float *x, const int32_t *y, int
     int64_t even[FB_DP_MAX_RANKS];
     if (!x || (job == JOB_FB && !y && !dout) || (job == JOB_FWD && !out))
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "no batch");
-    if (N < dp->D)
+    if (dp->world > dp->D && (job == JOB_FWD || dout || din))
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "pipeline stages do not span processes");
+    if (N < dp->world)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
-                       "a batch of %d samples cannot feed %d devices", N, dp->D);
+                       "a batch of %d samples cannot feed %d devices", N, dp->world);
     if (!split) {
-        fb_dp_even_split(dp->D, N, NULL, even);
+        fb_dp_even_split(dp->world, N, NULL, even);
         split = even;
     }
     int err = fb_dp_check_split(dp, split, N, msg, msg_cap);
@@ -813,14 +864,15 @@ static int dp_run(fb_dp *dp, job_kind job, const float *x, const int32_t *y, int
     }
     int64_t in_numel = fb_shape_numel(&s->input);
     int64_t off = 0;
+    for (int d = 0; d < dp->first; d++) off += split[d]; /* the other processes' shards */
     double t0 = now_ms();
     /* the communication thread reads the queues under the mutex */
     pthread_mutex_lock(&dp->mu);
     for (int d = 0; d < dp->D; d++) {
         rank *r = &dp->ranks[d];
         r->off = off;
-        r->n = split[d];
-        off += split[d];
+        r->n = split[dp->first + d];
+        off += r->n;
         r->n_ops = 0;
         r->compute_ms = 0;
     }
@@ -846,7 +898,11 @@ static int dp_run(fb_dp *dp, job_kind job, const float *x, const int32_t *y, int
     int B = fb_array_size(a0);
     for (int b = 0; b < B && job == JOB_FB; b++) {
         double l = 0, c = 0;
-        for (int d = 0; d < dp->D; d++) {
+        if (dp->world > dp->D) {
+            l = dp->ranks[0].world_loss[b];
+            c = dp->ranks[0].world_loss[B + b];
+        }
+        for (int d = 0; d < dp->D && dp->world == dp->D; d++) {
             l += (double)dp->ranks[d].n / N * dp->ranks[d].loss[b];
             c += dp->ranks[d].correct[b];
         }

@@ -26,6 +26,14 @@
  * all-reduced over the global batch, which reproduces single-device training
  * exactly.  Synchronised batch norm needs host-memory devices (CPU).
  *
+ * Across processes: with opts.comm (a TCP communicator, comm.h) the D
+ * devices are ranks base..base+D-1 of a world of W ranks whose other ranks
+ * live in other processes.  Every process is handed the same global batch
+ * and the same split of W entries, runs only its own ranks' shards, and
+ * scales the loss gradient by the global batch, so training still equals
+ * one device's for any split; each step's loss is summed over the world
+ * too.  Pipeline stages do not span processes.
+ *
  * The replicas are hooked without changing the array: each rank runs its
  * array on a thin backend that forwards every op to the device's backend and
  * additionally sees each parameter gradient as backward finishes it, scales
@@ -40,6 +48,7 @@
 #include <stdint.h>
 
 #include "array.h"
+#include "comm.h"
 #include "device.h"
 
 #define FB_DP_MAX_RANKS 64
@@ -58,6 +67,10 @@ typedef struct fb_dp_opts {
      * -1 (or slow_us 0) for none.  Proves a straggler delays but never changes a step. */
     int slow_rank;
     int slow_us;
+    /* ranks in several processes: a communicator that spans them (TCP, comm.h),
+     * holding D local ranks; dp borrows it (the caller frees it after fb_dp_free).
+     * NULL: the D devices are the whole world, joined by shared memory or NCCL. */
+    fb_comm_t *comm;
 } fb_dp_opts;
 
 /* Where a group's time went since the last fb_dp_take_times, ms, summed over steps. */
@@ -86,6 +99,10 @@ typedef struct fb_dp_times {
  * identical (same seeds).  Returns FB_OK or a negative fb_err with msg
  * filled (FB_ERR_OUT_OF_RANGE for a bad D or bucket size, FB_ERR_UNSUPPORTED
  * for sync_bn on CUDA devices or mixed kinds); *out is untouched on failure.
+ * With opts->comm, the devices must be CPU devices and the communicator must
+ * hold D local ranks of a world of at most FB_DP_MAX_RANKS (else
+ * FB_ERR_UNSUPPORTED or FB_ERR_OUT_OF_RANGE); every process of the world
+ * must build the same array with the same max_n.
  */
 int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int B, int max_n,
               const fb_dp_opts *opts, fb_dp **out, char *msg, size_t msg_cap);
@@ -93,16 +110,19 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
 /* Releases the replicas and stops the threads.  Accepts NULL. */
 void fb_dp_free(fb_dp *dp);
 
-/* Number of ranks (D). */
+/* Number of ranks in this process (D). */
 int fb_dp_ranks(const fb_dp *dp);
+
+/* Number of ranks in the world (W): D, or the communicator's world with opts.comm. */
+int fb_dp_world(const fb_dp *dp);
 
 /* Replica d's array (owned by dp).  Replica 0 is the one to evaluate, save
  * and checkpoint; after changing its state directly, call fb_dp_broadcast. */
 fb_array *fb_dp_array(fb_dp *dp, int d);
 
 /*
- * Checks that split[0..D) is a valid split of a global batch of N samples:
- * every shard 1..max_n samples and the sum N.  Returns FB_OK or
+ * Checks that split[0..W) (W = fb_dp_world) is a valid split of a global
+ * batch of N samples: every shard 1..max_n samples and the sum N.  Returns FB_OK or
  * FB_ERR_OUT_OF_RANGE with msg naming the shard.
  */
 int fb_dp_check_split(const fb_dp *dp, const int64_t *split, int N, char *msg, size_t msg_cap);
@@ -116,11 +136,13 @@ void fb_dp_even_split(int D, int N, const double *weights, int64_t *split);
 
 /*
  * One training forward and backward of the global batch x [N, input numel]
- * and y [N] (host memory) split over the ranks by split[0..D) (NULL: even),
+ * and y [N] (host memory) split over the ranks by split[0..W) (NULL: even),
  * with gradients all-reduced, so that every replica holds the global batch's
- * gradient afterwards.  stream as for fb_array_forward_backward.  loss [B]
- * receives each member's mean loss over the global batch and correct [B]
- * (may be NULL) its count of correct predictions.  Returns FB_OK or a
+ * gradient afterwards.  Across processes, every process passes the same
+ * x, y, N and split and runs only its own ranks' shards.  stream as for
+ * fb_array_forward_backward.  loss [B] receives each member's mean loss over
+ * the global batch (of every process's shards) and correct [B] (may be NULL)
+ * its count of correct predictions.  Returns FB_OK or a
  * negative fb_err (a bad split: FB_ERR_OUT_OF_RANGE, nothing ran; a rank's
  * error, e.g. a bad label, FB_ERR_DATA; a communication failure,
  * FB_ERR_IO); loss and correct are untouched on failure.
@@ -134,7 +156,8 @@ int fb_dp_forward_backward(fb_dp *dp, const float *x, const int32_t *y, int N,
 /*
  * A pipeline stage's forward of x [N, input numel] (host), split over the
  * ranks, without backward: out [B][N][K] (host, member-major) receives each
- * member's outputs.  Returns FB_OK or a negative fb_err (nothing ran).
+ * member's outputs.  Returns FB_OK or a negative fb_err (nothing ran;
+ * FB_ERR_UNSUPPORTED across processes).
  */
 int fb_dp_stage_forward(fb_dp *dp, const float *x, int N, const int64_t *split, uint64_t stream,
                         float *out, char *msg, size_t msg_cap);
@@ -147,6 +170,7 @@ int fb_dp_stage_forward(fb_dp *dp, const float *x, int N, const int64_t *split, 
  * gradient, which needs one member (B = 1) and a linear or conv2d first
  * layer (else FB_ERR_UNSUPPORTED).  Gradients are all-reduced as for
  * fb_dp_forward_backward; loss and correct [B] (may be NULL) as there.
+ * Across processes only without dout and din (else FB_ERR_UNSUPPORTED).
  */
 int fb_dp_stage_backward(fb_dp *dp, const float *x, const int32_t *y, int N,
                          const int64_t *split, uint64_t stream, const float *dout, float *din,
@@ -169,7 +193,8 @@ void fb_dp_remove(fb_dp *dp, int m);
 
 /*
  * Copies replica 0's full state (parameters, optimizer state, batch-norm
- * buffers and counters) of every member to the other replicas.  Returns
+ * buffers and counters) of every member to the other replicas of this
+ * process; across processes, every process must make the same change.  Returns
  * FB_OK or FB_ERR_NOMEM (then nothing changed).
  */
 int fb_dp_broadcast(fb_dp *dp, char *msg, size_t msg_cap);

@@ -147,6 +147,11 @@ int fb_pp_new(const fb_device *devs, int D, int P, int m, const fb_job_spec *con
                        "a pipeline of %d stages x %d shards with %d micro-batches (1..64) needs "
                        "a batch of at least %d samples, not %d",
                        P, D, m, m * D, batch);
+    /* a communicator across processes serves one replica set; each stage needs its own */
+    if (opts && opts->comm)
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "pipeline stages do not run across processes (a data-parallel world of "
+                       "its own per stage is not built yet)");
     /* stage inputs and their gradients pass through host buffers that the
      * device's ops read and write directly */
     for (int k = 0; k < D * P; k++)

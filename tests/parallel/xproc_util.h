@@ -1,0 +1,109 @@
+/*
+ * Helpers of the tests whose ranks live in several processes: forking a
+ * child that dies with the test, waiting for children with a deadline (a
+ * child that hangs fails the test instead of stalling it), and a loopback
+ * listener on a port the system chooses, so that tests running in parallel
+ * never collide.
+ */
+#ifndef FB_TESTS_XPROC_UTIL_H
+#define FB_TESTS_XPROC_UTIL_H
+
+#include "check.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "errors.h"
+
+static inline double xp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs fn(arg) in a child process, which exits 0 when fn returns (a failed
+ * CHECK aborts it).  The child is killed if the test dies first. */
+static inline pid_t xp_spawn(void (*fn)(void *), void *arg)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fn(arg);
+        fflush(stdout);
+        exit(0);
+    }
+    return pid;
+}
+
+/* Waits up to secs for pid; returns its wait status (a child still running
+ * then is killed and fails the test). */
+static inline int xp_wait(pid_t pid, double secs)
+{
+    double end = xp_now() + secs;
+    for (;;) {
+        int st = 0;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        CHECK(r >= 0);
+        if (r == pid) return st;
+        if (xp_now() > end) {
+            fprintf(stderr, "child %d did not finish within %.0f s\n", (int)pid, secs);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            CHECK(!"a child hung");
+        }
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Waits for pid and requires that it exited 0. */
+static inline void xp_wait_ok(pid_t pid, double secs)
+{
+    int st = xp_wait(pid, secs);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fprintf(stderr, "child %d: %s %d\n", (int)pid,
+                WIFEXITED(st) ? "exit status" : "killed by signal",
+                WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* A listener on host (a loopback address; IPv6 in brackets) at a port the
+ * system chose; *addr gets "connect_host:port".  NULL where host cannot be
+ * bound (a machine without IPv6). */
+static inline fb_comm_tcp_listener *xp_listen_on(const char *host, const char *connect_host,
+                                                 char *addr, size_t cap)
+{
+    char msg[256], where[128];
+    fb_comm_tcp_listener *l = NULL;
+    int port = 0;
+    snprintf(where, sizeof where, "%s:0", host);
+    int err = fb_comm_tcp_listen(where, &l, &port, msg, sizeof msg);
+    if (err) {
+        printf("cannot listen on %s: %s\n", where, msg);
+        return NULL;
+    }
+    CHECK(port > 0 && port < 65536);
+    snprintf(addr, cap, "%s:%d", connect_host, port);
+    return l;
+}
+
+/* A listener on 127.0.0.1 at a port the system chose; *addr gets "127.0.0.1:port". */
+static inline fb_comm_tcp_listener *xp_listen(char *addr, size_t cap)
+{
+    fb_comm_tcp_listener *l = xp_listen_on("127.0.0.1", "127.0.0.1", addr, cap);
+    CHECK(l != NULL);
+    return l;
+}
+
+#endif
