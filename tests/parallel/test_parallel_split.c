@@ -10,7 +10,7 @@
  * index first.)
  *
  * The worker reports each device's step breakdown and samples; the server
- * turns them into each device's speed (samples per second of its compute)
+ * turns them into each device's speed (samples per second of its passes)
  * and the controller re-splits the batch in proportion.  The test checks
  * that the split starts even and moves toward the faster device 0 while the
  * job trains; that the per-device breakdown is served by GET /v1/jobs/{id},
