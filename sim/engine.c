@@ -16,6 +16,13 @@
  * the rest goes to the others on the device, the way the workers' stride
  * scheduler hands a waiting group's turn to the next.  The fractions and the
  * step times depend on each other; a few rounds settle them.
+ *
+ * Devices on one host slow one another down (sim.h), so a change on one of
+ * the host's workers marks all of them dirty, and each recomputation pass
+ * first counts the host's busy devices.  Start and end costs are spans in
+ * which a group is live but not active (ready_at), the way a migrated group
+ * waits to resume: it holds its slots on its devices and uses none of their
+ * time.
  */
 #include "sim.h"
 
@@ -36,11 +43,13 @@ typedef struct devrt {
     double busy;      /* useful device-seconds so far */
     double busy_rate; /* useful fraction of the device now */
     double t_last;
-    int imbalanced; /* the fair-share controller's count, handed back each period */
+    int imbalanced;   /* the fair-share controller's count, handed back each period */
+    double inflation; /* the host's step-time inflation now (1: none) */
 } devrt;
 
 typedef struct grp {
-    bool live, ready; /* ready: resumed (a migrated group waits migrate_cost_s first) */
+    bool live, ready; /* ready: stepping (not in its start, resume or end span) */
+    bool ending;      /* its last members stepped their last; it ends at ready_at */
     int key, profile;
     int *members;
     int n_members, cap_members;
@@ -76,12 +85,16 @@ typedef struct eng {
     int next_arrival;
     int *queue, nq, cap_q;
     int n_workers;
-    int *wfirst, *wcount; /* devices of each worker */
+    int *wfirst, *wcount;    /* devices of each worker */
+    int *whost;              /* host of each worker, -1: none */
+    int *hw_first, *hw_list; /* workers of host h: hw_list[hw_first[h] .. hw_first[h + 1]) */
+    int *host_stamp, host_stamp_now;
     unsigned char *dirty;
     int *dirty_list, n_dirty;
     double *profile_table; /* [profile][B][kind]: isolated step time, 0 = not measured */
     int live;
     bool plan_due;
+    double plan_at; /* the planner acts no earlier: dispatch_s after the first call */
     double last_plan, next_period;
     int *stamp, stamp_now; /* scratch: groups seen */
     int *wgroups;          /* scratch: a worker's groups */
@@ -135,11 +148,23 @@ static double *profile_slot(eng *e, const grp *G)
                              (size_t)kind];
 }
 
-static void mark_dirty(eng *e, int worker)
+static void mark_one(eng *e, int worker)
 {
     if (e->dirty[worker]) return;
     e->dirty[worker] = 1;
     e->dirty_list[e->n_dirty++] = worker;
+}
+
+/* A change on a worker changes its host's count of busy devices, and with it
+ * every device's speed there: the host's other workers are dirty too. */
+static void mark_dirty(eng *e, int worker)
+{
+    if (e->dirty[worker]) return;
+    mark_one(e, worker);
+    int h = e->whost[worker];
+    if (h < 0) return;
+    for (int k = e->hw_first[h]; k < e->hw_first[h + 1]; k++)
+        mark_one(e, e->hw_list[k]);
 }
 
 static void settle_group(eng *e, grp *G)
@@ -172,7 +197,7 @@ static bool active(const grp *G)
 
 static double capacity(const eng *e, int d, int n_active)
 {
-    double s = e->sc->devices[d].speed;
+    double s = e->sc->devices[d].speed / e->dev[d].inflation;
     return n_active >= 2 ? s * (1.0 - e->cfg->switch_overhead) : s;
 }
 
@@ -342,6 +367,33 @@ static void recompute_worker(eng *e, int w, double *tau, wf *items)
     }
 }
 
+/* g(k) of sim.h: how much slower each of a host's k busy devices steps. */
+static double host_inflation(const sim_host *H, int k)
+{
+    if (k <= 1) return 1.0;
+    int m = k < H->cores ? k : H->cores;
+    double g = 1.0 + H->interference * (double)(m - 1);
+    if (k > H->cores) g *= (double)k / (double)H->cores;
+    return g;
+}
+
+/* Sets the inflation of every device on host h from its busy devices now. */
+static void update_host(eng *e, int h)
+{
+    int busy = 0;
+    for (int k = e->hw_first[h]; k < e->hw_first[h + 1]; k++) {
+        int w = e->hw_list[k];
+        for (int d = e->wfirst[w]; d < e->wfirst[w] + e->wcount[w]; d++)
+            busy += n_active_on(e, d) > 0;
+    }
+    double g = host_inflation(&e->sc->hosts[h], busy);
+    for (int k = e->hw_first[h]; k < e->hw_first[h + 1]; k++) {
+        int w = e->hw_list[k];
+        for (int d = e->wfirst[w]; d < e->wfirst[w] + e->wcount[w]; d++)
+            e->dev[d].inflation = g;
+    }
+}
+
 static int recompute_dirty(eng *e)
 {
     double *tau = malloc((size_t)(e->ng ? e->ng : 1) * sizeof *tau);
@@ -353,6 +405,15 @@ static int recompute_dirty(eng *e)
         free(tau);
         free(items);
         return fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
+    }
+    /* the hosts first: a worker's rates need its host's busy devices, which
+     * the other dirty workers' groups decide as much as its own */
+    e->host_stamp_now++;
+    for (int i = 0; i < e->n_dirty; i++) {
+        int h = e->whost[e->dirty_list[i]];
+        if (h < 0 || e->host_stamp[h] == e->host_stamp_now) continue;
+        e->host_stamp[h] = e->host_stamp_now;
+        update_host(e, h);
     }
     for (int i = 0; i < e->n_dirty; i++) {
         recompute_worker(e, e->dirty_list[i], tau, items);
@@ -396,6 +457,14 @@ static void recompute_min_total(eng *e, grp *G)
     }
 }
 
+/* Something calls for the planner (a submission, a group's end); it acts
+ * dispatch_s later, together with whatever else calls for it meanwhile. */
+static void want_plan(eng *e)
+{
+    if (!e->plan_due || e->nq == 0) e->plan_at = e->t + e->cfg->dispatch_s;
+    e->plan_due = true;
+}
+
 static void end_group(eng *e, int gi)
 {
     grp *G = &e->g[gi];
@@ -407,7 +476,7 @@ static void end_group(eng *e, int gi)
     G->n_members = 0;
     e->free_g[e->n_free++] = gi;
     e->live--;
-    e->plan_due = true;
+    want_plan(e);
 }
 
 /* Time at which G's next member finishes, or +inf. */
@@ -418,6 +487,14 @@ static double completion_time(const grp *G)
     return G->t_last + (left > 0.0 ? left : 0.0) / G->rate;
 }
 
+/* Whether member m of G has stepped its last. */
+static bool member_done(const eng *e, const grp *G, int m)
+{
+    int j = G->members[m];
+    double left = (double)(e->sc->jobs[j].steps - G->start_step) - G->steps;
+    return left <= 1e-9 * (double)e->sc->jobs[j].steps;
+}
+
 static void finish_members(eng *e, int gi)
 {
     grp *G = &e->g[gi];
@@ -425,12 +502,26 @@ static void finish_members(eng *e, int gi)
     /* the member that set this event is done whatever rounding says */
     double need = (double)(G->min_total - G->start_step);
     if (G->steps < need) G->steps = need;
+    double end_s = prof_of(e, G)->end_s;
+    int done = 0;
+    for (int m = 0; m < G->n_members; m++)
+        done += member_done(e, G, m);
+    if (done == G->n_members && end_s > 0.0) {
+        /* the last members end with the array: it keeps its slots, idle, until
+         * their ends are recorded (fuseboxd places nothing there before) */
+        G->ending = true;
+        G->ready = false;
+        G->ready_at = e->t + end_s;
+        mark_dirty(e, e->sc->devices[G->dev[0]].worker);
+        return;
+    }
+    /* members that leave an array which goes on: their own end costs them,
+     * not the others */
     for (int m = 0; m < G->n_members;) {
-        int j = G->members[m];
-        double left = (double)(e->sc->jobs[j].steps - G->start_step) - G->steps;
-        if (left <= 1e-9 * (double)e->sc->jobs[j].steps) {
+        if (member_done(e, G, m)) {
+            int j = G->members[m];
             e->job[j].state = J_DONE;
-            e->job[j].finish = e->t;
+            e->job[j].finish = e->t + end_s;
             G->members[m] = G->members[--G->n_members];
         } else {
             m++;
@@ -442,6 +533,19 @@ static void finish_members(eng *e, int gi)
     }
     recompute_min_total(e, G);
     mark_dirty(e, e->sc->devices[G->dev[0]].worker);
+}
+
+/* The end span of an array whose last members stepped their last is over:
+ * they are finished, and the array leaves its devices. */
+static void end_members(eng *e, int gi)
+{
+    grp *G = &e->g[gi];
+    for (int m = 0; m < G->n_members; m++) {
+        int j = G->members[m];
+        e->job[j].state = J_DONE;
+        e->job[j].finish = e->t;
+    }
+    end_group(e, gi);
 }
 
 /* ---- the planner --------------------------------------------------------------------- */
@@ -574,8 +678,11 @@ static int run_planner(eng *e)
             Jr->state = J_RUNNING;
             Jr->group = gi;
         }
-        G->ready_at = e->t + penalty;
-        G->ready = penalty <= 0.0;
+        /* a migrated group's resume cost, then the array's start */
+        const sim_profile *Pf = &sc->profiles[G->profile];
+        double delay = penalty + Pf->start_s + Pf->start_member_s * (double)(G->n_members - 1);
+        G->ready_at = e->t + delay;
+        G->ready = delay <= 0.0;
         recompute_min_total(e, G);
         for (int i = 0; i < G->n_dev; i++)
             if (push_int(&e->dev[G->dev[i]].groups, &e->dev[G->dev[i]].n, &e->dev[G->dev[i]].cap,
@@ -708,13 +815,20 @@ static int rebalance(eng *e)
                 double ti = W * (double)G->split[i] / batch / sc->devices[G->dev[i]].speed;
                 if (ti > t) t = ti;
             }
+            /* fuseboxd's controller acts on the profile it stored, which was
+             * measured once, maybe while the host was busier or quieter */
+            const sim_profile *P = prof_of(e, G);
+            if (P->isolated_s > 0.0) t *= P->isolated_s / P->step_s;
             *slot = t;
             e->res->n_profiles++;
         }
     }
+    /* a group in its end span has nothing left to move */
     if (e->cfg->migrate)
         for (int m = 0; m < res.n_migrations; m++)
-            if ((rc = migrate_group(e, map[res.migrations[m].group]))) goto out;
+            if (!e->g[map[res.migrations[m].group]].ending &&
+                (rc = migrate_group(e, map[res.migrations[m].group])))
+                goto out;
 out:
     fb_fair_result_free(&res);
     free(fd);
@@ -743,6 +857,10 @@ static int eng_init(eng *e, const sim_scenario *sc, const sim_config *cfg, sim_r
     e->wcount = calloc((size_t)e->n_workers, sizeof *e->wcount);
     e->dirty = calloc((size_t)e->n_workers, 1);
     e->dirty_list = calloc((size_t)e->n_workers, sizeof *e->dirty_list);
+    e->whost = malloc((size_t)e->n_workers * sizeof *e->whost);
+    e->hw_first = calloc((size_t)sc->n_hosts + 1, sizeof *e->hw_first);
+    e->hw_list = malloc((size_t)e->n_workers * sizeof *e->hw_list);
+    e->host_stamp = calloc((size_t)sc->n_hosts + 1, sizeof *e->host_stamp);
     e->wgroups = NULL;
     e->profile_table =
         calloc((size_t)sc->n_profiles * (size_t)(cfg->max_b + 1) * 3, sizeof *e->profile_table);
@@ -750,12 +868,27 @@ static int eng_init(eng *e, const sim_scenario *sc, const sim_config *cfg, sim_r
     res->placed = malloc((size_t)sc->n_jobs * sizeof *res->placed);
     res->slowdown = calloc((size_t)sc->n_jobs, sizeof *res->slowdown);
     if (!e->dev || !e->job || !e->wfirst || !e->wcount || !e->dirty || !e->dirty_list ||
-        !e->profile_table || !res->finish || !res->placed || !res->slowdown)
+        !e->whost || !e->hw_first || !e->hw_list || !e->host_stamp || !e->profile_table ||
+        !res->finish || !res->placed || !res->slowdown)
         return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     for (int d = sc->n_devices - 1; d >= 0; d--) {
         e->wfirst[sc->devices[d].worker] = d;
         e->wcount[sc->devices[d].worker]++;
+        e->dev[d].inflation = 1.0;
     }
+    /* each host's workers (a worker's devices all come from one record, so
+     * from one host), listed by host */
+    for (int w = 0; w < e->n_workers; w++) {
+        e->whost[w] = sc->devices[e->wfirst[w]].host;
+        if (e->whost[w] >= 0) e->hw_first[e->whost[w] + 1]++;
+    }
+    for (int h = 0; h < sc->n_hosts; h++)
+        e->hw_first[h + 1] += e->hw_first[h];
+    int *fill = calloc((size_t)sc->n_hosts + 1, sizeof *fill);
+    if (!fill) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    for (int w = 0; w < e->n_workers; w++)
+        if (e->whost[w] >= 0) e->hw_list[e->hw_first[e->whost[w]] + fill[e->whost[w]]++] = w;
+    free(fill);
     for (int j = 0; j < sc->n_jobs; j++) {
         e->job[j] = (jobrt){.state = J_WAITING, .group = -1, .placed_at = -1.0, .finish = -1.0};
         res->finish[j] = -1.0;
@@ -781,6 +914,10 @@ static void eng_free(eng *e)
     free(e->wcount);
     free(e->dirty);
     free(e->dirty_list);
+    free(e->whost);
+    free(e->hw_first);
+    free(e->hw_list);
+    free(e->host_stamp);
     free(e->profile_table);
     free(e->stamp);
     free(e->wgroups);
@@ -882,6 +1019,7 @@ int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char
         }
         if (e->plan_due && e->nq > 0) {
             double tp = e->last_plan + cfg->plan_gap_s;
+            if (tp < e->plan_at) tp = e->plan_at;
             if (tp < e->t) tp = e->t;
             if (tp < t_next) t_next = tp;
         }
@@ -897,7 +1035,9 @@ int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char
             grp *G = &e->g[gi];
             if (!G->live) continue;
             if (!G->ready) {
-                if (G->ready_at <= e->t) {
+                if (G->ready_at <= e->t && G->ending) {
+                    end_members(e, gi);
+                } else if (G->ready_at <= e->t) {
                     settle_group(e, G);
                     G->ready = true;
                     mark_dirty(e, sc->devices[G->dev[0]].worker);
@@ -910,14 +1050,15 @@ int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char
         while (e->next_arrival < sc->n_jobs && sc->jobs[e->next_arrival].at <= e->t) {
             int j = e->next_arrival++;
             e->job[j].state = J_QUEUED;
+            want_plan(e);
             if (push_int(&e->queue, &e->nq, &e->cap_q, j)) {
                 rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
                 goto fail;
             }
-            e->plan_due = true;
         }
         if ((rc = recompute_dirty(e))) goto fail;
-        if (e->plan_due && e->nq > 0 && e->t >= e->last_plan + cfg->plan_gap_s) {
+        if (e->plan_due && e->nq > 0 && e->t >= e->last_plan + cfg->plan_gap_s &&
+            e->t >= e->plan_at) {
             if ((rc = run_planner(e))) goto fail;
             if ((rc = recompute_dirty(e))) goto fail;
         }

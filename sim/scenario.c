@@ -33,6 +33,7 @@ sim_config sim_config_default(void)
                         .rebalance = true,
                         .migrate = false,
                         .migrate_cost_s = 30.0,
+                        .dispatch_s = 0.0,
                         .fair = fb_fair_params_default()};
 }
 
@@ -60,7 +61,7 @@ typedef struct reader {
     int line;
     char *msg;
     size_t cap;
-    int cap_profiles, cap_tenants, cap_jobs, cap_keys, cap_devspecs, cap_mixes;
+    int cap_profiles, cap_tenants, cap_jobs, cap_keys, cap_devspecs, cap_mixes, cap_hosts;
 } reader;
 
 #define FAIL(r, ...) fail_at(r, __VA_ARGS__)
@@ -208,6 +209,13 @@ static int find_tenant(const sim_scenario *sc, const char *name)
     return -1;
 }
 
+static int find_host(const sim_scenario *sc, const char *name)
+{
+    for (int i = 0; i < sc->n_hosts; i++)
+        if (strcmp(sc->hosts[i].name, name) == 0) return i;
+    return -1;
+}
+
 /* ---- records ------------------------------------------------------------------------ */
 
 static int rec_sim(reader *r, json_t *o)
@@ -221,6 +229,7 @@ static int rec_sim(reader *r, json_t *o)
                                     "rebalance",
                                     "migrate",
                                     "migrate_cost_s",
+                                    "dispatch_s",
                                     "split_hysteresis",
                                     "share_hysteresis",
                                     "max_share_step",
@@ -240,6 +249,7 @@ static int rec_sim(reader *r, json_t *o)
         (rc = get_bool(r, o, "rebalance", &c.rebalance)) ||
         (rc = get_bool(r, o, "migrate", &c.migrate)) ||
         (rc = get_num(r, o, "migrate_cost_s", false, 0, 86400, &c.migrate_cost_s)) ||
+        (rc = get_num(r, o, "dispatch_s", false, 0, 86400, &c.dispatch_s)) ||
         (rc = get_num(r, o, "split_hysteresis", false, 0, 0.99, &c.fair.split_hysteresis)) ||
         (rc = get_num(r, o, "share_hysteresis", false, 0, 0.99, &c.fair.share_hysteresis)) ||
         (rc = get_num(r, o, "max_share_step", false, 0.001, 1, &c.fair.max_share_step)) ||
@@ -255,16 +265,21 @@ static int rec_sim(reader *r, json_t *o)
 
 static int rec_devices(reader *r, json_t *o)
 {
-    static const char *const f[] = {"count", "per_worker", "kind", "speed", "memory_gib", NULL};
-    sim_devspec d = {.count = 1, .per_worker = 4, .kind = FB_PLAN_CUDA, .speed = 1.0};
+    static const char *const f[] = {"count",      "per_worker", "kind", "speed",
+                                    "memory_gib", "host",       NULL};
+    sim_devspec d = {.count = 1, .per_worker = 4, .kind = FB_PLAN_CUDA, .speed = 1.0, .host = -1};
     double mem = 80.0;
+    const char *host = NULL;
     int rc = check_fields(r, o, "devices", f);
     if (rc || (rc = get_int32(r, o, "count", true, 1, MAX_DEVICES, &d.count)) ||
         (rc = get_int32(r, o, "per_worker", false, 1, FB_PLAN_MAX_GROUP_DEVICES, &d.per_worker)) ||
         (rc = get_kind(r, o, &d.kind)) ||
         (rc = get_num(r, o, "speed", false, 0.01, 100, &d.speed)) ||
-        (rc = get_num(r, o, "memory_gib", false, 0.001, 1e6, &mem)))
+        (rc = get_num(r, o, "memory_gib", false, 0.001, 1e6, &mem)) ||
+        (rc = get_name(r, o, "host", false, &host)))
         return rc;
+    if (host && (d.host = find_host(r->sc, host)) < 0)
+        return FAIL(r, "host \"%s\" is not defined (define it on an earlier line)", host);
     int64_t total = d.count;
     for (int i = 0; i < r->sc->n_devspecs; i++)
         total += r->sc->devspecs[i].count;
@@ -295,10 +310,30 @@ static int rec_tenant(reader *r, json_t *o)
     return 0;
 }
 
+/* A host record: cores and the step-time inflation of its busy devices. */
+static int rec_host(reader *r, json_t *o)
+{
+    static const char *const f[] = {"name", "cores", "interference", NULL};
+    sim_host h = {.cores = 1};
+    const char *name = NULL;
+    int rc = check_fields(r, o, "host", f);
+    if (rc || (rc = get_name(r, o, "name", true, &name)) ||
+        (rc = get_int32(r, o, "cores", true, 1, 1 << 20, &h.cores)) ||
+        (rc = get_num(r, o, "interference", false, 0, 10, &h.interference)))
+        return rc;
+    if (find_host(r->sc, name) >= 0) return FAIL(r, "host \"%s\" is defined twice", name);
+    snprintf(h.name, sizeof h.name, "%s", name);
+    if (grow((void **)&r->sc->hosts, &r->cap_hosts, r->sc->n_hosts + 1, sizeof h))
+        return fb_errf(r->msg, r->cap, FB_ERR_NOMEM, "out of memory");
+    r->sc->hosts[r->sc->n_hosts++] = h;
+    return 0;
+}
+
 static int rec_profile(reader *r, json_t *o)
 {
-    static const char *const f[] = {"name", "step_s",     "alpha",      "batch",  "data",
-                                    "kind", "member_gib", "shared_gib", "public", NULL};
+    static const char *const f[] = {
+        "name",       "step_s", "alpha",   "batch",          "data",  "kind",       "member_gib",
+        "shared_gib", "public", "start_s", "start_member_s", "end_s", "isolated_s", NULL};
     sim_profile p = {.alpha = 0.3, .batch = 128, .data = 1, .kind = FB_PLAN_CUDA};
     double member = 1.0, shared = 0.1;
     const char *name = NULL;
@@ -311,7 +346,11 @@ static int rec_profile(reader *r, json_t *o)
         (rc = get_kind(r, o, &p.kind)) ||
         (rc = get_num(r, o, "member_gib", false, 0, 1e6, &member)) ||
         (rc = get_num(r, o, "shared_gib", false, 0, 1e6, &shared)) ||
-        (rc = get_bool(r, o, "public", &p.public_dataset)))
+        (rc = get_bool(r, o, "public", &p.public_dataset)) ||
+        (rc = get_num(r, o, "start_s", false, 0, 1e6, &p.start_s)) ||
+        (rc = get_num(r, o, "start_member_s", false, 0, 1e6, &p.start_member_s)) ||
+        (rc = get_num(r, o, "end_s", false, 0, 1e6, &p.end_s)) ||
+        (rc = get_num(r, o, "isolated_s", false, 0, 1e6, &p.isolated_s)))
         return rc;
     if (p.batch < p.data)
         return FAIL(r, "batch %lld is smaller than data = %d shards", (long long)p.batch, p.data);
@@ -471,6 +510,8 @@ static int record(reader *r, const char *text, size_t len)
         rc = rec_devices(r, o);
     else if (strcmp(t, "tenant") == 0)
         rc = rec_tenant(r, o);
+    else if (strcmp(t, "host") == 0)
+        rc = rec_host(r, o);
     else if (strcmp(t, "profile") == 0)
         rc = rec_profile(r, o);
     else if (strcmp(t, "job") == 0)
@@ -481,7 +522,7 @@ static int record(reader *r, const char *text, size_t len)
         rc = rec_mix(r, o);
     else
         rc = FAIL(r,
-                  "unknown record type \"%.40s\" (sim, devices, tenant, profile, job, "
+                  "unknown record type \"%.40s\" (sim, host, devices, tenant, profile, job, "
                   "generate, mix)",
                   t);
     json_decref(o);
@@ -506,6 +547,7 @@ int sim_scenario_read_text(sim_scenario *sc, const char *text, const char *name,
     r.cap_keys = sc->n_keys;
     r.cap_devspecs = sc->n_devspecs;
     r.cap_mixes = sc->n_mixes;
+    r.cap_hosts = sc->n_hosts;
     const char *p = text;
     while (*p) {
         r.line++;
@@ -616,6 +658,7 @@ static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t cap)
         for (int64_t k = 0; k < n; k++) {
             if (k > 0 && k % D->per_worker == 0) worker++;
             sc->devices[sc->n_devices++] = (sim_device){.worker = worker,
+                                                        .host = D->host,
                                                         .kind = D->kind,
                                                         .speed = D->speed,
                                                         .memory_bytes = D->memory_bytes};
@@ -708,6 +751,7 @@ void sim_scenario_free(sim_scenario *sc)
     free(sc->profiles);
     free(sc->devices);
     free(sc->tenants);
+    free(sc->hosts);
     free(sc->jobs);
     free(sc->devspecs);
     free(sc->mixes);

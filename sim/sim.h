@@ -23,6 +23,22 @@
  * switches, and time a group leaves unused (a shard waiting for its
  * group's slowest shard) goes to the other groups there.  A group's step
  * time is its slowest shard's.
+ *
+ * Costs around the steps, each 0 unless a scenario sets it (so that a
+ * scenario without them runs as before).  The planner acts dispatch_s after
+ * the submission or the group's end that calls for it; a placed array of B
+ * members steps only start_s + start_member_s * (B - 1) later (the worker
+ * loads the data and builds the array; it holds its devices' slots meanwhile
+ * but not their time); a member is finished end_s after its last step (final
+ * evaluation, model export and its record), and an array whose last members
+ * finish keeps its slots, idle, until then.  Devices may share a host of c
+ * cores: while k of its devices are busy, each steps g(k) = (1 + interference
+ * * (min(k, c) - 1)) * max(1, k / c) times slower than alone (memory, caches
+ * and the host's other processes; beyond c busy devices, also turns on the
+ * cores).  A profile's isolated_s, when set, is the step time alone the
+ * fair-share controller is told in place of the true one, as fuseboxd's
+ * controller acts on the profile it stored.  bench/fairshare measures all of
+ * them on a real cluster.
  */
 #ifndef FB_SIM_SIM_H
 #define FB_SIM_SIM_H
@@ -46,10 +62,23 @@ typedef struct sim_profile {
     int kind;      /* FB_PLAN_CUDA or FB_PLAN_CPU */
     int64_t member_bytes, shared_bytes;
     bool public_dataset;
+    double start_s;        /* an array's start: placement to its first step, B = 1 */
+    double start_member_s; /* what each further member adds to the start */
+    double end_s;          /* a member's end: its last step to its recorded finish */
+    double isolated_s;     /* the step time alone the controller is told (fuseboxd's profiles
+                              table, B = 1); 0: the true one, step_s */
 } sim_profile;
+
+/* A host: devices on it slow one another down while they are busy. */
+typedef struct sim_host {
+    char name[SIM_NAME_MAX + 1];
+    int cores;           /* c: a busy device keeps one core busy */
+    double interference; /* step-time inflation per further busy device, up to c */
+} sim_host;
 
 typedef struct sim_device {
     int worker;
+    int host; /* index into the scenario's hosts; -1: alone on its host */
     int kind;
     double speed;
     int64_t memory_bytes;
@@ -77,12 +106,14 @@ typedef struct sim_config {
     bool rebalance;         /* run the fair-share controller every period */
     bool migrate;           /* act on its migration suggestions */
     double migrate_cost_s;  /* a migrated group resumes this long after it is placed again */
+    double dispatch_s;      /* the planner acts this long after what calls for it */
     fb_fair_params fair;
 } sim_config;
 
 /* A `devices` record: count devices, per_worker of them to a worker. */
 typedef struct sim_devspec {
     int count, per_worker, kind;
+    int host; /* -1: none */
     double speed;
     int64_t memory_bytes;
 } sim_devspec;
@@ -116,6 +147,8 @@ typedef struct sim_scenario {
     int n_devices;
     sim_tenant *tenants;
     int n_tenants;
+    sim_host *hosts;
+    int n_hosts;
     sim_job *jobs; /* by submission time (ties in the order listed) */
     int n_jobs;
     char **keys; /* fusion key names; a key belongs to one profile */

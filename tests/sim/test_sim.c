@@ -1,10 +1,11 @@
 /*
  * The simulator (sim/sim.h): scenarios small enough to work out by hand
  * (time sharing, fusion, context-switch overhead, a data-parallel job next
- * to a single-device one, with and without rebalancing), the parser's
- * refusals with file and line, the generator, the scale scenario at a
- * twentieth of its size under every variant, and fusebox-sim run as a
- * program.
+ * to a single-device one, with and without rebalancing), the costs around
+ * the steps (an array's start and end, the dispatch latency, interference on
+ * a shared host), the parser's refusals with file and line, the generator,
+ * the scale scenario at a twentieth of its size under every variant, and
+ * fusebox-sim run as a program.
  */
 #include "check.h"
 #include "errors.h"
@@ -204,6 +205,256 @@ static void test_migration(void)
     sim_scenario_free(&sc);
 }
 
+/* ---- costs around the steps ----------------------------------------------------------- */
+
+/* Reads a calibration (costs) and then a scenario, as fusebox-sim reads two files. */
+static void load_two(sim_scenario *sc, const char *costs, const char *scenario)
+{
+    char msg[512] = "";
+    memset(sc, 0, sizeof *sc);
+    int rc = sim_scenario_read_text(sc, costs, "costs", msg, sizeof msg);
+    if (!rc) rc = sim_scenario_read_text(sc, scenario, "scenario", msg, sizeof msg);
+    if (!rc) rc = sim_scenario_finish(sc, 1.0, msg, sizeof msg);
+    if (rc) fprintf(stderr, "scenario: %s\n", msg);
+    CHECK_INT_EQ(rc, 0);
+}
+
+/* An array's start: placed at once, it steps start_s + start_member_s * (B - 1) later. */
+static void test_start_cost(void)
+{
+    const char *costs = "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0, \"alpha\": 0.5,"
+                        " \"start_s\": 5, \"start_member_s\": 2}\n";
+    const char *jobs =
+        "{\"type\": \"sim\", \"switch_overhead\": 0, \"rebalance\": false}\n"
+        "{\"type\": \"devices\", \"count\": 1}\n"
+        "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+        "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 10,"
+        " \"key\": \"k\"}\n"
+        "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 20,"
+        " \"key\": \"k\"}\n";
+    sim_scenario sc;
+    load_two(&sc, costs, jobs);
+    CHECK_NEAR(sc.profiles[0].start_s, 5.0, 0);
+    CHECK_NEAR(sc.profiles[0].start_member_s, 2.0, 0);
+    sim_result r;
+    /* fused (B = 2): placed at 0, stepping from 5 + 2 = 7 s, 1.5 s a step;
+     * the short member leaves at 7 + 15 = 22 s, the other steps its last 10
+     * alone, 1 s each */
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.placed[0], 0.0, 0);
+    CHECK_NEAR(r.finish[0], 22.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 32.0, 1e-9);
+    CHECK_NEAR(r.wait_mean, 0.0, 0);
+    /* the device idles through the start: 25 s of work in 32 */
+    CHECK_NEAR(r.utilization, 25.0 / 32.0, 1e-9);
+    sim_result_free(&r);
+    /* alone (B = 1): each array starts in 5 s, then the two share the device:
+     * 0.5 steps/s each, the short one done at 5 + 20 = 25 s, the other at
+     * step 10 then and alone for 10 s more */
+    sim_config c = sc.cfg;
+    c.max_b = 1;
+    run(&sc, &c, &r);
+    CHECK_NEAR(r.finish[0], 25.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 35.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+}
+
+/* A member's end: finished end_s after its last step; an array whose last
+ * members end holds its slot, idle, until then. */
+static void test_end_cost(void)
+{
+    sim_scenario sc;
+    load_text(
+        &sc,
+        "{\"type\": \"sim\", \"switch_overhead\": 0, \"max_groups_per_device\": 1,"
+        " \"plan_gap_s\": 0, \"rebalance\": false}\n"
+        "{\"type\": \"devices\", \"count\": 1}\n"
+        "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+        "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0, \"end_s\": 3}\n"
+        "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 10}\n"
+        "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 10}\n");
+    sim_result r;
+    run(&sc, &sc.cfg, &r);
+    /* the first steps 0..10 s and ends at 13 s; only then is the slot free */
+    CHECK_NEAR(r.finish[0], 13.0, 1e-9);
+    CHECK_NEAR(r.placed[1], 13.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 26.0, 1e-9);
+    CHECK_NEAR(r.makespan_s, 26.0, 1e-9);
+    CHECK_NEAR(r.utilization, 20.0 / 26.0, 1e-9);
+    CHECK_NEAR(r.slowdown[0], 1.3, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+
+    /* fused, 1.5 s a step: the short member's last step is at 15 s and it is
+     * finished at 18 s while the other goes on (its end costs the others
+     * nothing): last step at 25 s, finished at 28 s */
+    load_text(&sc, "{\"type\": \"sim\", \"switch_overhead\": 0, \"rebalance\": false}\n"
+                   "{\"type\": \"devices\", \"count\": 1}\n"
+                   "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+                   "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0, \"alpha\": 0.5,"
+                   " \"end_s\": 3}\n"
+                   "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\","
+                   " \"steps\": 10, \"key\": \"k\"}\n"
+                   "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\","
+                   " \"steps\": 20, \"key\": \"k\"}\n");
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.finish[0], 18.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 28.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+}
+
+/* Dispatch latency: the planner acts dispatch_s after a submission or a
+ * group's end calls for it. */
+static void test_dispatch_latency(void)
+{
+    sim_scenario sc;
+    load_text(
+        &sc,
+        "{\"type\": \"sim\", \"switch_overhead\": 0, \"max_groups_per_device\": 1,"
+        " \"plan_gap_s\": 0, \"dispatch_s\": 0.5}\n"
+        "{\"type\": \"devices\", \"count\": 1}\n"
+        "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+        "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 0.5}\n"
+        "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 100}\n"
+        "{\"type\": \"job\", \"at\": 10, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 20}\n");
+    CHECK_NEAR(sc.cfg.dispatch_s, 0.5, 0);
+    sim_result r;
+    run(&sc, &sc.cfg, &r);
+    /* placed at 0.5 s, 50 s of steps; the second (planned at 10.5 s, no
+     * slot) is placed 0.5 s after the first ends, and steps 10 s */
+    CHECK_NEAR(r.placed[0], 0.5, 1e-9);
+    CHECK_NEAR(r.finish[0], 50.5, 1e-9);
+    CHECK_NEAR(r.placed[1], 51.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 61.0, 1e-9);
+    CHECK_NEAR(r.wait_mean, (0.5 + 41.0) / 2.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+}
+
+/* Two 1 s-a-step jobs of 10 and 20 steps, on the devices of one worker each
+ * that the records hosts and devices define. */
+static void host_pair(sim_scenario *sc, const char *hosts, const char *devices)
+{
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"type\": \"sim\", \"switch_overhead\": 0.1, \"rebalance\": false}\n"
+             "%s%s"
+             "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+             "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0}\n"
+             "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\","
+             " \"steps\": 10}\n"
+             "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\","
+             " \"steps\": 20}\n",
+             hosts, devices);
+    load_text(sc, text);
+}
+
+/* Interference: k busy devices on a host of c cores each step g(k) = (1 +
+ * interference * (min(k, c) - 1)) * max(1, k / c) times slower. */
+static void test_host_interference(void)
+{
+    sim_scenario sc;
+    sim_result r;
+    /* c = 2, interference 0.25: while both step, 1.25 s a step; the short
+     * one ends at 12.5 s with the other at step 10, which then steps alone
+     * at 1 s (its device's switching overhead is not in play: one group) */
+    host_pair(&sc, "{\"type\": \"host\", \"name\": \"h\", \"cores\": 2, \"interference\": 0.25}\n",
+              "{\"type\": \"devices\", \"count\": 2, \"per_worker\": 1, \"host\": \"h\"}\n");
+    CHECK_INT_EQ(sc.n_hosts, 1);
+    CHECK_INT_EQ(sc.devices[1].host, 0);
+    run(&sc, &sc.cfg, &r);
+    CHECK(r.placed[0] == 0.0 && r.placed[1] == 0.0);
+    CHECK_NEAR(r.finish[0], 12.5, 1e-9);
+    CHECK_NEAR(r.finish[1], 22.5, 1e-9);
+    /* useful work is counted at the device's own speed: 30 device-seconds */
+    CHECK_NEAR(r.utilization, 30.0 / (2 * 22.5), 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+
+    /* one core for two busy devices: they take turns on it, 2 s a step */
+    host_pair(&sc, "{\"type\": \"host\", \"name\": \"h\", \"cores\": 1, \"interference\": 0.25}\n",
+              "{\"type\": \"devices\", \"count\": 2, \"per_worker\": 1, \"host\": \"h\"}\n");
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.finish[0], 20.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 30.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+
+    /* c = 3 cores, 3 devices of which two are busy: 1 + 0.5 * 1 = 1.5 s a
+     * step; the idle third does not count */
+    host_pair(&sc, "{\"type\": \"host\", \"name\": \"h\", \"cores\": 3, \"interference\": 0.5}\n",
+              "{\"type\": \"devices\", \"count\": 3, \"per_worker\": 1, \"host\": \"h\"}\n");
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.finish[0], 15.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 25.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+
+    /* the devices on different hosts (or none) do not slow each other */
+    host_pair(&sc, "{\"type\": \"host\", \"name\": \"h\", \"cores\": 1, \"interference\": 1}\n",
+              "{\"type\": \"devices\", \"count\": 1, \"host\": \"h\"}\n"
+              "{\"type\": \"devices\", \"count\": 1}\n");
+    CHECK_INT_EQ(sc.devices[0].host, 0);
+    CHECK_INT_EQ(sc.devices[1].host, -1);
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.finish[0], 10.0, 1e-9);
+    CHECK_NEAR(r.finish[1], 20.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+
+    /* both on one device of a host with interference: one busy device, so
+     * only the switching overhead: 0.45 steps/s each, as in test_time_sharing */
+    host_pair(&sc, "{\"type\": \"host\", \"name\": \"h\", \"cores\": 2, \"interference\": 1}\n",
+              "{\"type\": \"devices\", \"count\": 1, \"host\": \"h\"}\n");
+    run(&sc, &sc.cfg, &r);
+    CHECK_NEAR(r.finish[0], 10.0 / 0.45, 1e-9);
+    CHECK_NEAR(r.finish[1], 10.0 / 0.45 + 10.0, 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+}
+
+/* The controller acts on the isolated step time it is told (isolated_s, as
+ * fuseboxd's profiles table holds it), not on the true one. */
+static void test_told_profile(void)
+{
+    const char *fmt = "{\"type\": \"sim\", \"switch_overhead\": 0, \"plan_gap_s\": 0}\n"
+                      "{\"type\": \"devices\", \"count\": 1}\n"
+                      "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+                      "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0}\n"
+                      "{\"type\": \"profile\", \"name\": \"q\", \"step_s\": 1.0%s}\n"
+                      "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\","
+                      " \"steps\": 100}\n"
+                      "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"q\","
+                      " \"steps\": 100}\n";
+    char text[2048];
+    sim_scenario sc;
+    sim_result same, told;
+    /* told the truth: alike in everything, they share the device evenly */
+    snprintf(text, sizeof text, fmt, "");
+    load_text(&sc, text);
+    run(&sc, &sc.cfg, &same);
+    CHECK_NEAR(same.finish[0], 200.0, 1e-6);
+    CHECK_NEAR(same.finish[1], 200.0, 1e-6);
+    sim_scenario_free(&sc);
+    /* told that q steps in 2 s alone: its slowdown looks half of p's, so the
+     * controller tilts the device to p, which ends first; q then has the
+     * device alone, so the last one still ends at 200 s */
+    snprintf(text, sizeof text, fmt, ", \"isolated_s\": 2.0");
+    load_text(&sc, text);
+    CHECK_NEAR(sc.profiles[1].isolated_s, 2.0, 0);
+    run(&sc, &sc.cfg, &told);
+    fprintf(stderr, "told profile: p ends at %.1f s, q at %.1f s\n", told.finish[0],
+            told.finish[1]);
+    CHECK(told.finish[0] < 190.0);
+    CHECK_NEAR(told.finish[1], 200.0, 1e-6);
+    CHECK(told.n_share_changes > 0);
+    sim_result_free(&same);
+    sim_result_free(&told);
+    sim_scenario_free(&sc);
+}
+
 /* ---- the parser ----------------------------------------------------------------------- */
 
 static const char *HEAD = "{\"type\": \"sim\", \"period_s\": 2}\n"
@@ -284,6 +535,24 @@ static void test_parser(void)
         "{\"type\": \"mix\", \"profile\": \"p\", \"steps\": [1, 5], \"tenants\": [\"x\"]}",
         "tenants[0] is not a defined tenant");
     expect_refused("{\"type\": \"generate\", \"jobs\": 10}", "missing field \"rate_per_s\"");
+    expect_refused("{\"type\": \"host\", \"name\": \"h\"}", "missing field \"cores\"");
+    expect_refused("{\"type\": \"host\", \"name\": \"h\", \"cores\": 0}", "\"cores\" = 0");
+    expect_refused("{\"type\": \"host\", \"name\": \"h\", \"cores\": 2, \"interference\": -0.1}",
+                   "\"interference\" = -0.1");
+    expect_refused("{\"type\": \"host\", \"name\": \"h\", \"cores\": 2, \"speed\": 1}",
+                   "unknown field \"speed\"");
+    expect_refused("{\"type\": \"devices\", \"count\": 2, \"host\": \"zz\"}",
+                   "host \"zz\" is not defined");
+    expect_refused("{\"type\": \"profile\", \"name\": \"q\", \"step_s\": 1, \"start_s\": -1}",
+                   "\"start_s\" = -1");
+    expect_refused("{\"type\": \"profile\", \"name\": \"q\", \"step_s\": 1, \"end_s\": \"2\"}",
+                   "\"end_s\" must be a number");
+    expect_refused(
+        "{\"type\": \"profile\", \"name\": \"q\", \"step_s\": 1, \"start_member_s\": 2e6}",
+        "\"start_member_s\"");
+    expect_refused("{\"type\": \"sim\", \"dispatch_s\": -0.5}", "\"dispatch_s\" = -0.5");
+    expect_refused("{\"type\": \"profile\", \"name\": \"q\", \"step_s\": 1, \"isolated_s\": -1}",
+                   "\"isolated_s\" = -1");
 
     /* a key belongs to one profile: a later line may not reuse it for another */
     char text[2048], msg[512] = "";
@@ -318,6 +587,19 @@ static void test_parser(void)
     CHECK(sim_scenario_finish(&sc, 0.0, msg, sizeof msg) < 0);
     CHECK(strstr(msg, "scale") != NULL);
     CHECK(sim_scenario_read(&sc, "/nonexistent/scenario.jsonl", msg, sizeof msg) == FB_ERR_IO);
+    sim_scenario_free(&sc);
+
+    /* a host defined twice: refused, the first one kept as it was */
+    memset(&sc, 0, sizeof sc);
+    snprintf(text, sizeof text,
+             "%s{\"type\": \"host\", \"name\": \"h\", \"cores\": 2, \"interference\": 0.1}\n"
+             "{\"type\": \"host\", \"name\": \"h\", \"cores\": 4}\n",
+             HEAD);
+    CHECK(sim_scenario_read_text(&sc, text, "t", msg, sizeof msg) < 0);
+    CHECK(strstr(msg, "t:8: host \"h\" is defined twice") != NULL);
+    CHECK_INT_EQ(sc.n_hosts, 1);
+    CHECK_INT_EQ(sc.hosts[0].cores, 2);
+    CHECK_NEAR(sc.hosts[0].interference, 0.1, 0);
     sim_scenario_free(&sc);
 }
 
@@ -470,6 +752,11 @@ int main(void)
     test_time_sharing();
     test_queueing();
     test_migration();
+    test_start_cost();
+    test_end_cost();
+    test_dispatch_latency();
+    test_host_interference();
+    test_told_profile();
     test_parser();
     test_generator();
     test_minimal_paper();
