@@ -55,13 +55,6 @@
 #define MAX_B 64
 #define MSG_CAP 1024
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* CPU seconds of the whole process (all threads): on a loaded machine, a
  * one-thread run's CPU time is steadier than its wall time. */
 static double cpu_s(void)
@@ -140,32 +133,13 @@ static double run_train(fb_backend_t *be, const char *model, int B, bool fused, 
         trainer tr;
         trainer_init(&tr, be, model, per_job, j);
         for (int s = 0; s < warmup; s++) trainer_step(&tr, d);
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = fb_bench_now_s(), c0 = cpu_s();
         for (int s = 0; s < steps; s++) trainer_step(&tr, d);
-        timed += now_s() - t0;
+        timed += fb_bench_now_s() - t0;
         *cpu += cpu_s() - c0;
         trainer_free(&tr);
     }
     return timed;
-}
-
-static int parse_list(const char *s, int *out, int cap)
-{
-    int n = 0;
-    while (*s && n < cap) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > MAX_B) die("--B", "expected a comma-separated list of 1..64");
-        out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* GFLOP/s of OpenBLAS's own SGEMM, with its own threads, on square n x n
@@ -186,16 +160,16 @@ static double sgemm_gflops(fb_backend_t *be, int n, int reps, int threads)
     double r[64];
     if (reps > 64) reps = 64;
     for (int i = 0; i < reps; i++) {
-        double t0 = now_s();
+        double t0 = fb_bench_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
                     c, n);
-        r[i] = 2.0 * n * (double)n * n / (now_s() - t0) / 1e9;
+        r[i] = 2.0 * n * (double)n * n / (fb_bench_now_s() - t0) / 1e9;
     }
-    qsort(r, (size_t)reps, sizeof r[0], cmp_double);
+    double median = fb_bench_median(r, reps);
     fb_backend_free(be, a);
     fb_backend_free(be, b);
     fb_backend_free(be, c);
-    return r[reps / 2];
+    return median;
 }
 
 /* Peak RSS (KiB) of a child that trains B members fused (or 1 member). */
@@ -244,7 +218,7 @@ int main(int argc, char **argv)
         else if (strcmp(k, "--warmup") == 0) warmup = atoi(v);
         else if (strcmp(k, "--n") == 0) n = atoi(v);
         else if (strcmp(k, "--reps") == 0) reps = atoi(v);
-        else if (strcmp(k, "--B") == 0) nB = parse_list(v, Bs, 16);
+        else if (strcmp(k, "--B") == 0) nB = fb_bench_parse_list("--B", v, MAX_B, Bs, 16);
         else usage();
     }
     if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0) usage();

@@ -50,13 +50,6 @@
 
 static fb_backend_t *g_be;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double real_s(void)
 {
     struct timespec ts;
@@ -136,35 +129,16 @@ static double run_train(const char *model, int B, bool fused, int steps, int war
         for (int s = 0; s < warmup; s++)
             trainer_step(&tr, d);
         fb_backend_sync(g_be);
-        double t0 = now_s();
+        double t0 = fb_bench_now_s();
         for (int s = 0; s < steps; s++)
             trainer_step(&tr, d);
         fb_backend_sync(g_be);
-        timed += now_s() - t0;
+        timed += fb_bench_now_s() - t0;
         check_device("train");
         *msteps += (double)per_job * steps;
         trainer_free(&tr);
     }
     return timed;
-}
-
-static int parse_list(const char *s, int *out, int cap)
-{
-    int n = 0;
-    while (*s && n < cap) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > MAX_B) die("--B", "expected a comma-separated list of 1..64");
-        out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* GFLOP/s of cuBLAS SGEMM on n x n: the median of reps calls after one
@@ -187,18 +161,18 @@ static double sgemm_gflops(int n, int reps)
     double r[64];
     if (reps > 64) reps = 64;
     for (int i = 0; i < reps; i++) {
-        double t0 = now_s();
+        double t0 = fb_bench_now_s();
         fb_sgemm(g_be, c, a, b, n, n, n);
         fb_backend_sync(g_be);
-        r[i] = 2.0 * n * (double)n * n / (now_s() - t0) / 1e9;
+        r[i] = 2.0 * n * (double)n * n / (fb_bench_now_s() - t0) / 1e9;
     }
     check_device("sgemm");
-    qsort(r, (size_t)reps, sizeof r[0], cmp_double);
+    double median = fb_bench_median(r, reps);
     fb_backend_free(g_be, a);
     fb_backend_free(g_be, b);
     fb_backend_free(g_be, c);
     free(h);
-    return r[reps / 2];
+    return median;
 }
 
 static void usage(void)
@@ -238,7 +212,7 @@ int main(int argc, char **argv)
         else if (strcmp(k, "--start-at") == 0)
             start_at = atof(v);
         else if (strcmp(k, "--B") == 0)
-            nB = parse_list(v, Bs, 16);
+            nB = fb_bench_parse_list("--B", v, MAX_B, Bs, 16);
         else
             usage();
     }

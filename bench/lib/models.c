@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MSG_CAP 1024
 
@@ -82,4 +83,39 @@ data_pool fb_bench_make_data(void)
     for (size_t i = 0; i < (size_t)POOL * BATCH; i++)
         d.y[i] = (int32_t)(fb_bench_next_u64(&st) % CLASSES);
     return d;
+}
+
+double fb_bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int fb_bench_parse_list(const char *flag, const char *s, int max, int *out, int cap)
+{
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > max) {
+            fprintf(stderr, "%s: expected a comma-separated list of 1..%d\n", flag, max);
+            exit(1);
+        }
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double fb_bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return v[n / 2];
 }

@@ -43,4 +43,14 @@ typedef struct data_pool {
 
 data_pool fb_bench_make_data(void);
 
+/* Monotonic seconds. */
+double fb_bench_now_s(void);
+
+/* A comma-separated list of 1..max integers, at most cap of them, into out;
+ * returns the count.  Exits with a message naming flag on anything else. */
+int fb_bench_parse_list(const char *flag, const char *s, int max, int *out, int cap);
+
+/* The median of v[0..n), n >= 1, which it sorts. */
+double fb_bench_median(double *v, int n);
+
 #endif
