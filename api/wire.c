@@ -447,6 +447,192 @@ static int get_split(dec *d, json_t *root, fb_wire_msg *m)
     return FB_OK;
 }
 
+/* ---- decoding: the addresses of arrays that span workers -------------------- */
+
+/* A host as other workers reach it: a name ([A-Za-z0-9] first, then letters, digits, '.', '-',
+ * '_') or an IP literal (IPv6 without brackets: hex digits, ':', '.'; at least one ':').  What
+ * it resolves to is the resolver's business; this keeps out what no resolver takes and what
+ * would make "host:port" ambiguous. */
+static bool host_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > FB_WIRE_NAME_MAX) return false;
+    if (memchr(s, ':', n)) {
+        for (size_t i = 0; i < n; i++) {
+            char ch = s[i];
+            bool hex = is_hex(ch) || (ch >= 'A' && ch <= 'F');
+            if (!hex && ch != ':' && ch != '.') return false;
+        }
+        return true;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        bool alnum = is_lower_alnum(ch) || (ch >= 'A' && ch <= 'Z');
+        if (!alnum && (i == 0 || (ch != '.' && ch != '-' && ch != '_'))) return false;
+    }
+    return true;
+}
+
+/* Parses "host:port" or "[v6 addr]:port" (n bytes) into host (without brackets) and *port;
+ * false with why filled when it is not one. */
+static bool rendezvous_parse(const char *s, size_t n, char *host, size_t hcap, int *port, char *why,
+                             size_t wcap)
+{
+    const char *h = s, *colon;
+    size_t hn;
+    if (n > 0 && s[0] == '[') {
+        const char *close = memchr(s, ']', n);
+        if (!close || close + 1 >= s + n || close[1] != ':') {
+            snprintf(why, wcap, "a bracketed IPv6 address must be followed by \":port\"");
+            return false;
+        }
+        h = s + 1;
+        hn = (size_t)(close - h);
+        colon = close + 1;
+        if (!memchr(h, ':', hn)) {
+            snprintf(why, wcap, "only an IPv6 address goes in brackets");
+            return false;
+        }
+    } else {
+        colon = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (s[i] == ':') colon = s + i;
+        if (!colon) {
+            snprintf(why, wcap, "has no port (expected \"host:port\" or \"[v6 addr]:port\")");
+            return false;
+        }
+        hn = (size_t)(colon - s);
+        if (memchr(s, ':', hn)) {
+            snprintf(why, wcap, "an IPv6 address must be written in brackets, \"[addr]:port\"");
+            return false;
+        }
+    }
+    if (!host_ok(h, hn) || hn + 1 > hcap) {
+        snprintf(why, wcap, "the host is not a host name or an IP address of 1..%d bytes",
+                 FB_WIRE_NAME_MAX);
+        return false;
+    }
+    const char *p = colon + 1, *end = s + n;
+    long v = 0;
+    bool digits = p < end && end - p <= 5 && *p != '0';
+    for (const char *q = p; digits && q < end; q++) {
+        digits = *q >= '0' && *q <= '9';
+        v = v * 10 + (*q - '0');
+    }
+    if (!digits || v < 1 || v > 65535) {
+        snprintf(why, wcap, "the port is not a number in 1..65535");
+        return false;
+    }
+    memcpy(host, h, hn);
+    host[hn] = '\0';
+    *port = (int)v;
+    return true;
+}
+
+bool fb_wire_host_valid(const char *host)
+{
+    return host && host_ok(host, strlen(host));
+}
+
+int fb_wire_rendezvous_split(const char *rendezvous, char *host, size_t host_cap, int *port,
+                             char *msg, size_t msg_cap)
+{
+    char h[FB_WIRE_NAME_MAX + 1], why[160], sh[64];
+    int pt;
+    if (!rendezvous || !host || !port)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
+    size_t n = strlen(rendezvous);
+    if (!rendezvous_parse(rendezvous, n, h, sizeof h, &pt, why, sizeof why))
+        return fb_errf(msg, msg_cap, FB_ERR_BAD_WIRE, "rendezvous \"%s\": %s",
+                       shown(rendezvous, n, sh), why);
+    size_t hn = strlen(h);
+    if (hn + 1 > host_cap)
+        return fb_errf(msg, msg_cap, FB_ERR_BAD_WIRE, "rendezvous host does not fit %zu bytes",
+                       host_cap);
+    memcpy(host, h, hn + 1);
+    *port = pt;
+    return FB_OK;
+}
+
+/* comm of HELLO (optional): {"host": "...", "ports": [lo, hi]}. */
+static int decode_comm(dec *d, json_t *root, fb_wire_msg *m)
+{
+    static const char *const k_comm[] = {"host", "ports", NULL};
+    json_t *o = json_object_get(root, "comm"), *ports;
+    if (!o) return FB_OK;
+    int err = element_object(d, o, "comm", k_comm);
+    if (err) return err;
+    const char *s;
+    size_t n;
+    char sh[64];
+    if ((err = get_str(d, o, "comm", "host", true, (size_t)-1, &s, &n))) return err;
+    if (!host_ok(s, n))
+        return bad(d, "comm", "host",
+                   "\"%s\" is not a host name or an IP address (IPv6 without brackets) of 1..%d "
+                   "bytes",
+                   shown(s, n, sh), FB_WIRE_NAME_MAX);
+    if ((err = get_array(d, o, "comm", "ports", true, 2, 2, &ports))) return err;
+    int64_t lo, hi;
+    if ((err = int_value(d, json_array_get(ports, 0), "comm", "ports[0]", 1, 65535, &lo)))
+        return err;
+    if ((err = int_value(d, json_array_get(ports, 1), "comm", "ports[1]", 1, 65535, &hi)))
+        return err;
+    if (hi < lo)
+        return bad(d, "comm", "ports", "[%lld, %lld] is reversed (lowest port first)",
+                   (long long)lo, (long long)hi);
+    if (hi - lo >= FB_WIRE_COMM_PORTS)
+        return bad(d, "comm", "ports", "[%lld, %lld] holds %lld ports, at most %d allowed",
+                   (long long)lo, (long long)hi, (long long)(hi - lo + 1), FB_WIRE_COMM_PORTS);
+    memcpy(m->comm_host, s, n + 1);
+    m->comm_port_lo = (int)lo;
+    m->comm_port_hi = (int)hi;
+    return FB_OK;
+}
+
+/* span of ASSIGN (optional): {"world", "rank_base", "rendezvous", "token"}; needs
+ * parallel_data and parallel_pipeline read already. */
+static int decode_span(dec *d, json_t *root, fb_wire_msg *m)
+{
+    static const char *const k_span[] = {"world", "rank_base", "rendezvous", "token", NULL};
+    json_t *o = json_object_get(root, "span");
+    if (!o) return FB_OK;
+    int err = element_object(d, o, "span", k_span);
+    if (err) return err;
+    int world = 0, base = 0;
+    if ((err = get_i(d, o, "span", "world", true, 2, FB_WIRE_MAX_DEVICES, &world))) return err;
+    if (m->parallel_pipeline != 1)
+        return bad(d, "span", "world", "a group that spans workers has parallel_pipeline 1, not %d",
+                   m->parallel_pipeline);
+    if (m->parallel_data >= world)
+        return bad(d, "span", "world",
+                   "%d, but this worker's parallel_data is %d: a spanning group has ranks on "
+                   "other workers too",
+                   world, m->parallel_data);
+    if ((err = get_i(d, o, "span", "rank_base", true, 0, FB_WIRE_MAX_DEVICES, &base))) return err;
+    if (base + m->parallel_data > world)
+        return bad(d, "span", "rank_base", "%d + parallel_data %d exceeds the world of %d ranks",
+                   base, m->parallel_data, world);
+    const char *s;
+    size_t n;
+    char sh[64], why[160], host[FB_WIRE_NAME_MAX + 1];
+    int port;
+    if ((err = get_str(d, o, "span", "rendezvous", true, sizeof m->rendezvous - 1, &s, &n)))
+        return err;
+    if (!rendezvous_parse(s, n, host, sizeof host, &port, why, sizeof why))
+        return bad(d, "span", "rendezvous", "\"%s\": %s", shown(s, n, sh), why);
+    memcpy(m->rendezvous, s, n + 1);
+    if ((err = get_str(d, o, "span", "token", true, (size_t)-1, &s, &n))) return err;
+    bool hex = n == 2 * FB_WIRE_TOKEN_BYTES;
+    for (size_t i = 0; hex && i < n; i++)
+        hex = is_hex(s[i]);
+    if (!hex)
+        return bad(d, "span", "token", "\"%s\" is not %d lower-case hex digits", shown(s, n, sh),
+                   2 * FB_WIRE_TOKEN_BYTES);
+    memcpy(m->token, s, n + 1);
+    m->world = world;
+    m->rank_base = base;
+    return FB_OK;
+}
+
 /* ---- decoding: duplicate job ids ----------------------------------------- */
 
 typedef struct idref {
@@ -588,6 +774,7 @@ static int decode_hello(dec *d, json_t *root, fb_wire_msg *m)
             return err;
     }
     m->n_devices = (int)json_array_size(arr);
+    if ((err = decode_comm(d, root, m))) return err;
     return decode_running(d, root, m);
 }
 
@@ -640,8 +827,12 @@ static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
     if (m->parallel_data * m->parallel_pipeline != m->n_group_devices)
         return bad(d, "", "devices", "%d entries, but parallel_data x parallel_pipeline is %d",
                    m->n_group_devices, m->parallel_data * m->parallel_pipeline);
+    if ((err = decode_span(d, root, m))) return err;
     if ((err = get_split(d, root, m))) return err;
-    if (m->n_split != m->parallel_data)
+    if (m->world && m->n_split != m->world)
+        return bad(d, "", "split", "%d entries, but the group spans a world of %d ranks",
+                   m->n_split, m->world);
+    if (!m->world && m->n_split != m->parallel_data)
         return bad(d, "", "split", "%d entries, but parallel_data is %d", m->n_split,
                    m->parallel_data);
     if ((err = get_num(d, root, "", "time_share", true, false, 0, true, 1, &m->time_share)))
@@ -742,8 +933,14 @@ static int decode_progress(dec *d, json_t *root, fb_wire_msg *m)
                        &m->samples_per_s)))
         return err;
     if ((err = decode_device_steps(d, root, m))) return err;
-    if ((err = get_array(d, root, "", "members", true, 1, FB_WIRE_MAX_MEMBERS, &arr))) return err;
+    if ((err = get_array(d, root, "", "members", true, 0, FB_WIRE_MAX_MEMBERS, &arr))) return err;
     size_t n = json_array_size(arr);
+    /* a follower of a spanning group reports its devices and leaves the members to the leader */
+    if (n == 0 && m->n_device_steps == 0)
+        return bad(d, "", "members",
+                   "no entries and no devices: only a report with devices (of a spanning "
+                   "group's follower) may leave the members out");
+    if (n == 0) return FB_OK;
     m->progress = calloc(n, sizeof *m->progress);
     if (!m->progress) return fb_errf(d->msg, d->cap, FB_ERR_NOMEM, "out of memory");
     m->n_progress = (int)n;
@@ -848,16 +1045,16 @@ static const struct {
     decode_fn fn;
     const char *const *fields;
 } types[FB_WIRE_TYPE_COUNT] = {
-    [FB_WIRE_HELLO] = {decode_hello, (const char *const[]){"v", "type", "worker", "backend",
-                                                           "version", "devices", "running", NULL}},
+    [FB_WIRE_HELLO] = {decode_hello,
+                       (const char *const[]){"v", "type", "worker", "backend", "version", "devices",
+                                             "comm", "running", NULL}},
     [FB_WIRE_WELCOME] = {decode_welcome,
                          (const char *const[]){"v", "type", "worker_id", "heartbeat_ms", NULL}},
     [FB_WIRE_ASSIGN] = {decode_assign,
                         (const char *const[]){"v", "type", "group_id", "generation", "fusion_key",
                                               "dataset", "dataset_tenant", "devices",
-                                              "parallel_data",
-                                              "parallel_pipeline", "split", "time_share", "members",
-                                              NULL}},
+                                              "parallel_data", "parallel_pipeline", "span", "split",
+                                              "time_share", "members", NULL}},
     [FB_WIRE_PROGRESS] = {decode_progress,
                           (const char *const[]){"v", "type", "group_id", "generation", "compute_ms",
                                                 "comm_ms", "io_ms", "idle_ms", "samples_per_s",
@@ -867,8 +1064,7 @@ static const struct {
                                                            "accuracy", "blob", "text", NULL}},
     [FB_WIRE_ACK] = {decode_ack, (const char *const[]){"v", "type", "seq", "group_id", NULL}},
     [FB_WIRE_DETACH] = {decode_detach, (const char *const[]){"v", "type", "group_id", "generation",
-                                                             "job_id", "text", "keep_state",
-                                                             NULL}},
+                                                             "job_id", "text", "keep_state", NULL}},
     [FB_WIRE_REBALANCE] = {decode_rebalance,
                            (const char *const[]){"v", "type", "group_id", "generation", "split",
                                                  "time_share", NULL}},
@@ -1180,7 +1376,42 @@ static void encode_hello(enc *e, json_t *o, const fb_wire_msg *m)
         }
         put(e, o, "devices", arr);
     }
+    if (!memchr(m->comm_host, '\0', sizeof m->comm_host)) {
+        enc_fail(e, "comm.host", "not NUL-terminated within its %zu bytes", sizeof m->comm_host);
+    } else if (m->comm_host[0]) {
+        /* written only when set: a server from before it refuses the field */
+        json_t *c = json_object(), *ports = json_array();
+        put_str(e, c, "host", m->comm_host, sizeof m->comm_host);
+        append(e, ports, json_integer(m->comm_port_lo));
+        append(e, ports, json_integer(m->comm_port_hi));
+        put(e, c, "ports", ports);
+        put(e, o, "comm", c);
+    } else if (m->comm_port_lo || m->comm_port_hi) {
+        enc_fail(e, "comm.ports", "set without comm.host");
+    }
     put_running(e, o, m);
+}
+
+/* span of ASSIGN: written only for a group that spans workers (world set), so that a worker
+ * from before it still reads every other ASSIGN. */
+static void put_span(enc *e, json_t *o, const fb_wire_msg *m)
+{
+    if (!memchr(m->rendezvous, '\0', sizeof m->rendezvous) ||
+        !memchr(m->token, '\0', sizeof m->token)) {
+        enc_fail(e, "span", "rendezvous or token not NUL-terminated within its buffer");
+        return;
+    }
+    if (!m->world) {
+        if (m->rank_base || m->rendezvous[0] || m->token[0])
+            enc_fail(e, "span", "rank_base, rendezvous or token set without world");
+        return;
+    }
+    json_t *sp = json_object();
+    put_int(e, sp, "world", m->world);
+    put_int(e, sp, "rank_base", m->rank_base);
+    put_str(e, sp, "rendezvous", m->rendezvous, sizeof m->rendezvous);
+    put_str(e, sp, "token", m->token, sizeof m->token);
+    put(e, o, "span", sp);
 }
 
 static void encode_assign(enc *e, json_t *o, const fb_wire_msg *m)
@@ -1198,6 +1429,7 @@ static void encode_assign(enc *e, json_t *o, const fb_wire_msg *m)
     }
     put_int(e, o, "parallel_data", m->parallel_data);
     put_int(e, o, "parallel_pipeline", m->parallel_pipeline);
+    put_span(e, o, m);
     put_split(e, o, m);
     put_num(e, o, "", "time_share", m->time_share, false);
     if (!count_ok(e, "members", m->n_members, FB_WIRE_MAX_MEMBERS, m->members)) return;

@@ -41,6 +41,8 @@
 #define FB_WIRE_MAX_DEPTH 8                    /* nesting of arrays and objects in frame 0 */
 #define FB_WIRE_TEXT_MAX 511                   /* free-text messages */
 #define FB_WIRE_ID_LEN 36                      /* a UUID in its canonical text form */
+#define FB_WIRE_TOKEN_BYTES 32                 /* a spanning group's secret (hex on the wire) */
+#define FB_WIRE_COMM_PORTS 1024                /* ports of a worker's comm range, at most */
 
 typedef enum fb_wire_type {
     FB_WIRE_HELLO,     /* worker -> server: I exist, these are my devices and running groups */
@@ -131,6 +133,14 @@ typedef struct fb_wire_msg {
     char version[FB_WIRE_NAME_MAX + 1]; /* the worker's software version */
     int n_devices;
     fb_wire_device devices[FB_WIRE_MAX_DEVICES];
+    /* HELLO (optional on the wire): where the other workers of an array that spans workers
+     * reach this one.  comm_host is a host name or an IP literal (IPv6 without brackets),
+     * "" when the worker cannot take part in spanning arrays; the ports are the range
+     * comm_port_lo..comm_port_hi (1..65535, at most FB_WIRE_COMM_PORTS of them) the server
+     * picks a spanning group's rendezvous port from when this worker leads it.  JSON:
+     * "comm": {"host": "...", "ports": [lo, hi]}. */
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    int comm_port_lo, comm_port_hi;
     /* HELLO and HEARTBEAT (worker -> server): the groups running now */
     int n_running;
     fb_wire_running *running; /* [n_running], malloc'd */
@@ -155,9 +165,21 @@ typedef struct fb_wire_msg {
     int parallel_data, parallel_pipeline;   /* 1.., product = n_group_devices */
     int n_members;
     fb_wire_member *members; /* [n_members], malloc'd */
+    /* ASSIGN of a group that spans workers (optional on the wire: world 0 when absent, the
+     * group lives on this worker only).  The group has `world` (2..FB_WIRE_MAX_DEVICES)
+     * data-parallel ranks; this worker holds ranks rank_base .. rank_base + parallel_data - 1
+     * (parallel_data < world, parallel_pipeline 1), and split has one entry per rank of the
+     * world.  The worker holding rank 0 (the leader) listens at rendezvous ("host:port",
+     * "[v6 addr]:port"), the others connect there; every process presents token, the group's
+     * secret for this generation (2 x FB_WIRE_TOKEN_BYTES lower-case hex digits).  JSON:
+     * "span": {"world", "rank_base", "rendezvous", "token"}, written only when world >= 2. */
+    int world, rank_base;
+    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
+    char token[2 * FB_WIRE_TOKEN_BYTES + 1];
 
     /* ASSIGN and REBALANCE: samples of the global batch per data-parallel shard (sum = the
-     * batch size), and the group's share of its devices' time in (0, 1] */
+     * batch size; of a spanning group, one entry per rank of the world), and the group's share
+     * of its devices' time in (0, 1] */
     int n_split;
     int64_t split[FB_WIRE_MAX_DEVICES];
     double time_share;
@@ -169,6 +191,8 @@ typedef struct fb_wire_msg {
      * absent, else the group's D x P devices, each named once) */
     int n_device_steps;
     fb_wire_device_step device_steps[FB_WIRE_MAX_DEVICES];
+    /* PROGRESS: per member; 0 entries only in the report of a follower of a spanning group
+     * (the leader reports the members), which then carries its devices (n_device_steps > 0) */
     int n_progress;
     fb_wire_member_progress *progress; /* [n_progress], malloc'd */
 
@@ -207,6 +231,19 @@ int fb_wire_decode(const char *json, size_t len, int n_blobs, fb_wire_msg *out, 
  * be numbered 1..k; returns NULL with msg filled when it would not decode.
  */
 char *fb_wire_encode(const fb_wire_msg *m, char *msg, size_t msg_cap);
+
+/*
+ * Splits a spanning group's rendezvous ("host:port", "[v6 addr]:port") into
+ * host (without brackets, host_cap bytes) and *port, with the checks decode
+ * applies.  Returns FB_OK or FB_ERR_BAD_WIRE (msg says why); host and *port
+ * are untouched on failure.
+ */
+int fb_wire_rendezvous_split(const char *rendezvous, char *host, size_t host_cap, int *port,
+                             char *msg, size_t msg_cap);
+
+/* Whether host is what HELLO's comm.host takes: a host name ([A-Za-z0-9] first, then letters,
+ * digits, '.', '-', '_') or an IP address (IPv6 without brackets), 1..FB_WIRE_NAME_MAX bytes. */
+bool fb_wire_host_valid(const char *host);
 
 /* Releases what a message owns (running, members and their specs, progress);
  * leaves *m zeroed.  Accepts NULL. */

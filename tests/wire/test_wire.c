@@ -62,6 +62,13 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
         CHECK_INT_EQ(a->devices[i].memory_bytes, b->devices[i].memory_bytes);
         CHECK_INT_EQ(a->devices[i].free_bytes, b->devices[i].free_bytes);
     }
+    CHECK_STR_EQ(a->comm_host, b->comm_host);
+    CHECK_INT_EQ(a->comm_port_lo, b->comm_port_lo);
+    CHECK_INT_EQ(a->comm_port_hi, b->comm_port_hi);
+    CHECK_INT_EQ(a->world, b->world);
+    CHECK_INT_EQ(a->rank_base, b->rank_base);
+    CHECK_STR_EQ(a->rendezvous, b->rendezvous);
+    CHECK_STR_EQ(a->token, b->token);
     CHECK_INT_EQ(a->n_running, b->n_running);
     for (int i = 0; i < a->n_running; i++) {
         const fb_wire_running *x = &a->running[i], *y = &b->running[i];
@@ -303,7 +310,57 @@ static void test_round_trips(void)
     m.heartbeat_ms = 60000;
     round_trip(&m, 0);
 
+    /* a worker that can take part in arrays spanning workers: a name, IPv4, IPv6 (stored
+     * without brackets), one port or a range of FB_WIRE_COMM_PORTS */
+    m = make_hello();
+    snprintf(m.comm_host, sizeof m.comm_host, "gpu-node-3.rack_a.example");
+    m.comm_port_lo = m.comm_port_hi = 29500;
+    round_trip(&m, 0);
+    snprintf(m.comm_host, sizeof m.comm_host, "10.0.0.7");
+    m.comm_port_lo = 1;
+    m.comm_port_hi = FB_WIRE_COMM_PORTS;
+    round_trip(&m, 0);
+    snprintf(m.comm_host, sizeof m.comm_host, "fe80::1:Ab");
+    m.comm_port_lo = 65535 - FB_WIRE_COMM_PORTS + 1;
+    m.comm_port_hi = 65535;
+    round_trip(&m, 0);
+    fb_wire_msg_free(&m);
+
     m = make_assign();
+    round_trip(&m, 2);
+    fb_wire_msg_free(&m);
+
+    /* a group spanning workers: this worker holds ranks 1..2 of 4, the split has 4 entries */
+    m = make_assign();
+    m.n_group_devices = 2;
+    m.parallel_data = 2;
+    m.parallel_pipeline = 1;
+    m.world = 4;
+    m.rank_base = 1;
+    m.n_split = 4;
+    m.split[2] = 33;
+    m.split[3] = 1;
+    snprintf(m.rendezvous, sizeof m.rendezvous, "gpu-node-1.example:29500");
+    memset(m.token, 'a', 2 * FB_WIRE_TOKEN_BYTES);
+    m.token[5] = '0';
+    m.token[2 * FB_WIRE_TOKEN_BYTES] = '\0';
+    round_trip(&m, 2);
+    snprintf(m.rendezvous, sizeof m.rendezvous, "[2001:db8::7]:1");
+    m.rank_base = 2; /* the last ranks */
+    round_trip(&m, 2);
+    /* the longest rendezvous: a 63-byte IPv6 literal in brackets and a 5-digit port */
+    memset(m.rendezvous, '1', sizeof m.rendezvous);
+    m.rendezvous[0] = '[';
+    m.rendezvous[2] = ':';
+    m.rendezvous[64] = ']';
+    memcpy(m.rendezvous + 65, ":65535", 7);
+    CHECK_INT_EQ(strlen(m.rendezvous), 71);
+    round_trip(&m, 2);
+    m.world = FB_WIRE_MAX_DEVICES;
+    m.n_split = FB_WIRE_MAX_DEVICES;
+    for (int i = 0; i < m.n_split; i++)
+        m.split[i] = 2;
+    m.rank_base = 0; /* the leader */
     round_trip(&m, 2);
     fb_wire_msg_free(&m);
 
@@ -329,6 +386,12 @@ static void test_round_trips(void)
         m.device_steps[i] = (fb_wire_device_step){.device = FB_WIRE_MAX_DEVICES - 1 - i,
                                                   .compute_ms = i, .pass_ms = i / 3.0,
                                                   .steps = 1, .samples = i};
+    round_trip(&m, 0);
+    /* a spanning group's follower: its devices and no members */
+    free(m.progress);
+    m.progress = NULL;
+    m.n_progress = 0;
+    m.n_device_steps = 1;
     round_trip(&m, 0);
     fb_wire_msg_free(&m);
 
@@ -516,6 +579,17 @@ typedef struct bad_case {
 #define EVENT(kind, rest)                                                                          \
     HDR("event") GRP "'seq':3,'event':'" kind "','job_id':'" J1 "','step':9" rest "}"
 #define WELCOME(wid, hb) HDR("welcome") "'worker_id':" wid ",'heartbeat_ms':" hb "}"
+#define TEN "abcdefghij"
+#define TOKHEX48 "0123456789abcdef0123456789abcdef0123456789abcdef"
+#define TOKHEX "0123456789abcdef" TOKHEX48
+#define TOK "'" TOKHEX "'"
+#define SPAN(world, base, rdv, token)                                                              \
+    "{'world':" world ",'rank_base':" base ",'rendezvous':" rdv ",'token':" token "}"
+#define SPAN_A(devs, pd, split, span) ASSIGN(devs, pd, split, MEMBER(J1, ""), ",'span':" span)
+#define HELLO_COMM(comm)                                                                           \
+    HDR("hello")                                                                                   \
+    "'worker':'n1','backend':'cpu','version':'0.1.0','devices':[" DEV(                             \
+        "0", "100", "50") "],'comm':" comm ",'running':[]}"
 
 static const bad_case bad_cases[] = {
     /* framing, version, type */
@@ -639,6 +713,118 @@ static const bad_case bad_cases[] = {
     {"time share null", HDR("rebalance") GRP "'split':[1],'time_share':null}", 0,
      "time_share: expected a number, got null"},
     {"no split", HDR("rebalance") GRP "'split':[],'time_share':1}", 0, "split: 0 entries"},
+    /* ASSIGN of a group that spans workers */
+    {"span (control)", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'127.0.0.1:29500'", TOK)), 0,
+     NULL},
+    {"span leader, IPv6 (control)",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "0", "'[::1]:29500'", TOK)), 0, NULL},
+    {"span world 1", SPAN_A("[0]", "1", "[128]", SPAN("1", "0", "'h:1'", TOK)), 0,
+     "span.world: 1 is out of range [2, 64]"},
+    {"span world 0", SPAN_A("[0]", "1", "[128]", SPAN("0", "0", "'h:1'", TOK)), 0,
+     "span.world: 0 is out of range [2, 64]"},
+    {"span world 65", SPAN_A("[0]", "1", "[128]", SPAN("65", "0", "'h:1'", TOK)), 0,
+     "span.world: 65 is out of range [2, 64]"},
+    {"span world as string", SPAN_A("[0]", "1", "[70,58]", SPAN("'2'", "0", "'h:1'", TOK)), 0,
+     "span.world: expected an integer, got a string"},
+    {"span world not above local ranks",
+     SPAN_A("[0,1]", "2", "[70,58]", SPAN("2", "0", "'h:1'", TOK)), 0,
+     "span.world: 2, but this worker's parallel_data is 2"},
+    {"span with a pipeline",
+     HDR("assign") GRP "'fusion_key':'" FKEY "','dataset':'d','devices':[0,1],'parallel_data':1,"
+                       "'parallel_pipeline':2,'split':[70,58],'time_share':1,'members':[" MEMBER(
+                           J1, "") "],'span':" SPAN("2", "0", "'h:1'", TOK) "}",
+     0, "span.world: a group that spans workers has parallel_pipeline 1, not 2"},
+    {"span rank_base negative", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "-1", "'h:1'", TOK)), 0,
+     "span.rank_base: -1 is out of range"},
+    {"span rank_base past the world", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "2", "'h:1'", TOK)),
+     0, "span.rank_base: 2 + parallel_data 1 exceeds the world of 2 ranks"},
+    {"span ranks past the world", SPAN_A("[0,1]", "2", "[40,40,48]", SPAN("3", "2", "'h:1'", TOK)),
+     0, "span.rank_base: 2 + parallel_data 2 exceeds the world of 3 ranks"},
+    {"span rank_base missing",
+     SPAN_A("[0]", "1", "[70,58]", "{'world':2,'rendezvous':'h:1','token':'" TOKHEX "'}"), 0,
+     "span.rank_base: required field missing"},
+    {"span split of local length", SPAN_A("[0]", "1", "[128]", SPAN("2", "1", "'h:1'", TOK)), 0,
+     "split: 1 entries, but the group spans a world of 2 ranks"},
+    {"span split too long", SPAN_A("[0]", "1", "[40,40,48]", SPAN("2", "1", "'h:1'", TOK)), 0,
+     "split: 3 entries, but the group spans a world of 2 ranks"},
+    {"span token short", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'h:1'", "'abc'")), 0,
+     "span.token: \"abc\" is not 64 lower-case hex digits"},
+    {"span token long", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'h:1'", "'" TOKHEX "0'")), 0,
+     "span.token: \"" TOKHEX48 "...\" is not 64 lower-case hex digits"},
+    {"span token upper case",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'h:1'", "'ABCDEF0123456789" TOKHEX48 "'")), 0,
+     "span.token: \"ABCDEF0123456789"},
+    {"span token not hex",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'h:1'", "'g123456789abcdef" TOKHEX48 "'")), 0,
+     "span.token: \"g123456789abcdef"},
+    {"span token as number", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'h:1'", "7")), 0,
+     "span.token: expected a string, got an integer"},
+    {"span rendezvous without a port",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'node-1'", TOK)), 0,
+     "span.rendezvous: \"node-1\": has no port"},
+    {"span rendezvous empty port", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'node-1:'", TOK)),
+     0, "span.rendezvous: \"node-1:\": the port is not a number in 1..65535"},
+    {"span rendezvous port 0", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'node-1:0'", TOK)), 0,
+     "the port is not a number in 1..65535"},
+    {"span rendezvous port 65536",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'node-1:65536'", TOK)), 0,
+     "the port is not a number in 1..65535"},
+    {"span rendezvous port with sign",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'node-1:+80'", TOK)), 0,
+     "the port is not a number in 1..65535"},
+    {"span rendezvous without a host", SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "':80'", TOK)),
+     0, "span.rendezvous: \":80\": the host is not a host name or an IP address"},
+    {"span rendezvous host with a space",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'a b:80'", TOK)), 0,
+     "the host is not a host name or an IP address"},
+    {"span rendezvous IPv6 without brackets",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'::1:80'", TOK)), 0,
+     "an IPv6 address must be written in brackets"},
+    {"span rendezvous brackets without a port",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'[::1]'", TOK)), 0,
+     "a bracketed IPv6 address must be followed by \":port\""},
+    {"span rendezvous name in brackets",
+     SPAN_A("[0]", "1", "[70,58]", SPAN("2", "1", "'[node]:80'", TOK)), 0,
+     "only an IPv6 address goes in brackets"},
+    {"span rendezvous too long",
+     SPAN_A("[0]", "1", "[70,58]",
+            SPAN("2", "1", "'" TEN TEN TEN TEN TEN TEN TEN TEN TEN TEN TEN TEN TEN "1234:1'", TOK)),
+     0, "span.rendezvous: 136 bytes, at most 133"},
+    {"span rendezvous host too long",
+     SPAN_A("[0]", "1", "[70,58]",
+            SPAN("2", "1", "'a123456789012345678901234567890123456789012345678901234567890123:1'",
+                 TOK)),
+     0, "the host is not a host name or an IP address of 1..63 bytes"},
+    {"span unknown field",
+     SPAN_A("[0]", "1", "[70,58]",
+            "{'world':2,'rank_base':1,'rendezvous':'h:1','token':'" TOKHEX "','nccl':1}"),
+     0, "span.nccl: unknown field"},
+    {"span not an object", SPAN_A("[0]", "1", "[70,58]", "[2,1]"), 0,
+     "span: expected an object, got an array"},
+    /* HELLO: where other workers reach this one */
+    {"comm (control)", HELLO_COMM("{'host':'node-1','ports':[29500,29599]}"), 0, NULL},
+    {"comm ports reversed", HELLO_COMM("{'host':'node-1','ports':[29599,29500]}"), 0,
+     "comm.ports: [29599, 29500] is reversed"},
+    {"comm ports too wide", HELLO_COMM("{'host':'node-1','ports':[1000,2024]}"), 0,
+     "comm.ports: [1000, 2024] holds 1025 ports, at most 1024 allowed"},
+    {"comm port zero", HELLO_COMM("{'host':'node-1','ports':[0,10]}"), 0,
+     "comm.ports[0]: 0 is out of range [1, 65535]"},
+    {"comm port too large", HELLO_COMM("{'host':'node-1','ports':[65000,65536]}"), 0,
+     "comm.ports[1]: 65536 is out of range [1, 65535]"},
+    {"comm one port", HELLO_COMM("{'host':'node-1','ports':[29500]}"), 0,
+     "comm.ports: 1 entries, allowed 2..2"},
+    {"comm ports missing", HELLO_COMM("{'host':'node-1'}"), 0,
+     "comm.ports: required field missing"},
+    {"comm empty host", HELLO_COMM("{'host':'','ports':[1,2]}"), 0,
+     "comm.host: \"\" is not a host name"},
+    {"comm host in brackets", HELLO_COMM("{'host':'[::1]','ports':[1,2]}"), 0,
+     "comm.host: \"[::1]\" is not a host name or an IP address (IPv6 without brackets)"},
+    {"comm host with a port", HELLO_COMM("{'host':'node-1:80','ports':[1,2]}"), 0,
+     "comm.host: \"node-1:80\" is not a host name"},
+    {"comm host starting with a dot", HELLO_COMM("{'host':'.node','ports':[1,2]}"), 0,
+     "comm.host: \".node\" is not a host name"},
+    {"comm unknown field", HELLO_COMM("{'host':'n','ports':[1,2],'nic':'eth0'}"), 0,
+     "comm.nic: unknown field"},
     /* HELLO and HEARTBEAT */
     {"worker name starts with a dash", H_OK("'-node'"), 0, "worker: \"-node\": byte 0"},
     {"worker name upper case", H_OK("'Node1'"), 0, "worker: \"Node1\": byte 0"},
@@ -735,8 +921,8 @@ static const bad_case bad_cases[] = {
      "devices[0].samples: 1 samples in 0 steps"},
     {"device samples negative", PROGRESS_DEVS("[" PDEV("0", "2", "4", "-1") "]"), 0,
      "devices[0].samples: -1 is out of range"},
-    {"device samples above 2^53", PROGRESS_DEVS("[" PDEV("0", "2", "4", "9007199254740993") "]"),
-     0, "devices[0].samples: 9007199254740993 is out of range"},
+    {"device samples above 2^53", PROGRESS_DEVS("[" PDEV("0", "2", "4", "9007199254740993") "]"), 0,
+     "devices[0].samples: 9007199254740993 is out of range"},
     {"device samples real", PROGRESS_DEVS("[" PDEV("0", "2", "4", "1.0") "]"), 0,
      "devices[0].samples: expected an integer, got a real number"},
     {"device unknown field",
@@ -746,9 +932,14 @@ static const bad_case bad_cases[] = {
     {"device field missing",
      PROGRESS_DEVS("[{'idx':0,'compute_ms':1,'pass_ms':1,'comm_ms':0,'io_ms':0,'idle_ms':0,"
                    "'steps':1}]"),
-     0,
-     "devices[0].samples: required field missing"},
+     0, "devices[0].samples: required field missing"},
     {"device not an object", PROGRESS_DEVS("[3]"), 0, "devices[0]: expected an object"},
+    /* PROGRESS of a spanning group's follower: devices and no members */
+    {"follower progress (control)",
+     HDR("progress") GRP "'compute_ms':1,'comm_ms':0,'io_ms':0,'idle_ms':0,'samples_per_s':10,"
+                         "'devices':[" PDEV("0", "2", "4", "100") "],'members':[]}",
+     0, NULL},
+    {"no members and no devices", PROGRESS("1", ""), 0, "members: no entries and no devices"},
     /* EVENT, ACK, DETACH, DRAIN */
     {"unknown event", EVENT("exploded", ""), 0, "event: \"exploded\" is not one of"},
     {"seq zero", HDR("event") GRP "'seq':0,'event':'started','job_id':'" J1 "','step':0}", 0,
@@ -875,7 +1066,7 @@ static void test_bounds(void)
                                  "\"steps\":0,\"loss\":null,\"accuracy\":null,\"lr\":null}",
                                  i ? "," : "", i);
     used += (size_t)snprintf(buf + used, FB_WIRE_MAX_JSON - used, "]}");
-    expect_bad(buf, used, 0, "members: 1025 entries, allowed 1..1024");
+    expect_bad(buf, used, 0, "members: 1025 entries, allowed 0..1024");
 
     /* a NULL frame and a NULL output are refused, not dereferenced */
     expect_bad(NULL, 10, 0, "no frame");
@@ -953,6 +1144,66 @@ static void test_encode_refuses(void)
     expect_encode_fails(&m, "fusion_key");
     fb_wire_msg_free(&m);
 
+    /* span: written only for world >= 2, and checked as decode checks it */
+    m = make_assign();
+    m.world = 1;
+    expect_encode_fails(&m, "span.world: 1 is out of range [2, 64]");
+    m.world = 0;
+    m.rank_base = 1;
+    expect_encode_fails(&m, "span: rank_base, rendezvous or token set without world");
+    m.rank_base = 0;
+    snprintf(m.token, sizeof m.token, "%s", TOKHEX);
+    expect_encode_fails(&m, "span: rank_base, rendezvous or token set without world");
+    m.n_group_devices = 1;
+    m.parallel_data = 1;
+    m.parallel_pipeline = 1;
+    m.world = 2;
+    snprintf(m.rendezvous, sizeof m.rendezvous, "h:1");
+    m.n_split = 3;
+    m.split[2] = 1;
+    expect_encode_fails(&m, "split: 3 entries, but the group spans a world of 2 ranks");
+    m.n_split = 1;
+    expect_encode_fails(&m, "split: 1 entries, but the group spans a world of 2 ranks");
+    m.n_split = 2;
+    m.rank_base = 2;
+    expect_encode_fails(&m, "span.rank_base: 2 + parallel_data 1 exceeds");
+    m.rank_base = 1;
+    m.token[3] = 'G';
+    expect_encode_fails(&m, "span.token");
+    m.token[3] = '0';
+    memset(m.rendezvous, 'r', sizeof m.rendezvous);
+    expect_encode_fails(&m, "span: rendezvous or token not NUL-terminated");
+    snprintf(m.rendezvous, sizeof m.rendezvous, "h");
+    expect_encode_fails(&m, "span.rendezvous: \"h\": has no port");
+    snprintf(m.rendezvous, sizeof m.rendezvous, "h:1");
+    char *ok = fb_wire_encode(&m, NULL, 0);
+    CHECK(ok != NULL);
+    CHECK(strstr(ok, "\"span\":{") != NULL);
+    free(ok);
+    fb_wire_msg_free(&m);
+
+    /* comm: ports need a host, the host must end inside its buffer */
+    m = make_hello();
+    m.comm_port_lo = 1;
+    m.comm_port_hi = 2;
+    expect_encode_fails(&m, "comm.ports: set without comm.host");
+    memset(m.comm_host, 'h', sizeof m.comm_host);
+    expect_encode_fails(&m, "comm.host: not NUL-terminated");
+    snprintf(m.comm_host, sizeof m.comm_host, "node-1");
+    m.comm_port_lo = 3;
+    expect_encode_fails(&m, "comm.ports: [3, 2] is reversed");
+    m.comm_port_lo = 0;
+    expect_encode_fails(&m, "comm.ports[0]: 0 is out of range");
+    fb_wire_msg_free(&m);
+
+    /* a follower's report without devices has nothing to say */
+    m = make_progress();
+    free(m.progress);
+    m.progress = NULL;
+    m.n_progress = 0;
+    expect_encode_fails(&m, "members: no entries and no devices");
+    fb_wire_msg_free(&m);
+
     m = make_event(FB_EV_STARTED, 1, "", NAN);
     expect_encode_fails(&m, "blob: a started event carries no blob");
     m = make_event((fb_wire_event_kind)17, 0, "", NAN);
@@ -982,6 +1233,41 @@ static void test_encode_refuses(void)
     expect_encode_fails(&m, "running[0].job_ids: -1 entries");
     m.running[0].n_jobs = 2;
     fb_wire_msg_free(&m);
+}
+
+/* The rendezvous split the worker uses to reach its leader. */
+static void test_rendezvous_split(void)
+{
+    char host[FB_WIRE_NAME_MAX + 1] = "untouched", msg[256];
+    int port = -7;
+    CHECK_INT_EQ(
+        fb_wire_rendezvous_split("node-1.example:29500", host, sizeof host, &port, msg, sizeof msg),
+        FB_OK);
+    CHECK_STR_EQ(host, "node-1.example");
+    CHECK_INT_EQ(port, 29500);
+    CHECK_INT_EQ(fb_wire_rendezvous_split("[fe80::1]:1", host, sizeof host, &port, msg, sizeof msg),
+                 FB_OK);
+    CHECK_STR_EQ(host, "fe80::1");
+    CHECK_INT_EQ(port, 1);
+    static const char *const bad[] = {"",        "node",   "node:",   "node:0",    "node:65536",
+                                      "node:08", "::1:80", "[::1]",   "[::1]80",   "[a]:80",
+                                      ":80",     "a b:80", "node:8a", "[::1]:80x", "node:123456"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msg[0] = '\0';
+        int rc = fb_wire_rendezvous_split(bad[i], host, sizeof host, &port, msg, sizeof msg);
+        if (rc != FB_ERR_BAD_WIRE) fprintf(stderr, "\"%s\" was accepted\n", bad[i]);
+        CHECK_INT_EQ(rc, FB_ERR_BAD_WIRE);
+        CHECK(strstr(msg, "rendezvous") != NULL);
+        /* outputs untouched */
+        CHECK_STR_EQ(host, "fe80::1");
+        CHECK_INT_EQ(port, 1);
+    }
+    char small[4];
+    CHECK_INT_EQ(fb_wire_rendezvous_split("node-1:80", small, sizeof small, &port, msg, sizeof msg),
+                 FB_ERR_BAD_WIRE);
+    CHECK(strstr(msg, "does not fit") != NULL);
+    CHECK_INT_EQ(fb_wire_rendezvous_split(NULL, host, sizeof host, &port, msg, sizeof msg),
+                 FB_ERR_INTERNAL);
 }
 
 static void test_names(void)
@@ -1203,6 +1489,7 @@ int main(void)
     test_bad_frames();
     test_bounds();
     test_encode_refuses();
+    test_rendezvous_split();
 
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/fb-wire-XXXXXX", base && *base ? base : "/tmp");
