@@ -35,6 +35,7 @@
 #include "jobspec.h"
 #include "kernels.h"
 #include "backend_impl.h"
+#include "comm.h"
 #include "session.h"
 #include "train.h"
 #include "wire.h"
@@ -53,6 +54,11 @@
 #define DEALER_LINGER_MS 2000 /* what close may spend sending what is still queued */
 #define OUTBOX_WARN_EVERY_MS 10000
 #define LEADER_WAIT_MS 5 /* device turns: how long a group keeps its place in line */
+
+/* The control vector a spanning group's leader broadcasts before each step (span_exchange). */
+#define SPAN_MAGIC 0x66627370616e0001LL /* "fbspan", version 1 */
+enum { SPAN_GO, SPAN_STOP, SPAN_DRAIN };
+enum { CV_MAGIC, CV_STEP, CV_MEMBERS, CV_CMD, CV_SHARE, CV_HAS_SPLIT, CV_SPLIT };
 
 /* ---- logging and time ------------------------------------------------------------------ */
 
@@ -107,6 +113,78 @@ void fb_agent_name_sanitize(const char *in, char *out, size_t cap)
     }
     out[n] = '\0';
     if (n == 0) snprintf(out, cap, "worker");
+}
+
+/* A port number of 1..5 digits without sign or leading zero at s[0..n); -1 when not one. */
+static long port_number(const char *s, size_t n)
+{
+    if (n == 0 || n > 5 || s[0] == '0') return -1;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v >= 1 && v <= 65535 ? v : -1;
+}
+
+int fb_agent_parse_comm_addr(const char *s, char *host, size_t host_cap, int *lo, int *hi,
+                             char *msg, size_t msg_cap)
+{
+    if (!s || !host || !lo || !hi)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
+    const char *h = s, *ports;
+    size_t hn;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "'%s': an IPv6 address in brackets must be followed by :PORT", s);
+        h = s + 1;
+        hn = (size_t)(close - h);
+        ports = close + 2;
+        if (!memchr(h, ':', hn))
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "'%s': only an IPv6 address goes in brackets", s);
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (!colon)
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "'%s' has no ports: use HOST:LO or HOST:LO-HI", s);
+        hn = (size_t)(colon - s);
+        if (memchr(s, ':', hn))
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "'%s': write an IPv6 address in brackets, [ADDR]:LO-HI", s);
+        ports = colon + 1;
+    }
+    char hbuf[FB_WIRE_NAME_MAX + 1];
+    if (hn == 0 || hn > FB_WIRE_NAME_MAX || hn + 1 > host_cap)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "'%s': the host must have 1..%d characters", s,
+                       (int)(host_cap - 1 < FB_WIRE_NAME_MAX ? host_cap - 1 : FB_WIRE_NAME_MAX));
+    memcpy(hbuf, h, hn);
+    hbuf[hn] = '\0';
+    if (!fb_wire_host_valid(hbuf))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "'%s': the host is neither a host name (letters, digits, '.', '-', '_') "
+                       "nor an IP address",
+                       s);
+    const char *dash = strchr(ports, '-');
+    size_t n_lo = dash ? (size_t)(dash - ports) : strlen(ports);
+    long p_lo = port_number(ports, n_lo);
+    long p_hi = dash ? port_number(dash + 1, strlen(dash + 1)) : p_lo;
+    if (p_lo < 0 || p_hi < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "'%s': the ports must be LO or LO-HI, numbers in 1..65535", s);
+    if (p_hi < p_lo)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "'%s': the port range %ld-%ld is reversed", s, p_lo, p_hi);
+    if (p_hi - p_lo >= FB_AGENT_COMM_PORTS)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "'%s': %ld ports, at most %d", s,
+                       p_hi - p_lo + 1, FB_AGENT_COMM_PORTS);
+    memcpy(host, hbuf, hn + 1);
+    *lo = (int)p_lo;
+    *hi = (int)p_hi;
+    return FB_OK;
 }
 
 void fb_agent_default_name(char *out, size_t cap)
@@ -216,6 +294,16 @@ typedef struct group {
     int pipeline;
     int dp_devs[FB_WIRE_MAX_DEVICES];
 
+    /* a group that spans workers (world >= 2; 0: it lives here only): this worker's n_dp
+     * devices are ranks rank_base.. of world; the leader (rank_base 0) listens at
+     * rendezvous, decides at each step boundary and alone reports the members; a follower
+     * applies what the leader broadcasts and sends only its devices' PROGRESS */
+    int world, rank_base;
+    bool follower;
+    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
+    unsigned char token[FB_COMM_TOKEN_BYTES];
+    uint64_t members_hash; /* of the ASSIGN's job ids in order, which every worker compares */
+
     struct group *next; /* the main thread's list */
 } group;
 
@@ -243,6 +331,9 @@ struct fb_agent {
     int n_dev_init; /* devices whose mutex and condition exist */
     const char *backend;
     bool sync_bn; /* --sync-batchnorm */
+    /* --comm-addr ("" = none) and --comm-timeout-ms */
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    int comm_port_lo, comm_port_hi, comm_timeout_ms;
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -539,6 +630,7 @@ static void dev_wake(agent_device *d)
 typedef struct runner {
     group *g;
     fb_session *s;
+    fb_comm_t *comm;                /* a spanning group's communicator; freed after the session */
     outmsg *pending, *pending_tail; /* events of the step in progress */
     double last_progress, samples, idle_ms;
     uint64_t split_gen; /* the REBALANCE split the session trains with */
@@ -549,6 +641,11 @@ static void push_out(group *g, outmsg *o)
 {
     if (!o) {
         agent_log("group %s: out of memory; a message is lost", g->id);
+        return;
+    }
+    if (g->follower && o->kind == OUT_EVENT) {
+        /* the leader reports the members; a follower's own events would be duplicates */
+        outmsg_free(o);
         return;
     }
     if (zmq_send(g->push, &o, sizeof o, 0) != (int)sizeof o) {
@@ -825,7 +922,16 @@ static void send_progress(runner *r, double now)
     r->last_progress = now;
     r->samples = 0;
     r->idle_ms = 0;
-    if (n == 0) {
+    if (g->follower) {
+        /* its devices only: the leader reports the members */
+        free(o->w.progress);
+        o->w.progress = NULL;
+        o->w.n_progress = n = 0;
+        if (o->w.n_device_steps == 0) {
+            outmsg_free(o);
+            return;
+        }
+    } else if (n == 0) {
         outmsg_free(o);
         return;
     }
@@ -855,7 +961,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
     fb_device devs[FB_WIRE_MAX_DEVICES];
     int64_t split[FB_WIRE_MAX_DEVICES];
     fb_dp_opts dpo = {.slow_rank = -1};
-    if (g->n_dp * g->pipeline > 1) {
+    if (g->n_dp * g->pipeline > 1 || g->world) {
         for (int k = 0; k < g->n_dp * g->pipeline; k++) {
             const agent_device *ad = &a->dev[g->dp_devs[k]];
             memset(&devs[k], 0, sizeof devs[k]);
@@ -875,10 +981,11 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         /* the split of the ASSIGN, when it fits; the session checks it */
         agent_device *primary = &a->dev[g->dev];
         pthread_mutex_lock(&primary->mu);
-        if (g->n_split == g->n_dp) {
+        if (g->n_split == (g->world ? g->world : g->n_dp)) {
             memcpy(split, g->split, sizeof split);
             o.split = split;
         }
+        o.comm = r->comm; /* ranks rank_base.. of the world, across workers */
         r->split_gen = g->split_gen;
         pthread_mutex_unlock(&primary->mu);
     }
@@ -930,25 +1037,26 @@ static void set_precision(group *g)
 
 /* Takes a REBALANCE's new split into the session between two steps; a split
  * that does not fit (another shard count, another batch) is logged and the
- * old one stays. */
-static void apply_split(runner *r, agent_device *d)
+ * old one stays.  True when a new split was applied: split[0..*n_out) (split
+ * has room for FB_WIRE_MAX_DEVICES entries), which a spanning group's leader
+ * passes on. */
+static bool apply_split(runner *r, agent_device *d, int64_t *split, int *n_out)
 {
     group *g = r->g;
-    int64_t split[FB_WIRE_MAX_DEVICES];
     int n = 0;
     pthread_mutex_lock(&d->mu);
     bool changed = g->split_gen != r->split_gen;
     if (changed) {
         n = g->n_split;
-        memcpy(split, g->split, sizeof split);
+        memcpy(split, g->split, sizeof g->split);
         r->split_gen = g->split_gen;
     }
     pthread_mutex_unlock(&d->mu);
-    if (!changed || fb_session_shards(r->s) < 2) return;
+    if (!changed || fb_session_shards(r->s) < 2) return false;
     char msg[256];
     if (fb_session_set_split(r->s, split, n, msg, sizeof msg) != FB_OK) {
         agent_log("group %s: REBALANCE split not applied: %s", g->id, msg);
-        return;
+        return false;
     }
     char text[256];
     size_t at = 0;
@@ -957,6 +1065,154 @@ static void apply_split(runner *r, agent_device *d)
                                (long long)split[d]);
     agent_log("group %s: batch split %s from step %lld", g->id, text,
               (long long)fb_session_steps_done(r->s));
+    *n_out = n;
+    return true;
+}
+
+/*
+ * A spanning group's communication failed (a peer died, was stopped, timed out or
+ * refused): an infrastructure fault, not the members'.  The group stops without member
+ * events and is no longer listed as running; the server re-queues its jobs from their
+ * last checkpoints and stops the other workers' parts.
+ */
+static void span_fault(runner *r, const char *what, const char *why)
+{
+    group *g = r->g;
+    agent_log("group %s generation %lld: %s failed at step %lld: %s; stopping the group "
+              "without member events",
+              g->id, (long long)g->generation, what, (long long)steps_done(r), why);
+    atomic_store(&g->stop, true);
+    /* what the step queued is dropped: the server learns of the fault from the running
+     * list, and a member's event after it would contradict the re-queue */
+    while (r->pending) {
+        outmsg *o = r->pending;
+        r->pending = o->next;
+        outmsg_free(o);
+    }
+    r->pending_tail = NULL;
+}
+
+/*
+ * The agreement of a spanning group at a step boundary: the leader's decisions (stop,
+ * drain, members that left, a new split, the time share) go to every rank in one
+ * broadcast, so that every worker applies them before the same step.  The leader applies
+ * its detaches (and sends their events) and its REBALANCE before it broadcasts; a
+ * follower applies what it receives.  Members that finish or fail do so at the same step
+ * everywhere by themselves (the losses are the world's), and the broadcast checks that
+ * too: each member's presence is compared, as are the step and the members' ids.
+ * *cmd receives SPAN_GO, SPAN_STOP or SPAN_DRAIN.  Returns FB_OK, or an error (msg says
+ * why) after which the group must stop: a broken communicator or a disagreement.
+ */
+static int span_exchange(runner *r, agent_device *d, int *cmd, char *msg, size_t cap)
+{
+    group *g = r->g;
+    int words = (g->n_members + 63) / 64;
+    int n = CV_SPLIT + g->world + words;
+    int64_t v[CV_SPLIT + FB_WIRE_MAX_DEVICES + (FB_WIRE_MAX_MEMBERS + 63) / 64];
+    memset(v, 0, sizeof v);
+    int64_t *bits = v + CV_SPLIT + g->world;
+    double share = 1;
+    if (!g->follower) {
+        int c = atomic_load(&g->stop) ? SPAN_STOP : atomic_load(&g->drain) ? SPAN_DRAIN : SPAN_GO;
+        if (c == SPAN_GO) apply_detaches(r);
+        int64_t split[FB_WIRE_MAX_DEVICES];
+        int n_split = 0;
+        if (c == SPAN_GO && apply_split(r, d, split, &n_split) && n_split == g->world) {
+            v[CV_HAS_SPLIT] = 1;
+            memcpy(v + CV_SPLIT, split, (size_t)g->world * sizeof *split);
+        }
+        pthread_mutex_lock(&d->mu);
+        share = g->time_share;
+        pthread_mutex_unlock(&d->mu);
+        v[CV_MAGIC] = SPAN_MAGIC;
+        v[CV_STEP] = fb_session_steps_done(r->s);
+        v[CV_MEMBERS] = (int64_t)g->members_hash;
+        v[CV_CMD] = c;
+        memcpy(&v[CV_SHARE], &share, sizeof share);
+        for (int i = 0; i < g->n_members; i++) {
+            const member *mb = &g->m[i];
+            if (mb->sidx >= 0 && fb_session_has(r->s, mb->sidx))
+                bits[i / 64] |= (int64_t)((uint64_t)1 << (i % 64));
+        }
+    }
+    int err = fb_session_broadcast(r->s, v, n, msg, cap);
+    if (err) return err;
+    if (v[CV_MAGIC] != SPAN_MAGIC)
+        return fb_errf(msg, cap, FB_ERR_IO, "the leader's control message is not one");
+    if (v[CV_STEP] != fb_session_steps_done(r->s))
+        return fb_errf(msg, cap, FB_ERR_IO, "the leader is at step %lld, this worker at %lld",
+                       (long long)v[CV_STEP], (long long)fb_session_steps_done(r->s));
+    if ((uint64_t)v[CV_MEMBERS] != g->members_hash)
+        return fb_errf(msg, cap, FB_ERR_IO,
+                       "the leader's assignment lists other members than this worker's");
+    *cmd = (int)v[CV_CMD];
+    if (!g->follower || *cmd != SPAN_GO) return FB_OK;
+    memcpy(&share, &v[CV_SHARE], sizeof share);
+    if (share > 0 && share <= 1) {
+        pthread_mutex_lock(&d->mu);
+        g->time_share = share;
+        pthread_mutex_unlock(&d->mu);
+    }
+    if (v[CV_HAS_SPLIT]) {
+        if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, cap))) return err;
+        agent_log("group %s: the leader's batch split from step %lld", g->id,
+                  (long long)fb_session_steps_done(r->s));
+    }
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        bool here = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
+        bool there = ((uint64_t)bits[i / 64] >> (i % 64)) & 1;
+        if (there && !here)
+            return fb_errf(msg, cap, FB_ERR_IO, "member %s trains on the leader but no longer here",
+                           mb->job_id);
+        if (here && !there) {
+            set_alive(g, mb, false);
+            fb_session_detach(r->s, mb->sidx);
+            agent_log("group %s: %s left at step %lld, as the leader decided", g->id, mb->job_id,
+                      (long long)fb_session_steps_done(r->s));
+        }
+    }
+    return FB_OK;
+}
+
+/* One step of the session on the turn the group holds since t1 (ms), then its events and
+ * reports.  Returns the step's error (msg says why), after which the group cannot go on. */
+static int train_step(runner *r, agent_device *d, bool first, double t1, char *msg, size_t cap)
+{
+    group *g = r->g;
+    int64_t batch = g->m[g->by_sidx[0]].spec.batch_size;
+    /* who trains this step, so that each gets "started" after its first one */
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        mb->started = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
+    }
+    set_precision(g);
+    int size = fb_session_size(r->s);
+    int err = fb_session_step(r->s, msg, cap);
+    double t2 = now_ms();
+    dev_release(d, g, t2 - t1);
+    r->samples += (double)batch * size;
+    pthread_mutex_lock(&g->mu);
+    g->steps_done = fb_session_steps_done(r->s);
+    pthread_mutex_unlock(&g->mu);
+    if (first) {
+        for (int i = 0; i < g->n_members; i++) {
+            member *mb = &g->m[i];
+            if (!mb->started) continue;
+            outmsg *o =
+                event_new(g, g->id, g->generation, FB_EV_STARTED, mb->job_id, g->start_step + 1);
+            push_out(g, o);
+        }
+    }
+    /* the report goes before this step's events, so that a member that finished is
+     * reported with its last training values while the server still counts it in */
+    bool finishing = false;
+    for (int i = 0; i < g->n_members; i++)
+        finishing |= g->m[i].final_report;
+    if (!err && (first || finishing || t2 - r->last_progress >= g->a->progress_ms))
+        send_progress(r, t2);
+    if (!err || !g->world) flush_pending(r);
+    return err;
 }
 
 /* Trains until every member has left, or a stop or drain request. */
@@ -966,7 +1222,6 @@ static void train_loop(runner *r)
     agent_device *d = &g->a->dev[g->dev];
     char msg[1024];
     bool first = true;
-    int64_t batch = g->m[g->by_sidx[0]].spec.batch_size;
     r->last_progress = now_ms();
     fb_session_take_times(r->s); /* the session's set-up is not a step */
     while (!fb_session_done(r->s)) {
@@ -985,45 +1240,94 @@ static void train_loop(runner *r)
             dev_release(d, g, 0);
             break;
         }
-        apply_split(r, d);
-        /* who trains this step, so that each gets "started" after its first one */
-        for (int i = 0; i < g->n_members; i++) {
-            member *mb = &g->m[i];
-            mb->started = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
-        }
-        set_precision(g);
-        int size = fb_session_size(r->s);
-        int err = fb_session_step(r->s, msg, sizeof msg);
-        double t2 = now_ms();
-        dev_release(d, g, t2 - t1);
-        r->samples += (double)batch * size;
-        pthread_mutex_lock(&g->mu);
-        g->steps_done = fb_session_steps_done(r->s);
-        pthread_mutex_unlock(&g->mu);
-        if (first) {
-            for (int i = 0; i < g->n_members; i++) {
-                member *mb = &g->m[i];
-                if (!mb->started) continue;
-                outmsg *o = event_new(g, g->id, g->generation, FB_EV_STARTED, mb->job_id,
-                                      g->start_step + 1);
-                push_out(g, o);
-            }
-        }
-        /* the report goes before this step's events, so that a member that finished is
-         * reported with its last training values while the server still counts it in */
-        bool finishing = false;
-        for (int i = 0; i < g->n_members; i++)
-            finishing |= g->m[i].final_report;
-        if (!err && (first || finishing || t2 - r->last_progress >= g->a->progress_ms))
-            send_progress(r, t2);
-        flush_pending(r);
-        if (err) {
+        int64_t split[FB_WIRE_MAX_DEVICES];
+        int n_split = 0;
+        apply_split(r, d, split, &n_split);
+        if (train_step(r, d, first, t1, msg, sizeof msg)) {
             fail_all(r, msg);
             flush_pending(r);
             return;
         }
         first = false;
     }
+}
+
+/*
+ * The loop of a group that spans workers: before each step every rank takes the
+ * leader's decisions (span_exchange); a stop or drain of the leader ends the group on
+ * every worker, and a failed communication ends it without member events.  A follower
+ * that is stopped itself just leaves: its peers' sums then fail and they stop too.
+ */
+static void span_loop(runner *r)
+{
+    group *g = r->g;
+    agent_device *d = &g->a->dev[g->dev];
+    char msg[1024];
+    bool first = true;
+    r->last_progress = now_ms();
+    fb_session_take_times(r->s);
+    while (!fb_session_done(r->s)) {
+        if (g->follower && atomic_load(&g->stop)) return;
+        /* a leader asked to stop or drain still tells the others, without its turn */
+        bool turn = false;
+        double t0 = now_ms();
+        if (!interrupted(g)) turn = dev_acquire(d, g);
+        double t1 = now_ms();
+        r->idle_ms += t1 - t0;
+        int cmd = SPAN_GO;
+        int err = span_exchange(r, d, &cmd, msg, sizeof msg);
+        if (err || cmd != SPAN_GO || fb_session_done(r->s)) {
+            if (turn) dev_release(d, g, now_ms() - t1);
+            if (err) {
+                span_fault(r, "the agreement with the other workers", msg);
+            } else if (cmd == SPAN_DRAIN && !g->follower) {
+                drain_members(r);
+            } else if (cmd != SPAN_GO && g->follower) {
+                agent_log("group %s: the leader %s the group at step %lld", g->id,
+                          cmd == SPAN_DRAIN ? "drained" : "stopped",
+                          (long long)fb_session_steps_done(r->s));
+                atomic_store(&g->stop, true);
+            }
+            return;
+        }
+        if (!turn) continue; /* a follower's stop came during the wait: it leaves above */
+        err = train_step(r, d, first, t1, msg, sizeof msg);
+        if (err) {
+            /* a failed sum is the infrastructure's fault; anything else on the leader is
+             * the members', reported as on one worker */
+            if (err == FB_ERR_IO || g->follower) {
+                span_fault(r, "a training step", msg);
+            } else {
+                fail_all(r, msg);
+                flush_pending(r);
+            }
+            return;
+        }
+        first = false;
+    }
+}
+
+/*
+ * Joins the other workers of a spanning group: the leader binds the rendezvous and waits
+ * for every rank, a follower connects there; each presents the group's token.  It runs
+ * in the group's thread, so the agent's loop goes on meanwhile.  False (logged, the group
+ * stopped without member events) when it fails.
+ */
+static bool open_comm(runner *r)
+{
+    group *g = r->g;
+    char msg[512];
+    double t0 = now_ms();
+    int err = fb_comm_tcp_new(g->n_dp, g->rank_base, g->world, g->rendezvous, NULL, g->token,
+                              g->a->comm_timeout_ms, &r->comm, msg, sizeof msg);
+    if (err) {
+        span_fault(r, g->follower ? "joining the leader" : "the rendezvous", msg);
+        return false;
+    }
+    agent_log("group %s: ranks %d..%d of %d joined at %s in %.0f ms (%s)", g->id, g->rank_base,
+              g->rank_base + g->n_dp - 1, g->world, g->rendezvous, now_ms() - t0,
+              g->follower ? "follower" : "leader");
+    return true;
 }
 
 static void *group_thread(void *arg)
@@ -1033,7 +1337,7 @@ static void *group_thread(void *arg)
     runner r = {.g = g};
     char msg[1024];
     agent_device *d = &a->dev[g->dev];
-    if (g->n_dp * g->pipeline == 1 && d->cpu_count > 0) {
+    if (g->n_dp * g->pipeline == 1 && !g->world && d->cpu_count > 0) {
         /* one device: this thread computes for it (more devices: their rank threads do) */
         fb_device pin = {.kind = FB_DEVICE_CPU, .cpu_first = d->cpu_first,
                          .cpu_count = d->cpu_count};
@@ -1041,7 +1345,11 @@ static void *group_thread(void *arg)
         if (fb_device_pin_thread(&pin, msg, sizeof msg) != FB_OK)
             agent_log("group %s: %s; it runs unpinned", g->id, msg);
     }
-    dataset_ref *ds = dataset_acquire(a, g->dataset_tenant, g->dataset, msg, sizeof msg);
+    /* a spanning group joins its peers first: a worker that cannot train (its dataset is
+     * missing) then leaves at once, and the others' first sum tells them */
+    bool joined = !g->world || open_comm(&r);
+    dataset_ref *ds =
+        joined ? dataset_acquire(a, g->dataset_tenant, g->dataset, msg, sizeof msg) : NULL;
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused = {0};
     bool ready = ds != NULL;
@@ -1053,12 +1361,17 @@ static void *group_thread(void *arg)
         ready = fb_data_open_named(&shard_train, &unused, &loader, g->dataset, ds->data_dir, &so,
                                    msg, sizeof msg) == FB_OK;
     }
-    if (!ready) {
+    if (!joined) {
+        /* span_fault said why */
+    } else if (!ready) {
         fail_all(&r, msg);
         flush_pending(&r);
     } else if (open_session(&r, ds, ds->shard ? &shard_train : &ds->train, loader)) {
         dev_register(d, g);
-        train_loop(&r);
+        if (g->world)
+            span_loop(&r);
+        else
+            train_loop(&r);
         dev_unregister(d, g);
     }
     if (atomic_load(&g->stop))
@@ -1067,6 +1380,7 @@ static void *group_thread(void *arg)
         agent_log("group %s generation %lld ended at step %lld", g->id, (long long)g->generation,
                   (long long)steps_done(&r));
     fb_session_free(r.s);
+    fb_comm_free(r.comm); /* after the session, which borrowed it */
     fb_loader_free(loader);
     dataset_release(a, ds);
     outmsg *bye = g->bye;
@@ -1165,6 +1479,11 @@ static void send_hello(fb_agent *a)
             m.devices[i].free_bytes =
                 share < m.devices[i].memory_bytes ? share : m.devices[i].memory_bytes;
         }
+    }
+    snprintf(m.comm_host, sizeof m.comm_host, "%s", a->comm_host);
+    if (a->comm_host[0]) {
+        m.comm_port_lo = a->comm_port_lo;
+        m.comm_port_hi = a->comm_port_hi;
     }
     if (fill_running(a, &m) == FB_OK) send_wire(a, &m, NULL, 0);
     fb_wire_msg_free(&m);
@@ -1318,6 +1637,12 @@ static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member 
 static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
                         const char *fmt, ...)
 {
+    if (m->world && m->rank_base > 0) {
+        /* a follower of a spanning group: the leader, which checks the same, reports it */
+        agent_log("group %s: %s cannot train here (the leader reports it)", m->group_id,
+                  wm->job_id);
+        return;
+    }
     outmsg *o =
         event_new(NULL, m->group_id, m->generation, FB_EV_FAILED, wm->job_id, wm->start_step);
     if (o) {
@@ -1382,6 +1707,34 @@ static int start_thread(group *g)
     return rc;
 }
 
+static int hex_value(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : 0;
+}
+
+/*
+ * Whether this worker can hold its part of a spanning group (the decoder checked the
+ * span's numbers): it needs --comm-addr and CPU devices, since the TCP communicator
+ * sums host memory (CUDA groups across workers would need NCCL, not yet there).  A
+ * refusal sends no event: it is not the members' fault, and the server re-queues a
+ * group that does not run.
+ */
+static bool span_assign_ok(fb_agent *a, const fb_wire_msg *m)
+{
+    const char *why = NULL;
+    if (!a->comm_host[0])
+        why = "this worker takes no part in arrays that span workers (no --comm-addr)";
+    for (int i = 0; !why && i < m->n_group_devices; i++) {
+        int k = m->group_devices[i];
+        if (k >= 0 && k < a->n_devices && strcmp(a->dev[k].info.kind, "cpu") != 0)
+            why = "arrays that span workers run on CPU devices only for now";
+    }
+    if (!why) return true;
+    agent_log("group %s generation %lld: spanning assignment refused: %s", m->group_id,
+              (long long)m->generation, why);
+    return false;
+}
+
 static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
 {
     if (a->draining) {
@@ -1406,6 +1759,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
                   (long long)old->generation);
         stop_group(a, old);
     }
+    if (m->world && !span_assign_ok(a, m)) return;
     for (int i = 0; i < m->n_group_devices; i++)
         if (m->group_devices[i] < 0 || m->group_devices[i] >= a->n_devices) {
             for (int k = 0; k < m->n_members; k++)
@@ -1433,11 +1787,28 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     g->pipeline = 1;
     int want_d = m->parallel_data > 0 ? m->parallel_data : 1;
     int want_p = m->parallel_pipeline > 0 ? m->parallel_pipeline : 1;
-    if (want_d * want_p > 1 && m->n_group_devices == want_d * want_p) {
+    if ((want_d * want_p > 1 || m->world) && m->n_group_devices == want_d * want_p) {
         /* shard d, stage p is entry d * P + p (docs/wire.md) */
         g->n_dp = want_d;
         g->pipeline = want_p;
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
+    }
+    if (m->world) {
+        g->world = m->world;
+        g->rank_base = m->rank_base;
+        g->follower = m->rank_base > 0;
+        snprintf(g->rendezvous, sizeof g->rendezvous, "%s", m->rendezvous);
+        for (int k = 0; k < FB_COMM_TOKEN_BYTES; k++) {
+            unsigned hi = (unsigned)hex_value(m->token[2 * k]);
+            unsigned lo = (unsigned)hex_value(m->token[2 * k + 1]);
+            g->token[k] = (unsigned char)(hi << 4 | lo);
+        }
+        /* FNV-1a over the job ids, in the ASSIGN's order, which the member bits follow */
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (int i = 0; i < m->n_members; i++)
+            for (const char *p = m->members[i].job_id; *p; p++)
+                h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
+        g->members_hash = h;
     }
     g->ticket = a->next_ticket++;
     g->m = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->m);
@@ -1479,7 +1850,11 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         group_free(g);
         return;
     }
-    if (g->n_dp * g->pipeline > 1)
+    if (g->world)
+        agent_log("group %s: ranks %d..%d of %d across workers (%s, rendezvous %s)", m->group_id,
+                  g->rank_base, g->rank_base + g->n_dp - 1, g->world,
+                  g->follower ? "follower" : "leader", g->rendezvous);
+    else if (g->n_dp * g->pipeline > 1)
         agent_log("group %s: %d data shard%s x %d pipeline stage%s", m->group_id, g->n_dp,
                   g->n_dp == 1 ? "" : "s", g->pipeline, g->pipeline == 1 ? "" : "s");
     g->bye = outmsg_new(OUT_EXIT, g);
@@ -1515,6 +1890,13 @@ static void on_detach(fb_agent *a, const fb_wire_msg *m)
         stop_group(a, g);
         return;
     }
+    if (g->follower) {
+        /* members leave at a step the leader chooses, so their DETACH goes to the leader */
+        agent_log("group %s: DETACH of %s sent to a follower of a spanning group; dropped "
+                  "(the leader decides)",
+                  g->id, m->job_id);
+        return;
+    }
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
         if (strcmp(mb->job_id, m->job_id) != 0) continue;
@@ -1541,6 +1923,12 @@ static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
                   m->group_id, (long long)m->generation);
         return;
     }
+    if (g->follower) {
+        agent_log("group %s: REBALANCE sent to a follower of a spanning group; dropped (the "
+                  "leader passes its split on)",
+                  g->id);
+        return;
+    }
     agent_device *d = &a->dev[g->dev];
     pthread_mutex_lock(&d->mu);
     if (m->time_share > 0) g->time_share = m->time_share;
@@ -1560,6 +1948,9 @@ static void start_drain(fb_agent *a, const char *why)
     agent_log("draining (%s): checkpointing every member", why);
     send_drain(a);
     for (group *g = a->groups; g; g = g->next) {
+        /* a follower's part trains on until the server moves its group away (its leader
+         * drains it, or every member leaves on the leader's DETACH) */
+        if (g->follower) continue;
         atomic_store(&g->drain, true);
         dev_wake(&a->dev[g->dev]);
     }
@@ -1992,6 +2383,21 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     if (pr < 10 || pr > 3600000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                        "the progress interval must be in [10, 3600000] ms, not %d", o->progress_ms);
+    if (o->comm_host && !fb_wire_host_valid(o->comm_host))
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "the comm host '%s' is neither a host name nor an IP address (1..%d "
+                       "characters, IPv6 without brackets)",
+                       o->comm_host, FB_WIRE_NAME_MAX);
+    if (o->comm_host &&
+        (o->comm_port_lo < 1 || o->comm_port_hi > 65535 || o->comm_port_hi < o->comm_port_lo ||
+         o->comm_port_hi - o->comm_port_lo >= FB_AGENT_COMM_PORTS))
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "the comm ports %d..%d: 1 <= low <= high <= 65535, at most %d ports",
+                       o->comm_port_lo, o->comm_port_hi, FB_AGENT_COMM_PORTS);
+    int ct = o->comm_timeout_ms ? o->comm_timeout_ms : FB_AGENT_DEFAULT_COMM_TIMEOUT_MS;
+    if (ct < 1 || ct > 3600000)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "the comm timeout must be in [1, 3600000] ms, not %d", o->comm_timeout_ms);
     const char *dd = o->data_dir;
     if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
     if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
@@ -2013,6 +2419,12 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
         fb_agent_default_name(a->name, sizeof a->name);
     a->heartbeat_ms = hb;
     a->progress_ms = pr;
+    a->comm_timeout_ms = ct;
+    if (o->comm_host) {
+        snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
+        a->comm_port_lo = o->comm_port_lo;
+        a->comm_port_hi = o->comm_port_hi;
+    }
     a->outbox_limit = o->outbox_bytes ? o->outbox_bytes : FB_AGENT_DEFAULT_OUTBOX_BYTES;
     a->next_seq = 1;
     atomic_init(&a->drain_req, false);

@@ -29,6 +29,8 @@
 #define FB_AGENT_DEFAULT_PROGRESS_MS 1000
 #define FB_AGENT_DEFAULT_OUTBOX_BYTES ((uint64_t)1 << 30)
 #define FB_AGENT_DRAIN_WAIT_MS 10000 /* how long a drain waits for the last ACKs */
+#define FB_AGENT_DEFAULT_COMM_TIMEOUT_MS 60000
+#define FB_AGENT_COMM_PORTS 1024 /* ports of a worker's comm range, at most */
 
 typedef struct fb_agent fb_agent;
 
@@ -55,6 +57,13 @@ typedef struct fb_agent_opts {
                                0 = default */
     bool sync_batchnorm;    /* data-parallel groups on CPU devices normalise batch norm over
                                the global batch (dp.h); false = each device's statistics */
+    /* arrays that span workers: where the other workers reach this one, a host name or IP
+     * address (IPv6 without brackets) and the ports comm_port_lo..comm_port_hi (at most
+     * FB_AGENT_COMM_PORTS) that the server picks a group's rendezvous port from when this
+     * worker leads it; NULL = the worker takes no part in them */
+    const char *comm_host;
+    int comm_port_lo, comm_port_hi;
+    int comm_timeout_ms;    /* each wait of their rendezvous and sums; 0 = the default */
 } fb_agent_opts;
 
 /*
@@ -87,6 +96,16 @@ void fb_agent_drain(fb_agent *a);
 
 /* Stops whatever still runs, closes the sockets and frees the agent.  Accepts NULL. */
 void fb_agent_free(fb_agent *a);
+
+/*
+ * Parses --comm-addr: "HOST:LO" or "HOST:LO-HI", HOST a host name or an IP
+ * address (IPv6 in brackets, "[::1]:29500-29599"), 1 <= LO <= HI <= 65535
+ * and at most FB_AGENT_COMM_PORTS ports.  host receives HOST without
+ * brackets (host_cap bytes).  Returns FB_OK or FB_ERR_OUT_OF_RANGE with msg
+ * saying why; the outputs are untouched on failure.
+ */
+int fb_agent_parse_comm_addr(const char *s, char *host, size_t host_cap, int *lo, int *hi,
+                             char *msg, size_t msg_cap);
 
 /* Whether name is a valid worker name: [a-z0-9][a-z0-9._-]*, 1..63 chars. */
 bool fb_agent_name_valid(const char *name);

@@ -996,6 +996,54 @@ int fb_dp_broadcast(fb_dp *dp, char *msg, size_t msg_cap)
     return FB_OK;
 }
 
+int fb_dp_broadcast_i64(fb_dp *dp, int64_t *v, int n, char *msg, size_t msg_cap)
+{
+    if (!dp || (n > 0 && !v)) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
+    if (n < 0 || n > FB_DP_MAX_BROADCAST)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a broadcast of %d values (0..%d)", n,
+                       FB_DP_MAX_BROADCAST);
+    if (n == 0 || dp->world == dp->D) return FB_OK;
+    /* four floats of 16 bits per value: integers below 2^24 add exactly, and zero added to
+     * anything leaves it as it was, so the sum is rank 0's values in any order */
+    size_t nf = 4 * (size_t)n;
+    float *all = calloc((size_t)dp->D * nf, sizeof *all);
+    if (!all) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    float *bufs[FB_DP_MAX_RANKS];
+    for (int d = 0; d < dp->D; d++)
+        bufs[d] = all + (size_t)d * nf;
+    if (dp->first == 0)
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < 4; k++)
+                all[4 * (size_t)i + (size_t)k] = (float)(((uint64_t)v[i] >> (16 * k)) & 0xffff);
+    char m[256] = "";
+    pthread_mutex_lock(&dp->mu);
+    /* between steps the communication thread has run every collective queued and waits
+     * for the next step's; holding the mutex keeps it there while this sum runs */
+    for (int d = 0; d < dp->D; d++)
+        FB_ASSERT(dp->ranks[d].n_ops <= dp->coll_done);
+    int err = fb_comm_allreduce_sum(dp->comm, bufs, nf, m, sizeof m);
+    pthread_mutex_unlock(&dp->mu);
+    /* a part that is not a 16-bit integer means some other rank did not contribute zeros */
+    for (size_t j = 0; j < nf && !err; j++) {
+        float f = all[j];
+        if (!(f >= 0 && f <= 65535 && f == (float)(uint32_t)f))
+            err = fb_errf(m, sizeof m, FB_ERR_IO,
+                          "value %zu arrived as %g, not a 16-bit part: another process "
+                          "contributed to it",
+                          j / 4, (double)f);
+    }
+    if (!err)
+        for (int i = 0; i < n; i++) {
+            uint64_t x = 0;
+            for (int k = 0; k < 4; k++)
+                x |= (uint64_t)(uint32_t)all[4 * (size_t)i + (size_t)k] << (16 * k);
+            v[i] = (int64_t)x;
+        }
+    free(all);
+    if (err) return fb_errf(msg, msg_cap, err, "broadcast: %s", m);
+    return FB_OK;
+}
+
 int fb_dp_last_collectives(const fb_dp *dp, int d, size_t *sizes, int cap)
 {
     const rank *r = &dp->ranks[d];

@@ -199,6 +199,25 @@ void fb_dp_remove(fb_dp *dp, int m);
  */
 int fb_dp_broadcast(fb_dp *dp, char *msg, size_t msg_cap);
 
+/* The most values fb_dp_broadcast_i64 takes at once. */
+#define FB_DP_MAX_BROADCAST 4096
+
+/*
+ * Gives every process of the world the values v[0..n) (0 <= n <=
+ * FB_DP_MAX_BROADCAST) of the process holding rank 0; what the others pass
+ * is overwritten.  It is one sum over the communicator in which rank 0
+ * contributes the values, 16 bits per float (exact in any order of
+ * addition), and every other rank zeros, so each value arrives bit for bit.
+ * Call it between steps only, from the thread that drives the steps, at the
+ * same point in every process with the same n: the sum then never
+ * interleaves with the communication thread's.  In one process (no
+ * opts.comm) v stays as it is.  Returns FB_OK, FB_ERR_OUT_OF_RANGE for a bad
+ * n, FB_ERR_NOMEM, or FB_ERR_IO when the sum fails (a peer died, timed out
+ * or misbehaved; the communicator is then broken); v is untouched on
+ * failure.
+ */
+int fb_dp_broadcast_i64(fb_dp *dp, int64_t *v, int n, char *msg, size_t msg_cap);
+
 /*
  * The collectives rank d ran in its last training step, in order: their
  * sizes in floats into sizes[0..cap); returns how many there were.  Every

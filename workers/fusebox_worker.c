@@ -53,6 +53,15 @@ static void usage(FILE *f)
                "  --sync-batchnorm on|off  batch-norm statistics over the whole global batch\n"
                "                        in data-parallel groups on CPU devices (default off:\n"
                "                        each device's own) [FUSEBOX_WORKER_SYNC_BATCHNORM]\n"
+               "  --comm-addr HOST:LO[-HI]  where the other workers of an array that spans\n"
+               "                        workers reach this one: a host name or IP address\n"
+               "                        (IPv6 in brackets) and the ports (at most 1024) the\n"
+               "                        server picks a rendezvous port from when this worker\n"
+               "                        leads one (default: none; the worker then takes no\n"
+               "                        part in spanning arrays) [FUSEBOX_WORKER_COMM_ADDR]\n"
+               "  --comm-timeout-ms MS  how long the rendezvous and each sum of a spanning\n"
+               "                        array wait for the other workers (default 60000)\n"
+               "                        [FUSEBOX_WORKER_COMM_TIMEOUT_MS]\n"
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
@@ -112,6 +121,8 @@ enum {
     OPT_SYNC_BN,
     OPT_DEVICE_THREADS,
     OPT_PIN_DEVICES,
+    OPT_COMM_ADDR,
+    OPT_COMM_TIMEOUT,
     OPT_COUNT
 };
 
@@ -132,6 +143,8 @@ static const struct {
     {"sync-batchnorm", "FUSEBOX_WORKER_SYNC_BATCHNORM"},
     {"device-threads", "FUSEBOX_WORKER_DEVICE_THREADS"},
     {"pin-devices", "FUSEBOX_WORKER_PIN_DEVICES"},
+    {"comm-addr", "FUSEBOX_WORKER_COMM_ADDR"},
+    {"comm-timeout-ms", "FUSEBOX_WORKER_COMM_TIMEOUT_MS"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -177,6 +190,8 @@ int main(int argc, char **argv)
         {"sync-batchnorm", required_argument, NULL, OPT_SYNC_BN},
         {"device-threads", required_argument, NULL, OPT_DEVICE_THREADS},
         {"pin-devices", required_argument, NULL, OPT_PIN_DEVICES},
+        {"comm-addr", required_argument, NULL, OPT_COMM_ADDR},
+        {"comm-timeout-ms", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -205,7 +220,7 @@ int main(int argc, char **argv)
             from_env[i] = true;
         }
     }
-    char where[64];
+    char where[64], msg[1024];
     for (int i = 0; i < OPT_COUNT; i++)
         if (val[i] && !val[i][0]) {
             origin(where, sizeof where, i, from_env[i]);
@@ -229,8 +244,10 @@ int main(int argc, char **argv)
     } ints[] = {{OPT_CPU_DEVICES, 1, FB_WIRE_MAX_DEVICES},
                 {OPT_THREADS, 1, 1024},
                 {OPT_HEARTBEAT, 100, 60000},
-                {OPT_PROGRESS, 10, 3600000}};
-    int *dst[] = {&o.cpu_devices, &o.threads_per_device, &o.heartbeat_ms, &o.progress_ms};
+                {OPT_PROGRESS, 10, 3600000},
+                {OPT_COMM_TIMEOUT, 1, 3600000}};
+    int *dst[] = {&o.cpu_devices, &o.threads_per_device, &o.heartbeat_ms, &o.progress_ms,
+                  &o.comm_timeout_ms};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         int k = ints[i].opt;
         if (val[k] && parse_int(val[k], ints[i].lo, ints[i].hi, dst[i])) {
@@ -266,6 +283,16 @@ int main(int argc, char **argv)
         }
         o.device_threads = device_threads;
     }
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    if (val[OPT_COMM_ADDR]) {
+        if (fb_agent_parse_comm_addr(val[OPT_COMM_ADDR], comm_host, sizeof comm_host,
+                                     &o.comm_port_lo, &o.comm_port_hi, msg, sizeof msg)) {
+            origin(where, sizeof where, OPT_COMM_ADDR, from_env[OPT_COMM_ADDR]);
+            fprintf(stderr, "fusebox-worker: %s: %s\n", where, msg);
+            return EXIT_USAGE;
+        }
+        o.comm_host = comm_host;
+    }
     if (o.name && !fb_agent_name_valid(o.name)) {
         origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);
         fprintf(stderr,
@@ -275,7 +302,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
 
-    char msg[1024], server_pub[41], pub[41], sec[41];
+    char server_pub[41], pub[41], sec[41];
     int err = fb_wire_key_load(val[OPT_SERVER_KEY], server_pub, NULL, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "fusebox-worker: server key: %s (%s)\n", msg, fb_err_code(err));

@@ -405,6 +405,10 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
             snprintf(s->files[i], FILE_CAP, "%s", specs[i]->name);
     }
     s->shards = 1;
+    if (s->opts.comm && s->opts.pipeline > 1) {
+        err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "pipeline stages do not span processes");
+        goto fail;
+    }
     if (s->opts.pipeline > 1) {
         int P = s->opts.pipeline, D = s->opts.n_devices / P;
         if (!s->opts.devices || D < 1 || D * P != s->opts.n_devices || D > FB_DP_MAX_RANKS ||
@@ -440,19 +444,31 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
         } else {
             fb_dp_even_split(D, (int)bs, NULL, s->split);
         }
-    } else if (s->opts.n_devices > 1) {
+    } else if (s->opts.n_devices > 1 || s->opts.comm) {
         int D = s->opts.n_devices;
-        s->shards = D;
-        if (!s->opts.devices || D > FB_DP_MAX_RANKS || D > bs) {
+        if (!s->opts.devices || D < 1 || D > FB_DP_MAX_RANKS || D > bs) {
             err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                          "data parallelism over %d devices needs 2..%d devices and a batch of "
+                          "data parallelism over %d devices needs %d..%d devices and a batch of "
                           "at least that many samples (batch_size %lld)",
-                          D, FB_DP_MAX_RANKS, (long long)bs);
+                          D, s->opts.comm ? 1 : 2, FB_DP_MAX_RANKS, (long long)bs);
             goto fail;
         }
-        if ((err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, s->opts.dp, &s->dp, msg,
-                             cap)))
+        /* across processes the communicator joins the local ranks to the others */
+        fb_dp_opts dpo = {.slow_rank = -1};
+        if (s->opts.dp) dpo = *s->opts.dp;
+        if (s->opts.comm) dpo.comm = s->opts.comm;
+        if ((err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, &dpo, &s->dp, msg, cap)))
             goto fail;
+        /* the split covers every rank of the world, this process's and the others' */
+        D = fb_dp_world(s->dp);
+        s->shards = D;
+        if (D > bs) {
+            err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                          "a world of %d ranks needs a batch of at least that many samples "
+                          "(batch_size %lld)",
+                          D, (long long)bs);
+            goto fail;
+        }
         s->a = fb_dp_array(s->dp, 0);
         if (s->opts.split) {
             if ((err = fb_dp_check_split(s->dp, s->opts.split, (int)bs, msg, cap))) goto fail;
@@ -467,6 +483,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->opts.devices = NULL;
     s->opts.split = NULL;
     s->opts.dp = NULL;
+    s->opts.comm = NULL; /* dp borrows it; the caller frees it after the session */
     size_t most = 1;
     for (int t = 0; t < fb_array_tensor_count(s->a, FB_ARRAY_PARAM); t++) {
         size_t k = fb_array_tensor_at(s->a, FB_ARRAY_PARAM, t).numel;
@@ -607,6 +624,13 @@ int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, 
     if (err) return err;
     memcpy(s->split, split, (size_t)D * sizeof *split);
     return FB_OK;
+}
+
+int fb_session_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t cap)
+{
+    if (!s || (n > 0 && !v)) return fb_errf(msg, cap, FB_ERR_INTERNAL, "missing argument");
+    if (!s->dp) return FB_OK; /* one process: its values are rank 0's */
+    return fb_dp_broadcast_i64(s->dp, v, n, msg, cap);
 }
 
 int fb_session_checkpoint(const fb_session *s, int member, void **buf, size_t *len, char *msg,

@@ -165,10 +165,25 @@ void fb_session_detach(fb_session *s, int member);
  */
 int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t msg_cap);
 
+/*
+ * Gives every process of a session that spans processes (fb_train_opts.comm)
+ * the values v[0..n) of the process that holds rank 0 (0 <= n <= 4096,
+ * FB_DP_MAX_BROADCAST of dp.h), through the session's communicator, between
+ * two steps: what the other processes pass is ignored and overwritten.
+ * Every process must call it at the same point with the same n; the group's
+ * leader uses it to make every worker apply its decisions before the same
+ * step.  A session in one process keeps v as it is.  Returns FB_OK, or
+ * FB_ERR_IO when the communication fails (a peer died or timed out; the
+ * communicator is then broken and the session cannot step on) with v
+ * untouched, FB_ERR_OUT_OF_RANGE for a bad n.
+ */
+int fb_session_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t msg_cap);
+
 /* Devices the session trains on (1 without data or pipeline parallelism). */
 int fb_session_devices(const fb_session *s);
 
-/* Data shards of the session: the entries a split has (1 without data parallelism). */
+/* Data shards of the session: the entries a split has (1 without data parallelism; the
+ * ranks of the whole world across processes). */
 int fb_session_shards(const fb_session *s);
 
 /* Returns the times accumulated since the last call (or the start) and resets them. */

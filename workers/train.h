@@ -60,6 +60,7 @@ typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
 struct fb_loader; /* workers/data/loader.h */
 struct fb_device; /* workers/device.h */
 struct fb_dp_opts; /* workers/dp.h */
+struct fb_comm;    /* workers/comm.h */
 
 typedef struct fb_train_opts {
     int log_every;       /* report a step event every N steps (and the last); 0 = last only */
@@ -89,6 +90,13 @@ typedef struct fb_train_opts {
      * batch / D); split then has D entries */
     int pipeline;
     int micro_batches;
+    /* ranks in several processes (a group spanning workers): a TCP communicator (comm.h)
+     * whose local ranks are the n_devices devices (n_devices may then be 1) and whose other
+     * ranks live in other processes; split then has one entry per rank of its world (NULL:
+     * even), and every process trains the same global batch (dp.h).  Borrowed, not kept
+     * past the session: it must outlive the session, and the caller frees it after
+     * fb_session_free.  No pipeline with it. */
+    struct fb_comm *comm;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */
