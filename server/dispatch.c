@@ -69,19 +69,48 @@ typedef struct worker {
     bool draining;
     int n_devices;
     fb_wire_device devices[FB_WIRE_MAX_DEVICES];
+    /* where the other workers of an array that spans workers reach it ("" = it takes no
+     * part in such arrays), its port range, and where the next search for a free port of
+     * the range starts (round-robin, so that a port another program holds is not tried
+     * again and again) */
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    int comm_port_lo, comm_port_hi, next_port;
     /* the fair-share controller's count of imbalanced periods per device, handed back to it
      * each period (the policy keeps no state) */
     int imbalanced[FB_WIRE_MAX_DEVICES];
 } worker;
 
+/* A worker of a group that spans workers, and its ranks. */
+typedef struct span_member {
+    char worker[FB_WIRE_NAME_MAX + 1];
+    int rank_base, n_ranks;
+    int dev[FB_WIRE_MAX_DEVICES]; /* its device indices, one per rank, in rank order */
+    bool listed;                  /* it has listed the group as running since it was assigned */
+    int64_t assigned_ms;          /* when the loop sent it the group, or found it at start */
+    int64_t missing_since_ms;     /* as group.missing_since_ms, for this worker */
+} span_member;
+
+/* What the loop keeps of a group that spans workers. */
+typedef struct span {
+    int port;  /* where its leader listens for the others */
+    int world; /* its data-parallel ranks */
+    int n;     /* its workers; m[0] is the leader, the worker of rank 0 */
+    span_member m[FB_WIRE_MAX_DEVICES];
+    /* the latest breakdown of each rank, from the worker that holds it */
+    bool has[FB_WIRE_MAX_DEVICES];
+    fb_wire_device_step step[FB_WIRE_MAX_DEVICES];
+} span;
+
 /* A group that is not finished: whom its messages must come from. */
 typedef struct group {
     char id[FB_WIRE_ID_LEN + 1];
     int64_t generation;
-    char worker[FB_WIRE_NAME_MAX + 1];
+    char worker[FB_WIRE_NAME_MAX + 1]; /* of a group that spans workers: its leader */
     /* when its worker re-registered without it (0: not missing); its last events may still
      * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
     int64_t missing_since_ms;
+    /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
+    span *span;
     /* its step time and the busy part of it (compute, communication, I/O: waiting for its
      * turn on a shared device left out), measured by note_step_time and smoothed as the
      * fair-share controller wants (fb_fair_ewma); 0 until measured */
@@ -89,7 +118,8 @@ typedef struct group {
     int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
     int64_t base_step;   /* where the step being measured began: the furthest member step */
     int64_t base_ms;     /* and when that report arrived */
-    /* each of its devices' speed by the worker's device index: samples per second of the
+    /* each of its devices' speed by the worker's device index (of a group that spans
+     * workers: by rank): samples per second of the
      * device's training passes, from the reports' per-device breakdown (note_device_steps),
      * smoothed as the fair-share controller wants; 0 until measured.  What splits its batch. */
     double dev_rate[FB_WIRE_MAX_DEVICES];
@@ -107,6 +137,9 @@ typedef struct pending {
     /* PROGRESS: the step's wall-clock time and busy part of the window it closed
      * (note_step_time), 0 when none; and the group's smoothed ones after it */
     double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
+    /* PROGRESS of a group that spans workers: its device breakdown over all ranks (JSON,
+     * malloc'd), NULL when it has none */
+    char *span_breakdown;
 } pending;
 
 typedef struct queue {
@@ -187,6 +220,7 @@ static double mono_s(void)
 }
 
 static bool load_groups(fb_dispatch_t *d);
+static int parse_ints(const char *p, int64_t *out, int cap);
 static int write_reasons(fb_dispatch_t *d, double budget_s);
 static void take_notifies(fb_dispatch_t *d);
 static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t);
@@ -318,6 +352,7 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     g->generation = gen;
     snprintf(g->worker, sizeof g->worker, "%s", worker_name);
     g->missing_since_ms = 0;
+    g->span = NULL;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;
     memset(g->dev_rate, 0, sizeof g->dev_rate);
@@ -328,7 +363,59 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
 static void drop_group(fb_dispatch_t *d, const char *id)
 {
     group *g = find_group(d, id);
-    if (g) *g = d->groups[--d->n_groups];
+    if (!g) return;
+    free(g->span);
+    *g = d->groups[--d->n_groups];
+}
+
+/* The entry of worker name in a group that spans workers, or NULL. */
+static span_member *span_find(const group *g, const char *name)
+{
+    if (!g->span) return NULL;
+    for (int i = 0; i < g->span->n; i++)
+        if (strcmp(g->span->m[i].worker, name) == 0) return &g->span->m[i];
+    return NULL;
+}
+
+/* Whether worker name runs (a part of) group g. */
+static bool group_has_worker(const group *g, const char *name)
+{
+    return g->span ? span_find(g, name) != NULL : strcmp(g->worker, name) == 0;
+}
+
+/* The rank of worker name's device dev in a group that spans workers, or -1. */
+static int span_rank(const group *g, const char *name, int dev)
+{
+    const span_member *sm = span_find(g, name);
+    for (int i = 0; sm && i < sm->n_ranks; i++)
+        if (sm->dev[i] == dev) return sm->rank_base + i;
+    return -1;
+}
+
+/* Adds worker name with its ranks to group g's span (made on first use); false when memory
+ * runs out or the ranks do not fit. */
+static bool span_add(group *g, int world, int port, const char *name, int rank_base,
+                     const int *dev, int n_ranks)
+{
+    if (world < 2 || world > FB_WIRE_MAX_DEVICES || rank_base < 0 || n_ranks < 1 ||
+        rank_base + n_ranks > world)
+        return false;
+    if (!g->span) {
+        g->span = calloc(1, sizeof *g->span);
+        if (!g->span) return false;
+        g->span->world = world;
+        g->span->port = port;
+    }
+    span *sp = g->span;
+    if (sp->n == FB_WIRE_MAX_DEVICES || span_find(g, name)) return false;
+    span_member *sm = &sp->m[sp->n++];
+    memset(sm, 0, sizeof *sm);
+    snprintf(sm->worker, sizeof sm->worker, "%s", name);
+    sm->assigned_ms = now_ms();
+    sm->rank_base = rank_base;
+    sm->n_ranks = n_ranks;
+    memcpy(sm->dev, dev, (size_t)n_ranks * sizeof *dev);
+    return true;
 }
 
 /* The groups that are not finished, from the database (once per start). */
@@ -345,6 +432,30 @@ static bool load_groups(fb_dispatch_t *d)
                   PQgetvalue(r, i, 2));
     fb_log_json(FB_LOG_INFO, "control loop: groups to follow",
                 json_pack("{s:i}", "groups", PQntuples(r)));
+    PQclear(r);
+    /* the workers of the groups that span several, leader (rank 0) first */
+    r = q(d,
+          "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
+          " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
+          " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
+          " WHERE g.state <> 'finished' ORDER BY gw.group_id, gw.rank_base",
+          0, NULL);
+    if (!r) return false;
+    for (int i = 0; i < PQntuples(r); i++) {
+        group *g = find_group(d, PQgetvalue(r, i, 0));
+        int64_t dev[FB_WIRE_MAX_DEVICES];
+        int devs[FB_WIRE_MAX_DEVICES];
+        int n = parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
+        for (int k = 0; k < n; k++) devs[k] = (int)dev[k];
+        int n_ranks = (int)strtol(PQgetvalue(r, i, 3), NULL, 10);
+        if (!g || n != n_ranks ||
+            !span_add(g, (int)strtol(PQgetvalue(r, i, 5), NULL, 10),
+                      (int)strtol(PQgetvalue(r, i, 6), NULL, 10), PQgetvalue(r, i, 1),
+                      (int)strtol(PQgetvalue(r, i, 2), NULL, 10), devs, n))
+            fb_log_json(FB_LOG_ERROR, "control loop: a worker of a spanning array is unreadable",
+                        json_pack("{s:s, s:s}", "group_id", PQgetvalue(r, i, 0), "worker",
+                                  PQgetvalue(r, i, 1)));
+    }
     PQclear(r);
     d->groups_loaded = true;
     return true;
@@ -516,6 +627,35 @@ static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *wh
 fail:
     rollback(d);
     return false;
+}
+
+/*
+ * Re-queues group g like requeue_group; when g spans workers, its other
+ * workers still registered are told to stop it (DETACH of the whole group),
+ * since one worker's fault stops the whole group.  g is gone afterwards
+ * when this returns true.
+ */
+static bool requeue_spanning(fb_dispatch_t *d, group *g, const char *why)
+{
+    char id[FB_WIRE_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", g->id);
+    int64_t gen = g->generation;
+    span *sp = g->span;
+    g->span = NULL; /* kept past drop_group, for the DETACHes */
+    if (!requeue_group(d, id, why)) {
+        g = find_group(d, id);
+        if (g) g->span = sp;
+        else free(sp);
+        return false;
+    }
+    for (int k = 0; sp && k < sp->n; k++)
+        if (find_worker(d, sp->m[k].worker))
+            send_detach(d, sp->m[k].worker, id, gen, NULL, why, false);
+    if (sp)
+        fb_log_json(FB_LOG_INFO, "stopped an array that spans workers on all of them",
+                    json_pack("{s:s, s:s, s:i}", "group_id", id, "why", why, "workers", sp->n));
+    free(sp);
+    return true;
 }
 
 /* Finishes a group once none of its jobs trains in it any more; *finished
@@ -988,6 +1128,7 @@ static void pending_free(pending *p)
 {
     if (!p) return;
     fb_wire_msg_free(&p->m);
+    free(p->span_breakdown);
     free(p->blob);
     free(p);
 }
@@ -1066,11 +1207,14 @@ static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
 static bool update_utilization(fb_dispatch_t *d, const char *group_id)
 {
     const char *v[1] = {group_id};
+    /* an array's devices are group_devices (schema 008): its worker's, or those of each of
+     * its workers when it spans several; the arrays on a device are found from either side
+     * through the indexes on the worker */
     return exec1(d,
-                 "WITH g AS (SELECT worker_id, device_idx FROM groups WHERE id = $1::uuid),"
+                 "WITH g AS (SELECT worker_id, idx FROM group_devices WHERE group_id = $1::uuid),"
                  " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
                  "   THEN t.work / t.total END), 0) AS u"
-                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = ANY(g.device_idx)"
+                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = g.idx"
                  "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
                  "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
                  "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
@@ -1078,8 +1222,12 @@ static bool update_utilization(fb_dispatch_t *d, const char *group_id)
                  "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
                  "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
                  "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
-                 "   FROM groups o WHERE o.worker_id = d.worker_id AND d.idx = ANY(o.device_idx)"
-                 "   AND o.state <> 'finished') t ON true"
+                 "   FROM (SELECT o1.breakdown FROM groups o1 WHERE o1.worker_id = d.worker_id"
+                 "    AND d.idx = ANY(o1.device_idx) AND o1.comm_port IS NULL"
+                 "    AND o1.state <> 'finished'"
+                 "    UNION ALL SELECT o2.breakdown FROM group_workers gw"
+                 "    JOIN groups o2 ON o2.id = gw.group_id WHERE gw.worker_id = d.worker_id"
+                 "    AND d.idx = ANY(gw.device_idx) AND o2.state <> 'finished') o) t ON true"
                  "  GROUP BY d.worker_id, d.idx)"
                  " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
                  " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx",
@@ -1185,7 +1333,10 @@ static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
                " WHERE id = $1::uuid",
                6, vg) &&
          update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
-    if (ok && m->n_device_steps > 0) {
+    if (ok && p->span_breakdown) {
+        const char *vd[2] = {m->group_id, p->span_breakdown};
+        ok = exec1(d, "UPDATE groups SET device_breakdown = $2::jsonb WHERE id = $1::uuid", 2, vd);
+    } else if (ok && m->n_device_steps > 0) {
         /* kept only when the report names the group's devices in the group's order, which
          * gives each entry its shard and stage (devices are shard-major) */
         char *bd = device_breakdown_json(m);
@@ -1194,7 +1345,8 @@ static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
              exec1(d,
                    "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
                    " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
-                   " 'stage', (e.k - 1) % g.parallel_pipeline) ORDER BY e.k)"
+                   " 'stage', (e.k - 1) % g.parallel_pipeline, 'worker',"
+                   " (SELECT w.name FROM workers w WHERE w.id = g.worker_id)) ORDER BY e.k)"
                    " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
                    " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
                    " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
@@ -1347,26 +1499,36 @@ static void flush_progress_run(fb_dispatch_t *d)
 
 /* ---- messages from workers ----------------------------------------------- */
 
-/* Whether m's group is live, of m's generation, and run by this worker. */
+/* Whether m's group is live, of m's generation, and run (in part) by this worker. */
 static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
 {
     group *g = find_group(d, m->group_id);
-    return g && g->generation == m->generation && strcmp(g->worker, name) == 0;
+    return g && g->generation == m->generation && group_has_worker(g, name);
 }
 
 /*
  * Compares the groups a worker says it runs with the ones assigned to it:
  * any it should not run are stopped; with full (a HELLO) the ones it no
  * longer runs are marked missing (the tick re-queues them if they stay so).
+ * A worker of a group that spans workers stops listing it when the group's
+ * communication fails (a peer died, the rendezvous timed out): that group
+ * is marked missing from a heartbeat too, once the worker has listed it or
+ * a heartbeat timeout after it was assigned.
  */
 static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full)
 {
     for (int i = 0; i < m->n_running; i++) {
         const fb_wire_running *r = &m->running[i];
         group *g = find_group(d, r->group_id);
-        if (g && g->generation == r->generation && strcmp(g->worker, name) == 0)
-            g->missing_since_ms = 0;
-        else if (!detach_recent(d, r->group_id, now_ms())) {
+        if (g && g->generation == r->generation && group_has_worker(g, name)) {
+            span_member *sm = span_find(g, name);
+            if (sm) {
+                sm->listed = true;
+                sm->missing_since_ms = 0;
+            } else {
+                g->missing_since_ms = 0;
+            }
+        } else if (!detach_recent(d, r->group_id, now_ms())) {
             /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
              * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
@@ -1375,15 +1537,21 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
             send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
         }
     }
-    if (!full) return;
     for (int i = 0; i < d->n_groups; i++) {
         group *g = &d->groups[i];
-        if (strcmp(g->worker, name) != 0) continue;
+        span_member *sm = span_find(g, name);
+        if (!sm && (!full || g->span || strcmp(g->worker, name) != 0)) continue;
+        /* a heartbeat may have left before the ASSIGN arrived; but a worker that never lists
+         * the group (its leader could not bind the port) must not hold it for ever */
+        if (sm && !full && !sm->listed &&
+            now_ms() - sm->assigned_ms <= d->cfg.heartbeat_timeout_ms)
+            continue;
         bool runs = false;
         for (int k = 0; k < m->n_running; k++)
             runs |= strcmp(m->running[k].group_id, g->id) == 0 &&
                     m->running[k].generation == g->generation;
-        if (!runs && !g->missing_since_ms) g->missing_since_ms = now_ms();
+        int64_t *since = sm ? &sm->missing_since_ms : &g->missing_since_ms;
+        if (!runs && !*since) *since = now_ms();
     }
 }
 
@@ -1440,9 +1608,15 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
     w->draining = false;
     w->n_devices = m->n_devices;
     memcpy(w->devices, m->devices, (size_t)m->n_devices * sizeof w->devices[0]);
+    snprintf(w->comm_host, sizeof w->comm_host, "%s", m->comm_host);
+    w->comm_port_lo = m->comm_host[0] ? m->comm_port_lo : 0;
+    w->comm_port_hi = m->comm_host[0] ? m->comm_port_hi : 0;
+    if (w->next_port < w->comm_port_lo || w->next_port > w->comm_port_hi)
+        w->next_port = w->comm_port_lo;
     fb_log_json(FB_LOG_INFO, "worker registered",
-                json_pack("{s:s, s:s, s:i, s:i}", "worker", name, "backend", m->backend,
-                          "devices", m->n_devices, "running_groups", m->n_running));
+                json_pack("{s:s, s:s, s:i, s:i, s:s}", "worker", name, "backend", m->backend,
+                          "devices", m->n_devices, "running_groups", m->n_running, "comm_host",
+                          m->comm_host));
     fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
     snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
     send_to(d, name, &welcome, NULL, NULL, 0);
@@ -1501,6 +1675,30 @@ static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_
 }
 
 /*
+ * note_device_steps for a group that spans workers: each of the reporting
+ * worker's devices is the rank it holds, and rates are kept by rank.  Every
+ * worker reports on its own, so a rank's first report (its warm-up) gives no
+ * rate.
+ */
+static void note_span_steps(fb_dispatch_t *d, group *g, const char *name, const fb_wire_msg *m)
+{
+    span *sp = g->span;
+    for (int i = 0; i < m->n_device_steps; i++) {
+        const fb_wire_device_step *e = &m->device_steps[i];
+        int r = span_rank(g, name, e->device);
+        if (r < 0) continue;
+        bool first = !sp->has[r];
+        sp->has[r] = true;
+        sp->step[r] = *e;
+        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
+        if (first || e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
+        double rate = (double)e->samples / busy_s;
+        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
+        g->dev_rate[r] = fb_fair_ewma(g->dev_rate[r], rate, d->fair.smoothing);
+    }
+}
+
+/*
  * Takes a report's per-device breakdown into its group: the latest entries,
  * and each device's speed, the samples it trained on per second of its own
  * training passes (communication and waiting left out, so that a device is
@@ -1512,10 +1710,14 @@ static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_
  * started), which says nothing about a device's speed: as for its step time
  * (note_step_time, called first), it gives no rate.
  */
-static void note_device_steps(fb_dispatch_t *d, const fb_wire_msg *m)
+static void note_device_steps(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
 {
     group *g = find_group(d, m->group_id);
     if (!g || m->n_device_steps < 1) return;
+    if (g->span) {
+        note_span_steps(d, g, name, m);
+        return;
+    }
     g->n_dev = m->n_device_steps;
     memcpy(g->dev, m->device_steps, (size_t)m->n_device_steps * sizeof *g->dev);
     if (g->reports <= 1) return;
@@ -1527,6 +1729,74 @@ static void note_device_steps(fb_dispatch_t *d, const fb_wire_msg *m)
         if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
         g->dev_rate[e->device] = fb_fair_ewma(g->dev_rate[e->device], rate, d->fair.smoothing);
     }
+}
+
+/*
+ * A worker that drains while it follows arrays that span workers: each such
+ * array moves, every member leaving with its full state (DETACH keep_state
+ * to the leader, which alone speaks for the members), so that it resumes
+ * elsewhere from the step it left at.  The leader's own drain is the
+ * worker's business, as for an array on one worker.
+ */
+static void drain_follower(fb_dispatch_t *d, const char *name)
+{
+    if (!db_ok(d)) return;
+    for (int i = 0; i < d->n_groups; i++) {
+        const group *g = &d->groups[i];
+        if (!g->span || !span_find(g, name) || strcmp(g->worker, name) == 0 ||
+            !find_worker(d, g->worker))
+            continue;
+        const char *v[1] = {g->id};
+        PGresult *r = q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
+        if (!r) return;
+        for (int k = 0; k < PQntuples(r); k++) {
+            send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
+                        "a worker of the array drains", true);
+            detach_recent(d, PQgetvalue(r, k, 0), now_ms());
+        }
+        fb_log_json(FB_LOG_INFO, "a follower drains: its spanning array moves",
+                    json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name,
+                              "leader", g->worker, "members", PQntuples(r)));
+        PQclear(r);
+    }
+}
+
+/*
+ * The device breakdown of a group that spans workers, as the groups table
+ * keeps it (schema 006), over all its ranks from each rank's latest report:
+ * per rank its worker, device index, rank (= shard; stage 0), times per step,
+ * samples per step and speed.  A malloc'd JSON text, or NULL when no rank has
+ * reported yet or memory ran out.
+ */
+static char *span_breakdown_json(const group *g)
+{
+    const span *sp = g->span;
+    json_t *arr = json_array();
+    int n = 0;
+    for (int k = 0; arr && k < sp->n; k++) {
+        const span_member *sm = &sp->m[k];
+        for (int i = 0; arr && i < sm->n_ranks; i++) {
+            int r = sm->rank_base + i;
+            if (!sp->has[r]) continue;
+            const fb_wire_device_step *e = &sp->step[r];
+            double busy_s = (double)e->steps * e->pass_ms / 1000.0;
+            double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
+            json_t *o = json_pack(
+                "{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
+                "worker", sm->worker, "rank", r, "shard", r, "stage", 0, "compute_ms",
+                e->compute_ms, "comm_ms", e->comm_ms, "io_ms", e->io_ms, "idle_ms", e->idle_ms,
+                "samples_per_step", per_step, "samples_per_s",
+                busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
+            if (!o || json_array_append_new(arr, o)) {
+                json_decref(arr);
+                arr = NULL;
+            }
+            n++;
+        }
+    }
+    char *text = arr && n > 0 ? json_dumps(arr, JSON_COMPACT) : NULL;
+    json_decref(arr);
+    return text;
 }
 
 /* Receives one multipart message from the ROUTER and acts on it. */
@@ -1601,16 +1871,23 @@ static void on_message(fb_dispatch_t *d)
             fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
         }
         {
+            const group *g = find_group(d, m.group_id);
+            if (g->span && strcmp(g->worker, name) != 0) {
+                /* a follower reports only its own devices' breakdown, written with the
+                 * leader's next report */
+                note_device_steps(d, name, &m);
+                break;
+            }
             double step_ms, busy_ms;
             note_step_time(d, &m, &step_ms, &busy_ms);
-            note_device_steps(d, &m);
+            note_device_steps(d, name, &m);
             pending *p = calloc(1, sizeof *p);
             if (!p) break;
+            if (g->span) p->span_breakdown = span_breakdown_json(g);
             p->step_ms = step_ms;
             p->busy_ms = busy_ms;
-            const group *g = find_group(d, m.group_id);
-            p->smooth_step_ms = g ? g->step_ms : 0;
-            p->smooth_busy_ms = g ? g->busy_ms : 0;
+            p->smooth_step_ms = g->step_ms;
+            p->smooth_busy_ms = g->busy_ms;
             snprintf(p->worker, sizeof p->worker, "%s", name);
             p->m = m;
             memset(&m, 0, sizeof m);
@@ -1626,6 +1903,17 @@ static void on_message(fb_dispatch_t *d)
                                   "event", fb_wire_event_name(m.event)));
             fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq,
                                .generation = m.generation};
+            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
+            send_to(d, name, &ack, NULL, NULL, 0);
+            break;
+        }
+        const group *eg = find_group(d, m.group_id);
+        if (eg->span && strcmp(eg->worker, name) != 0) {
+            /* only the leader of an array that spans workers speaks for its members */
+            fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
+                        json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
+                                  "group_id", m.group_id, "event", fb_wire_event_name(m.event)));
+            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq, .generation = m.generation};
             snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
             send_to(d, name, &ack, NULL, NULL, 0);
             break;
@@ -1666,6 +1954,7 @@ static void on_message(fb_dispatch_t *d)
             fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
             const char *v[1] = {name};
             if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
+            drain_follower(d, name);
         }
         break;
     default:
@@ -1846,6 +2135,11 @@ typedef struct assign_out {
     void **blobs;               /* [n_blobs], owned: the members' resume checkpoints */
     int n_blobs;
     double time_share;
+    /* a group that spans workers: its workers (owned until the group is tracked) and what
+     * every one of them is told besides its own ranks */
+    span *span;
+    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
+    char token[2 * FB_WIRE_TOKEN_BYTES + 1];
 } assign_out;
 
 static void assign_out_free(assign_out *a)
@@ -1857,7 +2151,41 @@ static void assign_out_free(assign_out *a)
     if (a->blobs)
         for (int i = 0; i < a->n_blobs; i++) free(a->blobs[i]);
     free(a->blobs);
+    free(a->span);
+    sodium_memzero(a->token, sizeof a->token);
     free(a);
+}
+
+/*
+ * A port of leader w's range for a new group that spans workers: one that
+ * no live spanning group led by w holds (nor one of this plan's, outq),
+ * searched round-robin from where the last search ended, so that a port the
+ * leader could not bind (another program holds it) is the last one tried
+ * again.  0 when every port of the range is taken.
+ */
+static int pick_port(fb_dispatch_t *d, worker *w, const assign_out *outq)
+{
+    int lo = w->comm_port_lo, hi = w->comm_port_hi;
+    if (lo < 1 || hi < lo) return 0;
+    for (int k = 0; k <= hi - lo; k++) {
+        int port = lo + (w->next_port - lo + k) % (hi - lo + 1);
+        bool used = false;
+        for (int i = 0; i < d->n_groups && !used; i++)
+            used = d->groups[i].span && d->groups[i].span->port == port &&
+                   strcmp(d->groups[i].worker, w->name) == 0;
+        for (const assign_out *a = outq; a && !used; a = a->next)
+            used = a->span && a->span->port == port && strcmp(a->worker, w->name) == 0;
+        if (used) continue;
+        w->next_port = port == hi ? lo : port + 1;
+        return port;
+    }
+    return 0;
+}
+
+/* "host:port", or "[host]:port" for an IPv6 literal. */
+static void fmt_rendezvous(char *out, size_t cap, const char *host, int port)
+{
+    snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 /*
@@ -1869,7 +2197,33 @@ static void assign_out_free(assign_out *a)
  */
 static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
 {
-    const worker *w = &d->workers[c->dev_worker[g->devices[0]]];
+    worker *w = &d->workers[c->dev_worker[g->devices[0]]];
+    /* a group that spans workers: its workers in rank order (the planner lists the devices
+     * worker by worker), its leader w, and the port w listens on for the others */
+    span *sp = NULL;
+    if (g->n_workers > 1) {
+        int port = pick_port(d, w, *outq);
+        if (!port || !(sp = calloc(1, sizeof *sp))) {
+            fb_log_json(FB_LOG_WARN, "no free port for an array that spans workers; it waits",
+                        json_pack("{s:s, s:i, s:i}", "leader", w->name, "port_lo",
+                                  w->comm_port_lo, "port_hi", w->comm_port_hi));
+            return;
+        }
+        sp->world = g->parallel_data;
+        sp->port = port;
+        for (int i = 0; i < g->n_devices; i++) {
+            const worker *wi = &d->workers[c->dev_worker[g->devices[i]]];
+            if (sp->n == 0 || strcmp(sp->m[sp->n - 1].worker, wi->name) != 0) {
+                span_member *sm = &sp->m[sp->n++];
+                snprintf(sm->worker, sizeof sm->worker, "%s", wi->name);
+                sm->rank_base = i;
+            }
+            span_member *sm = &sp->m[sp->n - 1];
+            sm->dev[sm->n_ranks++] = c->pd[g->devices[i]].idx;
+        }
+    }
+    /* the leader's devices: those of the groups row (the others are in group_workers) */
+    int n_local = sp ? sp->m[0].n_ranks : g->n_devices;
     int B = g->n_jobs;
     const char **ids = malloc((size_t)B * sizeof *ids);
     void **blobs = calloc((size_t)B, sizeof *blobs);
@@ -1910,6 +2264,14 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     char *ids_arr = fb_db_text_array(ids, n_ok);
     const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
     char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
+    /* "worker w1", or "workers w1 (leads), w2" for a group that spans workers */
+    char workers_text[FB_WIRE_TEXT_MAX + 1];
+    snprintf(workers_text, sizeof workers_text, "%s %s", sp ? "workers" : "worker", w->name);
+    for (int k = 1; sp && k < sp->n; k++) {
+        size_t len = strlen(workers_text);
+        snprintf(workers_text + len, sizeof workers_text - len, "%s%s",
+                 k == 1 ? " (leads), " : ", ", sp->m[k].worker);
+    }
     const char **split_s = malloc((size_t)g->parallel_data * sizeof *split_s);
     char (*split_buf)[24] = malloc((size_t)g->parallel_data * sizeof *split_buf);
     if (!ids_arr || !dev_s || !dev_buf || !split_s || !split_buf) {
@@ -1928,11 +2290,12 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
         snprintf(split_buf[i], sizeof split_buf[i], "%lld", (long long)g->split[i]);
         split_s[i] = split_buf[i];
     }
-    char *dev_arr = fb_db_text_array(dev_s, g->n_devices),
+    char *dev_arr = fb_db_text_array(dev_s, n_local),
          *split_arr = fb_db_text_array(split_s, g->parallel_data);
     free(dev_s);
     free(split_s);
-    char pd_s[16], pp_s[16], mem_s[24], share_s[40];
+    char pd_s[16], pp_s[16], mem_s[24], share_s[40], port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", sp ? sp->port : 0);
     snprintf(pd_s, sizeof pd_s, "%d", g->parallel_data);
     snprintf(pp_s, sizeof pp_s, "%d", g->parallel_pipeline);
     snprintf(mem_s, sizeof mem_s, "%lld", (long long)g->mem_per_device);
@@ -1944,18 +2307,39 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     bool ok = dev_arr && split_arr && (savepoint = exec1(d, "SAVEPOINT start_group", 0, NULL));
     char gid[FB_WIRE_ID_LEN + 1] = "";
     if (ok) {
-        const char *v[10] = {j0->fusion_key, w->id, rs0,
-                             pd_s, pp_s, dev_arr, split_arr, mem_s, share_s, first};
+        const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
+                             split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
         r = q(d,
               "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
-              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share)"
+              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
+              " comm_port)"
               " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
-              " $7::bigint[], $8::bigint, $9::float8) RETURNING id, $10::text",
-              10, v);
+              " $7::bigint[], $8::bigint, $9::float8, $11::int) RETURNING id, $10::text",
+              11, v);
         ok = r != NULL;
         if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
         PQclear(r);
         r = NULL;
+    }
+    /* every worker of a group that spans workers, with its ranks and devices; and those
+     * devices name the group */
+    for (int k = 0; ok && sp && k < sp->n; k++) {
+        const span_member *sm = &sp->m[k];
+        const worker *wk = find_worker(d, sm->worker);
+        char base_s[16], n_s[16], devs[FB_WIRE_MAX_DEVICES * 12 + 3];
+        size_t len = 0;
+        devs[len++] = '{';
+        for (int i = 0; i < sm->n_ranks; i++)
+            len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", i ? "," : "",
+                                    sm->dev[i]);
+        snprintf(devs + len, sizeof devs - len, "}");
+        snprintf(base_s, sizeof base_s, "%d", sm->rank_base);
+        snprintf(n_s, sizeof n_s, "%d", sm->n_ranks);
+        const char *v[5] = {gid, wk ? wk->id : NULL, base_s, n_s, devs};
+        ok = wk && exec1(d,
+                         "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
+                         " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])",
+                         5, v);
     }
     if (ok) {
         const char *v[2] = {ids_arr, gid};
@@ -1972,24 +2356,25 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     if (ok) {
         const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
         const char *vg[2] = {gid, count_s};
-        const char *ve[4] = {gid, dev_arr, count_s, w->name};
+        const char *ve[5] = {gid, dev_arr, count_s, w->name, workers_text};
         ok = exec1(d,
                    "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
                    " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
                    " WHERE g.id = $1::uuid",
                    2, vg) &&
              exec1(d,
-                   "UPDATE devices SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
-                   " FROM groups WHERE id = $1::uuid) WHERE worker_id = $2::uuid"
-                   " AND idx = ANY($3::int[])",
-                   3, v) &&
+                   "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
+                   " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
+                   " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
+                   " AND d.idx = gd.idx",
+                   1, v) &&
              exec1(d,
                    "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
-                   " 'fused into array ' || $1 || ' of ' || $3 || ' on worker ' || $4,"
+                   " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
                    " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
                    " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
                    " AND in_group",
-                   4, ve) &&
+                   5, ve) &&
              exec1(d, "RELEASE SAVEPOINT start_group", 0, NULL);
     }
     free(ids_arr);
@@ -2007,6 +2392,15 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     snprintf(ao->gid, sizeof ao->gid, "%s", gid);
     snprintf(ao->worker, sizeof ao->worker, "%s", w->name);
     ao->time_share = g->time_share;
+    if (sp) {
+        uint8_t raw[FB_WIRE_TOKEN_BYTES];
+        randombytes_buf(raw, sizeof raw);
+        sodium_bin2hex(ao->token, sizeof ao->token, raw, sizeof raw);
+        sodium_memzero(raw, sizeof raw);
+        fmt_rendezvous(ao->rendezvous, sizeof ao->rendezvous, w->comm_host, sp->port);
+        ao->span = sp;
+        sp = NULL;
+    }
     ao->next = *outq;
     *outq = ao;
     /* the ASSIGN: members in the order the update returned them, blobs matched by id */
@@ -2060,6 +2454,7 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     ao = NULL;
 out:
     if (ao && !ao->recorded) assign_out_free(ao);
+    free(sp);
     PQclear(r);
     fb_wire_msg_free(&m);
     if (blobs)
@@ -2084,14 +2479,40 @@ static void deliver_groups(fb_dispatch_t *d, assign_out *q, bool committed)
     }
     for (assign_out *a = rev, *next; a; a = next) {
         next = a->next;
-        if (committed) {
-            add_group(d, a->gid, 1, a->worker);
-            if (a->sendable) {
+        if (committed && add_group(d, a->gid, 1, a->worker)) {
+            group *g = &d->groups[d->n_groups - 1];
+            g->span = a->span;
+            a->span = NULL;
+            if (a->sendable && !g->span) {
                 fb_log_json(FB_LOG_INFO, "array assigned",
                             json_pack("{s:s, s:s, s:i, s:s, s:f}", "group_id", a->gid, "worker",
                                       a->worker, "members", a->m.n_members, "fusion_key",
                                       a->m.fusion_key, "time_share", a->time_share));
                 send_to(d, a->worker, &a->m, a->send_blobs, a->send_lens, a->nb);
+            } else if (a->sendable) {
+                /* one ASSIGN per worker: its own ranks and devices, the same world, split,
+                 * rendezvous and token */
+                const span *sp = g->span;
+                fb_log_json(FB_LOG_INFO, "array assigned across workers",
+                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s, s:f}", "group_id", a->gid,
+                                      "leader", a->worker, "workers", sp->n, "world", sp->world,
+                                      "members", a->m.n_members, "rendezvous", a->rendezvous,
+                                      "time_share", a->time_share));
+                fb_wire_msg *m = &a->m;
+                m->world = sp->world;
+                snprintf(m->rendezvous, sizeof m->rendezvous, "%s", a->rendezvous);
+                snprintf(m->token, sizeof m->token, "%s", a->token);
+                for (int k = 0; k < sp->n; k++) {
+                    span_member *sm = &g->span->m[k];
+                    sm->assigned_ms = now_ms();
+                    m->rank_base = sm->rank_base;
+                    m->parallel_data = sm->n_ranks;
+                    m->parallel_pipeline = 1;
+                    m->n_group_devices = sm->n_ranks;
+                    memcpy(m->group_devices, sm->dev, (size_t)sm->n_ranks * sizeof *sm->dev);
+                    send_to(d, sm->worker, m, a->send_blobs, a->send_lens, a->nb);
+                }
+                sodium_memzero(m->token, sizeof m->token);
             }
         }
         assign_out_free(a);
@@ -2160,7 +2581,9 @@ static void plan_run(fb_dispatch_t *d)
                                         .kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
                                                                               : FB_PLAN_CPU,
                                         .memory_bytes = dv->memory_bytes,
-                                        .ready = !d->workers[i].draining};
+                                        .ready = !d->workers[i].draining,
+                                        .comm = d->workers[i].comm_host[0] != '\0' &&
+                                                d->workers[i].comm_port_lo >= 1};
             c.dev_worker[nd++] = i;
         }
     /* running groups: their devices (when their worker is here) and tenants */
@@ -2178,6 +2601,20 @@ static void plan_run(fb_dispatch_t *d)
             for (int k = 0; k < nd; k++)
                 if (c.pd[k].worker == widx && c.pd[k].idx == idx)
                     pr->devices[pr->n_devices++] = k;
+        }
+        /* a group that spans workers holds the devices of each of its workers */
+        const group *gg = find_group(d, PQgetvalue(c.running, i, 0));
+        if (gg && gg->span) {
+            pr->n_devices = 0;
+            for (int s = 0; s < gg->span->n; s++) {
+                const span_member *sm = &gg->span->m[s];
+                worker *ws = find_worker(d, sm->worker);
+                int wsi = ws ? (int)(ws - d->workers) : -1;
+                for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
+                    for (int k = 0; k < nd; k++)
+                        if (c.pd[k].worker == wsi && c.pd[k].idx == sm->dev[r])
+                            pr->devices[pr->n_devices++] = k;
+            }
         }
         pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
         pr->time_share = strtod(PQgetvalue(c.running, i, 7), NULL);
@@ -2604,12 +3041,27 @@ static void rebalance_run(fb_dispatch_t *d)
         int n_split = parse_ints(PQgetvalue(c.groups, i, 3), split, FB_FAIR_MAX_SHARDS);
         int D = (int)strtol(PQgetvalue(c.groups, i, 5), NULL, 10);
         int P = (int)strtol(PQgetvalue(c.groups, i, 6), NULL, 10);
+        /* a group that spans workers: rank s is the device of the worker holding it, and
+         * its rate is kept by rank */
+        int sw[FB_FAIR_MAX_SHARDS];
+        if (mem->span) {
+            n_dev = 0;
+            for (int k = 0; k < mem->span->n; k++) {
+                const span_member *sm = &mem->span->m[k];
+                worker *ws = find_worker(d, sm->worker);
+                for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
+                    sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
+                    dev[n_dev++] = sm->dev[r];
+                }
+            }
+            if (P != 1 || D > FB_FAIR_MAX_SHARDS) continue;
+        }
         if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
         bool ok = true;
         int64_t batch = 0;
         for (int s = 0; s < D && ok; s++) {
             /* a shard is where its first pipeline stage runs (devices are data-major) */
-            G->devices[s] = fair_device(&c, nd, widx, dev[s * P]);
+            G->devices[s] = fair_device(&c, nd, mem->span ? sw[s] : widx, dev[s * P]);
             G->split[s] = split[s];
             batch += split[s] > 0 ? split[s] : 0;
             ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
@@ -2623,7 +3075,7 @@ static void rebalance_run(fb_dispatch_t *d)
         for (int s = 0; s < D; s++) {
             double rate = 0;
             for (int p = 0; p < P; p++) {
-                int64_t k = dev[s * P + p];
+                int64_t k = mem->span ? s : dev[s * P + p];
                 double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
                 if (!(x > 0)) {
                     rate = 0;
@@ -2681,7 +3133,19 @@ static void rebalance_run(fb_dispatch_t *d)
         fb_metrics_fair_group(gid, dec->slowdown,
                               dec->share_changed ? dec->time_share : c.fg[g].time_share);
         const group *mem = find_group(d, gid);
-        for (int k = 0; mem && k < mem->n_dev; k++) {
+        for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
+            const span_member *sm = &mem->span->m[k];
+            for (int x = 0; x < sm->n_ranks; x++) {
+                int r = sm->rank_base + x;
+                if (!mem->span->has[r]) continue;
+                const fb_wire_device_step *e = &mem->span->step[r];
+                fb_metrics_fair_device(gid, sm->worker, e->device,
+                                       (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
+                                                         e->io_ms / 1e3, e->idle_ms / 1e3},
+                                       mem->dev_rate[r]);
+            }
+        }
+        for (int k = 0; mem && !mem->span && k < mem->n_dev; k++) {
             const fb_wire_device_step *e = &mem->dev[k];
             fb_metrics_fair_device(gid, mem->worker, e->device,
                                    (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
@@ -2774,10 +3238,16 @@ static void tick(fb_dispatch_t *d)
                 why = "worker lost";
             else if (g->missing_since_ms && t - g->missing_since_ms > d->cfg.heartbeat_timeout_ms)
                 why = "the worker no longer runs the array";
+            for (int k = 0; !why && g->span && k < g->span->n; k++) {
+                const span_member *sm = &g->span->m[k];
+                if (!find_worker(d, sm->worker))
+                    why = "a worker of the array was lost";
+                else if (sm->missing_since_ms &&
+                         t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms)
+                    why = "a worker of the array no longer runs it";
+            }
             if (!why) continue;
-            char id[FB_WIRE_ID_LEN + 1];
-            snprintf(id, sizeof id, "%s", g->id);
-            if (!requeue_group(d, id, why)) break;
+            if (!requeue_spanning(d, g, why)) break;
             i--;
         }
     }
@@ -3002,6 +3472,7 @@ void fb_dispatch_stop(fb_dispatch_t *d)
     sodium_memzero(d->sec, sizeof d->sec);
     free(d->workers);
     free(d->keys);
+    for (int i = 0; i < d->n_groups; i++) free(d->groups[i].span);
     free(d->groups);
     free(d->kinfo);
     free(d->detached);

@@ -193,7 +193,10 @@ static int validate_devices(const fb_plan_snapshot *s, int *run_workers, char *m
         if (D->memory_bytes < 0 || D->memory_bytes > FB_PLAN_MAX_BYTES)
             return BAD("devices[%d].memory_bytes = %lld is outside 0..2^56", d,
                        (long long)D->memory_bytes);
-        if (d == 0 || D->worker != s->devices[d - 1].worker) run_workers[n_runs++] = D->worker;
+        if (d == 0 || D->worker != s->devices[d - 1].worker)
+            run_workers[n_runs++] = D->worker;
+        else if (D->comm != s->devices[d - 1].comm)
+            return BAD("the devices of worker %d disagree on comm", D->worker);
     }
     qsort(run_workers, (size_t)n_runs, sizeof *run_workers, cmp_int);
     for (int r = 1; r < n_runs; r++)
@@ -300,8 +303,17 @@ typedef struct plan {
     int64_t maxmem_ready[KINDS], maxmem_all[KINDS];
     int *run_start, *run_end, n_runs; /* devices of each worker */
     int *dcount;                      /* groups on each device */
+    /* a device holds an array that spans workers: it takes no second one, since two such
+     * arrays sharing devices on two workers could each hold one worker's turn while waiting
+     * in a sum for the other worker, which serves the other array */
+    bool *dspan;
+    /* [n_runs] choose_span's workers, allocated by its first call (most plans span
+     * nothing, and a plan's allocations are zeroed) */
+    struct span_offer *span_offers;
+    struct scratch *sc;
     int64_t *dused;                   /* bytes held on each device */
-    int64_t fail_mem[KINDS][FB_PLAN_MAX_GROUP_DEVICES + 1];
+    /* by kind, whether the group may span workers, and device count */
+    int64_t fail_mem[KINDS][2][FB_PLAN_MAX_GROUP_DEVICES + 1];
 
     int *members, n_members; /* the group being formed */
     int *tstamp, stamp;      /* distinct tenants of a group */
@@ -536,6 +548,90 @@ static bool choose_devices(plan *p, int kind, int n, int64_t mem, int64_t *free_
     if (!found) return false;
     qsort(best, (size_t)n, sizeof *best, cmp_int);
     memcpy(out, best, (size_t)n * sizeof *best);
+    return true;
+}
+
+/* A worker's offer to an array that spans workers: its eligible devices, best first. */
+typedef struct span_offer {
+    int run;
+    int k;              /* eligible devices, at most the array's count */
+    int64_t groups;     /* groups on them */
+    int64_t free_sum;   /* their free memory */
+    int dev[FB_PLAN_MAX_GROUP_DEVICES];
+} span_offer;
+
+static int cmp_offer(const void *a, const void *b)
+{
+    const span_offer *x = a, *y = b;
+    if (x->k != y->k) return x->k > y->k ? -1 : 1;
+    if (x->groups != y->groups) return x->groups < y->groups ? -1 : 1;
+    if (x->free_sum != y->free_sum) return x->free_sum > y->free_sum ? -1 : 1;
+    return (x->run > y->run) - (x->run < y->run);
+}
+
+/*
+ * Chooses n CPU devices on several workers that can take part in spanning
+ * arrays, for a data-parallel group that no single worker can take; false
+ * when even all of them together cannot.  The fewest workers: those with the
+ * most eligible devices first (then the fewest groups and the most free
+ * memory on them), until their devices add up to n; then the n best of their
+ * devices.  Taking the workers by their count of devices makes any smaller
+ * set of workers too small, so all of the chosen ones hold ranks.  out[]
+ * receives the devices in increasing index order, which lists them worker by
+ * worker (a worker's devices are contiguous in the snapshot).
+ */
+static bool choose_span(plan *p, int n, int64_t mem, int64_t *free_of, int *out)
+{
+    const fb_plan_snapshot *s = p->s;
+    if (!p->span_offers) p->span_offers = scratch_alloc(p->sc, (size_t)p->n_runs, sizeof(span_offer));
+    span_offer *offers = p->span_offers;
+    if (!offers) return false;
+    int n_offers = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        if (!s->devices[p->run_start[r]].comm) continue;
+        span_offer *o = &offers[n_offers];
+        o->run = r;
+        o->k = 0;
+        for (int d = p->run_start[r]; d < p->run_end[r]; d++) {
+            const fb_plan_device *D = &s->devices[d];
+            if (!D->ready || D->kind != FB_PLAN_CPU || p->dcount[d] >= s->max_groups_per_device ||
+                p->dspan[d])
+                continue;
+            int64_t used = p->dused[d] < D->memory_bytes ? p->dused[d] : D->memory_bytes;
+            free_of[d] = D->memory_bytes - used;
+            if (free_of[d] < mem) continue;
+            if (o->k == n && !dev_before(p, d, o->dev[n - 1], free_of)) continue;
+            int i = o->k < n ? o->k++ : n - 1;
+            while (i > 0 && dev_before(p, d, o->dev[i - 1], free_of)) {
+                o->dev[i] = o->dev[i - 1];
+                i--;
+            }
+            o->dev[i] = d;
+        }
+        if (o->k == 0) continue;
+        o->groups = o->free_sum = 0;
+        for (int i = 0; i < o->k; i++) {
+            o->groups += p->dcount[o->dev[i]];
+            o->free_sum += free_of[o->dev[i]];
+        }
+        n_offers++;
+    }
+    qsort(offers, (size_t)n_offers, sizeof *offers, cmp_offer);
+    int m = 0, total = 0;
+    while (m < n_offers && total < n) total += offers[m++].k;
+    if (total < n) return false;
+    /* the n best of the chosen workers' devices, by merging their sorted lists */
+    int at[FB_PLAN_MAX_GROUP_DEVICES] = {0};
+    for (int i = 0; i < n; i++) {
+        int best = -1;
+        for (int w = 0; w < m; w++)
+            if (at[w] < offers[w].k &&
+                (best < 0 || dev_before(p, offers[w].dev[at[w]], offers[best].dev[at[best]],
+                                        free_of)))
+                best = w;
+        out[i] = offers[best].dev[at[best]++];
+    }
+    qsort(out, (size_t)n, sizeof *out, cmp_int);
     return true;
 }
 
@@ -821,7 +917,7 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
     scratch sc = {.n = 0};
     fb_plan_result res = {0};
     int *member_slab = NULL;
-    plan P = {.s = s, .batch = batch};
+    plan P = {.s = s, .batch = batch, .sc = &sc};
     plan *p = &P;
     seq_idx *seqs = scratch_alloc(&sc, (size_t)n, sizeof *seqs);
     p->by_seq = scratch_alloc(&sc, (size_t)n, sizeof *p->by_seq);
@@ -854,6 +950,7 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
     p->run_start = scratch_alloc(&sc, (size_t)ND, sizeof(int));
     p->run_end = scratch_alloc(&sc, (size_t)ND, sizeof(int));
     p->dcount = scratch_alloc(&sc, (size_t)ND, sizeof(int));
+    p->dspan = scratch_alloc(&sc, (size_t)ND, sizeof(bool));
     p->dused = scratch_alloc(&sc, (size_t)ND, sizeof(int64_t));
     p->members = scratch_alloc(&sc, (size_t)n, sizeof(int));
     p->tstamp = scratch_alloc(&sc, (size_t)T, sizeof(int));
@@ -864,10 +961,13 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
     /* what the running groups hold */
     for (int g = 0; g < R; g++) {
         const fb_plan_running *G = &s->running[g];
+        bool spans = false;
         for (int i = 0; i < G->n_devices; i++) {
             p->dcount[G->devices[i]]++;
             p->dused[G->devices[i]] = sat_add(p->dused[G->devices[i]], G->mem_per_device);
+            spans |= s->devices[G->devices[i]].worker != s->devices[G->devices[0]].worker;
         }
+        for (int i = 0; spans && i < G->n_devices; i++) p->dspan[G->devices[i]] = true;
         p->stamp++;
         for (int i = 0; i < G->n_tenants; i++) {
             if (p->tstamp[G->tenants[i]] == p->stamp) continue;
@@ -883,7 +983,8 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
     }
     if (p->n_runs > 0) p->run_end[p->n_runs - 1] = ND;
     for (int k = 0; k < KINDS; k++)
-        for (int i = 0; i <= FB_PLAN_MAX_GROUP_DEVICES; i++) p->fail_mem[k][i] = INT64_MAX;
+        for (int sp = 0; sp < 2; sp++)
+            for (int i = 0; i <= FB_PLAN_MAX_GROUP_DEVICES; i++) p->fail_mem[k][sp][i] = INT64_MAX;
 
     if ((rc = prepare(p, &sc))) goto done;
 
@@ -923,9 +1024,14 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
             int64_t mem = per_device(f.members, f.shared, f.pipeline);
             fb_plan_group *G = &res.groups[res.n_groups];
             bool placed = false;
-            if (mem < p->fail_mem[f.kind][need] && res.n_groups < cap_groups) {
-                placed = choose_devices(p, f.kind, need, mem, free_of, G->devices);
-                if (!placed) p->fail_mem[f.kind][need] = mem;
+            /* an array that no single worker can take may span workers: purely data
+             * parallel, on CPU devices (CUDA arrays would need NCCL across workers) */
+            int sp = f.pipeline == 1 && J0->parallel_data >= 2 && f.kind != FB_PLAN_CUDA;
+            int64_t *fail = &p->fail_mem[f.kind][sp][need];
+            if (mem < *fail && res.n_groups < cap_groups) {
+                placed = choose_devices(p, f.kind, need, mem, free_of, G->devices) ||
+                         (sp && choose_span(p, need, mem, free_of, G->devices));
+                if (!placed) *fail = mem;
             }
             for (int i = 0; i < p->n_members; i++)
                 p->reason[p->members[i]] = placed ? FB_PLAN_PLACED : FB_PLAN_WAIT_DEVICES;
@@ -943,10 +1049,15 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
                 for (int i = need; i < FB_PLAN_MAX_GROUP_DEVICES; i++) G->devices[i] = -1;
                 G->mem_per_device = mem;
                 G->time_share = 1.0;
+                G->n_workers = 1;
+                for (int i = 1; i < need; i++)
+                    G->n_workers += s->devices[G->devices[i]].worker !=
+                                    s->devices[G->devices[i - 1]].worker;
                 res.n_groups++;
                 for (int i = 0; i < need; i++) {
                     p->dcount[G->devices[i]]++;
                     p->dused[G->devices[i]] = sat_add(p->dused[G->devices[i]], mem);
+                    if (G->n_workers > 1) p->dspan[G->devices[i]] = true;
                 }
                 p->stamp++;
                 for (int i = 0; i < p->n_members; i++) {

@@ -17,7 +17,14 @@
  * first job, so an old small group is never passed over for a newer large
  * one) on parallel_data x parallel_pipeline devices of one ready worker,
  * preferring idle devices, then co-locating on a device when its free memory
- * allows and it hosts fewer than max_groups_per_device groups.  Tenant
+ * allows and it hosts fewer than max_groups_per_device groups.  A group that
+ * no single ready worker can take may span workers when it is purely data
+ * parallel (parallel_data >= 2, pipeline 1) on CPU devices: its D replicas
+ * go on the devices of the fewest workers that can take part (comm), each
+ * worker's ranks contiguous, the worker of rank 0 leading.  CUDA arrays and
+ * pipeline stages never span workers, and a device holds at most one
+ * spanning array (two could each hold one worker's device turn while they
+ * wait in a sum for the other worker).  Tenant
  * device quotas are respected.  Every group on a device gets a time share:
  * its tenant's weight over the weights of the tenants present, split evenly
  * among that tenant's groups there (shares on a device sum to 1).  Jobs left
@@ -66,6 +73,9 @@ typedef struct fb_plan_device {
     int kind;             /* FB_PLAN_CPU or FB_PLAN_CUDA */
     int64_t memory_bytes; /* total */
     bool ready;           /* its worker is registered and not draining */
+    /* its worker can take part in arrays that span workers (it reported where the others
+     * reach it); equal on all devices of a worker */
+    bool comm;
 } fb_plan_device;
 
 /* A group already running (its memory and tenants occupy devices). */
@@ -109,6 +119,10 @@ typedef struct fb_plan_group {
     int64_t split[FB_PLAN_MAX_GROUP_DEVICES]; /* samples per data shard, sum = batch size */
     int64_t mem_per_device;
     double time_share; /* of its devices' time, (0, 1] */
+    /* the workers its devices are on: 1, or more for an array that spans workers, whose
+     * devices then come worker by worker (each worker's ranks contiguous) and whose leader
+     * is the worker of devices[0] (rank 0) */
+    int n_workers;
 } fb_plan_group;
 
 typedef enum fb_plan_reason {
@@ -151,7 +165,8 @@ typedef struct fb_plan_result {
  * unknown device_kind, a batch below 1, or a seq another job has; a tenant
  * has a weight not finite and positive or max_devices below 0; a device has
  * a negative worker or idx, an unknown kind, memory outside
- * 0..FB_PLAN_MAX_BYTES, or its worker's devices are not contiguous; a
+ * 0..FB_PLAN_MAX_BYTES, or its worker's devices are not contiguous or
+ * disagree on comm; a
  * running group has 1..FB_PLAN_MAX_GROUP_DEVICES devices not all distinct
  * and in range, mem_per_device outside 0..FB_PLAN_MAX_BYTES, or no tenants
  * or one out of range; max_b or max_groups_per_device is below 1.  Then
@@ -162,7 +177,15 @@ typedef struct fb_plan_result {
  * the planner does not rely on it), and device kinds fuse when equal or when
  * one of them is 0 (the group then needs the other kind).  A group takes the
  * next compatible jobs until max_b, or until the next one would not fit the
- * largest ready device of the group's kind.  A job whose tenant's groups
+ * largest ready device of the group's kind.  A group goes on one worker
+ * whenever one can take it (the worker with the fewest groups on the chosen
+ * devices, then the most free memory); only when none can, and the group is
+ * data parallel with pipeline 1 and of kind CPU or 0 (then it takes CPU
+ * devices), does it span comm workers: the fewest workers whose eligible
+ * devices add up to D (the workers with the most eligible devices first,
+ * then the fewest groups and most free memory on them), and on them the D
+ * best devices in the device order of one worker, listed in snapshot order
+ * (so by worker).  A job whose tenant's groups
  * would exceed max_devices with the group's devices waits with
  * FB_PLAN_QUOTA, and its jobs never join another tenant's group, so a tenant
  * at its quota does not hold back a shared array.  Running groups' shares

@@ -4,7 +4,10 @@
  * their devices when they register, and one groups row per fused training
  * array with its worker, device indices, member count, tenants, time share
  * and the throughput and step-time breakdown of its last progress report,
- * as the mean over its devices and per device.
+ * as the mean over its devices and per device.  An array that spans workers
+ * is listed once, with its leader as its worker and every worker of it
+ * (ranks and devices) in `workers`, and it appears on each of its workers'
+ * devices in GET /v1/workers.
  *
  * Several arrays may share a device, so which arrays a device hosts is read
  * from the arrays' device lists, never from devices.group_id (which names
@@ -24,8 +27,17 @@ typedef struct cluster_read {
 } cluster_read;
 
 /* The arrays that are not finished and host device d (a devices row aliased
- * d), as an SQL condition on groups aliased g. */
-#define HOSTS_D "g.worker_id = d.worker_id AND d.idx = ANY (g.device_idx) AND g.state <> 'finished'"
+ * d), as a derived table aliased g with the columns of groups: an array on
+ * one worker names its worker and devices in its row, one that spans
+ * workers (comm_port set) each of its workers in group_workers (schema 008).
+ * Both sides are reached through the indexes on the worker; a UNION ALL
+ * keeps them so, where an OR of the two would scan every array ever made. */
+#define GROUPS_ON_D                                                                              \
+    "(SELECT o.* FROM groups o WHERE o.worker_id = d.worker_id AND d.idx = ANY (o.device_idx)"   \
+    " AND o.state <> 'finished' AND o.comm_port IS NULL"                                        \
+    " UNION ALL SELECT o.* FROM group_workers gw JOIN groups o ON o.id = gw.group_id"           \
+    " WHERE gw.worker_id = d.worker_id AND d.idx = ANY (gw.device_idx)"                         \
+    " AND o.state <> 'finished') g"
 
 /* The tenants of array g that the caller ($1: NULL for the admin) may see. */
 #define VISIBLE_T "t.id = ANY (g.tenant_ids) AND ($1::uuid IS NULL OR t.id = $1::uuid)"
@@ -41,10 +53,12 @@ static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'registered_at', w.registered_at, 'last_seen_at', w.last_seen_at,"
         " 'devices', coalesce((SELECT json_agg(json_build_object('index', d.idx, 'kind', d.kind,"
         " 'name', d.name, 'memory_bytes', d.memory_bytes, 'utilization', d.utilization,"
-        " 'busy', EXISTS (SELECT 1 FROM groups g WHERE " HOSTS_D "),"
+        " 'busy', EXISTS (SELECT 1 FROM " GROUPS_ON_D "),"
         " 'arrays', coalesce((SELECT json_agg(json_build_object('id', g.id, 'state', g.state,"
-        " 'members', g.n_members, 'time_share', g.time_share) ORDER BY g.created_at, g.id)"
-        " FROM groups g WHERE " HOSTS_D "), '[]'::json)"
+        " 'members', g.n_members, 'time_share', g.time_share,"
+        " 'spans_workers', g.comm_port IS NOT NULL, 'leads', g.worker_id = d.worker_id)"
+        " ORDER BY g.created_at, g.id)"
+        " FROM " GROUPS_ON_D "), '[]'::json)"
         ") ORDER BY d.idx) FROM devices d"
         " WHERE d.worker_id = w.id), '[]'::json)) ORDER BY w.name, w.id), '[]'::json)"
         " FROM workers w",
@@ -82,7 +96,7 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'workers', (SELECT json_build_object('total', count(*),"
         " 'ready', count(*) FILTER (WHERE state = 'ready')) FROM workers),"
         " 'devices', (SELECT json_build_object('total', count(*),"
-        " 'busy', count(*) FILTER (WHERE EXISTS (SELECT 1 FROM groups g WHERE " HOSTS_D ")),"
+        " 'busy', count(*) FILTER (WHERE EXISTS (SELECT 1 FROM " GROUPS_ON_D ")),"
         " 'cpu', count(*) FILTER (WHERE kind = 'cpu'),"
         " 'cuda', count(*) FILTER (WHERE kind = 'cuda')) FROM devices d),"
         " 'utilization', (SELECT coalesce(avg(utilization), 0) FROM devices),"
@@ -92,6 +106,15 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'mean_members', coalesce(avg(n_members), 0)) FROM groups WHERE state <> 'finished'),"
         " 'arrays', coalesce((SELECT json_agg(json_build_object('id', g.id, 'state', g.state,"
         " 'worker_id', g.worker_id, 'worker', w.name, 'devices', to_json(g.device_idx),"
+        " 'spans_workers', g.comm_port IS NOT NULL, 'leader', CASE WHEN g.comm_port IS NOT NULL"
+        " THEN w.name END, 'comm_port', g.comm_port,"
+        " 'workers', coalesce((SELECT json_agg(json_build_object('worker_id', gw.worker_id,"
+        " 'worker', ww.name, 'leader', gw.worker_id = g.worker_id, 'rank_base', gw.rank_base,"
+        " 'ranks', gw.n_ranks, 'devices', to_json(gw.device_idx)) ORDER BY gw.rank_base)"
+        " FROM group_workers gw JOIN workers ww ON ww.id = gw.worker_id"
+        " WHERE gw.group_id = g.id), json_build_array(json_build_object('worker_id', g.worker_id,"
+        " 'worker', w.name, 'leader', true, 'rank_base', 0, 'ranks', g.parallel_data,"
+        " 'devices', to_json(g.device_idx)))),"
         " 'members', g.n_members,"
         " 'tenants', coalesce((SELECT json_agg(json_build_object('tenant_id', t.id,"
         " 'name', t.name) ORDER BY t.name, t.id) FROM tenants t WHERE " VISIBLE_T "), '[]'::json),"
@@ -119,8 +142,8 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " WHERE q.tenant_id = t.id),"
         " 'active_jobs', (SELECT count(*) FROM jobs a WHERE a.tenant_id = t.id"
         " AND a.state IN ('scheduled', 'running')),"
-        " 'devices_in_use', (SELECT count(*) FROM devices d WHERE EXISTS (SELECT 1 FROM groups g"
-        " WHERE " HOSTS_D " AND t.id = ANY (g.tenant_ids))))"
+        " 'devices_in_use', (SELECT count(*) FROM devices d WHERE EXISTS (SELECT 1 FROM"
+        " " GROUPS_ON_D " WHERE t.id = ANY (g.tenant_ids))))"
         " ORDER BY t.name) FROM tenants t WHERE $1::uuid IS NULL OR t.id = $1::uuid), '[]'::json))",
         1, v, &err, msg, cap);
     if (!r) return err;

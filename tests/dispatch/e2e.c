@@ -204,6 +204,59 @@ pid_t e2e_worker(e2e *t, const char *name)
     return pid;
 }
 
+pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra)
+{
+    char exe[512], server[64], log[400];
+    snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
+    snprintf(server, sizeof server, "tcp://127.0.0.1:%d", t->worker_port);
+    snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
+    const char *argv[48];
+    int n = 0;
+    const char *args[] = {exe,         "--server",         server,       "--server-key",
+                          t->server_pub, "--key",          t->worker_key, "--name",
+                          name,        "--cpu-devices",    "1",          "--threads-per-device",
+                          "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
+                          "200",       "--progress-ms",    "200",        NULL};
+    for (int i = 0; args[i]; i++) argv[n++] = args[i];
+    for (int i = 0; extra && extra[i] && n < 47; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+int e2e_free_port_range(int n)
+{
+    CHECK(n >= 1 && n <= 64);
+    for (int attempt = 0; attempt < 200; attempt++) {
+        int base = free_port();
+        if (base + n - 1 > 65535) continue;
+        bool all = true;
+        for (int k = 1; k < n && all; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            CHECK(fd >= 0);
+            struct sockaddr_in a = {.sin_family = AF_INET,
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                    .sin_port = htons((uint16_t)(base + k))};
+            all = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            close(fd);
+        }
+        if (all) return base;
+    }
+    CHECK(0);
+    return -1;
+}
+
 int e2e_kill(pid_t pid, int sig)
 {
     kill(pid, sig);

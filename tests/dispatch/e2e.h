@@ -47,6 +47,13 @@ void e2e_finish(e2e *t);
 /* Starts a fusebox-worker named name (log in the scratch directory). */
 pid_t e2e_worker(e2e *t, const char *name);
 
+/* Like e2e_worker, with extra flags after the usual ones (NULL-terminated; NULL for
+ * none). */
+pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra);
+
+/* The first of n consecutive loopback TCP ports that are free now. */
+int e2e_free_port_range(int n);
+
 /* Sends sig to pid and waits for it; returns the exit status or 128 + signal. */
 int e2e_kill(pid_t pid, int sig);
 

@@ -55,8 +55,16 @@ static int add_worker(scn *c, int n, int kind, int64_t mem, bool ready)
     CHECK(c->nd + n <= MAXD);
     int first = c->nd;
     for (int i = 0; i < n; i++)
-        c->devices[c->nd++] = (fb_plan_device){c->n_workers, i, kind, mem, ready};
+        c->devices[c->nd++] = (fb_plan_device){c->n_workers, i, kind, mem, ready, false};
     c->n_workers++;
+    return first;
+}
+
+/* A worker that can take part in arrays spanning workers; returns its first device. */
+static int add_comm_worker(scn *c, int n, int kind, int64_t mem, bool ready)
+{
+    int first = add_worker(c, n, kind, mem, ready);
+    for (int i = first; i < c->nd; i++) c->devices[i].comm = true;
     return first;
 }
 
@@ -231,12 +239,28 @@ static void check_invariants(const fb_plan_snapshot *s, const int64_t *batch,
         }
         CHECK_INT_EQ(sum, batch[j0]);
         CHECK(grp->time_share > 0.0 && grp->time_share <= 1.0 + 1e-12);
+        int n_workers = 1;
+        for (int i = 1; i < grp->n_devices; i++)
+            n_workers +=
+                s->devices[grp->devices[i]].worker != s->devices[grp->devices[i - 1]].worker;
+        CHECK_INT_EQ(grp->n_workers, n_workers);
         for (int i = 0; i < grp->n_devices; i++) {
             int d = grp->devices[i];
             CHECK(d >= 0 && d < nd);
             if (i > 0) CHECK(d > grp->devices[i - 1]);
             CHECK(s->devices[d].ready);
-            CHECK_INT_EQ(s->devices[d].worker, s->devices[grp->devices[0]].worker);
+            if (grp->n_workers == 1) {
+                CHECK_INT_EQ(s->devices[d].worker, s->devices[grp->devices[0]].worker);
+            } else {
+                /* an array that spans workers: data parallel on CPU devices of workers
+                 * that can take part, each worker's ranks contiguous */
+                CHECK(s->devices[d].comm);
+                CHECK_INT_EQ(s->devices[d].kind, FB_PLAN_CPU);
+                CHECK_INT_EQ(grp->parallel_pipeline, 1);
+                for (int k = 0; k < i; k++)
+                    if (s->devices[grp->devices[k]].worker == s->devices[d].worker)
+                        CHECK_INT_EQ(s->devices[grp->devices[i - 1]].worker, s->devices[d].worker);
+            }
             if (kind) CHECK_INT_EQ(s->devices[d].kind, kind);
             dcount[d]++;
             dnew[d]++;
@@ -866,6 +890,275 @@ static void test_device_kinds(void)
     fb_plan_result_free(&r);
 }
 
+
+/* ---- arrays that span workers ------------------------------------------------ */
+
+/* The number of distinct workers of group g's devices, checked against n_workers. */
+static int workers_of(const scn *c, const fb_plan_group *g)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_devices; i++) {
+        bool seen = false;
+        for (int k = 0; k < i; k++)
+            seen = seen || c->devices[g->devices[k]].worker == c->devices[g->devices[i]].worker;
+        n += !seen;
+    }
+    CHECK_INT_EQ(g->n_workers, n);
+    return n;
+}
+
+static void test_span_only_when_needed(void)
+{
+    scn c;
+    scn_init(&c);
+    int t = add_tenant(&c, 1, false, 100);
+    int w0 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int w1 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int j = add_job(&c, t, KA, 100);
+    c.jobs[j].parallel_data = 2;
+    fb_plan_result r;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 1); /* one worker can take it: no span */
+    fb_plan_result_free(&r);
+
+    c.jobs[j].parallel_data = 3;
+    c.batch[j] = 10;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    const fb_plan_group *g = &r.groups[0];
+    CHECK_INT_EQ(workers_of(&c, g), 2);
+    CHECK_INT_EQ(g->n_devices, 3);
+    CHECK_INT_EQ(g->parallel_data, 3);
+    /* worker by worker, the first worker leads with rank 0 */
+    CHECK_INT_EQ(g->devices[0], w0);
+    CHECK_INT_EQ(g->devices[1], w0 + 1);
+    CHECK_INT_EQ(g->devices[2], w1);
+    CHECK_INT_EQ(g->split[0] + g->split[1] + g->split[2], 10);
+    CHECK_INT_EQ(g->mem_per_device, 100); /* whole replicas */
+    fb_plan_result_free(&r);
+
+    /* a worker that reported no comm address takes no part */
+    for (int d = w1; d < w1 + 2; d++) c.devices[d].comm = false;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    CHECK_INT_EQ(r.n_groups, 0);
+    fb_plan_result_free(&r);
+}
+
+static void test_span_kinds_and_shapes(void)
+{
+    scn c;
+    scn_init(&c);
+    int t = add_tenant(&c, 1, false, 100);
+    int cpu = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
+    int j = add_job(&c, t, KA, 100);
+    c.jobs[j].parallel_data = 2;
+    fb_plan_result r;
+    plan(&c, &r); /* one CPU and one CUDA device: never mixed */
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+
+    int cpu2 = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    plan(&c, &r); /* any kind: it spans the two CPU workers */
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 2);
+    CHECK_INT_EQ(r.groups[0].devices[0], cpu);
+    CHECK_INT_EQ(r.groups[0].devices[1], cpu2);
+    fb_plan_result_free(&r);
+
+    c.jobs[j].device_kind = FB_PLAN_CPU;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    fb_plan_result_free(&r);
+
+    /* CUDA arrays do not span workers (NCCL across workers is not wired up) */
+    add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
+    c.jobs[j].device_kind = FB_PLAN_CUDA;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+
+    /* pipeline stages do not span workers */
+    add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    c.jobs[j].device_kind = FB_PLAN_CPU;
+    c.jobs[j].parallel_data = 2;
+    c.jobs[j].parallel_pipeline = 2;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+    /* nor does a single replica: parallel_data 1 x pipeline 2 */
+    c.jobs[j].parallel_data = 1;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+    /* while D = 4 x P = 1 spans the four CPU workers, after the failure above of the
+     * same device count (the remembered failure is per kind of placement) */
+    int j2 = add_job(&c, t, KB, 100);
+    c.jobs[j].parallel_data = 2;
+    c.jobs[j2].parallel_data = 4;
+    c.jobs[j2].device_kind = FB_PLAN_CPU;
+    c.jobs[j2].seq = 1; /* first in the queue: planned first */
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j2], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[group_of(&r, j2)]), 4);
+    fb_plan_result_free(&r);
+    c.jobs[j2].seq = 100; /* now after the 2 x 2 job that fails with 4 devices */
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    CHECK_INT_EQ(r.reason[j2], FB_PLAN_PLACED);
+    fb_plan_result_free(&r);
+}
+
+/* At most one array that spans workers on a device: two of them sharing devices on two
+ * workers could each hold one worker's turn while waiting in a sum for the other. */
+static void test_span_one_per_device(void)
+{
+    scn c;
+    scn_init(&c);
+    int t = add_tenant(&c, 1, false, 100);
+    int w0 = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    int w1 = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    c.max_g = 4;
+    /* two spanning jobs of different keys in one plan: the first spans, the second waits */
+    int a = add_job(&c, t, KA, 100), b = add_job(&c, t, KB, 100);
+    c.jobs[a].parallel_data = c.jobs[b].parallel_data = 2;
+    fb_plan_result r;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[a], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[group_of(&r, a)]), 2);
+    CHECK_INT_EQ(r.reason[b], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+
+    /* the same with the first one running: an ordinary job still shares its devices */
+    add_running(&c, t, w0, 2, 100);
+    CHECK_INT_EQ(w1, w0 + 1);
+    c.jobs[a].parallel_data = 1;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[b], FB_PLAN_WAIT_DEVICES);
+    CHECK_INT_EQ(r.reason[a], FB_PLAN_PLACED);
+    fb_plan_result_free(&r);
+
+    /* a running array on two devices of ONE worker does not span: the job spans beside it */
+    scn_init(&c);
+    t = add_tenant(&c, 1, false, 100);
+    w0 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    c.max_g = 4;
+    add_running(&c, t, w0, 2, 100);
+    b = add_job(&c, t, KB, 100);
+    c.jobs[b].parallel_data = 3;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[b], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 2);
+    fb_plan_result_free(&r);
+}
+
+static void test_span_fewest_workers(void)
+{
+    scn c;
+    scn_init(&c);
+    int t = add_tenant(&c, 1, false, 100);
+    int a = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
+    int b = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int w3 = add_comm_worker(&c, 3, FB_PLAN_CPU, 1000, true);
+    int j = add_job(&c, t, KA, 100);
+    c.jobs[j].parallel_data = 4;
+    fb_plan_result r;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    const fb_plan_group *g = &r.groups[0];
+    /* 3 + 1 or 3 + 2 devices: two workers, never all three; the bigger ones */
+    CHECK_INT_EQ(workers_of(&c, g), 2);
+    for (int i = 0; i < g->n_devices; i++) CHECK(g->devices[i] >= b);
+    CHECK_INT_EQ(g->devices[0], b); /* equals in every way: the lowest indices */
+    CHECK_INT_EQ(g->devices[3], w3 + 1);
+    fb_plan_result_free(&r);
+
+    /* the idle devices win among the chosen workers' devices */
+    c.max_g = 2;
+    add_running(&c, t, b, 1, 10);
+    plan(&c, &r);
+    g = &r.groups[0];
+    CHECK_INT_EQ(workers_of(&c, g), 2);
+    CHECK_INT_EQ(g->devices[0], b + 1);
+    CHECK_INT_EQ(g->devices[1], w3);
+    fb_plan_result_free(&r);
+
+    /* six devices need all three workers */
+    c.jobs[j].parallel_data = 6;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 3);
+    CHECK_INT_EQ(r.groups[0].devices[0], a);
+    /* the shared device: the new array's share is below 1 there */
+    CHECK(r.groups[0].time_share < 1.0);
+    fb_plan_result_free(&r);
+
+    /* and seven cannot be had */
+    c.jobs[j].parallel_data = 7;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+}
+
+static void test_span_memory_quota_draining(void)
+{
+    scn c;
+    scn_init(&c);
+    int t = add_tenant(&c, 1, false, 3);
+    int w0 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int w1 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    int j = add_job(&c, t, KA, 600);
+    c.jobs[j].parallel_data = 3;
+    fb_plan_result r;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    fb_plan_result_free(&r);
+
+    /* quota: four devices for a tenant allowed three */
+    c.jobs[j].parallel_data = 4;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_QUOTA);
+    fb_plan_result_free(&r);
+    c.tenants[t].max_devices = 4;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 2);
+    fb_plan_result_free(&r);
+
+    /* memory: a device with 500 bytes left cannot hold a 600-byte replica */
+    c.max_g = 2;
+    add_running(&c, t, w1 + 1, 1, 500);
+    c.tenants[t].max_devices = 100;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+    c.jobs[j].parallel_data = 3;
+    c.batch[j] = 9;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(r.groups[0].devices[0], w0);
+    CHECK_INT_EQ(r.groups[0].devices[1], w0 + 1);
+    CHECK_INT_EQ(r.groups[0].devices[2], w1);
+    fb_plan_result_free(&r);
+
+    /* a draining worker takes no part */
+    c.devices[w0].ready = c.devices[w0 + 1].ready = false;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+    int w2 = add_comm_worker(&c, 2, FB_PLAN_CPU, 1000, true);
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(r.groups[0].devices[0], w1);
+    CHECK_INT_EQ(r.groups[0].devices[1], w2);
+    CHECK_INT_EQ(r.groups[0].devices[2], w2 + 1);
+    fb_plan_result_free(&r);
+}
+
 /* ---- time shares ------------------------------------------------------------ */
 
 static void test_shares_follow_weights(void)
@@ -1120,6 +1413,7 @@ static void brk_dev_kind(scn *c) { c->devices[0].kind = 0; }
 static void brk_dev_worker(scn *c) { c->devices[0].worker = -1; }
 static void brk_dev_idx(scn *c) { c->devices[1].idx = -1; }
 static void brk_contig(scn *c) { c->devices[1].worker = 1, c->devices[2].worker = 0; }
+static void brk_comm(scn *c) { c->devices[1].comm = true; }
 static void brk_run_dev(scn *c) { c->running[0].devices[0] = c->nd; }
 static void brk_run_dev_neg(scn *c) { c->running[0].devices[0] = -1; }
 static void brk_run_dup(scn *c) { c->running[0].n_devices = 2, c->running[0].devices[1] = 0; }
@@ -1141,7 +1435,7 @@ static void test_malformed(void)
         brk_maxdev,   brk_dev_mem,    brk_dev_huge,   brk_dev_kind,   brk_dev_worker,
         brk_dev_idx,  brk_contig,     brk_run_dev,    brk_run_dev_neg, brk_run_dup, brk_run_n,
         brk_run_n_big, brk_run_mem,   brk_run_ten,    brk_run_nten,   brk_run_tnull, brk_max_b,
-        brk_max_g};
+        brk_max_g,    brk_comm};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         scn c;
         scn_init(&c);
@@ -1701,6 +1995,11 @@ int main(int argc, char **argv)
     test_colocation();
     test_multi_device_one_worker();
     test_device_kinds();
+    test_span_only_when_needed();
+    test_span_kinds_and_shapes();
+    test_span_one_per_device();
+    test_span_fewest_workers();
+    test_span_memory_quota_draining();
     test_shares_follow_weights();
     test_running_share_changes();
     test_known_shares_corrected();
