@@ -263,10 +263,31 @@ static int rec_sim(reader *r, json_t *o)
     return 0;
 }
 
+/* The speeds field: one speed per device of a worker, each 0.01..100. */
+static int get_speeds(reader *r, json_t *o, sim_devspec *d)
+{
+    json_t *v = json_object_get(o, "speeds");
+    if (!v) return 0;
+    if (json_object_get(o, "speed"))
+        return FAIL(r, "fields \"speed\" and \"speeds\" exclude each other");
+    if (!json_is_array(v) || (int)json_array_size(v) != d->per_worker)
+        return FAIL(r, "field \"speeds\" must be an array of per_worker = %d numbers",
+                    d->per_worker);
+    for (int i = 0; i < d->per_worker; i++) {
+        json_t *x = json_array_get(v, (size_t)i);
+        double s = json_is_number(x) ? json_number_value(x) : 0.0;
+        if (!(s >= 0.01 && s <= 100))
+            return FAIL(r, "field \"speeds\"[%d] must be a number within 0.01..100", i);
+        d->speeds[i] = s;
+    }
+    d->n_speeds = d->per_worker;
+    return 0;
+}
+
 static int rec_devices(reader *r, json_t *o)
 {
-    static const char *const f[] = {"count",      "per_worker", "kind", "speed",
-                                    "memory_gib", "host",       NULL};
+    static const char *const f[] = {"count",  "per_worker", "kind", "speed",
+                                    "speeds", "memory_gib", "host", NULL};
     sim_devspec d = {.count = 1, .per_worker = 4, .kind = FB_PLAN_CUDA, .speed = 1.0, .host = -1};
     double mem = 80.0;
     const char *host = NULL;
@@ -274,7 +295,7 @@ static int rec_devices(reader *r, json_t *o)
     if (rc || (rc = get_int32(r, o, "count", true, 1, MAX_DEVICES, &d.count)) ||
         (rc = get_int32(r, o, "per_worker", false, 1, FB_PLAN_MAX_GROUP_DEVICES, &d.per_worker)) ||
         (rc = get_kind(r, o, &d.kind)) ||
-        (rc = get_num(r, o, "speed", false, 0.01, 100, &d.speed)) ||
+        (rc = get_num(r, o, "speed", false, 0.01, 100, &d.speed)) || (rc = get_speeds(r, o, &d)) ||
         (rc = get_num(r, o, "memory_gib", false, 0.001, 1e6, &mem)) ||
         (rc = get_name(r, o, "host", false, &host)))
         return rc;
@@ -657,11 +678,12 @@ static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t cap)
         if (n < 1) n = 1;
         for (int64_t k = 0; k < n; k++) {
             if (k > 0 && k % D->per_worker == 0) worker++;
-            sc->devices[sc->n_devices++] = (sim_device){.worker = worker,
-                                                        .host = D->host,
-                                                        .kind = D->kind,
-                                                        .speed = D->speed,
-                                                        .memory_bytes = D->memory_bytes};
+            sc->devices[sc->n_devices++] =
+                (sim_device){.worker = worker,
+                             .host = D->host,
+                             .kind = D->kind,
+                             .speed = D->n_speeds ? D->speeds[k % D->per_worker] : D->speed,
+                             .memory_bytes = D->memory_bytes};
         }
         worker++;
     }

@@ -115,6 +115,10 @@ typedef struct sim_devspec {
     int count, per_worker, kind;
     int host; /* -1: none */
     double speed;
+    /* n_speeds = per_worker: device i of each worker has speeds[i] (a worker
+     * of unlike GPUs); 0: every device has speed */
+    int n_speeds;
+    double speeds[FB_PLAN_MAX_GROUP_DEVICES];
     int64_t memory_bytes;
 } sim_devspec;
 

@@ -11,7 +11,8 @@
 # only the wall times vary, and each is the median of REPS runs.
 #
 # usage: bench/sim/run.sh [BUILD_DIR]
-#   env: REPS (3), SCENARIOS ("paper-minimal paper paper-crowded scale scale-busy"),
+#   env: REPS (3), SCENARIOS ("paper-minimal paper paper-crowded paper-3gpus paper-5gpus
+#        paper-widths paper-mixed paper-wide scale scale-busy"),
 #        MIGRATE=1 (also act on the controller's migration suggestions)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,7 @@ build=${1:-$root/build}
 sim=$build/sim/fusebox-sim
 [ -x "$sim" ] || { echo "run.sh: $sim is not built (make -C $build fusebox-sim)" >&2; exit 1; }
 reps=${REPS:-3}
-scenarios=${SCENARIOS:-paper-minimal paper paper-crowded scale scale-busy}
+scenarios=${SCENARIOS:-paper-minimal paper paper-crowded paper-3gpus paper-5gpus paper-widths paper-mixed paper-wide scale scale-busy}
 flags=()
 [ "${MIGRATE:-0}" = 1 ] && flags+=(--migrate)
 tmp=$(mktemp -d)
