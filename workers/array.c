@@ -1,14 +1,23 @@
 /*
  * The fused training array: a tree of layer nodes over five slabs.
  *
- * Building walks the spec's layers once, assigning every tensor an offset in
- * its slab (sized for the initial B and max_n); the slabs are allocated after
- * the walk and nodes address them by offset.  Activation gradients live in a
- * slab that mirrors the activation slab offset for offset, so an op's input
- * gradient is simply "the gradient slab at the input's offset".
+ * Building walks the spec's layers once, giving every parameter tensor an
+ * offset in its slab (sized for the initial B and max_n) and every
+ * activation, activation gradient and saved statistic a buffer of the
+ * activation slab.  The buffers are then planned: one training pass (input,
+ * forward, loss, backward) is walked step by step to find the steps that use
+ * each buffer, and buffers that are never live at the same step share bytes
+ * (plan_slab).  An activation lives from the op that writes it to the last op
+ * that reads it, forward or backward; a gradient from the first backward op
+ * that adds into it to the op that reads it, so a chain keeps about two
+ * gradients at once and the early layers' large activations are reused for
+ * the gradients of the late ones.  Every access checks that its buffer is
+ * live at the current step, so a plan that missed a use fails loudly in every
+ * test instead of silently sharing bytes.
  */
 #include "array.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +27,11 @@
 #include "rng.h"
 #include "safetensors.h"
 
-#define NONE SIZE_MAX
 #define MAX_PARAM_DIMS 4
 #define NAME_CAP 96
+/* The step after a pass: what the caller reads afterwards (logits, losses)
+ * lives until here. */
+#define STEP_END INT_MAX
 
 /* A parameter tensor or batch-norm buffer: [B, per_member] at offset. */
 typedef struct tensor_def {
@@ -34,12 +45,20 @@ typedef struct tensor_def {
 
 typedef enum node_kind { NODE_LAYER, NODE_EXPAND } node_kind;
 
-/* An activation buffer of per_sample floats per (sample, member), at off. */
-typedef struct grad_region {
-    size_t off;
-    int64_t per_sample;
-    uint64_t gen;
-} grad_region;
+/*
+ * A buffer of the activation slab: an activation [N, B, per_sample], the
+ * gradient of one, or what an op saves for its backward.  Sizes are for
+ * max_n samples and the initial B; a pass uses the first N*B rows.
+ */
+typedef struct abuf {
+    size_t floats;
+    int64_t per_sample; /* an activation or gradient: floats per (sample, member) */
+    int grad;           /* an activation: the buffer of its gradient, -1 if none */
+    bool is_grad;
+    int first, last;    /* the steps of a pass that use it, -1 if none (plan_walk) */
+    size_t off;         /* in the slab */
+    uint64_t gen;       /* a gradient: the backward pass that zeroed it last */
+} abuf;
 
 typedef struct node node;
 struct node {
@@ -48,14 +67,14 @@ struct node {
     int id;              /* position in traversal, mixed into dropout streams */
     bool shared_in;      /* input is the shared minibatch [N, ...] */
     int64_t in_numel, out_numel;
-    size_t in, out;      /* activation offsets (floats) */
-    size_t save1, save2; /* saved statistics / argmax */
+    int in, out;         /* activation buffers */
+    int save1, save2;    /* saved statistics / argmax buffers, -1 if none */
     int w, b;            /* parameter tensors, -1 if none */
     int rm, rv;          /* batch-norm buffers, -1 if none */
     int bn_index;        /* index into num_batches_tracked */
     node *body, *sc;
     int n_body, n_sc;
-    size_t sc_out;       /* residual: shortcut output (== in for identity) */
+    int sc_out;          /* residual: shortcut output (== in for identity) */
 };
 
 struct fb_array {
@@ -78,17 +97,17 @@ struct fb_array {
 
     float *p, *g, *s1, *s2; /* parameters, gradients, optimizer state */
     float *rb;              /* running statistics */
-    float *act, *dact;      /* activations and their gradients */
+    float *act;             /* activations, their gradients, saved state */
     float *scratch;         /* conv workspace */
-    size_t x_off, y_off, tgt_off, loss_off, correct_off, logits_off;
-    int last_n;
+    int x_buf, y_buf, tgt_buf, loss_buf, correct_buf, logits_buf;
     bool oom; /* an allocation failed while planning */
 
-    /* Activation buffers whose gradients a backward pass accumulates into,
-     * each zeroed (over the batch's N*B rows only) by the first op of a
-     * backward pass that adds into it; gen says which pass zeroed it last. */
-    grad_region *regions;
-    int n_regions, cap_regions;
+    /* The activation slab's buffers.  A gradient buffer is zeroed (over the
+     * batch's N*B rows only) by the first op of a backward pass that adds
+     * into it, which is where its live range starts; gen counts passes. */
+    abuf *ab;
+    int n_ab, cap_ab;
+    int step; /* the step of the pass being run, as plan_walk counts them */
     uint64_t gen;
 };
 
@@ -132,28 +151,44 @@ static int add_tensor(fb_array *a, bool buffer, const char *prefix, const char *
     return (*n)++;
 }
 
-static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix,
-                        size_t in, bool shared, node **out, int *n_out, size_t *out_off,
-                        char *msg, size_t cap);
+static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix, int in,
+                        bool shared, node **out, int *n_out, int *out_buf, char *msg, size_t cap);
 
-/* Records an activation buffer that backward may accumulate into. */
-static bool add_region(fb_array *a, size_t off, int64_t per_sample)
+/* Adds a buffer of the activation slab; returns its index, or -1 (and sets
+ * a->oom) when out of memory. */
+static int new_buf(fb_array *a, size_t floats, int64_t per_sample, bool is_grad)
 {
-    if (a->n_regions == a->cap_regions) {
-        int nc = a->cap_regions ? 2 * a->cap_regions : 16;
-        grad_region *r = realloc(a->regions, (size_t)nc * sizeof *r);
-        if (!r) return false;
-        a->regions = r;
-        a->cap_regions = nc;
+    if (a->n_ab == a->cap_ab) {
+        int nc = a->cap_ab ? 2 * a->cap_ab : 16;
+        abuf *r = realloc(a->ab, (size_t)nc * sizeof *r);
+        if (!r) {
+            a->oom = true;
+            return -1;
+        }
+        a->ab = r;
+        a->cap_ab = nc;
     }
-    a->regions[a->n_regions++] = (grad_region){.off = off, .per_sample = per_sample, .gen = 0};
-    return true;
+    a->ab[a->n_ab] = (abuf){.floats = floats, .per_sample = per_sample, .grad = -1,
+                            .is_grad = is_grad, .first = -1, .last = -1};
+    return a->n_ab++;
+}
+
+/* Adds an activation of per_sample floats per (sample, member) and the
+ * buffer of its gradient; returns the activation's index or -1. */
+static int new_act(fb_array *a, int64_t per_sample)
+{
+    size_t floats = (size_t)a->max_n * (size_t)a->Bcap * (size_t)per_sample;
+    int x = new_buf(a, floats, per_sample, false);
+    int g = x < 0 ? -1 : new_buf(a, floats, per_sample, true);
+    if (g < 0) return -1;
+    a->ab[x].grad = g;
+    return x;
 }
 
 /* Plans one layer: its output buffer, saved statistics and parameters.
  * numel > 0 runs an elementwise layer on numel values per sample instead of
  * its own shape (a relu moved behind a max pool, see build_layers). */
-static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name, size_t in,
+static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name, int in,
                       bool shared, int64_t numel, char *msg, size_t cap)
 {
     size_t NB = (size_t)a->max_n * (size_t)a->Bcap;
@@ -165,9 +200,8 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
     nd->in_numel = numel > 0 ? numel : fb_shape_numel(&L->in);
     nd->out_numel = numel > 0 ? numel : fb_shape_numel(&L->out);
     nd->in = in;
-    nd->save1 = nd->save2 = nd->sc_out = NONE;
+    nd->save1 = nd->save2 = nd->sc_out = -1;
     nd->w = nd->b = nd->rm = nd->rv = nd->bn_index = -1;
-    size_t *A = &a->act_floats;
     int64_t shp[MAX_PARAM_DIMS];
 
     switch (L->type) {
@@ -199,7 +233,7 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         break;
     }
     case FB_LAYER_MAXPOOL2D:
-        nd->save1 = take(A, NB * (size_t)nd->out_numel); /* argmax, int32 */
+        nd->save1 = new_buf(a, NB * (size_t)nd->out_numel, 0, false); /* argmax, int32 */
         break;
     case FB_LAYER_BATCHNORM:
         shp[0] = L->in.d[0];
@@ -210,8 +244,8 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         nd->rm = add_tensor(a, true, name, "running_mean", 1, shp, 0, 0.0f);
         nd->rv = add_tensor(a, true, name, "running_var", 1, shp, 0, 1.0f);
         nd->bn_index = a->n_bn++;
-        nd->save1 = take(A, (size_t)a->Bcap * (size_t)L->in.d[0]);
-        nd->save2 = take(A, (size_t)a->Bcap * (size_t)L->in.d[0]);
+        nd->save1 = new_buf(a, (size_t)a->Bcap * (size_t)L->in.d[0], 0, false);
+        nd->save2 = new_buf(a, (size_t)a->Bcap * (size_t)L->in.d[0], 0, false);
         break;
     case FB_LAYER_LAYERNORM:
         for (int i = 0; i < L->in.ndim; i++) shp[i] = L->in.d[i];
@@ -219,12 +253,12 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
             nd->w = add_tensor(a, false, name, "weight", L->in.ndim, shp, 0, 1.0f);
             nd->b = add_tensor(a, false, name, "bias", L->in.ndim, shp, 0, 0.0f);
         }
-        nd->save1 = take(A, NB);
-        nd->save2 = take(A, NB);
+        nd->save1 = new_buf(a, NB, 0, false);
+        nd->save2 = new_buf(a, NB, 0, false);
         break;
     case FB_LAYER_RESIDUAL: {
         char sub[NAME_CAP];
-        size_t body_out, sc_out = in;
+        int body_out, sc_out = in;
         snprintf(sub, sizeof sub, "%s.body", name);
         int err = build_layers(a, L->body, L->n_body, sub, in, false, &nd->body, &nd->n_body,
                                &body_out, msg, cap);
@@ -242,10 +276,8 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
     default:
         break;
     }
-    if (a->oom) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-    nd->out = take(A, NB * (size_t)nd->out_numel);
-    return add_region(a, nd->out, nd->out_numel) ? FB_OK
-                                                 : fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    nd->out = new_act(a, nd->out_numel);
+    return a->oom ? fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
 }
 
 static void nodes_free(node *nodes, int n)
@@ -258,16 +290,16 @@ static void nodes_free(node *nodes, int n)
     free(nodes);
 }
 
-/* Plans a chain of layers starting from activation offset in. */
-static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix,
-                        size_t in, bool shared, node **out, int *n_out, size_t *out_off,
-                        char *msg, size_t cap)
+/* Plans a chain of layers starting from activation buffer in; *out_buf
+ * receives the buffer of the chain's output. */
+static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix, int in,
+                        bool shared, node **out, int *n_out, int *out_buf, char *msg, size_t cap)
 {
     /* one extra slot for a broadcast of the shared input */
     node *nodes = calloc((size_t)n + 1, sizeof *nodes);
     if (!nodes) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     int k = 0, err = FB_OK;
-    size_t cur = in;
+    int cur = in;
     for (int i = 0; i < n; i++) {
         const fb_layer *L = &layers[i];
         bool consumes_shared = L->type == FB_LAYER_LINEAR || L->type == FB_LAYER_CONV2D ||
@@ -282,9 +314,9 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
             e->in_numel = e->out_numel = fb_shape_numel(&L->in);
             e->in = cur;
             e->w = e->b = e->rm = e->rv = e->bn_index = -1;
-            e->save1 = e->save2 = e->sc_out = NONE;
-            e->out = take(&a->act_floats, (size_t)a->max_n * a->Bcap * (size_t)e->out_numel);
-            if (!add_region(a, e->out, e->out_numel)) {
+            e->save1 = e->save2 = e->sc_out = -1;
+            e->out = new_act(a, e->out_numel);
+            if (e->out < 0) {
                 err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
                 goto fail;
             }
@@ -338,7 +370,7 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
     }
     *out = nodes;
     *n_out = k;
-    *out_off = cur;
+    *out_buf = cur;
     return FB_OK;
 fail:
     nodes_free(nodes, k);
@@ -367,11 +399,223 @@ static void init_member(fb_array *a, int m)
     for (int i = 0; i < a->n_bn; i++) a->bn_tracked[(size_t)m * a->n_bn + i] = 0;
 }
 
+/* ---- planning the activation slab ------------------------------------------
+ *
+ * One pass is a sequence of steps: step 0 receives the input, then every node
+ * of the forward pass is one step (a residual block's own step, the sum,
+ * comes after its body and shortcut), then the loss, then every node of the
+ * backward pass (a residual block's step, which hands the output gradient to
+ * both branches, comes before them), and STEP_END is what the caller reads
+ * afterwards.  forward_node and backward_node advance a->step exactly as the
+ * walk below does, and every buffer access asserts that its buffer is live.
+ */
+
+/* Buffer id is used at the walk's current step: written when write, read
+ * otherwise.  A read needs a write before it in the same pass, since bytes
+ * shared with other buffers keep nothing from one pass to the next. */
+static void plan_use(fb_array *a, int id, bool write)
+{
+    FB_ASSERT(id >= 0 && id < a->n_ab);
+    abuf *b = &a->ab[id];
+    FB_ASSERT(write || b->first >= 0);
+    if (b->first < 0) b->first = a->step;
+    b->last = a->step;
+}
+
+/* The gradient of activation id. */
+static int grad_of(const fb_array *a, int id)
+{
+    FB_ASSERT(id >= 0 && id < a->n_ab && a->ab[id].grad >= 0);
+    return a->ab[id].grad;
+}
+
+static void plan_forward(fb_array *a, const node *nodes, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const node *nd = &nodes[i];
+        bool residual = nd->kind == NODE_LAYER && nd->L->type == FB_LAYER_RESIDUAL;
+        if (residual) {
+            plan_forward(a, nd->body, nd->n_body);
+            plan_forward(a, nd->sc, nd->n_sc);
+        }
+        a->step++;
+        if (nd->kind == NODE_LAYER && nd->L->type == FB_LAYER_FLATTEN) continue;
+        if (residual) {
+            plan_use(a, nd->save1, false);
+            plan_use(a, nd->sc_out, false);
+        } else {
+            plan_use(a, nd->in, false);
+        }
+        plan_use(a, nd->out, true);
+        if (!residual && nd->save1 >= 0) plan_use(a, nd->save1, true);
+        if (nd->save2 >= 0) plan_use(a, nd->save2, true);
+    }
+}
+
+/* What each backward op reads besides its output's gradient is what its
+ * kernel reads: max pooling only its argmax, relu, tanh and sigmoid only
+ * their output, gelu only its input, linear and conv their input (for the
+ * weight gradient), the norms their input and saved statistics. */
+static void plan_backward(fb_array *a, const node *nodes, int n)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        const node *nd = &nodes[i];
+        a->step++;
+        if (nd->kind == NODE_EXPAND) continue; /* the shared input needs no gradient */
+        const fb_layer *L = nd->L;
+        if (L->type == FB_LAYER_FLATTEN) continue;
+        plan_use(a, grad_of(a, nd->out), false);
+        if (L->type == FB_LAYER_RESIDUAL) {
+            plan_use(a, grad_of(a, nd->save1), true);
+            plan_use(a, grad_of(a, nd->sc_out), true);
+            plan_backward(a, nd->body, nd->n_body);
+            plan_backward(a, nd->sc, nd->n_sc);
+            continue;
+        }
+        if (!nd->shared_in) plan_use(a, grad_of(a, nd->in), true);
+        switch (L->type) {
+        case FB_LAYER_LINEAR:
+        case FB_LAYER_CONV2D:
+        case FB_LAYER_GELU:
+            plan_use(a, nd->in, false);
+            break;
+        case FB_LAYER_MAXPOOL2D:
+            plan_use(a, nd->save1, false);
+            break;
+        case FB_LAYER_RELU:
+        case FB_LAYER_TANH:
+        case FB_LAYER_SIGMOID:
+            plan_use(a, nd->out, false);
+            break;
+        case FB_LAYER_BATCHNORM:
+        case FB_LAYER_LAYERNORM:
+            plan_use(a, nd->in, false);
+            plan_use(a, nd->save1, false);
+            plan_use(a, nd->save2, false);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* Finds every buffer's live range: the steps of a training pass that use it. */
+static void plan_walk(fb_array *a)
+{
+    a->step = 0;
+    plan_use(a, a->x_buf, true);
+    plan_forward(a, a->nodes, a->n_nodes);
+    a->step++; /* the loss and the logits' gradient */
+    plan_use(a, a->logits_buf, false);
+    plan_use(a, a->specs[0]->loss == FB_LOSS_CROSS_ENTROPY ? a->y_buf : a->tgt_buf, true);
+    plan_use(a, a->loss_buf, true);
+    plan_use(a, a->correct_buf, true);
+    plan_use(a, grad_of(a, a->logits_buf), true);
+    plan_backward(a, a->nodes, a->n_nodes);
+    a->step = STEP_END;
+    plan_use(a, a->logits_buf, false);
+    plan_use(a, a->loss_buf, false);
+    plan_use(a, a->correct_buf, false);
+}
+
+/* A buffer's bytes in the slab, rounded up to keep 64-byte alignment. */
+static size_t buf_span(const abuf *b)
+{
+    return b->first < 0 ? 0 : (b->floats + 15) & ~(size_t)15;
+}
+
+typedef struct plan_key {
+    size_t span;
+    int first, id;
+} plan_key;
+
+/* Largest first; among equals the earlier first, so a chain packs in order. */
+static int plan_key_cmp(const void *x, const void *y)
+{
+    const plan_key *p = x, *q = y;
+    if (p->span != q->span) return p->span > q->span ? -1 : 1;
+    if (p->first != q->first) return p->first < q->first ? -1 : 1;
+    return (p->id > q->id) - (p->id < q->id);
+}
+
+typedef struct plan_span {
+    size_t lo, hi;
+} plan_span;
+
+static int plan_span_cmp(const void *x, const void *y)
+{
+    const plan_span *p = x, *q = y;
+    return (p->lo > q->lo) - (p->lo < q->lo);
+}
+
+/*
+ * Gives every used buffer an offset and sets a->act_floats to the slab's
+ * size.  FB_ARRAY_PLAN_PRIVATE lays buffers one after another.  The shared
+ * plan is greedy interval packing: buffers largest first, each at the lowest
+ * offset where it overlaps in bytes no placed buffer whose live range
+ * overlaps its own.  The slab is then never larger than the private one, and
+ * a chain's gradients end up alternating between two places.
+ */
+static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t cap)
+{
+    plan_walk(a);
+    size_t total = 0;
+    if (plan == FB_ARRAY_PLAN_PRIVATE) {
+        for (int i = 0; i < a->n_ab; i++) {
+            a->ab[i].off = total;
+            total += buf_span(&a->ab[i]);
+        }
+        a->act_floats = total;
+        return FB_OK;
+    }
+    plan_key *keys = malloc(((size_t)a->n_ab + 1) * sizeof *keys);
+    plan_span *busy = malloc(((size_t)a->n_ab + 1) * sizeof *busy);
+    if (!keys || !busy) {
+        free(keys);
+        free(busy);
+        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory planning activations");
+    }
+    int n = 0;
+    for (int i = 0; i < a->n_ab; i++) {
+        a->ab[i].off = 0;
+        if (buf_span(&a->ab[i]))
+            keys[n++] = (plan_key){.span = buf_span(&a->ab[i]), .first = a->ab[i].first, .id = i};
+    }
+    qsort(keys, (size_t)n, sizeof *keys, plan_key_cmp);
+    for (int k = 0; k < n; k++) {
+        abuf *b = &a->ab[keys[k].id];
+        int nb = 0;
+        for (int j = 0; j < k; j++) {
+            const abuf *o = &a->ab[keys[j].id];
+            if (o->first <= b->last && b->first <= o->last)
+                busy[nb++] = (plan_span){.lo = o->off, .hi = o->off + keys[j].span};
+        }
+        qsort(busy, (size_t)nb, sizeof *busy, plan_span_cmp);
+        size_t off = 0;
+        for (int j = 0; j < nb && busy[j].lo < off + keys[k].span; j++)
+            if (busy[j].hi > off) off = busy[j].hi;
+        b->off = off;
+        if (off + keys[k].span > total) total = off + keys[k].span;
+    }
+    free(keys);
+    free(busy);
+    a->act_floats = total;
+    return FB_OK;
+}
+
 int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
                  fb_array **out, char *msg, size_t cap)
 {
+    return fb_array_new_planned(be, specs, B, max_n, FB_ARRAY_PLAN_SHARED, out, msg, cap);
+}
+
+int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+                         fb_array_plan plan, fb_array **out, char *msg, size_t cap)
+{
     if (B < 1 || max_n < 1)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "an array needs B >= 1 and max_n >= 1");
+    if (plan != FB_ARRAY_PLAN_SHARED && plan != FB_ARRAY_PLAN_PRIVATE)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "unknown activation plan %d", (int)plan);
     for (int b = 1; b < B; b++)
         if (!fb_job_spec_fusible(specs[0], specs[b]))
             return fb_errf(msg, cap, FB_ERR_NOT_FUSIBLE,
@@ -394,17 +638,18 @@ int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int m
         a->seeds[b] = specs[b]->seed;
     }
 
-    a->x_off = take(&a->act_floats, (size_t)max_n * (size_t)a->in_numel);
-    size_t last;
-    err = build_layers(a, specs[0]->layers, specs[0]->n_layers, "", a->x_off, true, &a->nodes,
-                       &a->n_nodes, &last, msg, cap);
+    a->x_buf = new_buf(a, (size_t)max_n * (size_t)a->in_numel, 0, false);
+    if (a->x_buf < 0) goto nomem;
+    err = build_layers(a, specs[0]->layers, specs[0]->n_layers, "", a->x_buf, true, &a->nodes,
+                       &a->n_nodes, &a->logits_buf, msg, cap);
     if (err) goto fail;
+    a->y_buf = new_buf(a, (size_t)max_n, 0, false); /* int32 labels */
+    a->tgt_buf = new_buf(a, (size_t)max_n * (size_t)a->K, 0, false);
+    a->loss_buf = new_buf(a, (size_t)B, 0, false);
+    a->correct_buf = new_buf(a, (size_t)B, 0, false);
+    if (a->oom) goto nomem;
+    if ((err = plan_slab(a, plan, msg, cap))) goto fail;
     err = FB_ERR_NOMEM;
-    a->logits_off = last;
-    a->y_off = take(&a->act_floats, (size_t)max_n);
-    a->tgt_off = take(&a->act_floats, (size_t)max_n * (size_t)a->K);
-    a->loss_off = take(&a->act_floats, (size_t)B);
-    a->correct_off = take(&a->act_floats, (size_t)B);
 
     a->bn_tracked = calloc((size_t)B * (size_t)(a->n_bn ? a->n_bn : 1), sizeof *a->bn_tracked);
     a->blocks = calloc((size_t)(a->n_params ? a->n_params : 1), sizeof *a->blocks);
@@ -419,11 +664,10 @@ int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int m
     a->s1 = fb_backend_alloc(be, pb);
     a->s2 = specs[0]->optim.type == FB_OPTIM_SGD ? NULL : fb_backend_alloc(be, pb);
     a->rb = fb_backend_alloc(be, (a->bufs_floats ? a->bufs_floats : 16) * sizeof(float));
-    a->act = fb_backend_alloc(be, a->act_floats * sizeof(float));
-    a->dact = fb_backend_alloc(be, a->act_floats * sizeof(float));
+    a->act = fb_backend_alloc(be, (a->act_floats ? a->act_floats : 16) * sizeof(float));
     a->scratch = fb_backend_alloc(be, (a->scratch_floats ? a->scratch_floats : 16) * sizeof(float));
     if (!a->p || !a->g || !a->s1 || (!a->s2 && specs[0]->optim.type != FB_OPTIM_SGD) || !a->rb ||
-        !a->act || !a->dact || !a->scratch)
+        !a->act || !a->scratch)
         goto nomem;
 
     for (int b = 0; b < B; b++) {
@@ -449,11 +693,10 @@ void fb_array_free(fb_array *a)
     fb_backend_free(a->be, a->s2);
     fb_backend_free(a->be, a->rb);
     fb_backend_free(a->be, a->act);
-    fb_backend_free(a->be, a->dact);
     fb_backend_free(a->be, a->scratch);
     free(a->params);
     free(a->bufs);
-    free(a->regions);
+    free(a->ab);
     free(a->blocks);
     free(a->specs);
     free(a->seeds);
@@ -483,10 +726,38 @@ int fb_array_outputs(const fb_array *a)
     return a->K;
 }
 
+int fb_array_buffer_count(const fb_array *a)
+{
+    return a->n_ab;
+}
+
+fb_array_buffer fb_array_buffer_at(const fb_array *a, int i)
+{
+    FB_ASSERT(i >= 0 && i < a->n_ab);
+    const abuf *b = &a->ab[i];
+    return (fb_array_buffer){.offset = b->off, .floats = b->first < 0 ? 0 : b->floats,
+                             .first = b->first, .last = b->last, .grad = b->is_grad};
+}
+
+size_t fb_array_slab_floats(const fb_array *a)
+{
+    return a->act_floats;
+}
+
 /* ---- forward and backward ------------------------------------------------ */
 
-#define ACT(off) (a->act + (off))
-#define DACT(off) (a->dact + (off))
+/* Buffer id of the activation slab, which the current step must be planned
+ * to use: a use the plan missed would share bytes with another live buffer. */
+static float *buf_at(const fb_array *a, int id)
+{
+    FB_ASSERT(id >= 0 && id < a->n_ab);
+    const abuf *b = &a->ab[id];
+    FB_ASSERT(b->first >= 0 && b->first <= a->step && a->step <= b->last);
+    return a->act + b->off;
+}
+
+#define ACT(id) buf_at(a, (id))
+#define DACT(id) buf_at(a, grad_of(a, (id)))
 #define PW(nd) (a->p + a->params[(nd)->w].offset)
 #define PB(nd) ((nd)->b >= 0 ? a->p + a->params[(nd)->b].offset : NULL)
 #define GW(nd) (a->g + a->params[(nd)->w].offset)
@@ -544,12 +815,20 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
     fb_backend_t *be = a->be;
     int B = a->B;
     size_t count = (size_t)N * (size_t)B * (size_t)nd->out_numel;
+    /* a residual block's step is its sum, after its branches (plan_forward) */
+    if (nd->kind == NODE_LAYER && nd->L->type == FB_LAYER_RESIDUAL) {
+        forward_nodes(a, nd->body, nd->n_body, N, train, stream);
+        forward_nodes(a, nd->sc, nd->n_sc, N, train, stream);
+    }
+    a->step++;
     if (nd->kind == NODE_EXPAND) {
         size_t row = (size_t)nd->in_numel * sizeof(float);
+        float *out = ACT(nd->out);
+        const float *in = ACT(nd->in);
         for (int n = 0; n < N; n++)
             for (int b = 0; b < B; b++)
-                fb_backend_copy(be, ACT(nd->out) + ((size_t)n * B + b) * nd->in_numel,
-                                ACT(nd->in) + (size_t)n * nd->in_numel, row);
+                fb_backend_copy(be, out + ((size_t)n * B + b) * nd->in_numel,
+                                in + (size_t)n * nd->in_numel, row);
         return;
     }
     const fb_layer *L = nd->L;
@@ -614,8 +893,6 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
                              (float)L->eps);
         break;
     case FB_LAYER_RESIDUAL:
-        forward_nodes(a, nd->body, nd->n_body, N, train, stream);
-        forward_nodes(a, nd->sc, nd->n_sc, N, train, stream);
         fb_add_forward(be, ACT(nd->out), ACT(nd->save1), ACT(nd->sc_out), count);
         break;
     default:
@@ -630,24 +907,21 @@ static void forward_nodes(fb_array *a, node *nodes, int n, int N, bool train, ui
 
 static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stream);
 
-/* The gradient of the activation buffer at off, zeroed over the batch's rows
- * if this backward pass has not added into it yet.  Zeroing here, just before
- * the first op that accumulates into the buffer, touches only what the pass
- * uses and finds it in cache more often than zeroing the whole slab would. */
-static float *grad_buf(fb_array *a, size_t off, int N)
+/* The gradient of activation id, zeroed over the batch's rows if this
+ * backward pass has not added into it yet.  Zeroing here, just before the
+ * first op that accumulates into the buffer, touches only what the pass uses
+ * and finds it in cache more often than zeroing the whole slab would; it is
+ * also where the buffer's live range starts, so whatever another buffer left
+ * in shared bytes is cleared before anything adds into them. */
+static float *grad_buf(fb_array *a, int id, int N)
 {
-    for (int r = 0; r < a->n_regions; r++) {
-        grad_region *g = &a->regions[r];
-        if (g->off != off) continue;
-        if (g->gen != a->gen) {
-            g->gen = a->gen;
-            fb_backend_zero(a->be, DACT(off),
-                            (size_t)N * (size_t)a->B * (size_t)g->per_sample * sizeof(float));
-        }
-        return DACT(off);
+    abuf *g = &a->ab[grad_of(a, id)];
+    float *p = DACT(id);
+    if (g->gen != a->gen) {
+        g->gen = a->gen;
+        fb_backend_zero(a->be, p, (size_t)N * (size_t)a->B * (size_t)g->per_sample * sizeof(float));
     }
-    FB_ASSERT(!"an activation buffer without a gradient region");
-    return NULL;
+    return p;
 }
 
 /* Zeroes the current members' part of parameter tensor t's gradient. */
@@ -663,12 +937,16 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     fb_backend_t *be = a->be;
     int B = a->B;
     size_t count = (size_t)N * (size_t)B * (size_t)nd->out_numel;
+    a->step++;
     if (nd->kind == NODE_EXPAND) return; /* the shared input needs no gradient */
     const fb_layer *L = nd->L;
     /* each parameter belongs to one node, which is its gradient's only writer */
     zero_param_grad(a, nd->w);
     zero_param_grad(a, nd->b);
-    float *din = nd->shared_in || L->type == FB_LAYER_FLATTEN ? NULL : grad_buf(a, nd->in, N);
+    /* a residual block's input gradient comes from its branches' first ops */
+    float *din = nd->shared_in || L->type == FB_LAYER_FLATTEN || L->type == FB_LAYER_RESIDUAL
+                     ? NULL
+                     : grad_buf(a, nd->in, N);
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
@@ -697,10 +975,17 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
                                    (int)(L->in.d[1] * L->in.d[2]));
         break;
     case FB_LAYER_RELU:
+        /* relu(x) > 0 exactly where x > 0 (a NaN passes through both), so the
+         * output serves as the input and the input need not outlive the
+         * forward pass */
+        fb_act_backward(be, FB_ACT_RELU, din, DACT(nd->out), ACT(nd->out), NULL, count);
+        break;
     case FB_LAYER_GELU:
+        fb_act_backward(be, act_of(L), din, DACT(nd->out), ACT(nd->in), NULL, count);
+        break;
     case FB_LAYER_TANH:
     case FB_LAYER_SIGMOID:
-        fb_act_backward(be, act_of(L), din, DACT(nd->out), ACT(nd->in), ACT(nd->out), count);
+        fb_act_backward(be, act_of(L), din, DACT(nd->out), NULL, ACT(nd->out), count);
         break;
     case FB_LAYER_DROPOUT:
         if (L->p > 0)
@@ -765,22 +1050,23 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
                                n, K);
         }
     }
-    fb_backend_upload(a->be, ACT(a->x_off), x, (size_t)N * (size_t)a->in_numel * sizeof(float));
+    a->step = 0; /* the steps of plan_walk */
+    fb_backend_upload(a->be, ACT(a->x_buf), x, (size_t)N * (size_t)a->in_numel * sizeof(float));
     forward_nodes(a, a->nodes, a->n_nodes, N, train, stream);
-    a->last_n = N;
     if (!y) return device_status(a, msg, cap);
 
     bool grad = train;
+    a->step++; /* the loss */
     float *dlogits = NULL;
     if (grad) {
         a->gen++; /* a new backward pass: every gradient buffer starts unzeroed */
-        dlogits = DACT(a->logits_off);
+        dlogits = DACT(a->logits_buf);
     }
-    float *dev_loss = ACT(a->loss_off), *dev_correct = ACT(a->correct_off);
+    float *dev_loss = ACT(a->loss_buf), *dev_correct = ACT(a->correct_buf);
     if (s->loss == FB_LOSS_CROSS_ENTROPY) {
-        fb_backend_upload(a->be, ACT(a->y_off), y, (size_t)N * sizeof(int32_t));
-        fb_softmax_xent(a->be, dev_loss, dlogits, dev_correct, ACT(a->logits_off),
-                        (const int32_t *)ACT(a->y_off), N, B, K, 1.0f / (float)N);
+        fb_backend_upload(a->be, ACT(a->y_buf), y, (size_t)N * sizeof(int32_t));
+        fb_softmax_xent(a->be, dev_loss, dlogits, dev_correct, ACT(a->logits_buf),
+                        (const int32_t *)ACT(a->y_buf), N, B, K, 1.0f / (float)N);
     } else {
         float *tgt = calloc((size_t)N * (size_t)K, sizeof *tgt);
         if (!tgt) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
@@ -790,13 +1076,14 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
             else
                 tgt[n] = (float)y[n];
         }
-        fb_backend_upload(a->be, ACT(a->tgt_off), tgt, (size_t)N * (size_t)K * sizeof(float));
+        fb_backend_upload(a->be, ACT(a->tgt_buf), tgt, (size_t)N * (size_t)K * sizeof(float));
         free(tgt);
-        fb_mse(a->be, dev_loss, dlogits, ACT(a->logits_off), ACT(a->tgt_off), N, B, K,
+        fb_mse(a->be, dev_loss, dlogits, ACT(a->logits_buf), ACT(a->tgt_buf), N, B, K,
                1.0f / (float)N);
         fb_backend_zero(a->be, dev_correct, (size_t)B * sizeof(float));
     }
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);
+    a->step = STEP_END;
     if (loss) fb_backend_download(a->be, loss, dev_loss, (size_t)B * sizeof(float));
     if (correct) fb_backend_download(a->be, correct, dev_correct, (size_t)B * sizeof(float));
     return device_status(a, msg, cap);
@@ -805,7 +1092,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
 void fb_array_logits(const fb_array *a, int m, int N, float *dst)
 {
     const size_t K = (size_t)a->K, B = (size_t)a->B;
-    const float *src = a->act + a->logits_off;
+    const float *src = a->act + a->ab[a->logits_buf].off; /* live until STEP_END */
     /* One download of all members' rows, then a host gather: on a GPU every
      * download waits for the device, so N row-sized ones would cost N waits.
      * Row by row only when the host buffer cannot be had. */

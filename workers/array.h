@@ -5,10 +5,13 @@
  * An array owns one slab each for parameters, gradients, optimizer state,
  * batch-norm running statistics and activations, with a table of layer nodes
  * pointing into them.  Parameters of one tensor are [B, ...] (member-major);
- * activations are [N, B, ...].  The minibatch [N, ...] is shared by every
- * member and read once by the first layer.  The loss is each member's mean
- * over N, so member b's gradient is exactly its own.  A member can leave at any
- * time (fb_array_remove); the others keep their state and slots are compacted.
+ * activations are [N, B, ...].  Activations, their gradients and what ops
+ * save for backward share one slab, planned so that buffers never live at the
+ * same step of a training pass share bytes (fb_array_plan).  The minibatch
+ * [N, ...] is shared by every member and read once by the first layer.  The
+ * loss is each member's mean over N, so member b's gradient is exactly its
+ * own.  A member can leave at any time (fb_array_remove); the others keep
+ * their state and slots are compacted.
  *
  * Tensor names follow PyTorch's nn.Sequential state dict: top-level layer i
  * is "i.weight"/"i.bias"; a residual block's body layer j is
@@ -39,6 +42,25 @@ typedef struct fb_array fb_array;
 int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
                  fb_array **out, char *msg, size_t msg_cap);
 
+/* How an array lays out its activation slab (activations, their gradients
+ * and what ops save for backward). */
+typedef enum fb_array_plan {
+    /* Buffers that are never live at the same step of a training pass share
+     * bytes: what fb_array_new does. */
+    FB_ARRAY_PLAN_SHARED = 0,
+    /* Every buffer has bytes of its own: the reference a test compares the
+     * shared plan with. */
+    FB_ARRAY_PLAN_PRIVATE
+} fb_array_plan;
+
+/*
+ * fb_array_new with a choice of activation plan (any other value of plan is
+ * FB_ERR_OUT_OF_RANGE).  Both plans train identically; they differ only in
+ * memory.
+ */
+int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+                         fb_array_plan plan, fb_array **out, char *msg, size_t msg_cap);
+
 /* Releases the array and all of its memory.  Accepts NULL. */
 void fb_array_free(fb_array *a);
 
@@ -50,6 +72,28 @@ const fb_job_spec *fb_array_spec(const fb_array *a, int m);
 size_t fb_array_member_params(const fb_array *a);
 /* Output features per sample (K). */
 int fb_array_outputs(const fb_array *a);
+
+/*
+ * One buffer of the activation slab, for tests of the plan.  A training pass
+ * is a sequence of steps (input, each forward op, loss, each backward op, and
+ * INT_MAX for what the caller reads afterwards); the buffer is in use from
+ * step first to step last, inclusive, and occupies floats floats at offset
+ * (both in floats) of a slab of fb_array_slab_floats floats.  A buffer no
+ * step uses has first = last = -1 and floats = 0.  grad marks an activation
+ * gradient.
+ */
+typedef struct fb_array_buffer {
+    size_t offset, floats;
+    int first, last;
+    bool grad;
+} fb_array_buffer;
+
+/* Number of buffers of the activation slab. */
+int fb_array_buffer_count(const fb_array *a);
+/* Buffer i, 0 <= i < fb_array_buffer_count. */
+fb_array_buffer fb_array_buffer_at(const fb_array *a, int i);
+/* Floats of the activation slab as planned. */
+size_t fb_array_slab_floats(const fb_array *a);
 
 /*
  * Runs forward (and, when y is given and train is true, backward) on a

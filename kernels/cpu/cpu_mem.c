@@ -4,8 +4,9 @@
  *
  * Zeroed memory comes from calloc, which gets large blocks straight from the
  * kernel as pages that are already zero and are not resident until first
- * written: parts of a slab that a run never touches (the gradient mirror of
- * saved indices, say) cost no memory, and allocating costs no pass over it.
+ * written: parts of a slab that a run never touches (a slab sized for larger
+ * batches than the run trains on, say) cost no memory, and allocating costs
+ * no pass over it.
  * The block is over-allocated by one cache line and the pointer calloc gave
  * is kept just below the aligned one, for free.
  */
