@@ -75,6 +75,9 @@ typedef struct worker {
      * again and again) */
     char comm_host[FB_WIRE_NAME_MAX + 1];
     int comm_port_lo, comm_port_hi, next_port;
+    /* what its last HELLO wrote to the database, and when (hello_same) */
+    char backend[FB_WIRE_NAME_MAX + 1], version[FB_WIRE_NAME_MAX + 1];
+    int64_t hello_ms;
     /* the fair-share controller's count of imbalanced periods per device, handed back to it
      * each period (the policy keeps no state) */
     int imbalanced[FB_WIRE_MAX_DEVICES];
@@ -1555,12 +1558,43 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
     }
 }
 
+/*
+ * Whether HELLO m of registered worker w says what w's last HELLO wrote to
+ * the database (backend, version, devices; free memory aside, which the
+ * database does not keep), less than a heartbeat timeout ago.  A worker that
+ * hears nothing from a busy loop says HELLO every heartbeat; each HELLO
+ * written again cost a transaction of round trips to PostgreSQL, so a loop
+ * that fell behind fell further behind with every HELLO it took (a stall of
+ * a second grew to seconds, and the worker's groups looked lost).
+ */
+static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_msg *m)
+{
+    if (!w->id[0] || now_ms() - w->hello_ms > d->cfg.heartbeat_timeout_ms ||
+        strcmp(w->backend, m->backend) != 0 || strcmp(w->version, m->version) != 0 ||
+        w->n_devices != m->n_devices)
+        return false;
+    for (int i = 0; i < m->n_devices; i++) {
+        const fb_wire_device *a = &w->devices[i], *b = &m->devices[i];
+        if (a->idx != b->idx || strcmp(a->kind, b->kind) != 0 || strcmp(a->name, b->name) != 0 ||
+            a->memory_bytes != b->memory_bytes)
+            return false;
+    }
+    return true;
+}
+
 static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
 {
     if (strcmp(m->worker, name) != 0) {
         fb_log_json(FB_LOG_WARN, "HELLO names another worker than its socket; dropped",
                     json_pack("{s:s, s:s}", "routing_id", name, "worker", m->worker));
         return;
+    }
+    worker *w = find_worker(d, name);
+    char id[FB_WIRE_ID_LEN + 1];
+    if (w && hello_same(d, w, m)) {
+        /* the database already says all of it: only the answer and the running groups */
+        snprintf(id, sizeof id, "%s", w->id);
+        goto registered;
     }
     if (!db_ok(d) || !begin(d)) return; /* no WELCOME: the worker says HELLO again */
     const char *v[3] = {name, m->backend, m->version};
@@ -1571,7 +1605,6 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
                     " registered_at = now(), last_seen_at = now() RETURNING id",
                     3, v);
     if (!r) goto fail;
-    char id[FB_WIRE_ID_LEN + 1];
     snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     char n_dev[16];
@@ -1593,7 +1626,7 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
             goto fail;
     }
     if (!commit(d)) goto fail;
-    worker *w = find_worker(d, name);
+    w = find_worker(d, name);
     if (!w) {
         if (d->n_workers == MAX_WORKERS) {
             fb_logf(FB_LOG_ERROR, "too many workers; %s refused", name);
@@ -1604,6 +1637,10 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
         snprintf(w->name, sizeof w->name, "%s", name);
     }
     snprintf(w->id, sizeof w->id, "%s", id);
+    snprintf(w->backend, sizeof w->backend, "%s", m->backend);
+    snprintf(w->version, sizeof w->version, "%s", m->version);
+    w->hello_ms = now_ms();
+registered:
     w->last_seen_ms = now_ms();
     w->draining = false;
     w->n_devices = m->n_devices;

@@ -17,6 +17,12 @@
  * of the test.  That ASSIGN is also where checkpoints are read from the
  * artifacts directory: the jobs' resume paths are tampered with to point
  * outside it, and no byte of the file outside may reach the worker.
+ *
+ * Last, the listed worker says HELLO 200 times at once, as a worker does
+ * every heartbeat while it hears nothing from a loop that fell behind: every
+ * one is answered, and the database is written for the first only (a HELLO
+ * that says what the registry already holds costs no transaction, so the
+ * loop does not fall further behind with each one).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +164,55 @@ static int speak(enum mode mode, const char *pub, const char *sec, const char *s
     free(heartbeat);
     zmq_close(s);
     return got;
+}
+
+/* Sends n HELLOs of the listed worker at once and counts the WELCOMEs that come back
+ * within ms; registered_at of the workers row after the first WELCOME goes to first_reg. */
+static int hello_flood(int n, int ms, char *first_reg, size_t cap)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    CHECK(s != NULL);
+    int zero = 0;
+    CHECK(zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) == 0);
+    CHECK(zmq_setsockopt(s, ZMQ_ROUTING_ID, "listed", 6) == 0);
+    CHECK(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_pub, 40) == 0);
+    CHECK(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, listed_pub, 40) == 0);
+    CHECK(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, listed_sec, 40) == 0);
+    CHECK(zmq_connect(s, endpoint) == 0);
+    char *hello = hello_json("listed");
+    for (int i = 0; i < n; i++) CHECK(zmq_send(s, hello, strlen(hello), 0) >= 0);
+    free(hello);
+    int welcomes = 0;
+    first_reg[0] = '\0';
+    double end = fbt_now_ms() + ms;
+    while (welcomes < n && fbt_now_ms() < end) {
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 50) <= 0 || !(it.revents & ZMQ_POLLIN)) continue;
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        CHECK(zmq_msg_recv(&f, s, 0) >= 0);
+        int more = zmq_msg_more(&f), blobs = 0;
+        while (more) { /* an ASSIGN's blobs */
+            zmq_msg_t b;
+            zmq_msg_init(&b);
+            zmq_msg_recv(&b, s, 0);
+            more = zmq_msg_more(&b);
+            zmq_msg_close(&b);
+            blobs++;
+        }
+        fb_wire_msg m;
+        char msg[256];
+        if (fb_wire_decode(zmq_msg_data(&f), zmq_msg_size(&f), blobs, &m, msg, sizeof msg) == 0) {
+            if (m.type == FB_WIRE_WELCOME && welcomes++ == 0)
+                snprintf(first_reg, cap, "%s",
+                         fbt_sql_value(&S, "SELECT registered_at::text FROM workers"
+                                           " WHERE name = 'listed'"));
+            fb_wire_msg_free(&m);
+        }
+        zmq_msg_close(&f);
+    }
+    zmq_close(s);
+    return welcomes;
 }
 
 static void keypair(char pub[41], char sec[41])
@@ -305,6 +360,16 @@ int main(void)
     CHECK_INT_EQ(legit_sent, 1);
     /* the three tampered jobs were restarted from step 0 instead */
     CHECK_STR_EQ(fbt_sql_value(&S, "SELECT count(*) FROM jobs WHERE resume_path IS NOT NULL"), "1");
+
+    char first_reg[64];
+    double t0 = fbt_now_ms();
+    int welcomes = hello_flood(200, 20000, first_reg, sizeof first_reg);
+    const char *last_reg =
+        fbt_sql_value(&S, "SELECT registered_at::text FROM workers WHERE name = 'listed'");
+    printf("worker: 200 HELLOs at once: %d WELCOMEs in %.0f ms; registered at %s, then %s\n",
+           welcomes, fbt_now_ms() - t0, first_reg, last_reg);
+    CHECK_INT_EQ(welcomes, 200);
+    CHECK_STR_EQ(last_reg, first_reg);
     zmq_ctx_term(zctx);
 
     CHECK_INT_EQ(fbt_server_stop(&S), 0);
