@@ -181,44 +181,25 @@ void e2e_finish(e2e *t)
     CHECK(system(cmd) == 0);
 }
 
-pid_t e2e_worker(e2e *t, const char *name)
+/* fusebox-worker with the usual test flags against server, started through wrapper (a
+ * command and its arguments before the worker's, may be NULL) and followed by extra flags (may
+ * be NULL; a later flag wins); output to worker-<name>.log. */
+static pid_t spawn_worker(e2e *t, const char *name, const char *server,
+                          const char *const *wrapper, const char *const *extra)
 {
-    char exe[512], server[64], log[400];
+    char exe[512], log[400];
     snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
-    snprintf(server, sizeof server, "tcp://127.0.0.1:%d", t->worker_port);
     snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(exe, exe, "--server", server, "--server-key", t->server_pub, "--key", t->worker_key,
-              "--name", name, "--cpu-devices", "1", "--threads-per-device", "1", "--data-dir",
-              t->data_dir, "--heartbeat-ms", "200", "--progress-ms", "200", (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra)
-{
-    char exe[512], server[64], log[400];
-    snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
-    snprintf(server, sizeof server, "tcp://127.0.0.1:%d", t->worker_port);
-    snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
-    const char *argv[48];
+    const char *argv[64];
     int n = 0;
+    for (int i = 0; wrapper && wrapper[i] && n < 16; i++) argv[n++] = wrapper[i];
     const char *args[] = {exe,         "--server",         server,       "--server-key",
                           t->server_pub, "--key",          t->worker_key, "--name",
                           name,        "--cpu-devices",    "1",          "--threads-per-device",
                           "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
                           "200",       "--progress-ms",    "200",        NULL};
     for (int i = 0; args[i]; i++) argv[n++] = args[i];
-    for (int i = 0; extra && extra[i] && n < 47; i++) argv[n++] = extra[i];
+    for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -229,10 +210,22 @@ pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra)
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        execv(argv[0], (char *const *)argv);
+        execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
     return pid;
+}
+
+pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra)
+{
+    char server[64];
+    snprintf(server, sizeof server, "tcp://127.0.0.1:%d", t->worker_port);
+    return spawn_worker(t, name, server, NULL, extra);
+}
+
+pid_t e2e_worker(e2e *t, const char *name)
+{
+    return e2e_worker_args(t, name, NULL);
 }
 
 int e2e_free_port_range(int n)
@@ -294,6 +287,22 @@ const char *e2e_submit(e2e *t, const char *key, const char *spec)
     snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
     fbt_resp_free(&r);
     return id;
+}
+
+void e2e_submit_sweep(e2e *t, const char *key, const char *body, int n, char (*ids)[64],
+                      char (*names)[64])
+{
+    fbt_resp r = fbt_call(&t->s, "POST", "/v1/sweeps", key, body);
+    fbt_expect(&r, 201, NULL, "submit a sweep");
+    json_t *trials = json_object_get(r.json, "trials");
+    CHECK_INT_EQ((long long)json_array_size(trials), n);
+    for (int i = 0; i < n; i++) {
+        json_t *tr = json_array_get(trials, (size_t)i);
+        CHECK_INT_EQ(json_integer_value(json_object_get(tr, "index")), i);
+        snprintf(ids[i], 64, "%s", json_string_value(json_object_get(tr, "job_id")));
+        if (names) snprintf(names[i], 64, "%s", json_string_value(json_object_get(tr, "name")));
+    }
+    fbt_resp_free(&r);
 }
 
 const char *e2e_job_field(e2e *t, const char *key, const char *id, const char *field)
@@ -437,32 +446,7 @@ double e2e_max_diff(const char *a, const char *b)
 
 pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *const *wrapper)
 {
-    char exe[512], log[400];
-    snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
-    snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
-    const char *argv[48];
-    int n = 0;
-    for (int i = 0; wrapper && wrapper[i] && n < 16; i++) argv[n++] = wrapper[i];
-    const char *args[] = {exe,         "--server",         server,       "--server-key",
-                          t->server_pub, "--key",          t->worker_key, "--name",
-                          name,        "--cpu-devices",    "1",          "--threads-per-device",
-                          "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
-                          "200",       "--progress-ms",    "200",        NULL};
-    for (int i = 0; args[i]; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    return spawn_worker(t, name, server, wrapper, NULL);
 }
 
 double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job,

@@ -62,6 +62,10 @@ const char *e2e_spec(const char *name, double lr, int steps, int checkpoint_ever
 
 /* Submits a job for key; returns its id (static buffer). */
 const char *e2e_submit(e2e *t, const char *key, const char *spec);
+/* Submits a sweep (POST /v1/sweeps body, expecting 201 and n trials) as tenant key: its
+ * trials' job ids and names in submission order (names may be NULL). */
+void e2e_submit_sweep(e2e *t, const char *key, const char *body, int n, char (*ids)[64],
+                      char (*names)[64]);
 
 /* A job's field as text (static buffer), "" when null. */
 const char *e2e_job_field(e2e *t, const char *key, const char *id, const char *field);

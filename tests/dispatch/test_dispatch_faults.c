@@ -37,7 +37,7 @@ static void submit_sweep(const char *name, const char *extra_base, const char *o
                          const char *lrs, int n, int hidden, int steps, int checkpoint_every,
                          char (*ids)[64], char (*names)[64])
 {
-    char body[2048], path[160];
+    char body[2048];
     snprintf(body, sizeof body,
              "{\"name\": \"%s\", \"base\": {\"dataset\": \"synth\", \"model\": {\"input\": [16],"
              " \"layers\": [{\"type\": \"linear\", \"out\": %d}, {\"type\": \"relu\"},"
@@ -46,21 +46,8 @@ static void submit_sweep(const char *name, const char *extra_base, const char *o
              " \"optimizer\": {\"type\": \"%s\", \"lr\": 0.001}%s},"
              " \"search\": {\"type\": \"grid\", \"params\": {\"optimizer.lr\": {\"values\": [%s]}}}}",
              name, hidden, steps, checkpoint_every, optimizer, extra_base, lrs);
-    fbt_resp r = fbt_call(&T.s, "POST", "/v1/sweeps", T.key, body);
-    fbt_expect(&r, 201, NULL, "submit a sweep");
-    snprintf(path, sizeof path, "/v1/jobs?sweep_id=%s&limit=10",
-             json_string_value(json_object_get(r.json, "id")));
-    fbt_resp_free(&r);
-    r = fbt_call(&T.s, "GET", path, T.key, NULL);
-    fbt_expect(&r, 200, NULL, "list the sweep's jobs");
-    CHECK_INT_EQ((long long)json_array_size(json_object_get(r.json, "jobs")), n);
-    for (int i = 0; i < n; i++) {
-        /* the list is newest first; trials in submission order, as the array holds them */
-        json_t *j = json_array_get(json_object_get(r.json, "jobs"), (size_t)(n - 1 - i));
-        snprintf(ids[i], 64, "%s", json_string_value(json_object_get(j, "id")));
-        snprintf(names[i], 64, "%s", json_string_value(json_object_get(j, "name")));
-    }
-    fbt_resp_free(&r);
+    /* trials in submission order, as the array holds them */
+    e2e_submit_sweep(&T, T.key, body, n, ids, names);
 }
 
 /* Each job's model must equal fusebox-train's for the same specs as one array: bit for bit

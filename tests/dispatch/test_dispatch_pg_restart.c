@@ -134,27 +134,14 @@ static double measure_speed(void)
  * submission order. */
 static void submit_sweep(char (*ids)[64])
 {
-    char common[1024], body[2048], path[160];
+    char common[1024], body[2048];
     common_fields(common, sizeof common, steps, checkpoint_every);
     snprintf(body, sizeof body,
              "{\"name\": \"pgrestart\", \"base\": {%s, \"optimizer\": {\"type\": \"adam\","
              " \"lr\": 0.001}}, \"search\": {\"type\": \"grid\", \"params\":"
              " {\"optimizer.lr\": {\"values\": [0.002, 0.01]}}}}",
              common);
-    fbt_resp r = fbt_call(&T.s, "POST", "/v1/sweeps", T.key, body);
-    fbt_expect(&r, 201, NULL, "submit a sweep");
-    snprintf(path, sizeof path, "/v1/jobs?sweep_id=%s&limit=10",
-             json_string_value(json_object_get(r.json, "id")));
-    fbt_resp_free(&r);
-    r = fbt_call(&T.s, "GET", path, T.key, NULL);
-    fbt_expect(&r, 200, NULL, "list the sweep's jobs");
-    CHECK_INT_EQ((long long)json_array_size(json_object_get(r.json, "jobs")), 2);
-    for (int i = 0; i < 2; i++) {
-        /* the list is newest first */
-        json_t *j = json_array_get(json_object_get(r.json, "jobs"), (size_t)(1 - i));
-        snprintf(ids[i], 64, "%s", json_string_value(json_object_get(j, "id")));
-    }
-    fbt_resp_free(&r);
+    e2e_submit_sweep(&T, T.key, body, 2, ids, NULL);
 }
 
 static long long sql_ll(const char *sql)

@@ -360,19 +360,7 @@ static void member_cancelled(void)
              " \"search\": {\"type\": \"grid\", \"params\": {\"optimizer.lr\":"
              " {\"values\": [0.001, 0.004]}}}}",
              span_spec(NULL, 0.001, 512, 4000, 1000));
-    fbt_resp r = fbt_call(&T.s, "POST", "/v1/sweeps", T.key, body);
-    fbt_expect(&r, 201, NULL, "submit a sweep");
-    snprintf(path, sizeof path, "/v1/jobs?sweep_id=%s&limit=10",
-             json_string_value(json_object_get(r.json, "id")));
-    fbt_resp_free(&r);
-    r = fbt_call(&T.s, "GET", path, T.key, NULL);
-    fbt_expect(&r, 200, NULL, "list the sweep's jobs");
-    CHECK_INT_EQ((long long)json_array_size(json_object_get(r.json, "jobs")), 2);
-    for (int i = 0; i < 2; i++)
-        snprintf(ids[i], sizeof ids[i], "%s",
-                 json_string_value(json_object_get(
-                     json_array_get(json_object_get(r.json, "jobs"), (size_t)i), "id")));
-    fbt_resp_free(&r);
+    e2e_submit_sweep(&T, T.key, body, 2, ids, NULL);
     char sql[512];
     snprintf(sql, sizeof sql,
              "SELECT count(*) = 2 AND count(DISTINCT group_id) = 1 FROM jobs"
@@ -383,7 +371,7 @@ static void member_cancelled(void)
     snprintf(group, sizeof group, "%s", e2e_job_field(&T, T.key, ids[0], "group_id"));
     CHECK_STR_EQ(sqlf("SELECT count(*) FROM group_workers WHERE group_id = '%s'", group), "2");
     snprintf(path, sizeof path, "/v1/jobs/%s/cancel", ids[0]);
-    r = fbt_call(&T.s, "POST", path, T.key, NULL);
+    fbt_resp r = fbt_call(&T.s, "POST", path, T.key, NULL);
     CHECK(r.status == 200 || r.status == 202);
     fbt_resp_free(&r);
     e2e_wait_state(&T, T.key, ids[0], "cancelled", 60);

@@ -74,28 +74,15 @@ void rel_sweep(e2e *t, const char *name, int hidden, int batch, int data_seed, i
                int checkpoint_every, const char *lrs, int n, char (*ids)[64], char (*names)[64])
 {
     CHECK(n >= 1 && n <= REL_MAX_TRIALS);
-    char common[1024], body[2048], path[160];
+    char common[1024], body[2048];
     spec_fields(common, sizeof common, hidden, batch, data_seed, steps, checkpoint_every);
     snprintf(body, sizeof body,
              "{\"name\": \"%s\", \"base\": {%s, \"optimizer\": {\"type\": \"adam\","
              " \"lr\": 0.001}}, \"search\": {\"type\": \"grid\", \"params\":"
              " {\"optimizer.lr\": {\"values\": %s}}}}",
              name, common, lrs);
-    fbt_resp r = fbt_call(&t->s, "POST", "/v1/sweeps", t->key, body);
-    fbt_expect(&r, 201, NULL, "submit a sweep");
-    snprintf(path, sizeof path, "/v1/jobs?sweep_id=%s&limit=10",
-             json_string_value(json_object_get(r.json, "id")));
-    fbt_resp_free(&r);
-    r = fbt_call(&t->s, "GET", path, t->key, NULL);
-    fbt_expect(&r, 200, NULL, "list the sweep's jobs");
-    CHECK_INT_EQ((long long)json_array_size(json_object_get(r.json, "jobs")), n);
-    for (int i = 0; i < n; i++) {
-        /* the list is newest first; trials in submission order, as the array holds them */
-        json_t *j = json_array_get(json_object_get(r.json, "jobs"), (size_t)(n - 1 - i));
-        snprintf(ids[i], 64, "%s", json_string_value(json_object_get(j, "id")));
-        snprintf(names[i], 64, "%s", json_string_value(json_object_get(j, "name")));
-    }
-    fbt_resp_free(&r);
+    /* trials in submission order, as the array holds them */
+    e2e_submit_sweep(t, t->key, body, n, ids, names);
 }
 
 double rel_max_diff_to_reference(e2e *t, char (*ids)[64], char (*names)[64], int n,
