@@ -570,8 +570,10 @@ static int cmp_offer(const void *a, const void *b)
 }
 
 /*
- * Chooses n CPU devices on several workers that can take part in spanning
- * arrays, for a data-parallel group that no single worker can take; false
+ * Chooses n devices of kind (FB_PLAN_CPU or FB_PLAN_CUDA, never mixed: the
+ * replicas of one array sum through one backend, TCP or NCCL) on several
+ * workers that can take part in spanning arrays, for a data-parallel group
+ * that no single worker can take; false
  * when even all of them together cannot.  The fewest workers: those with the
  * most eligible devices first (then the fewest groups and the most free
  * memory on them), until their devices add up to n; then the n best of their
@@ -580,7 +582,7 @@ static int cmp_offer(const void *a, const void *b)
  * receives the devices in increasing index order, which lists them worker by
  * worker (a worker's devices are contiguous in the snapshot).
  */
-static bool choose_span(plan *p, int n, int64_t mem, int64_t *free_of, int *out)
+static bool choose_span(plan *p, int kind, int n, int64_t mem, int64_t *free_of, int *out)
 {
     const fb_plan_snapshot *s = p->s;
     if (!p->span_offers) p->span_offers = scratch_alloc(p->sc, (size_t)p->n_runs, sizeof(span_offer));
@@ -594,7 +596,7 @@ static bool choose_span(plan *p, int n, int64_t mem, int64_t *free_of, int *out)
         o->k = 0;
         for (int d = p->run_start[r]; d < p->run_end[r]; d++) {
             const fb_plan_device *D = &s->devices[d];
-            if (!D->ready || D->kind != FB_PLAN_CPU || p->dcount[d] >= s->max_groups_per_device ||
+            if (!D->ready || D->kind != kind || p->dcount[d] >= s->max_groups_per_device ||
                 p->dspan[d])
                 continue;
             int64_t used = p->dused[d] < D->memory_bytes ? p->dused[d] : D->memory_bytes;
@@ -1025,12 +1027,16 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
             fb_plan_group *G = &res.groups[res.n_groups];
             bool placed = false;
             /* an array that no single worker can take may span workers: purely data
-             * parallel, on CPU devices (CUDA arrays would need NCCL across workers) */
-            int sp = f.pipeline == 1 && J0->parallel_data >= 2 && f.kind != FB_PLAN_CUDA;
+             * parallel, on devices of one kind (CPU: TCP sums; CUDA: NCCL); of any kind,
+             * CPU devices first */
+            int sp = f.pipeline == 1 && J0->parallel_data >= 2;
             int64_t *fail = &p->fail_mem[f.kind][sp][need];
             if (mem < *fail && res.n_groups < cap_groups) {
                 placed = choose_devices(p, f.kind, need, mem, free_of, G->devices) ||
-                         (sp && choose_span(p, need, mem, free_of, G->devices));
+                         (sp && f.kind != FB_PLAN_CUDA &&
+                          choose_span(p, FB_PLAN_CPU, need, mem, free_of, G->devices)) ||
+                         (sp && f.kind != FB_PLAN_CPU &&
+                          choose_span(p, FB_PLAN_CUDA, need, mem, free_of, G->devices));
                 if (!placed) *fail = mem;
             }
             for (int i = 0; i < p->n_members; i++)

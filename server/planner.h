@@ -19,10 +19,11 @@
  * preferring idle devices, then co-locating on a device when its free memory
  * allows and it hosts fewer than max_groups_per_device groups.  A group that
  * no single ready worker can take may span workers when it is purely data
- * parallel (parallel_data >= 2, pipeline 1) on CPU devices: its D replicas
+ * parallel (parallel_data >= 2, pipeline 1) on devices of one kind (CPU or
+ * CUDA, never mixed): its D replicas
  * go on the devices of the fewest workers that can take part (comm), each
- * worker's ranks contiguous, the worker of rank 0 leading.  CUDA arrays and
- * pipeline stages never span workers, and a device holds at most one
+ * worker's ranks contiguous, the worker of rank 0 leading.  Pipeline stages
+ * never span workers, and a device holds at most one
  * spanning array (two could each hold one worker's device turn while they
  * wait in a sum for the other worker).  Tenant
  * device quotas are respected.  Every group on a device gets a time share:
@@ -180,8 +181,8 @@ typedef struct fb_plan_result {
  * largest ready device of the group's kind.  A group goes on one worker
  * whenever one can take it (the worker with the fewest groups on the chosen
  * devices, then the most free memory); only when none can, and the group is
- * data parallel with pipeline 1 and of kind CPU or 0 (then it takes CPU
- * devices), does it span comm workers: the fewest workers whose eligible
+ * data parallel with pipeline 1, does it span comm workers on devices of
+ * its kind (kind 0: CPU devices, else CUDA devices): the fewest workers whose eligible
  * devices add up to D (the workers with the most eligible devices first,
  * then the fewest groups and most free memory on them), and on them the D
  * best devices in the device order of one worker, listed in snapshot order

@@ -631,6 +631,8 @@ typedef struct runner {
     group *g;
     fb_session *s;
     fb_comm_t *comm;                /* a spanning group's communicator; freed after the session */
+    fb_comm_t *nccl; /* a spanning CUDA group's gradient communicator (comm is then the
+                      * control's); freed after the session */
     outmsg *pending, *pending_tail; /* events of the step in progress */
     double last_progress, samples, idle_ms;
     uint64_t split_gen; /* the REBALANCE split the session trains with */
@@ -985,7 +987,10 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
             memcpy(split, g->split, sizeof split);
             o.split = split;
         }
-        o.comm = r->comm; /* ranks rank_base.. of the world, across workers */
+        /* ranks rank_base.. of the world, across workers; CUDA gradients go through NCCL,
+         * the control broadcast through TCP */
+        o.comm = r->nccl ? r->nccl : r->comm;
+        o.control_comm = r->nccl ? r->comm : NULL;
         r->split_gen = g->split_gen;
         pthread_mutex_unlock(&primary->mu);
     }
@@ -1327,6 +1332,30 @@ static bool open_comm(runner *r)
     agent_log("group %s: ranks %d..%d of %d joined at %s in %.0f ms (%s)", g->id, g->rank_base,
               g->rank_base + g->n_dp - 1, g->world, g->rendezvous, now_ms() - t0,
               g->follower ? "follower" : "leader");
+    if (strcmp(g->a->dev[g->dp_devs[0]].info.kind, "cuda") != 0) return true;
+    /* CUDA: the gradients go through NCCL, joined with an id that the leader makes (it
+     * holds the leader's address, so the server cannot make it) and hands out over TCP */
+    unsigned char id[FB_COMM_ID_BYTES] = {0};
+    int ordinals[FB_WIRE_MAX_DEVICES];
+    int ok = 1;
+    if (!g->follower && (err = fb_comm_nccl_unique_id(id, msg, sizeof msg)) != FB_OK) {
+        agent_log("group %s: %s; the followers are told", g->id, msg);
+        ok = 0;
+    }
+    err = fb_comm_share_id(r->comm, ok, id, msg, sizeof msg);
+    for (int k = 0; !err && k < g->n_dp; k++) ordinals[k] = g->a->dev[g->dp_devs[k]].info.idx;
+    if (!err)
+        err = fb_comm_nccl_new(g->n_dp, ordinals, g->rank_base, g->world, id, &r->nccl, msg,
+                               sizeof msg);
+    if (err) {
+        span_fault(r, "joining NCCL", msg);
+        return false;
+    }
+    if (g->a->sync_bn)
+        agent_log("group %s: synchronised batch norm needs host sums, which CUDA devices do "
+                  "not make; each device normalises with its own statistics", g->id);
+    agent_log("group %s: NCCL joined for ranks %d..%d of %d in %.0f ms", g->id, g->rank_base,
+              g->rank_base + g->n_dp - 1, g->world, now_ms() - t0);
     return true;
 }
 
@@ -1380,7 +1409,8 @@ static void *group_thread(void *arg)
         agent_log("group %s generation %lld ended at step %lld", g->id, (long long)g->generation,
                   (long long)steps_done(&r));
     fb_session_free(r.s);
-    fb_comm_free(r.comm); /* after the session, which borrowed it */
+    fb_comm_free(r.nccl); /* after the session, which borrowed both */
+    fb_comm_free(r.comm);
     fb_loader_free(loader);
     dataset_release(a, ds);
     outmsg *bye = g->bye;
@@ -1714,20 +1744,23 @@ static int hex_value(char c)
 
 /*
  * Whether this worker can hold its part of a spanning group (the decoder checked the
- * span's numbers): it needs --comm-addr and CPU devices, since the TCP communicator
- * sums host memory (CUDA groups across workers would need NCCL, not yet there).  A
- * refusal sends no event: it is not the members' fault, and the server re-queues a
- * group that does not run.
+ * span's numbers): it needs --comm-addr and devices of one kind, CPU (whose gradients
+ * go through the TCP communicator) or CUDA (through NCCL, joined over it).  A refusal
+ * sends no event: it is not the members' fault, and the server re-queues a group that
+ * does not run.
  */
 static bool span_assign_ok(fb_agent *a, const fb_wire_msg *m)
 {
     const char *why = NULL;
     if (!a->comm_host[0])
         why = "this worker takes no part in arrays that span workers (no --comm-addr)";
+    const char *kind = NULL;
     for (int i = 0; !why && i < m->n_group_devices; i++) {
         int k = m->group_devices[i];
-        if (k >= 0 && k < a->n_devices && strcmp(a->dev[k].info.kind, "cpu") != 0)
-            why = "arrays that span workers run on CPU devices only for now";
+        if (k < 0 || k >= a->n_devices) continue; /* on_assign fails the members */
+        if (!kind) kind = a->dev[k].info.kind;
+        if (strcmp(a->dev[k].info.kind, kind) != 0)
+            why = "an array that spans workers needs devices of one kind";
     }
     if (!why) return true;
     agent_log("group %s generation %lld: spanning assignment refused: %s", m->group_id,

@@ -81,6 +81,78 @@ int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
     return c->ops->allreduce_sum(c, bufs, n, msg, msg_cap);
 }
 
+void fb_comm_layout(const fb_comm_t *c, int *base, int *world)
+{
+    int b = 0, w = c ? c->n_local : 0;
+    /* shared memory: the local ranks are the whole world */
+    if (c && fb_comm_tcp_layout(c, &b, &w, NULL, 0) != FB_OK &&
+        fb_comm_nccl_layout(c, &b, &w, NULL, 0) != FB_OK) {
+        b = 0;
+        w = c->n_local;
+    }
+    if (base) *base = b;
+    if (world) *world = w;
+}
+
+/* The id's status word as the leader sends it. */
+enum { ID_VALID = 1, ID_MISSING = 2 };
+
+int fb_comm_share_id(fb_comm_t *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
+                     size_t msg_cap)
+{
+    if (!c || !id) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
+    if (!c->ops->host_memory)
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "the %s communicator sums device memory; an id goes through host memory",
+                       c->ops->name);
+    int base = 0;
+    fb_comm_layout(c, &base, NULL);
+    enum { NF = 1 + FB_COMM_ID_BYTES };
+    float *all = calloc((size_t)c->n_local * NF, sizeof *all);
+    float **bufs = calloc((size_t)c->n_local, sizeof *bufs);
+    int err = FB_OK;
+    char m[256] = "";
+    if (!all || !bufs) {
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int r = 0; r < c->n_local; r++) bufs[r] = all + (size_t)r * NF;
+    if (base == 0) {
+        /* rank 0 alone contributes; every other rank adds zeros */
+        all[0] = leader_ok ? ID_VALID : ID_MISSING;
+        for (int i = 0; leader_ok && i < FB_COMM_ID_BYTES; i++) all[1 + i] = (float)id[i];
+    }
+    if ((err = fb_comm_allreduce_sum(c, bufs, NF, m, sizeof m))) {
+        err = fb_errf(msg, msg_cap, err, "sharing the NCCL id: %s", m);
+        goto done;
+    }
+    if (all[0] == ID_MISSING) {
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "the leader (rank 0) could not make an NCCL id");
+        goto done;
+    }
+    if (all[0] != ID_VALID) {
+        err = fb_errf(msg, msg_cap, FB_ERR_IO,
+                      "the id's status arrived as %g: another process contributed to it",
+                      (double)all[0]);
+        goto done;
+    }
+    for (int i = 0; i < FB_COMM_ID_BYTES; i++) {
+        float f = all[1 + i];
+        if (!(f >= 0 && f <= 255 && f == (float)(unsigned)f)) {
+            err = fb_errf(msg, msg_cap, FB_ERR_IO,
+                          "byte %d of the id arrived as %g: another process contributed to it",
+                          i, (double)f);
+            goto done;
+        }
+    }
+    for (int i = 0; i < FB_COMM_ID_BYTES; i++) id[i] = (unsigned char)all[1 + i];
+
+done:
+    free(all);
+    free(bufs);
+    return err;
+}
+
 void fb_comm_free(fb_comm_t *c)
 {
     if (!c) return;
@@ -93,6 +165,14 @@ void fb_comm_free(fb_comm_t *c)
 int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t msg_cap)
 {
     (void)id;
+    return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
+}
+
+int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap)
+{
+    (void)c;
+    (void)base;
+    (void)world;
     return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
 }
 

@@ -17,6 +17,12 @@
  * same float to every rank, so replicas stay bit-identical.  The TCP sum
  * does the same over the whole world, so it gives the very floats of the
  * shared-memory backend for the same world.
+ *
+ * A group whose ranks span processes uses TCP for everything on CPU
+ * devices.  On CUDA devices it holds two communicators: TCP (host memory)
+ * for the rendezvous, for the leader's per-step control vector, the step's
+ * losses and for handing out the NCCL unique id (fb_comm_share_id), and
+ * NCCL (device memory), joined with that id, for the gradient sums.
  */
 #ifndef FB_WORKERS_COMM_H
 #define FB_WORKERS_COMM_H
@@ -121,6 +127,42 @@ int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
  * communicator of another backend (its ranks are all in this process).
  */
 int fb_comm_tcp_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap);
+
+/*
+ * The place of an NCCL communicator's ranks, as fb_comm_tcp_layout: *base
+ * and *world as given to fb_comm_nccl_new.  FB_ERR_UNSUPPORTED for another
+ * backend, or in a build without CUDA.
+ */
+int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap);
+
+/*
+ * The place of any communicator's ranks: *base, its first local rank, and
+ * *world (either may be NULL).  A shared-memory communicator is its whole
+ * world (base 0, world = its local ranks).
+ */
+void fb_comm_layout(const fb_comm_t *c, int *base, int *world);
+
+/*
+ * Gives every process of c the FB_COMM_ID_BYTES bytes of id held by the
+ * process of rank 0 (the group's leader), bit for bit; what the others pass
+ * is overwritten.  c must sum host memory (TCP, or shared memory, where
+ * nothing moves); every process must call it at the same point, between
+ * sums.  The leader passes leader_ok = 1 when its id is valid, 0 when it
+ * could not make one (NCCL failed): every process then gets FB_ERR_IO at
+ * once instead of waiting in NCCL for a peer that never joins.  It is one
+ * sum in which only rank 0 contributes a status and one float per byte
+ * (integers below 256 add exactly with zeros), and the result is checked to
+ * be such bytes, so a process that contributed something else is caught.
+ * This is how a CUDA group that spans workers joins one NCCL communicator:
+ * the id holds the address of the process that made it, so the leader makes
+ * it (fb_comm_nccl_unique_id) and the others receive it here, then every
+ * process calls fb_comm_nccl_new with it.  Returns FB_OK,
+ * FB_ERR_UNSUPPORTED (c sums device memory), FB_ERR_INTERNAL (a missing
+ * argument), FB_ERR_NOMEM or FB_ERR_IO (the sum failed, the leader had no
+ * id, or the result is not an id); id is untouched on failure.
+ */
+int fb_comm_share_id(fb_comm_t *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
+                     size_t msg_cap);
 
 /* Number of local ranks. */
 int fb_comm_local_size(const fb_comm_t *c);

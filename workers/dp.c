@@ -23,7 +23,10 @@
  * no process sees the others' shards.  The checks of a call (split, labels)
  * see the same inputs in every process, so they refuse a call everywhere
  * or nowhere: a process that skipped a step would leave the others waiting
- * for its collectives until the timeout.
+ * for its collectives until the timeout.  On CUDA ranks across processes
+ * the gradients (OP_GRADS, device memory) go through NCCL and the host
+ * scratch sums (OP_BUF) through the TCP control communicator, still one at
+ * a time in queue order, so every process issues them in the same order.
  */
 #include "dp.h"
 
@@ -89,7 +92,9 @@ struct fb_dp {
     int D, B, max_n;
     int world, first; /* the ranks of the world (W) and this process's first */
     fb_dp_opts opts;
-    fb_comm_t *comm;
+    fb_comm_t *comm; /* the gradient sums */
+    fb_comm_t *ctl;  /* host-memory sums: world losses, synchronised batch norm, broadcasts;
+                      * comm itself except for CUDA ranks across processes */
     bool own_comm;
     bool host;
     rank *ranks;
@@ -213,7 +218,8 @@ static void *comm_main(void *arg)
                 FB_ASSERT(o->kind == OP_BUF && o->n == o0->n);
                 bufs[d] = o->buf;
             }
-            if (!err) err = fb_comm_allreduce_sum(dp->comm, bufs, o0->n, m, sizeof m);
+            /* host scratch: on CUDA ranks across processes NCCL cannot read it */
+            if (!err) err = fb_comm_allreduce_sum(dp->ctl, bufs, o0->n, m, sizeof m);
         } else {
             for (int j = 0; j < o0->count && !err; j++) {
                 size_t n = dp->ranks[0].regions[o0->first + j].n;
@@ -624,16 +630,33 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
                        "synchronised batch norm runs on CPU devices only");
     int world = D, base = 0;
+    if (o.control_comm && !o.comm)
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "a control communicator needs a gradient communicator (opts.comm)");
     if (o.comm) {
-        int err = fb_comm_tcp_layout(o.comm, &base, &world, msg, msg_cap);
+        fb_comm_t *ctl = o.control_comm ? o.control_comm : o.comm;
+        int err = fb_comm_tcp_layout(ctl, &base, &world, msg, msg_cap);
         if (err) return err;
-        if (!host)
+        if (!host && !o.control_comm)
             return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
-                           "ranks across processes run on CPU devices only");
-        if (fb_comm_local_size(o.comm) != D)
+                           "CUDA ranks across processes need an NCCL communicator for the "
+                           "gradients and a TCP one for the control (opts.control_comm)");
+        if (fb_comm_host_memory(o.comm) != host)
+            return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                           "the %s communicator cannot sum the gradients of %s devices",
+                           fb_comm_name(o.comm), host ? "CPU" : "CUDA");
+        if (fb_comm_local_size(ctl) != D || fb_comm_local_size(o.comm) != D)
             return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
-                           "the communicator holds %d local ranks, the group has %d devices",
-                           fb_comm_local_size(o.comm), D);
+                           "the communicators hold %d and %d local ranks, the group has %d "
+                           "devices",
+                           fb_comm_local_size(o.comm), fb_comm_local_size(ctl), D);
+        int gbase = 0, gworld = 0;
+        fb_comm_layout(o.comm, &gbase, &gworld);
+        if (gbase != base || gworld != world)
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "the gradient communicator holds ranks %d.. of %d, the control one "
+                           "ranks %d.. of %d",
+                           gbase, gworld, base, world);
         if (world > FB_DP_MAX_RANKS)
             return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a world of %d ranks (1..%d)",
                            world, FB_DP_MAX_RANKS);
@@ -666,6 +689,7 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
     }
     if (o.comm) {
         dp->comm = o.comm;
+        dp->ctl = o.control_comm ? o.control_comm : o.comm;
     } else if (host) {
         err = fb_comm_shm_new(D, &dp->comm, msg, msg_cap);
     } else {
@@ -677,6 +701,7 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
     }
     if (err) goto fail;
     dp->own_comm = !o.comm;
+    if (!dp->ctl) dp->ctl = dp->comm; /* one process: sync_bn's sums are host memory (CPU) */
     for (int d = 0; d < D; d++) {
         rank *r = &dp->ranks[d];
         r->dp = dp;
@@ -1021,7 +1046,7 @@ int fb_dp_broadcast_i64(fb_dp *dp, int64_t *v, int n, char *msg, size_t msg_cap)
      * for the next step's; holding the mutex keeps it there while this sum runs */
     for (int d = 0; d < dp->D; d++)
         FB_ASSERT(dp->ranks[d].n_ops <= dp->coll_done);
-    int err = fb_comm_allreduce_sum(dp->comm, bufs, nf, m, sizeof m);
+    int err = fb_comm_allreduce_sum(dp->ctl, bufs, nf, m, sizeof m);
     pthread_mutex_unlock(&dp->mu);
     /* a part that is not a 16-bit integer means some other rank did not contribute zeros */
     for (size_t j = 0; j < nf && !err; j++) {

@@ -32,7 +32,11 @@
  * and the same split of W entries, runs only its own ranks' shards, and
  * scales the loss gradient by the global batch, so training still equals
  * one device's for any split; each step's loss is summed over the world
- * too.  Pipeline stages do not span processes.
+ * too.  Pipeline stages do not span processes.  CPU devices use the one
+ * TCP communicator for everything.  CUDA devices take two: opts.comm, an
+ * NCCL communicator of the same ranks, for the gradients (device memory),
+ * and opts.control_comm, the TCP one, for what lives in host memory: each
+ * step's world loss and fb_dp_broadcast_i64 (the leader's control vector).
  *
  * The replicas are hooked without changing the array: each rank runs its
  * array on a thin backend that forwards every op to the device's backend and
@@ -71,6 +75,11 @@ typedef struct fb_dp_opts {
      * holding D local ranks; dp borrows it (the caller frees it after fb_dp_free).
      * NULL: the D devices are the whole world, joined by shared memory or NCCL. */
     fb_comm_t *comm;
+    /* ranks in several processes on CUDA devices: comm is then an NCCL communicator (the
+     * gradient sums, device memory) and control_comm a TCP one over the same ranks (host
+     * memory: the step's world loss and fb_dp_broadcast_i64), borrowed alike.  NULL: comm
+     * carries both (CPU devices, or one process).  Not without comm. */
+    fb_comm_t *control_comm;
 } fb_dp_opts;
 
 /* Where a group's time went since the last fb_dp_take_times, ms, summed over steps. */
@@ -99,10 +108,14 @@ typedef struct fb_dp_times {
  * identical (same seeds).  Returns FB_OK or a negative fb_err with msg
  * filled (FB_ERR_OUT_OF_RANGE for a bad D or bucket size, FB_ERR_UNSUPPORTED
  * for sync_bn on CUDA devices or mixed kinds); *out is untouched on failure.
- * With opts->comm, the devices must be CPU devices and the communicator must
- * hold D local ranks of a world of at most FB_DP_MAX_RANKS (else
- * FB_ERR_UNSUPPORTED or FB_ERR_OUT_OF_RANGE); every process of the world
- * must build the same array with the same max_n.
+ * With opts->comm alone, the devices must be CPU devices and the
+ * communicator a TCP one holding D local ranks of a world of at most
+ * FB_DP_MAX_RANKS (else FB_ERR_UNSUPPORTED or FB_ERR_OUT_OF_RANGE).  With
+ * opts->control_comm too, CUDA devices take opts->comm as their NCCL
+ * communicator (device memory; CPU devices need a host-memory one) and
+ * control_comm must be a TCP communicator over the very same ranks (base,
+ * world and D local ranks), else FB_ERR_UNSUPPORTED or FB_ERR_OUT_OF_RANGE.
+ * Every process of the world must build the same array with the same max_n.
  */
 int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int B, int max_n,
               const fb_dp_opts *opts, fb_dp **out, char *msg, size_t msg_cap);
@@ -205,7 +218,8 @@ int fb_dp_broadcast(fb_dp *dp, char *msg, size_t msg_cap);
 /*
  * Gives every process of the world the values v[0..n) (0 <= n <=
  * FB_DP_MAX_BROADCAST) of the process holding rank 0; what the others pass
- * is overwritten.  It is one sum over the communicator in which rank 0
+ * is overwritten.  It is one sum over the host-memory communicator
+ * (opts.control_comm, else opts.comm) in which rank 0
  * contributes the values, 16 bits per float (exact in any order of
  * addition), and every other rank zeros, so each value arrives bit for bit.
  * Call it between steps only, from the thread that drives the steps, at the

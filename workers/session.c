@@ -405,7 +405,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
             snprintf(s->files[i], FILE_CAP, "%s", specs[i]->name);
     }
     s->shards = 1;
-    if (s->opts.comm && s->opts.pipeline > 1) {
+    if ((s->opts.comm || s->opts.control_comm) && s->opts.pipeline > 1) {
         err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "pipeline stages do not span processes");
         goto fail;
     }
@@ -444,7 +444,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
         } else {
             fb_dp_even_split(D, (int)bs, NULL, s->split);
         }
-    } else if (s->opts.n_devices > 1 || s->opts.comm) {
+    } else if (s->opts.n_devices > 1 || s->opts.comm || s->opts.control_comm) {
         int D = s->opts.n_devices;
         if (!s->opts.devices || D < 1 || D > FB_DP_MAX_RANKS || D > bs) {
             err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
@@ -457,6 +457,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
         fb_dp_opts dpo = {.slow_rank = -1};
         if (s->opts.dp) dpo = *s->opts.dp;
         if (s->opts.comm) dpo.comm = s->opts.comm;
+        if (s->opts.control_comm) dpo.control_comm = s->opts.control_comm;
         if ((err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, &dpo, &s->dp, msg, cap)))
             goto fail;
         /* the split covers every rank of the world, this process's and the others' */
@@ -484,6 +485,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->opts.split = NULL;
     s->opts.dp = NULL;
     s->opts.comm = NULL; /* dp borrows it; the caller frees it after the session */
+    s->opts.control_comm = NULL;
     size_t most = 1;
     for (int t = 0; t < fb_array_tensor_count(s->a, FB_ARRAY_PARAM); t++) {
         size_t k = fb_array_tensor_at(s->a, FB_ARRAY_PARAM, t).numel;

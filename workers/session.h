@@ -168,7 +168,8 @@ int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, 
 /*
  * Gives every process of a session that spans processes (fb_train_opts.comm)
  * the values v[0..n) of the process that holds rank 0 (0 <= n <= 4096,
- * FB_DP_MAX_BROADCAST of dp.h), through the session's communicator, between
+ * FB_DP_MAX_BROADCAST of dp.h), through the session's host-memory
+ * communicator (fb_train_opts.control_comm, else comm), between
  * two steps: what the other processes pass is ignored and overwritten.
  * Every process must call it at the same point with the same n; the group's
  * leader uses it to make every worker apply its decisions before the same

@@ -97,6 +97,11 @@ typedef struct fb_train_opts {
      * past the session: it must outlive the session, and the caller frees it after
      * fb_session_free.  No pipeline with it. */
     struct fb_comm *comm;
+    /* CUDA devices across processes: comm is then an NCCL communicator of the same ranks
+     * (the gradient sums) and control_comm the TCP one (the control broadcast and the
+     * step's losses; fb_dp_opts.control_comm).  NULL: comm carries both (CPU devices).
+     * Borrowed like comm. */
+    struct fb_comm *control_comm;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */

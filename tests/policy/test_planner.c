@@ -252,10 +252,11 @@ static void check_invariants(const fb_plan_snapshot *s, const int64_t *batch,
             if (grp->n_workers == 1) {
                 CHECK_INT_EQ(s->devices[d].worker, s->devices[grp->devices[0]].worker);
             } else {
-                /* an array that spans workers: data parallel on CPU devices of workers
-                 * that can take part, each worker's ranks contiguous */
+                /* an array that spans workers: data parallel on devices of one kind
+                 * (CPU or CUDA) of workers that can take part, each worker's ranks
+                 * contiguous */
                 CHECK(s->devices[d].comm);
-                CHECK_INT_EQ(s->devices[d].kind, FB_PLAN_CPU);
+                CHECK_INT_EQ(s->devices[d].kind, s->devices[grp->devices[0]].kind);
                 CHECK_INT_EQ(grp->parallel_pipeline, 1);
                 for (int k = 0; k < i; k++)
                     if (s->devices[grp->devices[k]].worker == s->devices[d].worker)
@@ -952,7 +953,7 @@ static void test_span_kinds_and_shapes(void)
     scn_init(&c);
     int t = add_tenant(&c, 1, false, 100);
     int cpu = add_comm_worker(&c, 1, FB_PLAN_CPU, 1000, true);
-    add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
+    int cuda = add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
     int j = add_job(&c, t, KA, 100);
     c.jobs[j].parallel_data = 2;
     fb_plan_result r;
@@ -973,9 +974,29 @@ static void test_span_kinds_and_shapes(void)
     CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
     fb_plan_result_free(&r);
 
-    /* CUDA arrays do not span workers (NCCL across workers is not wired up) */
-    add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
+    /* CUDA arrays span CUDA workers (NCCL across workers), never CPU ones */
     c.jobs[j].device_kind = FB_PLAN_CUDA;
+    plan(&c, &r); /* one CUDA device among comm workers: it waits */
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
+    fb_plan_result_free(&r);
+    int cuda2 = add_comm_worker(&c, 1, FB_PLAN_CUDA, 1000, true);
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(workers_of(&c, &r.groups[0]), 2);
+    CHECK_INT_EQ(r.groups[0].devices[0], cuda);
+    CHECK_INT_EQ(r.groups[0].devices[1], cuda2);
+    fb_plan_result_free(&r);
+    /* any kind takes CPU devices first, CUDA ones when the CPU devices cannot */
+    c.jobs[j].device_kind = 0;
+    c.devices[cpu2].ready = false;
+    plan(&c, &r);
+    CHECK_INT_EQ(r.reason[j], FB_PLAN_PLACED);
+    CHECK_INT_EQ(r.groups[0].devices[0], cuda);
+    CHECK_INT_EQ(r.groups[0].devices[1], cuda2);
+    fb_plan_result_free(&r);
+    c.devices[cpu2].ready = true;
+    /* three replicas: two CPU and two CUDA devices would do, but kinds never mix */
+    c.jobs[j].parallel_data = 3;
     plan(&c, &r);
     CHECK_INT_EQ(r.reason[j], FB_PLAN_WAIT_DEVICES);
     fb_plan_result_free(&r);
