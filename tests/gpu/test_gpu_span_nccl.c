@@ -64,41 +64,6 @@ static void free_specs(fb_job_spec **s)
     for (int i = 0; i < B; i++) et_spec_free(s[i]);
 }
 
-/* Step t's global batch: BS consecutive samples, wrapping around. */
-static void batch(int t, float *x, int32_t *y)
-{
-    int64_t F = (int64_t)ds.C * ds.H * ds.W;
-    for (int i = 0; i < BS; i++) {
-        int64_t k = ((int64_t)t * BS + i) % ds.n;
-        memcpy(x + i * F, ds.x + k * F, (size_t)F * sizeof *x);
-        y[i] = ds.y[k];
-    }
-}
-
-static void write_all(int fd, const void *p, size_t len)
-{
-    const char *b = p;
-    while (len > 0) {
-        ssize_t k = write(fd, b, len);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        b += k;
-        len -= (size_t)k;
-    }
-}
-
-static void read_all(int fd, void *p, size_t len)
-{
-    char *b = p;
-    while (len > 0) {
-        ssize_t k = read(fd, b, len);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        b += k;
-        len -= (size_t)k;
-    }
-}
-
 /* Exits 0 when CUDA devices 0 and 1 both have a backend, 77 when not. */
 static void probe_main(void *arg)
 {
@@ -131,14 +96,14 @@ static void reference_main(void *arg)
     fb_optim_hparams hp[B];
     CHECK(x != NULL);
     for (int t = 0; t < STEPS; t++) {
-        batch(t, x, y);
+        xp_batch(&ds, t, BS, x, y);
         CHECK_INT_EQ(fb_array_forward_backward(a, x, y, BS, true, (uint64_t)t, loss[t], NULL, msg,
                                                sizeof msg),
                      FB_OK);
         for (int b = 0; b < B; b++) fb_array_hparams(a, b, t + 1, STEPS, &hp[b]);
         fb_array_step(a, hp);
     }
-    write_all(p->out_fd, loss, sizeof loss);
+    xp_write_all(p->out_fd, loss, sizeof loss);
     close(p->out_fd);
     free(x);
     fb_array_free(a);
@@ -210,7 +175,7 @@ static void rank_main(void *arg)
                          p->base == 0 ? 0x5a5a : 7};
         CHECK_INT_EQ(fb_dp_broadcast_i64(dp, cv, 3, msg, sizeof msg), FB_OK);
         CHECK(cv[0] == t && cv[1] == INT64_MIN && cv[2] == 0x5a5a);
-        batch(t, x, y);
+        xp_batch(&ds, t, BS, x, y);
         err = fb_dp_forward_backward(dp, x, y, BS, SPLIT, (uint64_t)t, loss[t], NULL, msg,
                                      sizeof msg);
         if (err) fprintf(stderr, "rank %d, step %d: %s\n", p->base, t, msg);
@@ -218,7 +183,7 @@ static void rank_main(void *arg)
         for (int b = 0; b < B; b++) fb_array_hparams(fb_dp_array(dp, 0), b, t + 1, STEPS, &hp[b]);
         fb_dp_step(dp, hp);
     }
-    write_all(p->out_fd, loss, sizeof loss);
+    xp_write_all(p->out_fd, loss, sizeof loss);
     close(p->out_fd);
     free(x);
     fb_dp_free(dp);
@@ -250,9 +215,9 @@ int main(void)
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     static float ref[STEPS][B], got[2][STEPS][B];
-    read_all(fds[0][0], got[0], sizeof got[0]);
-    read_all(fds[1][0], got[1], sizeof got[1]);
-    read_all(fds[2][0], ref, sizeof ref);
+    xp_read_all(fds[0][0], got[0], sizeof got[0]);
+    xp_read_all(fds[1][0], got[1], sizeof got[1]);
+    xp_read_all(fds[2][0], ref, sizeof ref);
     for (int i = 0; i < 3; i++) {
         close(fds[i][0]);
         xp_wait_ok(pids[i], 120);

@@ -74,17 +74,6 @@ static void free_specs(fb_job_spec **s)
     for (int i = 0; i < B; i++) et_spec_free(s[i]);
 }
 
-/* Step t's global batch: BS consecutive samples, wrapping around. */
-static void batch(int t, float *x, int32_t *y)
-{
-    int64_t F = (int64_t)ds.C * ds.H * ds.W;
-    for (int i = 0; i < BS; i++) {
-        int64_t k = ((int64_t)t * BS + i) % ds.n;
-        memcpy(x + i * F, ds.x + k * F, (size_t)F * sizeof *x);
-        y[i] = ds.y[k];
-    }
-}
-
 /* All parameters of every member of a, member by member, tensor by tensor. */
 static size_t params_of(const fb_array *a, float *out)
 {
@@ -95,30 +84,6 @@ static size_t params_of(const fb_array *a, float *out)
             k += fb_array_tensor_at(a, FB_ARRAY_PARAM, t).numel;
         }
     return k;
-}
-
-static void write_all(int fd, const void *p, size_t len)
-{
-    const char *b = p;
-    while (len > 0) {
-        ssize_t k = write(fd, b, len);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        b += k;
-        len -= (size_t)k;
-    }
-}
-
-static void read_all(int fd, void *p, size_t len)
-{
-    char *b = p;
-    while (len > 0) {
-        ssize_t k = read(fd, b, len);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        b += k;
-        len -= (size_t)k;
-    }
 }
 
 /* The single-device trajectory and final parameters. */
@@ -136,7 +101,7 @@ static void reference(float loss[STEPS][B], float *params)
     fb_optim_hparams hp[B];
     CHECK(x != NULL);
     for (int t = 0; t < STEPS; t++) {
-        batch(t, x, y);
+        xp_batch(&ds, t, BS, x, y);
         CHECK_INT_EQ(fb_array_forward_backward(a, x, y, BS, true, (uint64_t)t, loss[t], NULL, msg,
                                                sizeof msg),
                      FB_OK);
@@ -176,8 +141,8 @@ static void reference_main(void *arg)
     float *params = malloc(P * sizeof *params);
     CHECK(params != NULL);
     reference(loss, params);
-    write_all(p->out_fd, loss, sizeof loss);
-    write_all(p->out_fd, params, P * sizeof *params);
+    xp_write_all(p->out_fd, loss, sizeof loss);
+    xp_write_all(p->out_fd, params, P * sizeof *params);
     close(p->out_fd);
     free(params);
 }
@@ -252,7 +217,7 @@ static void proc_main(void *arg)
     fb_optim_hparams hp[B];
     CHECK(x != NULL);
     for (int t = 0; t < STEPS; t++) {
-        batch(t, x, y);
+        xp_batch(&ds, t, BS, x, y);
         if (t == 3) {
             /* refused alike in every process, before any collective: nothing ran */
             int64_t bad[WORLD] = {50, 30, 47};
@@ -278,13 +243,13 @@ static void proc_main(void *arg)
     fb_dp_times tm = fb_dp_take_times(dp);
     CHECK_INT_EQ(tm.steps, STEPS);
     for (int d = 0; d < p->D; d++) CHECK_INT_EQ(tm.samples[d], STEPS * SPLIT[p->base + d]);
-    write_all(p->out_fd, loss, sizeof loss);
+    xp_write_all(p->out_fd, loss, sizeof loss);
     size_t P = params_of(fb_dp_array(dp, 0), NULL);
     float *v = malloc(P * sizeof *v);
     CHECK(v != NULL);
     for (int d = 0; d < p->D; d++) {
         params_of(fb_dp_array(dp, d), v);
-        write_all(p->out_fd, v, P * sizeof *v);
+        xp_write_all(p->out_fd, v, P * sizeof *v);
     }
     close(p->out_fd);
     free(v);
@@ -325,12 +290,12 @@ static void run(bool with_cnn, bool with_sync_bn, bool match)
     float *ref_params = malloc(P * sizeof(float));
     float *params = malloc(3 * P * sizeof(float));
     CHECK(ref_params && params);
-    read_all(fds[0][0], got[0], sizeof got[0]);
-    read_all(fds[0][0], params, 2 * P * sizeof(float));
-    read_all(fds[1][0], got[1], sizeof got[1]);
-    read_all(fds[1][0], params + 2 * P, P * sizeof(float));
-    read_all(fds[2][0], ref, sizeof ref);
-    read_all(fds[2][0], ref_params, P * sizeof(float));
+    xp_read_all(fds[0][0], got[0], sizeof got[0]);
+    xp_read_all(fds[0][0], params, 2 * P * sizeof(float));
+    xp_read_all(fds[1][0], got[1], sizeof got[1]);
+    xp_read_all(fds[1][0], params + 2 * P, P * sizeof(float));
+    xp_read_all(fds[2][0], ref, sizeof ref);
+    xp_read_all(fds[2][0], ref_params, P * sizeof(float));
     for (int i = 0; i < 3; i++) {
         close(fds[i][0]);
         xp_wait_ok(pids[i], 50);

@@ -3,14 +3,18 @@
  * child that dies with the test, waiting for children with a deadline (a
  * child that hangs fails the test instead of stalling it), and a loopback
  * listener on a port the system chooses, so that tests running in parallel
- * never collide.
+ * never collide; whole reads and writes of the pipes that bring the
+ * children's results back, and each step's global batch (every process of a
+ * world reads the same one).
  */
 #ifndef FB_TESTS_XPROC_UTIL_H
 #define FB_TESTS_XPROC_UTIL_H
 
 #include "check.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,7 @@
 
 #include "comm.h"
 #include "errors.h"
+#include "idx.h"
 
 static inline double xp_now(void)
 {
@@ -104,6 +109,43 @@ static inline fb_comm_tcp_listener *xp_listen(char *addr, size_t cap)
     fb_comm_tcp_listener *l = xp_listen_on("127.0.0.1", "127.0.0.1", addr, cap);
     CHECK(l != NULL);
     return l;
+}
+
+/* Writes all n bytes of p to fd (a pipe to the parent). */
+static inline void xp_write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t k = write(fd, c, n);
+        if (k < 0 && errno == EINTR) continue;
+        CHECK(k > 0);
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Reads exactly n bytes from fd into p (a child's pipe). */
+static inline void xp_read_all(int fd, void *p, size_t n)
+{
+    char *c = p;
+    while (n > 0) {
+        ssize_t k = read(fd, c, n);
+        if (k < 0 && errno == EINTR) continue;
+        CHECK(k > 0);
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Step t's global batch of bs samples of ds: consecutive samples, wrapping around. */
+static inline void xp_batch(const fb_dataset *ds, int t, int bs, float *x, int32_t *y)
+{
+    int64_t F = (int64_t)ds->C * ds->H * ds->W;
+    for (int i = 0; i < bs; i++) {
+        int64_t k = ((int64_t)t * bs + i) % ds->n;
+        memcpy(x + i * F, ds->x + k * F, (size_t)F * sizeof *x);
+        y[i] = ds->y[k];
+    }
 }
 
 #endif

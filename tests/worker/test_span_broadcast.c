@@ -37,30 +37,6 @@ typedef struct proc {
     int out_fd;
 } proc;
 
-static void write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-static void read_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n > 0) {
-        ssize_t k = read(fd, c, n);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
 static void make_spec(fb_job_spec *s)
 {
     static const char text[] =
@@ -113,7 +89,7 @@ static void proc_main(void *arg)
     for (int i = 0; i < N; i++)
         v[i] = p->base == 0 ? ROOT[i] : 7 + i;
     CHECK_INT_EQ(fb_dp_broadcast_i64(dp, v, N, msg, sizeof msg), FB_OK);
-    write_all(p->out_fd, v, sizeof v);
+    xp_write_all(p->out_fd, v, sizeof v);
 
     /* bad counts: refused alike everywhere, without communicating, v untouched */
     int64_t keep[N];
@@ -144,8 +120,8 @@ static void proc_main(void *arg)
     int64_t bad = 0;
     for (int i = 0; i < FB_DP_MAX_BROADCAST; i++)
         bad += big[i] != (int64_t)i * -1000003;
-    write_all(p->out_fd, &bad, sizeof bad);
-    write_all(p->out_fd, loss, sizeof loss);
+    xp_write_all(p->out_fd, &bad, sizeof bad);
+    xp_write_all(p->out_fd, loss, sizeof loss);
 
     /* the other process leaves: rank 0's next broadcast fails and changes nothing */
     if (p->base == 0) {
@@ -207,16 +183,16 @@ int main(void)
     for (int i = 0; i < 2; i++) {
         int64_t v[N], bad;
         float loss[1];
-        read_all(fds[i][0], v, sizeof v);
+        xp_read_all(fds[i][0], v, sizeof v);
         for (int k = 0; k < N; k++)
             if (v[k] != ROOT[k]) {
                 fprintf(stderr, "process %d value %d: %lld, rank 0 sent %lld\n", i, k,
                         (long long)v[k], (long long)ROOT[k]);
                 abort();
             }
-        read_all(fds[i][0], &bad, sizeof bad);
+        xp_read_all(fds[i][0], &bad, sizeof bad);
         CHECK_INT_EQ(bad, 0);
-        read_all(fds[i][0], loss, sizeof loss);
+        xp_read_all(fds[i][0], loss, sizeof loss);
         CHECK(isfinite(loss[0]) && loss[0] > 0);
         close(fds[i][0]);
     }

@@ -34,30 +34,6 @@ typedef struct proc {
     int out_fd;
 } proc;
 
-static void write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-static void read_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n > 0) {
-        ssize_t k = read(fd, c, n);
-        if (k < 0 && errno == EINTR) continue;
-        CHECK(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
 static void make_spec(fb_job_spec *s)
 {
     static const char text[] =
@@ -129,7 +105,7 @@ static void proc_main(void *arg)
     else
         memset(id, 0xa5, sizeof id);
     CHECK_INT_EQ(fb_comm_share_id(comm, 1, id, msg, sizeof msg), FB_OK);
-    write_all(p->out_fd, id, sizeof id);
+    xp_write_all(p->out_fd, id, sizeof id);
 
     /* a missing argument: refused alike everywhere, without communicating */
     CHECK_INT_EQ(fb_comm_share_id(comm, 1, NULL, msg, sizeof msg), FB_ERR_INTERNAL);
@@ -148,7 +124,7 @@ static void proc_main(void *arg)
     float a[2] = {1, 2}, b[2] = {10, 20};
     float *bufs[2] = {a, b};
     CHECK_INT_EQ(fb_comm_allreduce_sum(comm, bufs, 2, msg, sizeof msg), FB_OK);
-    write_all(p->out_fd, a, sizeof a);
+    xp_write_all(p->out_fd, a, sizeof a);
 
     /* communicators that do not fit the devices are refused before anything is built */
     fb_device devs[2];
@@ -213,7 +189,7 @@ int main(void)
     listener = NULL;
     for (int i = 0; i < 2; i++) {
         unsigned char id[FB_COMM_ID_BYTES];
-        read_all(fds[i][0], id, sizeof id);
+        xp_read_all(fds[i][0], id, sizeof id);
         for (int k = 0; k < FB_COMM_ID_BYTES; k++)
             if (id[k] != leader_id[k]) {
                 fprintf(stderr, "process %d byte %d: 0x%02x, the leader sent 0x%02x\n", i, k,
@@ -221,7 +197,7 @@ int main(void)
                 abort();
             }
         float sum[2];
-        read_all(fds[i][0], sum, sizeof sum);
+        xp_read_all(fds[i][0], sum, sizeof sum);
         /* ranks 0, 1 of the first process and rank 2 of the second: 1 + 10 + 1, 2 + 20 + 2 */
         CHECK(sum[0] == 12.0f && sum[1] == 24.0f);
         close(fds[i][0]);
