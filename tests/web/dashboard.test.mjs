@@ -276,13 +276,17 @@ try {
   const jobs = sweep.trials.map((t) => t.job_id);
   let mine;
   let theirs;
+  let bobJob;
   let paused = false;
   await check('a worker trains the sweep as one array, sharing its device with bob\'s', async () => {
     startWorker(workerPort, workerKey);
     mine = await until('alice\'s array reporting progress', async () =>
       (await arrays()).find((a) => a.members === 3 && a.samples_per_s !== null), 30000);
-    await call('POST', '/v1/jobs', bobKey, { name: 'bob-1', dataset: 'synth', model: model(64),
-      batch_size: 16, steps: 3 * steps, optimizer: { type: 'adam', lr: 0.003 } });
+    // bob's small model trains fast: many steps, so that it still runs when the page is
+    // checked (cancelled once alice's trials are let finish)
+    bobJob = await call('POST', '/v1/jobs', bobKey, { name: 'bob-1', dataset: 'synth', model: model(64),
+      batch_size: 16, steps: 10000000, eval_every: 10000000, checkpoint_every: 10000000,
+      optimizer: { type: 'adam', lr: 0.003 } });
     // both arrays have reported; pause the worker so that neither ends while the page is checked
     [mine, theirs] = await until('both arrays reporting progress', async () => {
       const all = await arrays();
@@ -370,6 +374,7 @@ try {
 
   await check('the trials complete and show their test accuracy', async () => {
     if (paused) worker.kill('SIGCONT');
+    if (bobJob) await call('POST', `/v1/jobs/${bobJob.id}/cancel`, bobKey, {});
     const done = await until('three completed trials', async () => {
       const r = await call('GET', `/v1/jobs?sweep_id=${sweep.id}`, key);
       return r.jobs.every((j) => j.state === 'completed') && r.jobs;
