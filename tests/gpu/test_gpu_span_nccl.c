@@ -115,17 +115,8 @@ static void rank_main(void *arg)
 {
     const proc *p = arg;
     char msg[512];
-    if (p->base != 0) {
-        fb_comm_tcp_listener_free(listener); /* the parent's, inherited */
-        listener = NULL;
-    }
-    fb_comm_t *tcp = NULL;
-    int err = fb_comm_tcp_new(1, p->base, WORLD, root_addr, listener, TOKEN, 60000, &tcp, msg,
-                              sizeof msg);
-    if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
-    CHECK_INT_EQ(err, FB_OK);
-    fb_comm_tcp_listener_free(listener);
-    listener = NULL;
+    fb_comm_t *tcp = xp_join(&listener, 1, p->base, WORLD, root_addr, TOKEN, 60000);
+    int err;
 
     unsigned char id[FB_COMM_ID_BYTES] = {0};
     int ok = 1;

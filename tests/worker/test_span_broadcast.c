@@ -64,17 +64,8 @@ static void proc_main(void *arg)
 {
     const proc *p = arg;
     char msg[256];
-    if (p->base != 0) {
-        fb_comm_tcp_listener_free(listener); /* the parent's, inherited */
-        listener = NULL;
-    }
-    fb_comm_t *comm = NULL;
-    int err = fb_comm_tcp_new(p->D, p->base, WORLD, root_addr, listener, TOKEN, 3000, &comm, msg,
-                              sizeof msg);
-    if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
-    CHECK_INT_EQ(err, FB_OK);
-    fb_comm_tcp_listener_free(listener);
-    listener = NULL;
+    fb_comm_t *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 3000);
+    int err;
     fb_device devs[2];
     make_devs(devs, p->D);
     fb_job_spec spec;
