@@ -1344,9 +1344,12 @@ static bool open_comm(runner *r)
     }
     err = fb_comm_share_id(r->comm, ok, id, msg, sizeof msg);
     for (int k = 0; !err && k < g->n_dp; k++) ordinals[k] = g->a->dev[g->dp_devs[k]].info.idx;
+    /* the same deadline as the TCP rendezvous and control sums (--comm-timeout-ms): a peer
+     * that hangs with its connections open stops the group instead of holding it */
+    fb_comm_nccl_opts nopts = {.timeout_ms = g->a->comm_timeout_ms};
     if (!err)
-        err = fb_comm_nccl_new(g->n_dp, ordinals, g->rank_base, g->world, id, &r->nccl, msg,
-                               sizeof msg);
+        err = fb_comm_nccl_new_opts(g->n_dp, ordinals, g->rank_base, g->world, id, &nopts,
+                                    &r->nccl, msg, sizeof msg);
     if (err) {
         span_fault(r, "joining NCCL", msg);
         return false;

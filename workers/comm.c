@@ -12,8 +12,6 @@
 
 #include "errors.h"
 
-#define FB_COMM_MAX_LOCAL 64
-
 static int shm_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t cap)
 {
     (void)msg;
@@ -160,6 +158,47 @@ void fb_comm_free(fb_comm_t *c)
     free(c);
 }
 
+int fb_comm_nccl_check_args(int n_local, const int *devices, int base, int world,
+                            const unsigned char *id, const fb_comm_nccl_opts *opts,
+                            fb_comm_t **out, int *timeout_ms, char *msg, size_t msg_cap)
+{
+    if (!out || !devices || !id || !timeout_ms)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
+    if (n_local < 1 || n_local > FB_COMM_MAX_LOCAL)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "an NCCL communicator holds 1..%d local ranks, not %d", FB_COMM_MAX_LOCAL,
+                       n_local);
+    /* written so that no sum can overflow, whatever the caller passes */
+    if (base < 0 || world < n_local || n_local > world - base)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "%d local ranks from rank %d do not fit a world of %d", n_local, base,
+                       world);
+    for (int i = 0; i < n_local; i++) {
+        if (devices[i] < 0)
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "local rank %d: device ordinal %d is negative", i, devices[i]);
+        /* NCCL does not support two ranks of one communicator on one device (it may hang) */
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i])
+                return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                               "local ranks %d and %d are both on device %d", j, i, devices[i]);
+    }
+    int t = opts ? opts->timeout_ms : FB_COMM_NCCL_DEFAULT_TIMEOUT_MS;
+    if (t < 1 || t > FB_COMM_MAX_TIMEOUT_MS)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "an NCCL deadline of %d ms: it must be 1..%d ms", t,
+                       FB_COMM_MAX_TIMEOUT_MS);
+    *timeout_ms = t;
+    return FB_OK;
+}
+
+int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
+                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
+                     size_t msg_cap)
+{
+    return fb_comm_nccl_new_opts(n_local, devices, base, world, id, NULL, out, msg, msg_cap);
+}
+
 #ifndef FB_HAVE_CUDA
 /* Without CUDA there is no NCCL; comm_nccl.c provides these in CUDA builds. */
 int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t msg_cap)
@@ -176,16 +215,14 @@ int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, si
     return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
 }
 
-int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
-                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
-                     size_t msg_cap)
+int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
+                          const unsigned char id[FB_COMM_ID_BYTES], const fb_comm_nccl_opts *opts,
+                          fb_comm_t **out, char *msg, size_t msg_cap)
 {
-    (void)n_local;
-    (void)devices;
-    (void)base;
-    (void)world;
-    (void)id;
-    (void)out;
+    int timeout_ms = 0;
+    int err = fb_comm_nccl_check_args(n_local, devices, base, world, id, opts, out, &timeout_ms,
+                                      msg, msg_cap);
+    if (err) return err;
     return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
 }
 #endif

@@ -50,13 +50,48 @@ int fb_comm_shm_new(int n_local, fb_comm_t **out, char *msg, size_t msg_cap);
  */
 int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t msg_cap);
 
+/* The longest wait of an NCCL communicator opened without options
+ * (fb_comm_nccl_new): the worker's default --comm-timeout-ms. */
+#define FB_COMM_NCCL_DEFAULT_TIMEOUT_MS 60000
+
+/* The largest deadline any communicator accepts (one hour), as for TCP. */
+#define FB_COMM_MAX_TIMEOUT_MS 3600000
+
+/* How an NCCL communicator is opened (fb_comm_nccl_new_opts). */
+typedef struct fb_comm_nccl_opts {
+    /* The longest wait, in ms (1..FB_COMM_MAX_TIMEOUT_MS), of the join and
+     * of each sum; zero and negative values are refused, not defaulted. */
+    int timeout_ms;
+} fb_comm_nccl_opts;
+
 /*
  * Opens an NCCL communicator for n_local CUDA devices (devices[0..n_local),
- * runtime ordinals) holding ranks base .. base + n_local - 1 of world, all
- * joined through id (ncclCommInitRank in one group call).  Every worker of
- * the group must call it with the same id and world.  FB_ERR_UNSUPPORTED in
- * a build without CUDA; FB_ERR_OUT_OF_RANGE for bad ranks; FB_ERR_IO when
- * NCCL fails (msg has NCCL's reason).  *out is untouched on failure.
+ * distinct runtime ordinals) holding ranks base .. base + n_local - 1 of
+ * world, all joined through id (non-blocking ncclCommInitRankConfig in one
+ * group call).  Every worker of the group must call it with the same id and
+ * world.  opts (NULL: a deadline of FB_COMM_NCCL_DEFAULT_TIMEOUT_MS) bounds
+ * the join and, later, each sum: the thread polls NCCL's state, sleeping
+ * between polls, and when a wait outlasts the deadline or NCCL reports an
+ * error it aborts every communicator of this process (ncclCommAbort), so a
+ * peer that never joins, or hangs with its connections open, costs at most
+ * one deadline and never a hang.  The same must then hold between sums as
+ * for TCP: the deadline has to exceed the longest time one process can
+ * spend between two sums that another has already reached.
+ *
+ * Returns FB_OK; FB_ERR_INTERNAL (a missing argument); FB_ERR_OUT_OF_RANGE
+ * (bad ranks, a negative or repeated device, a deadline out of range; msg
+ * says which); FB_ERR_UNSUPPORTED in a build without CUDA (after the
+ * checks); FB_ERR_IO when NCCL or CUDA fails or the join outlasts the
+ * deadline (msg names the device and what it waited for).  *out is
+ * untouched on failure.
+ */
+int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
+                          const unsigned char id[FB_COMM_ID_BYTES], const fb_comm_nccl_opts *opts,
+                          fb_comm_t **out, char *msg, size_t msg_cap);
+
+/*
+ * fb_comm_nccl_new_opts with the default deadline
+ * (FB_COMM_NCCL_DEFAULT_TIMEOUT_MS).
  */
 int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
                      const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
@@ -177,7 +212,9 @@ int fb_comm_host_memory(const fb_comm_t *c);
  * Sums bufs[r][0..n) over every rank of the world and leaves the sum in
  * every buffer.  bufs has one pointer per local rank, in rank order.
  * Returns when the sum is complete in every local buffer.  Returns FB_OK or
- * FB_ERR_IO (NCCL failed, a TCP peer failed or timed out; msg says why).
+ * FB_ERR_IO (NCCL failed, a TCP or NCCL peer failed or the sum outlasted the
+ * communicator's deadline; msg says why).  After FB_ERR_IO from TCP or NCCL
+ * the communicator is broken: every later sum fails at once.
  */
 int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
                           size_t msg_cap);

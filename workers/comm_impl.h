@@ -8,6 +8,9 @@
 
 #include "comm.h"
 
+/* The most local ranks of one communicator (one per device or CPU thread). */
+#define FB_COMM_MAX_LOCAL 64
+
 struct fb_comm_ops {
     const char *name;
     int host_memory;
@@ -20,5 +23,16 @@ struct fb_comm {
     int n_local;
     void *ctx; /* owned by the backend */
 };
+
+/*
+ * Checks the arguments of fb_comm_nccl_new_opts and gives its deadline in
+ * *timeout_ms (the default when opts is NULL).  Shared by the NCCL backend
+ * and the stand-in of a build without CUDA, so that bad input is refused
+ * alike in both.  Returns FB_OK, FB_ERR_INTERNAL or FB_ERR_OUT_OF_RANGE (msg
+ * says why); *timeout_ms is untouched on failure.
+ */
+int fb_comm_nccl_check_args(int n_local, const int *devices, int base, int world,
+                            const unsigned char *id, const fb_comm_nccl_opts *opts,
+                            fb_comm_t **out, int *timeout_ms, char *msg, size_t msg_cap);
 
 #endif

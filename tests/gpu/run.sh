@@ -89,7 +89,8 @@ if ! timeout "$build_timeout" cmake -S . -B "$dir" "${gen_args[@]}" -DFUSEBOX_CU
     exit 1
 fi
 rm -f "$dir.configure.log"
-targets=(test_gpu_selftest test_gpu_crosscheck test_gpu_span_nccl test_fusion_equivalence torch_driver
+targets=(test_gpu_selftest test_gpu_crosscheck test_gpu_span_nccl test_gpu_nccl_deadline_join
+         test_gpu_nccl_deadline_sum test_fusion_equivalence torch_driver
          gpu_bench)
 if ! timeout "$build_timeout" cmake --build "$dir" --parallel "$(nproc)" --target "${targets[@]}"; then
     echo "error: building ${targets[*]} failed or ran past $build_timeout s" >&2
