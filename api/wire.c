@@ -85,9 +85,9 @@ typedef struct dec {
     unsigned char blob_used[FB_WIRE_MAX_BLOBS + 1];
 } dec;
 
-/* Writes "path.key: what" and returns FB_ERR_BAD_WIRE. */
-__attribute__((format(printf, 4, 5))) static int bad(dec *d, const char *path, const char *key,
-                                                     const char *fmt, ...)
+/* Writes "path.key: what" into the caller's message buffer. */
+__attribute__((format(printf, 4, 5))) static void note_bad(dec *d, const char *path,
+                                                          const char *key, const char *fmt, ...)
 {
     if (d->msg && d->cap) {
         char what[400];
@@ -100,8 +100,12 @@ __attribute__((format(printf, 4, 5))) static int bad(dec *d, const char *path, c
         else
             snprintf(d->msg, d->cap, "%s", what);
     }
-    return FB_ERR_BAD_WIRE;
 }
+
+/* Notes what is wrong and gives FB_ERR_BAD_WIRE.  A macro, so that the constant is seen where
+ * the error is returned: the optimiser then knows that a reader which returned 0 has set its
+ * output (a function, which it does not inline, could have returned 0 for all it knows). */
+#define bad(d, path, key, ...) (note_bad((d), (path), (key), __VA_ARGS__), FB_ERR_BAD_WIRE)
 
 /* Copies up to 48 bytes of untrusted text for an error message, so a log line
  * cannot be split or garbled by what a peer sent. */

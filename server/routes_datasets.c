@@ -318,13 +318,19 @@ static int want_keys(json_t *o, const char *what, const char *const *keys, int n
 static int want_int(json_t *o, const char *key, const char *what, long long lo, long long hi,
                     long long *out, char *msg, size_t cap)
 {
+    /* the failures return the constant, not fb_errf's result (which is the same), so that
+     * the optimiser, which cannot see into fb_errf, knows that a 0 means *out is set */
     json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v))
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s is not an integer", what, key);
+    if (!json_is_integer(v)) {
+        fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s is not an integer", what, key);
+        return FB_ERR_DATA;
+    }
     long long x = (long long)json_integer_value(v);
-    if (x < lo || x > hi)
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s = %lld is outside [%lld, %lld]",
-                       what, key, x, lo, hi);
+    if (x < lo || x > hi) {
+        fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s = %lld is outside [%lld, %lld]", what, key,
+                x, lo, hi);
+        return FB_ERR_DATA;
+    }
     *out = x;
     return FB_OK;
 }

@@ -23,17 +23,23 @@ typedef struct mctx {
     size_t cap;
 } mctx;
 
-static int mbad(const mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mbad_note(const mctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static int mbad(const mctx *c, const char *fmt, ...)
+/* Writes "source: what" into the caller's message buffer. */
+static void mbad_note(const mctx *c, const char *fmt, ...)
 {
     char what[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return fb_errf(c->msg, c->cap, FB_ERR_DATA, "%s: %s", c->src, what);
+    fb_errf(c->msg, c->cap, FB_ERR_DATA, "%s: %s", c->src, what);
 }
+
+/* Notes what is wrong and gives FB_ERR_DATA.  A macro, so that the constant is seen where the
+ * error is returned: the optimiser then knows that a reader which returned 0 has set its
+ * output (fb_errf, in another file, could have returned 0 for all it knows). */
+#define mbad(c, ...) (mbad_note((c), __VA_ARGS__), FB_ERR_DATA)
 
 /* Rejects any key of obj not in allowed (NULL-terminated). */
 static int only_keys(const mctx *c, json_t *obj, const char *where, const char *const *allowed)

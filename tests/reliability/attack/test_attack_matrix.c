@@ -141,7 +141,8 @@ static int openapi_operations(char ops[][128], int cap)
             if (strncmp(line + 4, methods[m], ml) == 0 && line[4 + ml] == ':') {
                 CHECK(path[0] != '\0' && n < cap);
                 char upper[16];
-                for (size_t k = 0; k <= ml; k++)
+                CHECK(ml < sizeof upper);
+                for (size_t k = 0; k <= ml && k < sizeof upper; k++)
                     upper[k] = (char)(k < ml ? methods[m][k] - 'a' + 'A' : '\0');
                 snprintf(ops[n++], 128, "%s %s", upper, path);
             }
