@@ -61,6 +61,9 @@
 #define FLUSH_BUDGET_MS 100
 /* and longest one transaction of it: a submission waits at most this for its plan */
 #define FLUSH_SLICE_MS 20
+/* batches of drain_router a tick may take to empty the worker socket before it judges
+ * workers lost; a socket still not empty postpones the judgement to the next tick */
+#define SETTLE_BATCHES 16
 
 typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
@@ -112,6 +115,8 @@ typedef struct group {
     /* when its worker re-registered without it (0: not missing); its last events may still
      * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
     int64_t missing_since_ms;
+    /* "the requeue waits for the array's events" logged (once per group) */
+    bool requeue_wait_said;
     /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
     span *span;
     /* its step time and the busy part of it (compute, communication, I/O: waiting for its
@@ -137,6 +142,9 @@ typedef struct pending {
     fb_wire_msg m;
     void *blob; /* EVENT: the referenced blob, copied */
     size_t blob_len;
+    /* EVENT: a checkpoint of an array that was no longer current when it arrived (its
+     * jobs were requeued): apply_late_checkpoint decides whether it is kept */
+    bool late;
     /* PROGRESS: the step's wall-clock time and busy part of the window it closed
      * (note_step_time), 0 when none; and the group's smoothed ones after it */
     double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
@@ -355,6 +363,7 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     g->generation = gen;
     snprintf(g->worker, sizeof g->worker, "%s", worker_name);
     g->missing_since_ms = 0;
+    g->requeue_wait_said = false;
     g->span = NULL;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;
@@ -932,6 +941,74 @@ static bool asha_on_detached(fb_dispatch_t *d, const fb_wire_msg *m, bool *stopp
 }
 
 /*
+ * A checkpoint that arrived after its array was requeued (its worker was
+ * taken for lost, or stopped listing the array, and its link or its outbox
+ * caught up later).  It is kept only while it belongs to no other run and
+ * saves work: the job is still queued, has not been placed since it left
+ * this array (group_id is still this one), the sender is the worker the
+ * array was assigned to, in this generation, and the step is past the
+ * resume point.  It then becomes the resume point: the next plan reads the
+ * queue copy, which the trigger of schema 007 brings up to date, so the
+ * ASSIGN carries this very file and this step.  Otherwise it is dropped: a
+ * job placed again belongs to its new run, which resumed from the point its
+ * ASSIGN carried, and an older checkpoint must never move a resume point
+ * back.
+ */
+static int apply_late_checkpoint(fb_dispatch_t *d, pending *e)
+{
+    const fb_wire_msg *m = &e->m;
+    char gen[24], step[24];
+    snprintf(gen, sizeof gen, "%lld", (long long)m->generation);
+    snprintf(step, sizeof step, "%lld", (long long)m->step);
+    int err = FB_OK;
+    if (!begin(d)) return FB_ERR_UNAVAILABLE;
+    const char *v[5] = {m->job_id, m->group_id, gen, e->worker, step};
+    PGresult *r = q(d,
+                    "SELECT j.tenant_id FROM jobs j JOIN groups g ON g.id = j.group_id"
+                    " JOIN workers w ON w.id = g.worker_id"
+                    " WHERE j.id = $1::uuid AND j.group_id = $2::uuid AND NOT j.in_group"
+                    " AND j.state = 'queued' AND g.state = 'finished'"
+                    " AND g.generation = $3::bigint AND w.name = $4"
+                    " AND j.resume_step < $5::bigint FOR UPDATE OF j",
+                    5, v);
+    if (!r) goto fail;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        rollback(d);
+        fb_log_json(FB_LOG_INFO, "stale event dropped",
+                    json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id",
+                              m->group_id, "event", "checkpointed", "step",
+                              (json_int_t)m->step));
+        return FB_OK;
+    }
+    char tenant[FB_WIRE_ID_LEN + 1];
+    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if ((err = record_state(d, e, tenant))) goto fail;
+    const char *vs[3] = {m->job_id, step, m->group_id};
+    if (!exec1(d,
+               "UPDATE jobs SET step = GREATEST(step, $2::bigint), updated_at = now(),"
+               " queue_reason = 'a checkpoint arrived after the requeue; resumes from step ' || $2"
+               " WHERE id = $1::uuid",
+               2, vs) ||
+        !exec1(d,
+               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+               " 'checkpointed', 'checkpoint at step ' || $2 || ', received after the array was"
+               " requeued; resumes from it', jsonb_build_object('step', $2::bigint, 'group_id',"
+               " $3::text, 'late', true))",
+               3, vs) ||
+        !commit(d))
+        goto fail;
+    fb_log_json(FB_LOG_INFO, "a checkpoint received after its array was requeued resumes the job",
+                json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id", m->group_id,
+                          "job_id", m->job_id, "step", (json_int_t)m->step));
+    return FB_OK;
+fail:
+    rollback(d);
+    return err ? err : FB_ERR_UNAVAILABLE;
+}
+
+/*
  * Applies one event in one transaction.  FB_OK when it is recorded (or
  * needs no record: its job left the group already), else an error and the
  * event is retried later.
@@ -941,6 +1018,7 @@ static int apply_event(fb_dispatch_t *d, pending *e)
     fb_wire_msg *m = &e->m;
     const char *kind = fb_wire_event_name(m->event);
     int err = FB_OK;
+    if (e->late) return apply_late_checkpoint(d, e);
     if (!begin(d)) return FB_ERR_UNAVAILABLE;
     const char *v2[2] = {m->job_id, m->group_id};
     PGresult *r = q(d,
@@ -1932,7 +2010,10 @@ static void on_message(fb_dispatch_t *d)
         }
         break;
     case FB_WIRE_EVENT: {
-        if (!group_current(d, name, &m)) {
+        /* a checkpoint of an array requeued before it arrived may still be the job's best
+         * resume point (apply_late_checkpoint); it is acknowledged once decided */
+        bool late = !group_current(d, name, &m) && m.event == FB_EV_CHECKPOINTED && m.blob;
+        if (!late && !group_current(d, name, &m)) {
             /* acknowledged anyway: the array it came from is gone, and the worker
              * must not keep resending it */
             fb_log_json(FB_LOG_INFO, "stale event dropped",
@@ -1944,8 +2025,8 @@ static void on_message(fb_dispatch_t *d)
             send_to(d, name, &ack, NULL, NULL, 0);
             break;
         }
-        const group *eg = find_group(d, m.group_id);
-        if (eg->span && strcmp(eg->worker, name) != 0) {
+        const group *eg = late ? NULL : find_group(d, m.group_id);
+        if (eg && eg->span && strcmp(eg->worker, name) != 0) {
             /* only the leader of an array that spans workers speaks for its members */
             fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
                         json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
@@ -1966,6 +2047,7 @@ static void on_message(fb_dispatch_t *d)
         pending *p = calloc(1, sizeof *p);
         if (!p) break;
         snprintf(p->worker, sizeof p->worker, "%s", name);
+        p->late = late;
         if (m.blob) {
             size_t len = zmq_msg_size(&fr[1 + m.blob]);
             p->blob = malloc(len ? len : 1);
@@ -3233,16 +3315,35 @@ static void rebalance(fb_dispatch_t *d)
     fb_metrics_control(FB_CONTROL_REBALANCE, mono_s() - t0);
 }
 
+/* Whether a message waits on the worker socket. */
+static bool router_readable(fb_dispatch_t *d)
+{
+    int ev = 0;
+    size_t sz = sizeof ev;
+    return zmq_getsockopt(d->router, ZMQ_EVENTS, &ev, &sz) == 0 && (ev & ZMQ_POLLIN);
+}
+
 /* Handles the messages waiting on the worker socket, at most 256 at a time so
  * that the loop's other duties keep their turn. */
 static void drain_router(fb_dispatch_t *d)
 {
-    for (int k = 0; k < 256; k++) {
-        int ev = 0;
-        size_t sz = sizeof ev;
-        if (zmq_getsockopt(d->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN)) break;
-        on_message(d);
-    }
+    for (int k = 0; k < 256 && router_readable(d); k++) on_message(d);
+}
+
+/* Handles every message waiting on the worker socket, up to SETTLE_BATCHES
+ * batches; whether the socket was emptied. */
+static bool drain_router_all(fb_dispatch_t *d)
+{
+    for (int k = 0; k < SETTLE_BATCHES && router_readable(d); k++) drain_router(d);
+    return !router_readable(d);
+}
+
+/* Whether an event of group_id's current assignment waits to be written. */
+static bool events_waiting(const fb_dispatch_t *d, const char *group_id)
+{
+    for (const pending *e = d->events.head; e; e = e->next)
+        if (!e->late && strcmp(e->m.group_id, group_id) == 0) return true;
+    return false;
 }
 
 static void tick(fb_dispatch_t *d)
@@ -3250,11 +3351,16 @@ static void tick(fb_dispatch_t *d)
     int64_t t = now_ms();
     d->ticks++;
     reload_keys(d);
-    /* what waits on the socket first: a busy loop must not call a worker silent whose
-     * heartbeats are queued here */
-    drain_router(d);
+    /* what waits on the socket first, all of it: a busy loop must not call a worker silent
+     * whose heartbeats are queued here, nor requeue an array whose last checkpoint is; a
+     * socket that cannot be emptied now postpones the judgement */
+    bool settled = drain_router_all(d);
+    /* and every event received is written before a requeue reads the resume point: a
+     * checkpoint, a detachment with its state or a finished job that arrived before the
+     * decision must count in it (docs/wire.md, "Re-queueing") */
+    flush_events(d);
     /* silent workers are lost */
-    for (int i = 0; i < d->n_workers; i++) {
+    for (int i = 0; settled && i < d->n_workers; i++) {
         worker *w = &d->workers[i];
         if (t - w->last_seen_ms <= d->cfg.heartbeat_timeout_ms) continue;
         fb_log_json(FB_LOG_WARN, "worker lost: no heartbeat",
@@ -3267,7 +3373,7 @@ static void tick(fb_dispatch_t *d)
     }
     /* arrays whose worker is gone go back to the queue (after a grace period at start, so
      * that workers can re-register after a restart of fuseboxd) */
-    if (t - d->start_ms > d->cfg.heartbeat_timeout_ms && d->groups_loaded) {
+    if (settled && t - d->start_ms > d->cfg.heartbeat_timeout_ms && d->groups_loaded) {
         for (int i = 0; i < d->n_groups; i++) {
             group *g = &d->groups[i];
             const char *why = NULL;
@@ -3284,11 +3390,19 @@ static void tick(fb_dispatch_t *d)
                     why = "a worker of the array no longer runs it";
             }
             if (!why) continue;
+            if (events_waiting(d, g->id)) {
+                /* they could not be written (PostgreSQL away, the artifacts unwritable):
+                 * the array waits for them rather than resume from an older point */
+                if (!g->requeue_wait_said)
+                    fb_log_json(FB_LOG_WARN, "the requeue of an array waits for its events",
+                                json_pack("{s:s, s:s}", "group_id", g->id, "why", why));
+                g->requeue_wait_said = true;
+                continue;
+            }
             if (!requeue_spanning(d, g, why)) break;
             i--;
         }
     }
-    flush_events(d);
     flush_progress(d);
     if (db_ok(d)) {
         detach_cancelled(d);

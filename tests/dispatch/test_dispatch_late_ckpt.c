@@ -1,0 +1,421 @@
+/*
+ * Nothing a worker reported is lost when its jobs are requeued: the order
+ * the control loop keeps between the events it has received and the requeue
+ * that reads a job's resume point (docs/wire.md, "Re-queueing").  A
+ * fake worker speaks the wire protocol itself over ZeroMQ (CURVE, the test's
+ * worker key), so the test knows exactly what fuseboxd has received when it
+ * takes the worker for lost:
+ *
+ * 1. a checkpoint received but not yet written when its worker goes silent
+ *    (a plain file where the job's artifacts directory belongs makes the
+ *    write fail, so the event waits): the array is requeued only once the
+ *    checkpoint is written, and the job resumes from it, not from step 0;
+ * 2. a checkpoint of the requeued array that arrives after the requeue,
+ *    while the job waits in the queue (the tenant's device quota is 0, so it
+ *    is not placed again): it becomes the resume point, and the next ASSIGN
+ *    carries its step and its bytes;
+ * 3. late checkpoints that must change nothing: one older than the resume
+ *    point, one from a worker the array was never assigned to, and one that
+ *    arrives after the job was placed in a new array.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "check.h"
+#include "e2e.h"
+#include "wire.h"
+
+#define HEARTBEAT_MS 200
+#define WAIT_MS 20000
+
+static e2e T;
+static void *ctx;
+
+typedef struct fake {
+    char name[32];
+    void *sock;
+    int64_t seq;
+    double last_hb;
+    char group[FB_WIRE_ID_LEN + 1]; /* the array its heartbeats list ("" = none) */
+    int64_t generation;
+} fake;
+
+/* A received message and its first blob (malloc'd, NULL when none). */
+typedef struct got {
+    fb_wire_msg m;
+    void *blob;
+    size_t blob_len;
+} got;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void fake_open(fake *f, const char *name)
+{
+    char server_pub[41], pub[41], sec[41], msg[256];
+    CHECK(fb_wire_key_load(T.server_pub, server_pub, NULL, msg, sizeof msg) == 0);
+    CHECK(fb_wire_key_load(T.worker_key, pub, sec, msg, sizeof msg) == 0);
+    memset(f, 0, sizeof *f);
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->sock = zmq_socket(ctx, ZMQ_DEALER);
+    CHECK(f->sock != NULL);
+    int linger = 0;
+    CHECK(zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_ROUTING_ID, name, strlen(name)) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SERVERKEY, server_pub, 41) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SECRETKEY, sec, 41) == 0);
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", T.worker_port);
+    CHECK(zmq_connect(f->sock, endpoint) == 0);
+}
+
+static void fake_close(fake *f)
+{
+    zmq_close(f->sock);
+    f->sock = NULL;
+}
+
+static void fake_send(fake *f, const fb_wire_msg *m, const void *blob, size_t len)
+{
+    char err[256];
+    char *json = fb_wire_encode(m, err, sizeof err);
+    if (!json) fprintf(stderr, "cannot encode: %s\n", err);
+    CHECK(json != NULL);
+    CHECK(zmq_send(f->sock, json, strlen(json), blob ? ZMQ_SNDMORE : 0) >= 0);
+    if (blob) CHECK(zmq_send(f->sock, blob, len, 0) >= 0);
+    free(json);
+}
+
+/* HELLO and HEARTBEAT list the array f->group, if any, as running at step `step`. */
+static void fill_running(const fake *f, fb_wire_msg *m, const char *job, int64_t step)
+{
+    if (!f->group[0]) return;
+    m->n_running = 1;
+    m->running = calloc(1, sizeof *m->running);
+    CHECK(m->running != NULL);
+    snprintf(m->running[0].group_id, sizeof m->running[0].group_id, "%s", f->group);
+    m->running[0].generation = f->generation;
+    m->running[0].n_jobs = 1;
+    m->running[0].job_ids = calloc(1, sizeof *m->running[0].job_ids);
+    m->running[0].steps = calloc(1, sizeof *m->running[0].steps);
+    CHECK(m->running[0].job_ids && m->running[0].steps);
+    snprintf(m->running[0].job_ids[0], sizeof m->running[0].job_ids[0], "%s", job);
+    m->running[0].steps[0] = step;
+}
+
+static char job[64];
+
+static void fake_hello(fake *f)
+{
+    fb_wire_msg m = {.type = FB_WIRE_HELLO};
+    snprintf(m.worker, sizeof m.worker, "%s", f->name);
+    snprintf(m.backend, sizeof m.backend, "cpu");
+    snprintf(m.version, sizeof m.version, "fake");
+    m.n_devices = 1;
+    snprintf(m.devices[0].kind, sizeof m.devices[0].kind, "cpu");
+    snprintf(m.devices[0].name, sizeof m.devices[0].name, "cpu0");
+    m.devices[0].memory_bytes = m.devices[0].free_bytes = (int64_t)8 << 30;
+    fill_running(f, &m, job, 0);
+    fake_send(f, &m, NULL, 0);
+    fb_wire_msg_free(&m);
+}
+
+/* Sends a checkpoint (or another event) of job in group/generation; returns its seq. */
+static int64_t fake_event(fake *f, const char *group, int64_t generation, fb_wire_event_kind kind,
+                          int64_t step, const char *blob)
+{
+    fb_wire_msg m = {.type = FB_WIRE_EVENT, .generation = generation, .seq = ++f->seq,
+                     .event = kind, .step = step, .loss = NAN, .accuracy = NAN};
+    snprintf(m.group_id, sizeof m.group_id, "%s", group);
+    snprintf(m.job_id, sizeof m.job_id, "%s", job);
+    if (blob) m.blob = 1;
+    fake_send(f, &m, blob, blob ? strlen(blob) : 0);
+    return m.seq;
+}
+
+/* Receives one message within ms (answering nothing); false when none came. */
+static bool fake_recv(fake *f, int ms, got *out)
+{
+    zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, ms) <= 0 || !(it.revents & ZMQ_POLLIN)) return false;
+    zmq_msg_t fr[3];
+    int n = 0;
+    for (bool more = true; more;) {
+        zmq_msg_t tmp;
+        zmq_msg_init(&tmp);
+        CHECK(zmq_msg_recv(&tmp, f->sock, 0) >= 0);
+        more = zmq_msg_more(&tmp);
+        if (n < 3)
+            fr[n++] = tmp;
+        else
+            zmq_msg_close(&tmp);
+    }
+    char err[256];
+    memset(out, 0, sizeof *out);
+    int rc = fb_wire_decode(zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]), n - 1, &out->m, err,
+                            sizeof err);
+    if (rc) fprintf(stderr, "fake worker %s: undecodable message: %s\n", f->name, err);
+    CHECK(rc == 0);
+    if (n >= 2) {
+        out->blob_len = zmq_msg_size(&fr[1]);
+        out->blob = malloc(out->blob_len + 1);
+        CHECK(out->blob != NULL);
+        memcpy(out->blob, zmq_msg_data(&fr[1]), out->blob_len);
+        ((char *)out->blob)[out->blob_len] = '\0';
+    }
+    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+    return true;
+}
+
+static void got_free(got *g)
+{
+    fb_wire_msg_free(&g->m);
+    free(g->blob);
+}
+
+/*
+ * Waits for a message of type `type` (an ACK: of seq) and returns it in out;
+ * drops the others.  A live fake (alive) sends its heartbeats meanwhile.
+ */
+static void fake_expect(fake *f, bool alive, fb_wire_type type, int64_t seq, got *out)
+{
+    double t0 = fbt_now_ms();
+    for (;;) {
+        double now = fbt_now_ms();
+        if (now - t0 > WAIT_MS) {
+            fprintf(stderr, "fake worker %s: no %s (seq %lld) within %d ms\n", f->name,
+                    fb_wire_type_name(type), (long long)seq, WAIT_MS);
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        if (alive && now - f->last_hb >= HEARTBEAT_MS) {
+            f->last_hb = now;
+            fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
+            fill_running(f, &hb, job, 0);
+            fake_send(f, &hb, NULL, 0);
+            fb_wire_msg_free(&hb);
+        }
+        if (!fake_recv(f, 20, out)) continue;
+        if (out->m.type == type && (type != FB_WIRE_ACK || out->m.seq == seq)) return;
+        got_free(out);
+    }
+}
+
+static long long sql_ll(const char *fmt, const char *arg)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql, fmt, arg);
+    const char *v = fbt_sql_value(&T.s, sql);
+    CHECK(v != NULL && v[0]);
+    return strtoll(v, NULL, 10);
+}
+
+static long long resume_step(void)
+{
+    return sql_ll("SELECT resume_step FROM jobs WHERE id = '%s'", job);
+}
+
+static long long requeues(void)
+{
+    return sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'",
+                  job);
+}
+
+/* Occurrences of text in the server's log. */
+static int in_log(const char *text)
+{
+    FILE *f = fopen(T.s.log_path, "r");
+    if (!f) return 0;
+    int n = 0;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
+static void set_quota(int devices)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "UPDATE tenants SET max_devices = %d WHERE id = '%s'", devices,
+             T.tenant);
+    PQclear(fbt_sql(&T.s, sql));
+}
+
+static const char *file_text(const char *path)
+{
+    static char buf[256];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return "(none)";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    e2e_start(&T, NULL);
+    ctx = zmq_ctx_new();
+    CHECK(ctx != NULL);
+    got g;
+
+    /* fake worker a registers and gets the job's array */
+    fake a;
+    fake_open(&a, "fake-a");
+    fake_hello(&a);
+    fake_expect(&a, true, FB_WIRE_WELCOME, 0, &g);
+    got_free(&g);
+    snprintf(job, sizeof job, "%s", e2e_submit(&T, T.key, e2e_spec("late", 0.001, 100000, 300)));
+    fake_expect(&a, true, FB_WIRE_ASSIGN, 0, &g);
+    CHECK_INT_EQ(g.m.n_members, 1);
+    CHECK_STR_EQ(g.m.members[0].job_id, job);
+    CHECK_INT_EQ(g.m.members[0].start_step, 0);
+    char g1[FB_WIRE_ID_LEN + 1];
+    snprintf(g1, sizeof g1, "%s", g.m.group_id);
+    int64_t gen1 = g.m.generation;
+    got_free(&g);
+    snprintf(a.group, sizeof a.group, "%s", g1);
+    a.generation = gen1;
+    fake_expect(&a, true, FB_WIRE_ACK, fake_event(&a, g1, gen1, FB_EV_STARTED, 0, NULL), &g);
+    got_free(&g);
+    /* from now on the job is placed again only when the test allows it */
+    set_quota(0);
+
+    /* 1: a checkpoint received but not yet written when its worker goes silent */
+    char dir[700], blocker[800], path[900];
+    snprintf(dir, sizeof dir, "%s/artifacts/%s", T.s.data_dir, T.tenant);
+    CHECK(mkdir(dir, 0750) == 0 || errno == EEXIST);
+    snprintf(blocker, sizeof blocker, "%s/%s", dir, job);
+    e2e_write(blocker, "not a directory: the checkpoint cannot be written\n");
+    fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 300, "state at step 300");
+    /* silent from here: the server takes the worker for lost after its heartbeat timeout,
+     * and either requeues the array at once or says that the requeue waits */
+    double t0 = fbt_now_ms();
+    while (requeues() == 0 && in_log("the requeue of an array waits for its events") == 0) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        sleep_ms(20);
+    }
+    long long early = requeues();
+    printf("1: the worker was lost with its checkpoint of step 300 unwritten; requeued before"
+           " it was written: %lld\n", early);
+    CHECK(unlink(blocker) == 0);
+    CHECK(mkdir(blocker, 0750) == 0);
+    t0 = fbt_now_ms();
+    while (requeues() == 0) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        sleep_ms(20);
+    }
+    printf("1: requeued, resumes from step %lld\n", resume_step());
+    CHECK_INT_EQ(early, 0);
+    CHECK_INT_EQ(resume_step(), 300);
+    CHECK_INT_EQ(sql_ll("SELECT (data->>'resume_step')::bigint FROM job_events WHERE job_id ="
+                        " '%s' AND kind = 'requeued'",
+                        job),
+                 300);
+    CHECK_INT_EQ(sql_ll("SELECT step FROM jobs WHERE id = '%s'", job), 300);
+    snprintf(path, sizeof path, "%s/state-300.safetensors", blocker);
+    CHECK_STR_EQ(file_text(path), "state at step 300");
+
+    /* 2: the worker's link comes back; a checkpoint of the requeued array arrives while
+     * the job waits in the queue */
+    fake_hello(&a); /* it still lists the old array, as a cut-off worker does */
+    fake_expect(&a, true, FB_WIRE_WELCOME, 0, &g);
+    got_free(&g);
+    fake_expect(&a, true, FB_WIRE_ACK,
+                fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 600, "state at step 600"), &g);
+    got_free(&g);
+    printf("2: a checkpoint of step 600 after the requeue; resumes from step %lld\n",
+           resume_step());
+    CHECK_INT_EQ(resume_step(), 600);
+    CHECK_STR_EQ(e2e_job_field(&T, T.key, job, "state"), "queued");
+    CHECK_INT_EQ(sql_ll("SELECT step FROM jobs WHERE id = '%s'", job), 600);
+    snprintf(path, sizeof path, "%s/state-600.safetensors", blocker);
+    CHECK_STR_EQ(file_text(path), "state at step 600");
+
+    /* 3a: an older checkpoint of the same array never moves the resume point back */
+    fake_expect(&a, true, FB_WIRE_ACK,
+                fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 450, "state at step 450"), &g);
+    got_free(&g);
+    CHECK_INT_EQ(resume_step(), 600);
+    snprintf(path, sizeof path, "%s/state-450.safetensors", blocker);
+    CHECK(access(path, F_OK) != 0);
+
+    /* 3b: nor does one from a worker the array was never assigned to */
+    fake b;
+    fake_open(&b, "fake-b");
+    fake_hello(&b);
+    fake_expect(&b, true, FB_WIRE_WELCOME, 0, &g);
+    got_free(&g);
+    fake_expect(&b, true, FB_WIRE_ACK,
+                fake_event(&b, g1, gen1, FB_EV_CHECKPOINTED, 900, "state at step 900"), &g);
+    got_free(&g);
+    CHECK_INT_EQ(resume_step(), 600);
+    fake_close(&b);
+
+    /* the job is placed again (b is gone: lost, or never chosen) from the late checkpoint:
+     * its step and its bytes */
+    t0 = fbt_now_ms();
+    while (sql_ll("SELECT count(*) FROM workers WHERE name = '%s' AND state = 'lost'",
+                  "fake-b") == 0) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        /* a stays alive meanwhile */
+        if (fake_recv(&a, 20, &g)) got_free(&g);
+        if (fbt_now_ms() - a.last_hb >= HEARTBEAT_MS) {
+            a.last_hb = fbt_now_ms();
+            fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
+            fake_send(&a, &hb, NULL, 0);
+        }
+    }
+    a.group[0] = '\0';
+    set_quota(8);
+    fake_expect(&a, true, FB_WIRE_ASSIGN, 0, &g);
+    CHECK(strcmp(g.m.group_id, g1) != 0);
+    CHECK_INT_EQ(g.m.n_members, 1);
+    CHECK_STR_EQ(g.m.members[0].job_id, job);
+    printf("3: placed again from step %lld\n", (long long)g.m.members[0].start_step);
+    CHECK_INT_EQ(g.m.members[0].start_step, 600);
+    CHECK(g.m.members[0].resume_blob == 1 && g.blob != NULL);
+    CHECK_STR_EQ((const char *)g.blob, "state at step 600");
+    got_free(&g);
+
+    /* 3c: a late checkpoint of the old array no longer belongs to the job's run */
+    fake_expect(&a, true, FB_WIRE_ACK,
+                fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 1200, "state at step 1200"), &g);
+    got_free(&g);
+    CHECK_INT_EQ(resume_step(), 600);
+    snprintf(path, sizeof path, "%s/state-1200.safetensors", blocker);
+    CHECK(access(path, F_OK) != 0);
+    CHECK_INT_EQ(requeues(), 1);
+
+    printf("result: late-checkpoint requeued_before_written=%lld resume_after_loss=300"
+           " resume_after_late=600\n",
+           early);
+    fake_close(&a);
+    CHECK(zmq_ctx_term(ctx) == 0);
+    e2e_finish(&T);
+    printf("ok\n");
+    return 0;
+}
