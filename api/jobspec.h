@@ -51,10 +51,9 @@ typedef enum fb_loss_type { FB_LOSS_CROSS_ENTROPY, FB_LOSS_MSE } fb_loss_type;
 typedef enum fb_optim_type { FB_OPTIM_SGD, FB_OPTIM_ADAM, FB_OPTIM_ADAMW } fb_optim_type;
 typedef enum fb_sched_type { FB_SCHED_CONSTANT, FB_SCHED_STEP, FB_SCHED_COSINE } fb_sched_type;
 typedef enum fb_precision { FB_PREC_FP32, FB_PREC_TF32, FB_PREC_BF16 } fb_precision;
-/* bf16 belongs to the contract (and to the fusion key), but no backend trains
- * in it yet: fuseboxd refuses it at submission and the training runtime
- * refuses it too, rather than train in another precision than asked for. */
-#define FB_BF16_REFUSED "precision: bf16 is not implemented yet; use fp32 or tf32"
+/* bf16: the operands of linear and conv products rounded to bfloat16, all
+ * else float, with per-member dynamic loss scaling (docs/jobspec.md).  Every
+ * backend and the training runtime train it. */
 typedef enum fb_gelu_approx { FB_GELU_NONE, FB_GELU_TANH } fb_gelu_approx;
 
 /* A per-sample shape: ndim 1 is (F), ndim 3 is (C, H, W). */

@@ -127,6 +127,8 @@ bool fb_backend_supports(const fb_backend_t *be, fb_op op)
         return o->mse != NULL;
     case FB_OP_OPTIM:
         return o->optim_step != NULL;
+    case FB_OP_BF16:
+        return o->round_bf16 && o->grad_nonfinite && o->scale_members;
     case FB_OP_COUNT:
         break;
     }
@@ -492,6 +494,32 @@ void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const fl
             FB_ASSERT(state1 != NULL && state2 != NULL);
     }
     be->ops->optim_step(be, kind, params, grads, state1, state2, blocks, n_blocks, B, hp);
+}
+
+/* ---- bf16 ---------------------------------------------------------------- */
+
+/* See kernels.h: out = in rounded to bfloat16, elementwise. */
+void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
+{
+    FB_OP_FN(be, round_bf16);
+    if (n) be->ops->round_bf16(be, out, in, n);
+}
+
+/* See kernels.h: flags[b] = 1 when member b's gradient is not all finite. */
+void fb_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
+                       const fb_param_block *blocks, int n_blocks, int B)
+{
+    FB_OP_FN(be, grad_nonfinite);
+    FB_ASSERT(B >= 1 && n_blocks >= 0 && flags != NULL && (n_blocks == 0 || blocks != NULL));
+    be->ops->grad_nonfinite(be, flags, grads, blocks, n_blocks, B);
+}
+
+/* See kernels.h: x [N, B, F] times scales[b] per member. */
+void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F)
+{
+    FB_OP_FN(be, scale_members);
+    FB_ASSERT(N >= 0 && B >= 1 && scales != NULL);
+    if (N && F) be->ops->scale_members(be, x, scales, N, B, F);
 }
 
 /* ---- GEMM ---------------------------------------------------------------- */

@@ -100,6 +100,12 @@ struct fb_backend_ops {
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp);
 
+    /* ---- bf16 ---- */
+    void (*round_bf16)(fb_backend_t *be, float *out, const float *in, size_t n);
+    void (*grad_nonfinite)(fb_backend_t *be, float *flags, const float *grads,
+                           const fb_param_block *blocks, int n_blocks, int B);
+    void (*scale_members)(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
+
     /* ---- GEMM ---- */
     void (*sgemm)(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
 };

@@ -56,6 +56,7 @@ typedef enum fb_op {
     FB_OP_SOFTMAX_XENT,
     FB_OP_MSE,
     FB_OP_OPTIM,
+    FB_OP_BF16, /* fb_round_bf16, fb_grad_nonfinite and fb_scale_members */
     FB_OP_COUNT
 } fb_op;
 
@@ -272,6 +273,36 @@ typedef struct fb_optim_hparams {
 void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
                    float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                    int B, const fb_optim_hparams *hp);
+
+/* ---- bf16 ------------------------------------------------------------- */
+
+/*
+ * out[i] = in[i] rounded to the nearest bfloat16 (kernels/bf16.h:
+ * fb_bf16_round, ties to even, NaN stays NaN, infinities stay), stored as
+ * float, over n floats.  out may equal in.  A bf16 array rounds the operands
+ * of its linear and convolution products with this into its own scratch
+ * before calling the float ops, so that every backend computes the same
+ * thing: products of bf16 values accumulated in float.
+ */
+void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
+
+/*
+ * flags[b] = 1 when member b's gradient holds a NaN or an infinity anywhere in
+ * the blocks (fb_optim_step's layout: block k covers floats [offset, offset +
+ * B * per_member) of grads, member b's part at offset + b * per_member), else
+ * 0.  flags [B] is backend memory, overwritten; blocks is host memory.  This
+ * is the check of bf16 dynamic loss scaling: one pass over the gradients on
+ * the device, B floats to read back.
+ */
+void fb_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
+                       const fb_param_block *blocks, int n_blocks, int B);
+
+/*
+ * x[n, b, f] *= scales[b] over x [N, B, F]: the per-member loss scale applied
+ * to the loss gradient [N, B, K], and (N = 1, F = per_member) its inverse
+ * applied to one parameter block's gradients.  scales [B] is host memory.
+ */
+void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* ---- GEMM (benchmarks) ------------------------------------------------- */
 

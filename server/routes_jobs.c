@@ -126,10 +126,6 @@ int fb_route_job_create(fb_req *req)
         return fb_req_fail(req, FB_ERR_BAD_NAME, "init",
                            "init: a relative artifact path without \".\" or \"..\" parts");
     }
-    if (spec.precision == FB_PREC_BF16) {
-        fb_job_spec_free(&spec);
-        return fb_req_fail(req, FB_ERR_BAD_ENUM, "precision", FB_BF16_REFUSED);
-    }
     char *canon = fb_job_spec_canonical(&spec);
     if (!canon) {
         fb_job_spec_free(&spec);

@@ -269,10 +269,6 @@ int fb_route_sweep_create(fb_req *req)
                                "base.init: a relative artifact path without \".\" or \"..\" "
                                "parts");
         }
-        if (fb_sweep_spec_trial(spec, i)->precision == FB_PREC_BF16) {
-            fb_sweep_spec_free(spec);
-            return fb_req_fail(req, FB_ERR_BAD_ENUM, "base.precision", FB_BF16_REFUSED);
-        }
     }
     char *canon = fb_sweep_spec_canonical(spec);
     json_t *rows = trial_rows(spec);

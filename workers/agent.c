@@ -1027,10 +1027,17 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
 
 /* TF32 is a setting of the device's backend, not of an array: set it for
  * this group's spec before each of its steps, since groups of another
- * precision may share the device.  Nothing happens on CPU devices. */
+ * precision may share the device.  A bf16 group turns it on too: its arrays
+ * round the operands of their products to bf16 themselves (workers/array.c),
+ * and TF32 keeps all 8 significant bits of a bf16 value, so the tensor cores
+ * compute the same exact products as float math, faster.  The rounding is the
+ * array's and not the backend's, because the CPU backend is one handle shared
+ * by every CPU device of the process, whose groups run at the same time.
+ * Nothing happens on CPU devices. */
 static void set_precision(group *g)
 {
-    bool tf32 = g->n_sess > 0 && g->m[g->by_sidx[0]].spec.precision == FB_PREC_TF32;
+    fb_precision p = g->n_sess > 0 ? g->m[g->by_sidx[0]].spec.precision : FB_PREC_FP32;
+    bool tf32 = p == FB_PREC_TF32 || p == FB_PREC_BF16;
     int n = g->n_dp * g->pipeline;
     if (n <= 1) {
         fb_cuda_backend_set_tf32(g->a->dev[g->dev].be, tf32);

@@ -99,6 +99,23 @@ struct fb_array {
     float *rb;              /* running statistics */
     float *act;             /* activations, their gradients, saved state */
     float *scratch;         /* conv workspace */
+    /* bf16 arrays: the operands of linear and conv products rounded to bf16
+     * (fb_round_bf16), [bf16_floats]; NULL in fp32 and tf32 arrays, which
+     * make no extra pass. */
+    bool bf16;
+    float *bf16_scratch;
+    size_t bf16_floats;
+    /* bf16 dynamic loss scaling, per slot: the scale, the finite steps since
+     * it last changed, whether the last update was skipped, and the growth
+     * interval.  grads_scaled: the gradient slab holds each member's
+     * gradient times its scale (from a training backward to the next
+     * fb_array_step). */
+    float *ls_scale, *ls_flags, *ls_host;
+    int64_t *ls_good;
+    bool *ls_skipped;
+    fb_optim_hparams *ls_hp;
+    int64_t ls_interval;
+    bool grads_scaled;
     int x_buf, y_buf, tgt_buf, loss_buf, correct_buf, logits_buf;
     bool oom; /* an allocation failed while planning */
 
@@ -185,6 +202,26 @@ static int new_act(fb_array *a, int64_t per_sample)
     return x;
 }
 
+/* Floats of n values in a slab, keeping 64-byte alignment as take() does. */
+static size_t pad16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* Grows the bf16 scratch of a bf16 array to hold a linear or conv node's
+ * rounded operands at the largest batch: its input [max_n, Bi, in_numel], its
+ * weights [Bcap, w_per_member] and its output gradient [max_n, Bcap,
+ * out_numel] (backward rounds all three). */
+static void bf16_plan(fb_array *a, const node *nd, size_t w_per_member)
+{
+    if (!a->bf16) return;
+    size_t Bi = nd->shared_in ? 1 : (size_t)a->Bcap;
+    size_t need = pad16((size_t)a->max_n * Bi * (size_t)nd->in_numel) +
+                  pad16((size_t)a->Bcap * w_per_member) +
+                  pad16((size_t)a->max_n * (size_t)a->Bcap * (size_t)nd->out_numel);
+    if (need > a->bf16_floats) a->bf16_floats = need;
+}
+
 /* Plans one layer: its output buffer, saved statistics and parameters.
  * numel > 0 runs an elementwise layer on numel values per sample instead of
  * its own shape (a relu moved behind a max pool, see build_layers). */
@@ -213,6 +250,7 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         shp[1] = L->in.d[0];
         nd->w = add_tensor(a, false, name, "weight", 2, shp, L->in.d[0], 0);
         if (L->bias) nd->b = add_tensor(a, false, name, "bias", 1, shp, L->in.d[0], 0);
+        bf16_plan(a, nd, (size_t)(L->out_features * L->in.d[0]));
         break;
     case FB_LAYER_CONV2D: {
         int64_t fan = L->in.d[0] * L->kernel[0] * L->kernel[1];
@@ -230,6 +268,7 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         fb_conv_geom_finish(&g);
         size_t s = fb_conv2d_scratch_floats(a->be, &g);
         if (s > a->scratch_floats) a->scratch_floats = s;
+        bf16_plan(a, nd, (size_t)(L->out_features * L->in.d[0] * L->kernel[0] * L->kernel[1]));
         break;
     }
     case FB_LAYER_MAXPOOL2D:
@@ -638,6 +677,7 @@ int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int 
         a->seeds[b] = specs[b]->seed;
     }
 
+    a->bf16 = specs[0]->precision == FB_PREC_BF16;
     a->x_buf = new_buf(a, (size_t)max_n * (size_t)a->in_numel, 0, false);
     if (a->x_buf < 0) goto nomem;
     err = build_layers(a, specs[0]->layers, specs[0]->n_layers, "", a->x_buf, true, &a->nodes,
@@ -666,6 +706,28 @@ int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int 
     a->rb = fb_backend_alloc(be, (a->bufs_floats ? a->bufs_floats : 16) * sizeof(float));
     a->act = fb_backend_alloc(be, (a->act_floats ? a->act_floats : 16) * sizeof(float));
     a->scratch = fb_backend_alloc(be, (a->scratch_floats ? a->scratch_floats : 16) * sizeof(float));
+    if (a->bf16) {
+        a->ls_scale = calloc((size_t)B, sizeof *a->ls_scale);
+        a->ls_host = calloc((size_t)B, sizeof *a->ls_host);
+        a->ls_good = calloc((size_t)B, sizeof *a->ls_good);
+        a->ls_skipped = calloc((size_t)B, sizeof *a->ls_skipped);
+        a->ls_hp = calloc((size_t)B, sizeof *a->ls_hp);
+        a->ls_flags = fb_backend_alloc(be, (size_t)B * sizeof(float));
+        if (!a->ls_scale || !a->ls_host || !a->ls_good || !a->ls_skipped || !a->ls_hp ||
+            !a->ls_flags)
+            goto nomem;
+        for (int b = 0; b < B; b++)
+            a->ls_scale[b] = FB_LOSS_SCALE_INIT;
+        a->ls_interval = FB_LOSS_SCALE_INTERVAL;
+        if (!fb_backend_supports(be, FB_OP_BF16)) {
+            err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "backend %s cannot round to bf16",
+                          fb_backend_name(be));
+            goto fail;
+        }
+        a->bf16_scratch =
+            fb_backend_alloc(be, (a->bf16_floats ? a->bf16_floats : 16) * sizeof(float));
+        if (!a->bf16_scratch) goto nomem;
+    }
     if (!a->p || !a->g || !a->s1 || (!a->s2 && specs[0]->optim.type != FB_OPTIM_SGD) || !a->rb ||
         !a->act || !a->scratch)
         goto nomem;
@@ -694,6 +756,13 @@ void fb_array_free(fb_array *a)
     fb_backend_free(a->be, a->rb);
     fb_backend_free(a->be, a->act);
     fb_backend_free(a->be, a->scratch);
+    fb_backend_free(a->be, a->bf16_scratch);
+    fb_backend_free(a->be, a->ls_flags);
+    free(a->ls_scale);
+    free(a->ls_host);
+    free(a->ls_good);
+    free(a->ls_skipped);
+    free(a->ls_hp);
     free(a->params);
     free(a->bufs);
     free(a->ab);
@@ -782,6 +851,34 @@ static float *conv_scratch(const fb_array *a, const fb_conv_geom *g)
     return a->scratch;
 }
 
+/*
+ * bf16 (docs/jobspec.md, "precision"): rounds the operands of a linear or
+ * conv node's product into the array's bf16 scratch and points the operands
+ * there: *in [N, Bi, in_numel], *w [B, per_member] and, for backward, *dout
+ * [N, B, out_numel].  The activations and parameters themselves stay float
+ * (other layers read them, and the optimizer updates float master weights).
+ * The float products of bf16 values are exact, so a backend computes the
+ * same thing whatever math it uses for the GEMM, up to summation order.
+ */
+static void bf16_operands(fb_array *a, const node *nd, int N, const float **in, const float **w,
+                          const float **dout)
+{
+    size_t nin = (size_t)N * (nd->shared_in ? 1 : (size_t)a->B) * (size_t)nd->in_numel;
+    size_t nw = (size_t)a->B * a->params[nd->w].per_member;
+    float *s = a->bf16_scratch;
+    FB_ASSERT(s != NULL && N <= a->max_n);
+    fb_round_bf16(a->be, s, *in, nin);
+    *in = s;
+    s += pad16(nin);
+    fb_round_bf16(a->be, s, *w, nw);
+    *w = s;
+    s += pad16(nw);
+    if (dout) {
+        fb_round_bf16(a->be, s, *dout, (size_t)N * (size_t)a->B * (size_t)nd->out_numel);
+        *dout = s;
+    }
+}
+
 static fb_pool_geom pool_geom(const fb_array *a, const node *nd, int N)
 {
     const fb_layer *L = nd->L;
@@ -835,13 +932,18 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
-    case FB_LAYER_LINEAR:
-        fb_linear_forward(be, ACT(nd->out), ACT(nd->in), PW(nd), PB(nd), N, B,
-                          (int)L->in.d[0], (int)L->out_features, nd->shared_in);
+    case FB_LAYER_LINEAR: {
+        const float *in = ACT(nd->in), *w = PW(nd);
+        if (a->bf16) bf16_operands(a, nd, N, &in, &w, NULL);
+        fb_linear_forward(be, ACT(nd->out), in, w, PB(nd), N, B, (int)L->in.d[0],
+                          (int)L->out_features, nd->shared_in);
         break;
+    }
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
-        fb_conv2d_forward(be, ACT(nd->out), ACT(nd->in), PW(nd), PB(nd), &g, conv_scratch(a, &g));
+        const float *in = ACT(nd->in), *w = PW(nd);
+        if (a->bf16) bf16_operands(a, nd, N, &in, &w, NULL);
+        fb_conv2d_forward(be, ACT(nd->out), in, w, PB(nd), &g, conv_scratch(a, &g));
         break;
     }
     case FB_LAYER_MAXPOOL2D: {
@@ -950,14 +1052,18 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
-    case FB_LAYER_LINEAR:
-        fb_linear_backward(be, din, GW(nd), GB(nd), DACT(nd->out), ACT(nd->in), PW(nd), N, B,
-                           (int)L->in.d[0], (int)L->out_features, nd->shared_in);
+    case FB_LAYER_LINEAR: {
+        const float *in = ACT(nd->in), *w = PW(nd), *dout = DACT(nd->out);
+        if (a->bf16) bf16_operands(a, nd, N, &in, &w, &dout);
+        fb_linear_backward(be, din, GW(nd), GB(nd), dout, in, w, N, B, (int)L->in.d[0],
+                           (int)L->out_features, nd->shared_in);
         break;
+    }
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
-        fb_conv2d_backward(be, din, GW(nd), GB(nd), DACT(nd->out), ACT(nd->in), PW(nd), &g,
-                           conv_scratch(a, &g));
+        const float *in = ACT(nd->in), *w = PW(nd), *dout = DACT(nd->out);
+        if (a->bf16) bf16_operands(a, nd, N, &in, &w, &dout);
+        fb_conv2d_backward(be, din, GW(nd), GB(nd), dout, in, w, &g, conv_scratch(a, &g));
         break;
     }
     case FB_LAYER_MAXPOOL2D: {
@@ -1082,6 +1188,12 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
                1.0f / (float)N);
         fb_backend_zero(a->be, dev_correct, (size_t)B * sizeof(float));
     }
+    /* bf16: each member's loss gradient times its own loss scale; the
+     * losses themselves stay unscaled.  fb_array_step divides it out. */
+    if (grad && a->bf16) {
+        fb_scale_members(a->be, dlogits, a->ls_scale, N, B, (size_t)K);
+        a->grads_scaled = true;
+    }
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);
     a->step = STEP_END;
     if (loss) fb_backend_download(a->be, loss, dev_loss, (size_t)B * sizeof(float));
@@ -1131,12 +1243,52 @@ void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_opt
     hp->t = t;
 }
 
+/*
+ * bf16 dynamic loss scaling, before the update: one pass finds the members
+ * whose scaled gradients overflowed (on the device: B floats come back), one
+ * divides each member's gradients by its scale (exact: a power of two).  A
+ * member that overflowed gets an empty slot's hyperparameters (lr 0, t 0),
+ * which fb_optim_step skips, so its parameters and optimizer state stay as
+ * they were, and its scale halves; a member that did not counts the step,
+ * and doubles its scale after ls_interval finite steps in a row.  Members
+ * never see each other's flags or scales.  Returns the hyperparameters to
+ * update with.
+ */
+static const fb_optim_hparams *unscale_grads(fb_array *a, const fb_optim_hparams *hp)
+{
+    int B = a->B;
+    fb_grad_nonfinite(a->be, a->ls_flags, a->g, a->blocks, a->n_params, B);
+    fb_backend_download(a->be, a->ls_host, a->ls_flags, (size_t)B * sizeof(float));
+    float *inv = a->ls_host; /* reused: the flags are read into ls_skipped first */
+    for (int b = 0; b < B; b++) {
+        a->ls_skipped[b] = inv[b] != 0.0f;
+        inv[b] = 1.0f / a->ls_scale[b];
+    }
+    for (int k = 0; k < a->n_params; k++)
+        fb_scale_members(a->be, a->g + a->blocks[k].offset, inv, 1, B, a->blocks[k].per_member);
+    a->grads_scaled = false;
+    for (int b = 0; b < B; b++) {
+        a->ls_hp[b] = hp[b];
+        if (a->ls_skipped[b]) {
+            a->ls_hp[b].lr = 0.0f;
+            a->ls_hp[b].t = 0;
+            a->ls_good[b] = 0;
+            if (a->ls_scale[b] > FB_LOSS_SCALE_MIN) a->ls_scale[b] *= 0.5f;
+        } else if (++a->ls_good[b] >= a->ls_interval) {
+            a->ls_good[b] = 0;
+            if (a->ls_scale[b] < FB_LOSS_SCALE_MAX) a->ls_scale[b] *= 2.0f;
+        }
+    }
+    return a->ls_hp;
+}
+
 void fb_array_step(fb_array *a, const fb_optim_hparams *hp)
 {
     static const fb_optim_kind kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
                                           [FB_OPTIM_ADAM] = FB_OPTIM_KIND_ADAM,
                                           [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
     if (a->n_params == 0) return;
+    if (a->grads_scaled) hp = unscale_grads(a, hp);
     fb_optim_step(a->be, kinds[a->specs[0]->optim.type], a->p, a->g, a->s1, a->s2, a->blocks,
                   a->n_params, a->B, hp);
 }
@@ -1164,6 +1316,11 @@ void fb_array_remove(fb_array *a, int m)
         a->seeds[b] = a->seeds[b + 1];
         memcpy(a->bn_tracked + (size_t)b * a->n_bn, a->bn_tracked + (size_t)(b + 1) * a->n_bn,
                (size_t)a->n_bn * sizeof *a->bn_tracked);
+        if (a->bf16) {
+            a->ls_scale[b] = a->ls_scale[b + 1];
+            a->ls_good[b] = a->ls_good[b + 1];
+            a->ls_skipped[b] = a->ls_skipped[b + 1];
+        }
     }
     a->B--;
 }
@@ -1226,6 +1383,7 @@ static const tensor_def *part_def(const fb_array *a, fb_array_part part, int t, 
     case FB_ARRAY_STATE1: *slab = a->s1; break;
     case FB_ARRAY_STATE2: *slab = a->s2; break;
     case FB_ARRAY_BUFFER: *slab = a->rb; return &a->bufs[t];
+    default: FB_ASSERT(!"a part of fb_array_part"); /* never returns */
     }
     return &a->params[t];
 }
@@ -1238,6 +1396,16 @@ fb_array_tensor fb_array_tensor_at(const fb_array *a, fb_array_part part, int t)
                              .numel = d->per_member};
 }
 
+/* Divides n host floats of member m's gradient by its loss scale when the
+ * slab holds scaled gradients, so that readers see the batch's gradient. */
+static void unscale_host(const fb_array *a, int m, float *v, size_t n)
+{
+    if (!a->grads_scaled) return;
+    float inv = 1.0f / a->ls_scale[m];
+    for (size_t i = 0; i < n; i++)
+        v[i] *= inv;
+}
+
 void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *dst)
 {
     FB_ASSERT(m >= 0 && m < a->B);
@@ -1245,15 +1413,62 @@ void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *ds
     const tensor_def *d = part_def(a, part, t, &slab);
     fb_backend_download(a->be, dst, slab + d->offset + (size_t)m * d->per_member,
                         d->per_member * sizeof(float));
+    if (part == FB_ARRAY_GRAD) unscale_host(a, m, dst, d->per_member);
 }
 
 void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src)
 {
     FB_ASSERT(m >= 0 && m < a->B);
+    /* bf16 arrays run in one pipeline stage (the job spec refuses more), so
+     * nothing writes gradients between a backward and its update */
+    FB_ASSERT(part != FB_ARRAY_GRAD || !a->grads_scaled);
     float *slab;
     const tensor_def *d = part_def(a, part, t, &slab);
     fb_backend_upload(a->be, slab + d->offset + (size_t)m * d->per_member, src,
                       d->per_member * sizeof(float));
+}
+
+float fb_array_loss_scale(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 ? a->ls_scale[m] : 1.0f;
+}
+
+int64_t fb_array_loss_scale_good(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 ? a->ls_good[m] : 0;
+}
+
+bool fb_array_update_skipped(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 && a->ls_skipped[m];
+}
+
+int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg, size_t cap)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    int e;
+    if (!a->bf16) return fb_errf(msg, cap, FB_ERR_CONFLICT, "only a bf16 array has a loss scale");
+    if (!(scale >= FB_LOSS_SCALE_MIN && scale <= FB_LOSS_SCALE_MAX) || frexpf(scale, &e) != 0.5f)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "loss scale %g is not a power of two in [2^-24, 2^64]", (double)scale);
+    if (good < 0 || good >= a->ls_interval)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "loss scale step count %lld is outside [0, %lld)", (long long)good,
+                       (long long)a->ls_interval);
+    a->ls_scale[m] = scale;
+    a->ls_good[m] = good;
+    return FB_OK;
+}
+
+void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)
+{
+    FB_ASSERT(steps >= 1);
+    a->ls_interval = steps;
+    for (int b = 0; a->bf16 && b < a->B; b++)
+        if (a->ls_good[b] >= steps) a->ls_good[b] = steps - 1;
 }
 
 int fb_array_add_tensors(const fb_array *a, int m, bool grads, fb_st_writer *w, void **hold,
@@ -1278,6 +1493,7 @@ int fb_array_add_tensors(const fb_array *a, int m, bool grads, fb_st_writer *w, 
         const float *slab = is_buf ? a->rb : grads ? a->g : a->p;
         fb_backend_download(a->be, at, slab + d->offset + (size_t)m * d->per_member,
                             d->per_member * sizeof(float));
+        if (grads && !is_buf) unscale_host(a, m, at, d->per_member);
         if ((err = fb_st_writer_add_f32(w, d->name, d->shape, d->ndim, at, msg, cap))) goto fail;
         at += d->per_member;
     }

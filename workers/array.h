@@ -193,6 +193,38 @@ void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *ds
  * member or tensor changes. */
 void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src);
 
+/* ---- bf16 dynamic loss scaling ---------------------------------------------
+ *
+ * A bf16 array multiplies member m's loss gradient by its scale S_m (a power
+ * of two, FB_LOSS_SCALE_INIT at first) and fb_array_step divides the
+ * gradients by S_m before the update, so a finite step trains exactly the
+ * bits it would unscaled.  A member whose gradients hold a NaN or an infinity
+ * skips that update (parameters and optimizer state untouched) and halves
+ * S_m; after FB_LOSS_SCALE_INTERVAL finite steps in a row S_m doubles.  S_m
+ * stays within [FB_LOSS_SCALE_MIN, FB_LOSS_SCALE_MAX].  Each member has its
+ * own scale: one member's overflow changes nothing of another's.  fp32 and
+ * tf32 arrays do none of this.  Gradients read through fb_array_get or saved
+ * with grads are always the batch's own, unscaled. */
+#define FB_LOSS_SCALE_INIT 0x1p16f
+#define FB_LOSS_SCALE_INTERVAL 2000 /* finite steps before doubling */
+#define FB_LOSS_SCALE_MIN 0x1p-24f
+#define FB_LOSS_SCALE_MAX 0x1p64f
+
+/* Member m's loss scale (1 for fp32 and tf32 arrays) and its finite steps
+ * since the scale last changed (0 for fp32 and tf32). */
+float fb_array_loss_scale(const fb_array *a, int m);
+int64_t fb_array_loss_scale_good(const fb_array *a, int m);
+/* Whether member m's last update was skipped for a non-finite gradient. */
+bool fb_array_update_skipped(const fb_array *a, int m);
+/* Restores member m's scale and count (a checkpoint's): scale a power of two
+ * in [FB_LOSS_SCALE_MIN, FB_LOSS_SCALE_MAX], 0 <= good < the growth interval;
+ * otherwise FB_ERR_OUT_OF_RANGE (FB_ERR_CONFLICT for an array not in bf16)
+ * with msg filled and nothing changed. */
+int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg,
+                            size_t msg_cap);
+/* Internal, for tests: the growth interval of every member (steps >= 1). */
+void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps);
+
 /* Number of batch-norm layers (each has a num_batches_tracked counter). */
 int fb_array_bn_count(const fb_array *a);
 

@@ -39,6 +39,9 @@ static const struct fb_backend_ops fb_cpu_ops = {
     .softmax_xent = fb_cpu_softmax_xent,
     .mse = fb_cpu_mse,
     .optim_step = fb_cpu_optim_step,
+    .round_bf16 = fb_cpu_round_bf16,
+    .grad_nonfinite = fb_cpu_grad_nonfinite,
+    .scale_members = fb_cpu_scale_members,
     .sgemm = fb_cpu_sgemm,
 };
 

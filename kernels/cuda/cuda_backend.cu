@@ -324,6 +324,9 @@ static const struct fb_backend_ops fb_cuda_ops = {
     .softmax_xent = fbc_softmax_xent,
     .mse = fbc_mse,
     .optim_step = fbc_optim_step,
+    .round_bf16 = fbc_round_bf16,
+    .grad_nonfinite = fbc_grad_nonfinite,
+    .scale_members = fbc_scale_members,
     .sgemm = fbc_sgemm,
 };
 

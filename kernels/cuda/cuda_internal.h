@@ -201,6 +201,10 @@ void fbc_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, con
 void fbc_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
                     float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                     int B, const fb_optim_hparams *hp);
+void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
+void fbc_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
+                        const fb_param_block *blocks, int n_blocks, int B);
+void fbc_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* Launches the per-channel sum: out[c] += sum over n, i of x[n, c, i] for x
  * [N, C, HW] (dbias of linear with HW = 1, of conv2d with HW = Ho Wo). */

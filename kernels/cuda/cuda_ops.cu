@@ -1,7 +1,7 @@
 /*
  * The CUDA backend's own kernels: bias and per-channel sums, pooling,
  * activations, add and accumulate, dropout, batch and layer norm, the losses
- * and the fused optimizer step.
+ * the fused optimizer step, and the bf16 rounding and loss-scaling helpers.
  *
  * Each kernel follows the reference loop of kernels/cpu/ref_*.c it replaces,
  * in the same arithmetic where that is cheap on a GPU: statistics, losses,
@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../bf16.h"
 #include "../rng.h"
 #include "cuda_internal.h"
 
@@ -936,4 +937,71 @@ extern "C" void fbc_optim_step(fb_backend_t *be, fb_optim_kind kind, float *para
 done:
     free(bh);
     free(hh);
+}
+
+/* ---- bf16 ---------------------------------------------------------------- */
+
+/* out[i] = fb_bf16_round(in[i]): the host function of kernels/bf16.h compiled
+ * for the device, so the GPU rounds exactly as the CPU backends do. */
+__global__ static void k_round_bf16(float *out, const float *in, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = fb_bf16_round(in[i]);
+}
+
+extern "C" void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
+{
+    struct fbc_ctx *c = fbc_begin(be);
+    if (!c || n == 0) return;
+    k_round_bf16<<<fbc_grid(c, n, FBC_THREADS), FBC_THREADS, 0, c->stream>>>(out, in, n);
+    FBC_LAUNCHED(c, "round_bf16");
+}
+
+/* flags[b] = 1 for member b of one block [B, per] when one of its floats is
+ * not finite.  Every thread that finds one stores the same value, so the
+ * result does not depend on which does (no atomics needed). */
+__global__ static void k_nonfinite(float *flags, const float *g, size_t per, size_t total)
+{
+    GRID_STRIDE(i, total)
+    {
+        if (!isfinite(g[i])) flags[i / per] = 1.0f;
+    }
+}
+
+/* See kernels.h: flags zeroed, then one pass per parameter block; the blocks
+ * stay on the host, so nothing is staged. */
+extern "C" void fbc_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
+                                   const fb_param_block *blocks, int n_blocks, int B)
+{
+    struct fbc_ctx *c = fbc_begin(be);
+    if (!c) return;
+    if (!FBC_CUDA(c, cudaMemsetAsync(flags, 0, (size_t)B * sizeof *flags, c->stream))) return;
+    for (int k = 0; k < n_blocks; k++) {
+        size_t per = blocks[k].per_member, total = (size_t)B * per;
+        if (!total) continue;
+        k_nonfinite<<<fbc_grid(c, total, FBC_THREADS), FBC_THREADS, 0, c->stream>>>(
+            flags, grads + blocks[k].offset, per, total);
+        if (!FBC_LAUNCHED(c, "grad_nonfinite")) return;
+    }
+}
+
+/* x[i] *= scales[member of i] over x [N, B, F] flattened. */
+__global__ static void k_scale_members(float *x, const float *scales, size_t F, size_t B,
+                                       size_t total)
+{
+    GRID_STRIDE(i, total) x[i] *= scales[(i / F) % B];
+}
+
+/* See kernels.h: the B scales are staged, then one pass. */
+extern "C" void fbc_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B,
+                                  size_t F)
+{
+    struct fbc_ctx *c = fbc_begin(be);
+    if (!c) return;
+    size_t bytes = (size_t)B * sizeof *scales, total = (size_t)N * (size_t)B * F;
+    if (!fbc_buf_get(c, &c->stage, bytes, "staging buffer")) return;
+    const float *ds = (const float *)fbc_stage(c, 0, scales, bytes);
+    if (!ds) return;
+    k_scale_members<<<fbc_grid(c, total, FBC_THREADS), FBC_THREADS, 0, c->stream>>>(
+        x, ds, F, (size_t)B, total);
+    FBC_LAUNCHED(c, "scale_members");
 }

@@ -86,9 +86,10 @@ static const spec_case cases[] = {
      "{'dataset':'tabular','model':{'input':[10],'layers':[{'type':'linear','out':4},"
      "{'type':'batchnorm'},{'type':'relu'},{'type':'linear','out':3}]}," REST "}",
      FB_OK, NULL},
-    {"options", SPEC(",'data':{'shuffle':false},'precision':'bf16','parallel':{'data':2,"
+    {"options", SPEC(",'data':{'shuffle':false},'precision':'tf32','parallel':{'data':2,"
                      "'pipeline':2},'priority':0,'max_restarts':0,'name':'A-b_c.1'"),
      FB_OK, NULL},
+    {"bf16", SPEC(",'precision':'bf16','parallel':{'data':2}"), FB_OK, NULL},
     {"init", SPEC(",'init':'weights/start.safetensors'"), FB_OK, NULL},
 
     /* ---- syntax and structure ---- */
@@ -167,7 +168,11 @@ static const spec_case cases[] = {
      FB_ERR_BAD_ENUM, "rmsprop"},
     {"layer type", WITH_MODEL("{'type':'conv3d'}"), FB_ERR_BAD_ENUM, "conv3d"},
     {"loss hinge", SPEC(",'loss':'hinge'"), FB_ERR_BAD_ENUM, NULL},
-    {"precision fp16", SPEC(",'precision':'fp16'"), FB_ERR_BAD_ENUM, NULL},
+    {"precision fp16", SPEC(",'precision':'fp16'"), FB_ERR_BAD_ENUM, "precision"},
+    {"precision upper", SPEC(",'precision':'BF16'"), FB_ERR_BAD_ENUM, "precision"},
+    {"precision number", SPEC(",'precision':16"), FB_ERR_WRONG_TYPE, "precision"},
+    {"bf16 pipeline", SPEC(",'precision':'bf16','parallel':{'pipeline':2}"), FB_ERR_CONFLICT,
+     "pipeline"},
     {"gelu fast", WITH_MODEL("{'type':'gelu','approximate':'fast'}"), FB_ERR_BAD_ENUM, NULL},
     {"name space", SPEC(",'name':'my job'"), FB_ERR_BAD_NAME, "name"},
     {"name empty", SPEC(",'name':''"), FB_ERR_BAD_NAME, NULL},
@@ -365,6 +370,7 @@ static void run_fusion_keys(void)
         BASE_KEYED(",'data_seed':1", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'data':{'shuffle':false}", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'precision':'tf32'", "{'type':'adam','lr':0.001}", "64"),
+        BASE_KEYED(",'precision':'bf16'", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'parallel':{'data':2}", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'loss':'mse'", "{'type':'adam','lr':0.001}", "64"),
         "{'dataset':'mnist'," MLP ",'batch_size':64,'steps':100,"
@@ -385,6 +391,25 @@ static void run_fusion_keys(void)
     }
     printf("fusion keys: %zu equal, %zu different\n", sizeof same / sizeof same[0],
            sizeof differ / sizeof differ[0]);
+
+    /* bf16 round-trips: its canonical form names it and parses back to itself,
+     * and it is a key of its own (neither fp32's nor tf32's) */
+    char kb[40], kt[40];
+    char *cb, *cb2;
+    key_of(BASE_KEYED(",'precision':'bf16'", "{'type':'adam','lr':0.001}", "64"), kb, &cb);
+    CHECK(strstr(cb, "\"precision\":\"bf16\"") != NULL);
+    key_of(cb, k1, &cb2);
+    CHECK_STR_EQ(kb, k1);
+    CHECK_STR_EQ(cb, cb2);
+    key_of(BASE_KEYED(",'precision':'tf32'", "{'type':'adam','lr':0.001}", "64"), kt, NULL);
+    CHECK(strcmp(kb, k0) != 0 && strcmp(kb, kt) != 0);
+    fb_job_spec s;
+    char msg[256];
+    CHECK_INT_EQ(parse(cb, &s, msg, sizeof msg), FB_OK);
+    CHECK_INT_EQ(s.precision, FB_PREC_BF16);
+    fb_job_spec_free(&s);
+    free(cb);
+    free(cb2);
 }
 
 static void run_inference(void)

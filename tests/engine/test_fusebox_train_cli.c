@@ -454,6 +454,34 @@ static void test_init(void)
     result_free(&r);
 }
 
+/* A bf16 spec trains to the end like its fp32 twin (same seed, same data) and
+ * ends at other weights, close to the fp32 ones: the operands were rounded. */
+static void test_bf16_run(void)
+{
+    char b16[1200], f32[1200], out[1200];
+    const char *fmt = "{\"name\":\"%s\",\"dataset\":\"fashion-mnist\",\"model\":%s,"
+                      "\"batch_size\":8,\"steps\":12,\"optimizer\":{\"type\":\"adam\","
+                      "\"lr\":0.01},\"seed\":6,\"data_seed\":2%s}";
+    write_spec(b16, sizeof b16, "b16.json", fmt, "b16", mlp, ",\"precision\":\"bf16\"");
+    write_spec(f32, sizeof f32, "f32.json", fmt, "f32", mlp, "");
+    snprintf(out, sizeof out, "%s/out-bf16", root);
+    result r = run(data_dir, "--out", out, "--no-eval", b16, f32, NULL);
+    if (r.rc != 0) fprintf(stderr, "stderr:\n%s\n", r.err);
+    CHECK_INT_EQ(r.rc, 0);
+    events ev = parse_events(r.out);
+    json_t *sel[MAX_LINES];
+    CHECK_INT_EQ(select_events(&ev, "b16", "done", sel), 1);
+    CHECK_INT_EQ(ev_int(sel[0], "step"), 12);
+    char pb[1300], pf[1300];
+    snprintf(pb, sizeof pb, "%s/b16.safetensors", out);
+    snprintf(pf, sizeof pf, "%s/f32.safetensors", out);
+    double d = max_abs_diff(pb, pf);
+    printf("bf16: 12 steps end %.3g away from the fp32 run's weights\n", d);
+    CHECK(d > 1e-5 && d < 0.05);
+    events_free(&ev);
+    result_free(&r);
+}
+
 static void test_determinism(void)
 {
     char spec[1200], out[1200];
@@ -595,6 +623,14 @@ static void test_bad_specs(void)
     write_spec(path, sizeof path, "absent-init.json", one_step_spec, "ai", mlp, extra);
     const char *n11[] = {"absent.safetensors", NULL};
     expect_failure("missing init file", 1, n11, data_dir, path, NULL);
+
+    write_spec(path, sizeof path, "bf16-pipeline.json",
+               "{\"name\":\"bp\",\"dataset\":\"fashion-mnist\",\"model\":%s,\"batch_size\":8,"
+               "\"steps\":2,\"optimizer\":{\"type\":\"adam\",\"lr\":0.01},\"precision\":\"bf16\","
+               "\"parallel\":{\"pipeline\":2}}",
+               mlp);
+    const char *n12[] = {"bf16-pipeline.json", "conflicting_fields", "pipeline", NULL};
+    expect_failure("bf16 in pipeline stages", 2, n12, data_dir, path, NULL);
 }
 
 static void test_bad_flags(void)
@@ -663,6 +699,7 @@ int main(int argc, char **argv)
 
     test_good_run();
     test_init();
+    test_bf16_run();
     test_determinism();
     test_bad_specs();
     test_bad_flags();

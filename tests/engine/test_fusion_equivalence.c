@@ -20,7 +20,10 @@
  * match the run without removal and their solo runs (MLP/Adam and CNN/SGD).
  * Finally the invariant is checked on the plain-C reference backend as well,
  * and the fast CPU backend is compared with it on two cases (looser bounds:
- * different summation orders).  Every case prints its errors.
+ * different summation orders).  The invariant must hold in bf16 precision as
+ * well (an MLP and a CNN case, and one on the reference backend), with the
+ * same bounds: rounding operands to bf16 and loss scaling are per member.
+ * Every case prints its errors.
  */
 #include "engine_util.h"
 
@@ -44,6 +47,9 @@ static double loss_tol = LOSS_TOL, weight_tol = WEIGHT_TOL;
 #define REF_WEIGHT_TOL 1e-3
 
 typedef enum model_kind { MODEL_MLP, MODEL_CNN } model_kind;
+
+/* The job specs' "precision" for the cases being run (main switches it). */
+static const char *precision = "fp32";
 
 static fb_dataset ds;
 static int32_t batches[STEPS][BS]; /* sample indices of each step's minibatch */
@@ -114,9 +120,9 @@ static fb_job_spec *member_spec(model_kind m, fb_optim_type opt, int i)
     return et_spec(
         "{\"name\":\"%s-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
         "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,"
-        "\"schedule\":%s,\"seed\":%d,\"data_seed\":3}",
+        "\"schedule\":%s,\"seed\":%d,\"data_seed\":3,\"precision\":\"%s\"}",
         model_names[m], optim_names[opt], i, SIDE, SIDE, model_layers(m), BS, STEPS + 25 * (i % 3),
-        o, s, 1000 + 17 * i);
+        o, s, 1000 + 17 * i, precision);
 }
 
 static void weights_path(char *path, size_t cap, const char *tag, int orig)
@@ -257,8 +263,8 @@ static void run_case(fb_backend_t *be, model_kind m, fb_optim_type opt, int B)
         orig[i] = i;
     }
     char tag[64], solo_tag[64];
-    snprintf(tag, sizeof tag, "%s-%s-%s-B%d", fb_backend_name(be), model_names[m], optim_names[opt],
-             B);
+    snprintf(tag, sizeof tag, "%s-%s-%s-B%d%s", fb_backend_name(be), model_names[m],
+             optim_names[opt], B, strcmp(precision, "fp32") ? "-bf16" : "");
     snprintf(solo_tag, sizeof solo_tag, "%s-solo", tag);
     train(be, specs, orig, B, 0, NULL, 0, fused_loss, tag);
     for (int i = 0; i < B; i++)
@@ -447,6 +453,11 @@ int main(void)
     run_case(fb_backend_cpu_ref(), MODEL_CNN, FB_OPTIM_ADAMW, 5);
     run_backends(be, MODEL_CNN, FB_OPTIM_ADAM, 5);
     run_backends(be, MODEL_MLP, FB_OPTIM_SGD, 2);
+    precision = "bf16";
+    run_case(be, MODEL_MLP, FB_OPTIM_ADAM, 5);
+    run_case(be, MODEL_CNN, FB_OPTIM_SGD, 2);
+    run_case(fb_backend_cpu_ref(), MODEL_MLP, FB_OPTIM_ADAMW, 2);
+    precision = "fp32";
 
     printf("worst fused-vs-solo error: loss %.3g (bound %g), weights %.3g (bound %g)\n",
            worst_loss_err, loss_tol, worst_weight_err, weight_tol);

@@ -11,7 +11,10 @@
  * Results are compared by normalised error sqrt(sum (gpu - ref)^2 / sum
  * ref^2) with a bound per op, and NaN and infinities must sit at the same
  * places.  Dropout masks and argmax indices must match exactly.  Then the
- * backend's own controls: errors, the pool, the streams.  Skipped where no
+ * backend's own controls: errors, the pool, the streams.  The bf16 cases
+ * check the rounding and finiteness ops exactly, then linear and conv with
+ * TF32 on over operands each backend rounded to bf16 itself, which is how a
+ * bf16 array runs on a GPU (workers/array.c).  Skipped where no
  * CUDA device exists (and in a build without CUDA);
  * FB_GPU_CROSSCHECK_BACKEND=cpu runs the cases on the fast CPU backend.
  */
@@ -170,23 +173,44 @@ static void tp_check(const char *op, const char *name, const tpair *t, double bo
 #define B_CONV 5e-5
 #define B_DBL 1e-6
 #define B_EXACT 0.0
+/* Convolutions over bf16 operands with TF32 on: cuDNN may transform the
+ * operands (Winograd, FFT) before the tensor cores round them to TF32's 10
+ * bits, which can cost about 2^-11 per element; still far below bf16's own
+ * rounding (2^-8) and below a wrong layout's errors near 1. */
+#define B_CONV_BF16 1e-3
+
+/* Set while the linear and conv cases run in bf16 (main): each backend rounds
+ * the operands with its own fb_round_bf16, and the CUDA one computes with
+ * TF32, as it does for a bf16 group. */
+static bool g_bf16;
+
+/* Rounds an input pair to bf16 in place, each side with its own backend. */
+static void tp_round(tpair *t)
+{
+    if (!g_bf16) return;
+    fb_round_bf16(g_ref, t->h, t->h, t->n);
+    fb_round_bf16(g_cu, t->d, t->d, t->n);
+}
 
 /* ---- linear and sgemm ---- */
 
 static void case_linear(int N, int B, int I, int O, bool shared, bool with_bias)
 {
     char op[64];
-    snprintf(op, sizeof op, "linear N%d B%d I%d O%d%s%s", N, B, I, O, shared ? " sh" : "",
-             with_bias ? "" : " nb");
+    snprintf(op, sizeof op, "linear N%d B%d I%d O%d%s%s%s", N, B, I, O, shared ? " sh" : "",
+             with_bias ? "" : " nb", g_bf16 ? " bf16" : "");
     int Bi = shared ? 1 : B;
     tpair in = tp_new((size_t)N * Bi * I, T_IN), w = tp_new((size_t)B * O * I, T_IN);
     tpair bias = tp_new((size_t)B * O, T_IN), out = tp_new((size_t)N * B * O, T_OUT);
+    tp_round(&in);
+    tp_round(&w);
     fb_linear_forward(g_ref, out.h, in.h, w.h, with_bias ? bias.h : NULL, N, B, I, O, shared);
     fb_linear_forward(g_cu, out.d, in.d, w.d, with_bias ? bias.d : NULL, N, B, I, O, shared);
     tp_check(op, "out", &out, B_GEMM);
 
     tpair dout = tp_new((size_t)N * B * O, T_IN), din = tp_new((size_t)N * Bi * I, T_ACC);
     tpair dw = tp_new((size_t)B * O * I, T_ACC), db = tp_new((size_t)B * O, T_ACC);
+    tp_round(&dout);
     fb_linear_backward(g_ref, din.h, dw.h, with_bias ? db.h : NULL, dout.h, in.h, w.h, N, B, I, O,
                        shared);
     fb_linear_backward(g_cu, din.d, dw.d, with_bias ? db.d : NULL, dout.d, in.d, w.d, N, B, I, O,
@@ -219,30 +243,78 @@ static void case_conv(fb_conv_geom g)
 {
     fb_conv_geom_finish(&g);
     char op[96];
-    snprintf(op, sizeof op, "conv N%d B%d C%d %dx%d K%d k%dx%d s%d p%d%s", g.N, g.B, g.C, g.H, g.W,
-             g.K, g.kh, g.kw, g.sh, g.ph, g.shared ? " sh" : "");
+    snprintf(op, sizeof op, "conv N%d B%d C%d %dx%d K%d k%dx%d s%d p%d%s%s", g.N, g.B, g.C, g.H,
+             g.W, g.K, g.kh, g.kw, g.sh, g.ph, g.shared ? " sh" : "", g_bf16 ? " bf16" : "");
+    double bound = g_bf16 ? B_CONV_BF16 : B_CONV;
     int Bi = g.shared ? 1 : g.B;
     size_t nin = (size_t)g.N * Bi * g.C * g.H * g.W, nw = (size_t)g.B * g.K * g.C * g.kh * g.kw;
     size_t nout = (size_t)g.N * g.B * g.K * g.Ho * g.Wo;
     tpair in = tp_new(nin, T_IN), w = tp_new(nw, T_IN), bias = tp_new((size_t)g.B * g.K, T_IN);
     tpair out = tp_new(nout, T_OUT);
+    tp_round(&in);
+    tp_round(&w);
     fb_conv2d_forward(g_ref, out.h, in.h, w.h, bias.h, &g, NULL);
     size_t sf = fb_conv2d_scratch_floats(g_cu, &g);
     float *scratch = sf ? fb_backend_alloc(g_cu, sf * sizeof(float)) : NULL;
     fb_conv2d_forward(g_cu, out.d, in.d, w.d, bias.d, &g, scratch);
-    tp_check(op, "out", &out, B_CONV);
+    tp_check(op, "out", &out, bound);
 
     tpair dout = tp_new(nout, T_IN), din = tp_new(g.shared ? 0 : nin, T_ACC);
     tpair dw = tp_new(nw, T_ACC), db = tp_new((size_t)g.B * g.K, T_ACC);
+    tp_round(&dout);
     fb_conv2d_backward(g_ref, g.shared ? NULL : din.h, dw.h, db.h, dout.h, in.h, w.h, &g, NULL);
     fb_conv2d_backward(g_cu, g.shared ? NULL : din.d, dw.d, db.d, dout.d, in.d, w.d, &g, scratch);
-    if (!g.shared) tp_check(op, "din", &din, B_CONV);
-    tp_check(op, "dw", &dw, B_CONV);
+    if (!g.shared) tp_check(op, "din", &din, bound);
+    tp_check(op, "dw", &dw, bound);
     tp_check(op, "dbias", &db, B_DBL);
     fb_backend_free(g_cu, scratch);
     tpair *all[] = {&in, &w, &bias, &out, &dout, &din, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         tp_free(all[i]);
+}
+
+/* ---- bf16: rounding and the finiteness check ---- */
+
+/* Rounds n random values plus the hard ones (ties, subnormals, the largest
+ * floats, NaN, infinities) on both backends; the results must be equal bit
+ * for bit, in place and not. */
+static void case_round_bf16(size_t n)
+{
+    char op[64];
+    snprintf(op, sizeof op, "round_bf16 n%zu", n);
+    static const float hard[] = {1.00390625f, 1.01171875f,   -1.00390625f, 1e-40f,
+                                 -1e-45f,     3.4028235e38f, -3.4e38f,     INFINITY,
+                                 -INFINITY,   NAN,           0.0f,         -0.0f};
+    tpair in = tp_new(n, T_IN), out = tp_new(n, T_OUT);
+    for (size_t i = 0; i < sizeof hard / sizeof *hard && i < n; i++)
+        tp_set(&in, i * 7 % n, hard[i]);
+    fb_round_bf16(g_ref, out.h, in.h, n);
+    fb_round_bf16(g_cu, out.d, in.d, n);
+    tp_check(op, "out", &out, B_EXACT);
+    fb_round_bf16(g_ref, in.h, in.h, n);
+    fb_round_bf16(g_cu, in.d, in.d, n);
+    tp_check(op, "inplace", &in, B_EXACT);
+    tp_free(&in);
+    tp_free(&out);
+}
+
+/* B members over three blocks (one empty); members 1 and B-1 get a NaN and an
+ * infinity in different blocks, the others stay finite. */
+static void case_nonfinite(int B)
+{
+    char op[64];
+    snprintf(op, sizeof op, "grad_nonfinite B%d", B);
+    fb_param_block blocks[3] = {{0, 37}, {(size_t)B * 37, 0}, {(size_t)B * 37 + 16, 129}};
+    size_t n = blocks[2].offset + (size_t)B * blocks[2].per_member;
+    tpair g = tp_new(n, T_IN), flags = tp_new((size_t)B, T_OUT);
+    if (B > 1) tp_set(&g, blocks[0].offset + 1 * 37 + 36, NAN);
+    tp_set(&g, blocks[2].offset + (size_t)(B - 1) * 129 + 5, -INFINITY);
+    fb_grad_nonfinite(g_ref, flags.h, g.h, blocks, 3, B);
+    fb_grad_nonfinite(g_cu, flags.d, g.d, blocks, 3, B);
+    tp_check(op, "flags", &flags, B_EXACT);
+    CHECK(flags.h[B - 1] == 1.0f && (B < 3 || flags.h[0] == 0.0f));
+    tp_free(&g);
+    tp_free(&flags);
 }
 
 /* ---- pooling ---- */
@@ -641,6 +713,8 @@ static void check_controls(void)
 int main(void)
 {
     char msg[256];
+    /* line by line, so that the cases run before a failed CHECK aborts are shown */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     /* FB_GPU_CROSSCHECK_BACKEND=cpu runs the same cases on the fast CPU
      * backend instead, which proves the harness itself on a machine without
      * a GPU (the CUDA-only checks of the backend's controls are left out). */
@@ -734,6 +808,55 @@ int main(void)
         case_optim(FB_OPTIM_KIND_ADAM, b, 0.0f, 0);
         case_optim(FB_OPTIM_KIND_ADAMW, b, 0.0f, 0);
     }
+
+    case_round_bf16(4099);
+    case_round_bf16(12);
+    case_nonfinite(1);
+    case_nonfinite(5);
+    g_bf16 = true;
+    fb_cuda_backend_set_tf32(g_cu, true);
+    case_linear(33, 4, 64, 31, false, true);
+    case_linear(33, 4, 64, 31, true, false);
+    case_linear(128, 16, 784, 256, false, true);
+    case_conv((fb_conv_geom){.N = 2,
+                             .B = 3,
+                             .C = 3,
+                             .H = 11,
+                             .W = 7,
+                             .K = 5,
+                             .kh = 3,
+                             .kw = 2,
+                             .sh = 2,
+                             .sw = 1,
+                             .ph = 1,
+                             .pw = 0});
+    case_conv((fb_conv_geom){.N = 5,
+                             .B = 2,
+                             .C = 16,
+                             .H = 14,
+                             .W = 14,
+                             .K = 32,
+                             .kh = 3,
+                             .kw = 3,
+                             .sh = 1,
+                             .sw = 1,
+                             .ph = 1,
+                             .pw = 1});
+    case_conv((fb_conv_geom){.N = 2,
+                             .B = 4,
+                             .C = 1,
+                             .H = 10,
+                             .W = 10,
+                             .K = 3,
+                             .kh = 5,
+                             .kw = 5,
+                             .sh = 1,
+                             .sw = 1,
+                             .ph = 2,
+                             .pw = 2,
+                             .shared = true});
+    fb_cuda_backend_set_tf32(g_cu, false);
+    g_bf16 = false;
 
     CHECK_INT_EQ(fb_cuda_backend_error(g_cu, msg, sizeof msg), FB_OK);
     printf("%d of %d checks failed\n", g_failures, g_checks);

@@ -699,6 +699,32 @@ static void test_prometheus(void)
 }
 
 /* A request whose body is still arriving when SIGTERM comes is served. */
+/* Every precision of the contract is taken and kept, bf16 included (it was refused until
+ * the engine trained it), and a bf16 job is its own fusion key, apart from the same job in
+ * fp32: their arrays round differently, so they must never be fused. */
+static void test_precision(void)
+{
+    char fp32[1200], bf16[1200], key32[40] = "";
+    snprintf(fp32, sizeof fp32, "%s", fbt_spec("precise", 0.01));
+    snprintf(bf16, sizeof bf16, "%.*s, \"precision\": \"bf16\"}", (int)strlen(fp32) - 1, fp32);
+    fbt_resp r = fbt_call(&S, "POST", "/v1/jobs", alice_key, fp32);
+    fbt_expect(&r, 201, NULL, "submit fp32");
+    snprintf(key32, sizeof key32, "%s", jstr(r.json, "fusion_key"));
+    fbt_resp_free(&r);
+    r = fbt_call(&S, "POST", "/v1/jobs", alice_key, bf16);
+    fbt_expect(&r, 201, NULL, "submit bf16");
+    CHECK_STR_EQ(jstr(json_object_get(r.json, "spec"), "precision"), "bf16");
+    CHECK_INT_EQ(strlen(jstr(r.json, "fusion_key")), 32);
+    CHECK(strcmp(jstr(r.json, "fusion_key"), key32) != 0);
+    char path[200];
+    snprintf(path, sizeof path, "/v1/jobs/%s", jstr(r.json, "id"));
+    fbt_resp_free(&r);
+    r = fbt_call(&S, "GET", path, alice_key, NULL);
+    fbt_expect(&r, 200, NULL, "get bf16 job");
+    CHECK_STR_EQ(jstr(json_object_get(r.json, "spec"), "precision"), "bf16");
+    fbt_resp_free(&r);
+}
+
 static void test_graceful_shutdown(void)
 {
     const char *body = fbt_spec("in-flight", 0.05);
@@ -776,6 +802,7 @@ int main(void)
     test_sweeps();
     test_cluster();
     test_prometheus();
+    test_precision();
     test_graceful_shutdown();
     test_restart();
     fbt_db_drop(&S);

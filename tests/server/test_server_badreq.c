@@ -100,8 +100,8 @@ static const bad_case cases[] = {
      "{\"dataset\": \"fashion-mnist\", " MODEL ", \"batch_size\": 32, \"steps\": 100,"
      " \"optimizer\": {\"type\": \"rmsprop\", \"lr\": 0.1}}",
      0, NULL, 400, "bad_enum", "optimizer.type"},
-    {"precision not implemented", "POST", "/v1/jobs", K_ALICE, NULL,
-     SPEC(", \"precision\": \"bf16\""), 0, NULL, 400, "bad_enum", "precision"},
+    {"unknown precision", "POST", "/v1/jobs", K_ALICE, NULL,
+     SPEC(", \"precision\": \"fp16\""), 0, NULL, 400, "bad_enum", "precision"},
     {"SQL in a job name", "POST", "/v1/jobs", K_ALICE, NULL,
      SPEC_NAME("\"x'); DROP TABLE jobs; --\""), 0, NULL, 400, "bad_name", "name"},
     {"path traversal in a job name", "POST", "/v1/jobs", K_ALICE, NULL,
@@ -264,8 +264,8 @@ static const bad_case cases[] = {
     {"trial with an invalid value", "POST", "/v1/sweeps", K_ALICE, NULL,
      SWEEP("{\"type\": \"grid\", \"params\": {\"batch_size\": {\"values\": [32, -4]}}}"), 0, NULL,
      400, "out_of_range", "base.batch_size"},
-    {"sweep of a precision not implemented", "POST", "/v1/sweeps", K_ALICE, NULL,
-     "{\"base\": " SPEC(", \"precision\": \"bf16\"") ", \"search\": {\"type\": \"grid\","
+    {"sweep of an unknown precision", "POST", "/v1/sweeps", K_ALICE, NULL,
+     "{\"base\": " SPEC(", \"precision\": \"fp8\"") ", \"search\": {\"type\": \"grid\","
      " \"params\": {\"seed\": {\"values\": [1]}}}}",
      0, NULL, 400, "bad_enum", "base.precision"},
     {"unknown early-stopping rule", "POST", "/v1/sweeps", K_ALICE, NULL,

@@ -17,6 +17,19 @@ engine, see torch_driver.c) on them and compares:
         relative error <= 1e-3 at the last step (the maximum over all steps is
         reported).  Every member is run alone (B = 1) and again fused with the
         other members that share its optimizer type (B > 1).
+  bf16  the MLP trained BF16_STEPS updates (Adam, cosine schedule) from one
+        init on BF16_STEPS distinct batches four ways: fusebox with
+        "precision": "bf16" (B = 2, beside a member with another seed),
+        PyTorch in float32, PyTorch under torch.autocast("cpu",
+        dtype=torch.bfloat16), and PyTorch with fusebox's definition written
+        out (the operands of each linear product rounded to bf16 in both
+        directions, all else float).  With a gap being the mean over steps of
+        |a - b| / b of the losses:
+          fusebox vs the definition, first BF16_DEF_STEPS   <= BF16_DEF_TOL
+          fusebox vs autocast                               <= BF16_TOL
+          fusebox vs float32, autocast vs float32           >= BF16_FLOOR,
+          and the larger of these two within BF16_RATIO of the smaller.
+        See the constants for where the bounds come from.
 
 It prints a table and exits 0 when everything agrees, 1 on any failure and 77
 (skipped) when torch or numpy cannot be imported.  Safetensors files are read
@@ -45,6 +58,30 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 GRAD_TOL = 1e-4
 TRAJ_TOL = 1e-3
 STEPS = 50
+# The bf16 bounds.  bf16 keeps 8 significant bits, so rounding moves a value
+# by at most u = 2^-9 of itself.  Each step of a bf16 run perturbs the loss by
+# about u relative to float32, and the perturbations neither vanish nor blow
+# up along a trajectory (training pulls both runs toward the same minimum), so
+# a bf16 run's losses stay O(u) from float32's: about 1.2u on average here.
+# Two bf16 computations differ from each other by the same order, since their
+# roundings differ (autocast also rounds outputs, activations and bias sums,
+# which fusebox keeps in float): fusebox vs autocast <= 4u on average.  Both
+# must stand at least u/8 from float32, so the mode is not a no-op: float32
+# fusebox vs float32 torch differ only in summation order, about 1e-7 over
+# these steps.  Both bf16 flavours see the same rounding noise, so their gaps
+# to float32 are within a factor 4 of each other.  The definition written out
+# in PyTorch rounds the same operands: at first the two agree to float
+# summation order (1e-7 per step), but a summation difference that moves a
+# value across a bf16 rounding boundary is a u-sized change, and such flips
+# grow to the bf16 noise level within some 100 steps; over the first 20 steps
+# they must stay within u/32 (fp32 math, ignoring the mode, would be ~0.7u).
+BF16_STEPS = 300
+BF16_DEF_STEPS = 20
+BF16_U = 2.0 ** -9
+BF16_TOL = 4 * BF16_U
+BF16_FLOOR = BF16_U / 8
+BF16_RATIO = 4.0
+BF16_DEF_TOL = BF16_U / 32
 POOL = 4
 N = 16
 CLASSES = 10
@@ -397,6 +434,12 @@ class Report:
         self.failed += not ok
         self.rows.append((kind, what, err, tol, "ok" if ok else "FAIL", note))
 
+    def add_min(self, kind, what, value, floor, note=""):
+        """A check that value is at least floor (shown as value and -floor)."""
+        ok = value >= floor
+        self.failed += not ok
+        self.rows.append((kind, what, value, -floor, "ok" if ok else "FAIL", note or "needs >= |tol|"))
+
     def fail(self, kind, what, note):
         self.failed += 1
         self.rows.append((kind, what, float("inf"), 0.0, "FAIL", note))
@@ -538,6 +581,112 @@ def compare_traj(rep, what, got, want, B):
             f"B={B} max {errs[worst]:.2e} @ step {worst + 1}; loss {want[0]:.4f} -> {want[-1]:.4f}")
 
 
+def bf16_round(t):
+    """t rounded to bfloat16 (nearest, ties to even) and back to float32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Linear(torch.autograd.Function):
+    """fusebox's bf16 linear layer: the operands of each product (input and
+    weight forward; output gradient, input and weight backward) rounded to
+    bf16, products accumulated and results kept in float32; the bias gradient
+    sums the rounded output gradient, as the engine's does."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        rx, rw = bf16_round(x), bf16_round(w)
+        ctx.save_for_backward(rx, rw)
+        return rx @ rw.t() + b
+
+    @staticmethod
+    def backward(ctx, g):
+        rx, rw = ctx.saved_tensors
+        rg = bf16_round(g)
+        return rg @ rw, rg.t() @ rx, rg.sum(0)
+
+
+def bf16_trajectory(name, o, s, seed, x, y, mode):
+    """Losses of BF16_STEPS updates in torch: mode "fp32", "autocast" or
+    "definition" (Bf16Linear in place of every nn.Linear)."""
+    layers, in_shape, loss = MODELS[name]
+    model, _ = init_model(layers, in_shape, seed)
+    init = state_arrays(model)
+    if mode == "definition":
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.forward = (lambda mod: lambda t: Bf16Linear.apply(t, mod.weight, mod.bias))(m)
+    opt = torch_optimizer(model.parameters(), OPTIMIZERS[o])
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: lr_factor(SCHEDULES[s], t, BF16_STEPS))
+    model.train()
+    losses = []
+    for t in range(BF16_STEPS):
+        opt.zero_grad()
+        xt, yt = torch.from_numpy(x[t]), torch.from_numpy(y[t])
+        if mode == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                L = loss_fn(loss, model(xt), yt)
+        else:
+            L = loss_fn(loss, model(xt), yt)
+        L.backward()
+        opt.step()
+        sched.step()
+        losses.append(L.item())
+    return init, losses
+
+
+def mean_gap(a, b, steps=None):
+    """Mean over the first steps (all by default) of |a - b| / |b|; inf when a
+    has a non-finite value or another length."""
+    if len(a) != len(b) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in a):
+        return float("inf")
+    a, b = a[:steps or len(b)], b[:steps or len(b)]
+    return sum(abs(p - q) / max(abs(q), 1e-6) for p, q in zip(a, b)) / len(b)
+
+
+def check_bf16(args, rep, tmp, seed):
+    name, o, s = "mlp", "adam", "cosine_w5"
+    layers, in_shape, loss = MODELS[name]
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((int(np.prod(in_shape)), CLASSES)).astype(np.float32)
+    x, y = make_inputs(rng, in_shape, [BF16_STEPS, N], teacher)
+    batches = os.path.join(tmp, "bf16.batches.safetensors")
+    st_write(batches, {"x": x, "y": y})
+    init, want32 = bf16_trajectory(name, o, s, seed, x, y, "fp32")
+    _, auto = bf16_trajectory(name, o, s, seed, x, y, "autocast")
+    _, defn = bf16_trajectory(name, o, s, seed, x, y, "definition")
+    cmd = ["traj"]
+    for k, mseed in enumerate((seed, seed + 1)):
+        base = os.path.join(tmp, f"bf16_{k}")
+        spec = make_spec(f"bf16-{k}", layers, in_shape, loss, OPTIMIZERS[o], SCHEDULES[s], mseed)
+        spec["steps"] = BF16_STEPS
+        spec["precision"] = "bf16"
+        with open(base + ".json", "w") as f:
+            json.dump(spec, f)
+        st_write(base + ".init.safetensors",
+                 init if k == 0 else state_arrays(init_model(layers, in_shape, mseed)[0]))
+        cmd += [base + ".json", base + ".init.safetensors"]
+    out = os.path.join(tmp, "bf16.losses.json")
+    if not run_driver(args, cmd + [batches, out], rep, "bf16", "mlp bf16"):
+        return
+    got = read_losses(rep, "mlp bf16", out)
+    if not isinstance(got, list) or len(got) != 2 or not isinstance(got[0], list):
+        rep.fail("bf16", "mlp bf16", "expected 2 loss lists")
+        return
+    fb = [float("nan") if v is None else v for v in got[0]]
+    g_def, g_auto = mean_gap(fb, defn, BF16_DEF_STEPS), mean_gap(fb, auto)
+    g_fb32, g_auto32 = mean_gap(fb, want32), mean_gap(auto, want32)
+    note = (f"{BF16_STEPS} steps, loss {want32[0]:.4f} -> fp32 {want32[-1]:.4f}, "
+            f"bf16 {fb[-1]:.4f}, autocast {auto[-1]:.4f}")
+    rep.add("bf16", f"mlp fusebox vs definition, {BF16_DEF_STEPS} steps", g_def, BF16_DEF_TOL,
+            note)
+    rep.add("bf16", "mlp fusebox vs autocast", g_auto, BF16_TOL)
+    rep.add_min("bf16", "mlp fusebox vs fp32", g_fb32, BF16_FLOOR)
+    rep.add_min("bf16", "mlp autocast vs fp32", g_auto32, BF16_FLOOR)
+    ratio = max(g_fb32, g_auto32) / max(min(g_fb32, g_auto32), 1e-12)
+    rep.add("bf16", "mlp fp32 gaps, larger / smaller", ratio, BF16_RATIO)
+
+
 def check_traj(args, rep, tmp, name, seed):
     layers, in_shape, loss = MODELS[name]
     rng = np.random.default_rng(seed + 1000)
@@ -597,6 +746,7 @@ def main():
     ap.add_argument("--keep", help="write the files into this directory and keep them")
     ap.add_argument("--only", help="comma-separated model names")
     ap.add_argument("--no-traj", action="store_true", help="skip the trajectories")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if not os.access(args.driver, os.X_OK):
@@ -620,6 +770,8 @@ def main():
                 if only and name not in only:
                     continue
                 check_traj(args, rep, tmp, name, 500 + 10 * i)
+        if not args.no_bf16 and (not only or "mlp" in only):
+            check_bf16(args, rep, tmp, 900)
 
     print(f"fusebox vs PyTorch {torch.__version__}, backend {args.backend}, "
           f"N={N}, {STEPS} steps, tolerances grad {GRAD_TOL:g} traj {TRAJ_TOL:g} (at the last step)")

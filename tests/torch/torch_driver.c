@@ -20,6 +20,7 @@
  *     backward on batch s, then one optimizer update (update s + 1 of S).
  *     Writes the losses before each update: a JSON array of S numbers when
  *     B = 1, else an array of B such arrays (one per member, in argument order).
+ *     The specs' precision applies (bf16: operands rounded, loss scaling).
  *
  * Exit status: 0 on success, 1 on a failure (message on stderr), 2 on bad usage.
  */
@@ -203,6 +204,9 @@ static int run_traj(fb_backend_t *be, char **pairs, int B, const char *batch_pat
     if ((err = fb_array_new(be, sp, B, N, &a, msg, cap))) goto done;
     for (int b = 0; b < B; b++)
         if ((err = fb_array_load(a, b, pairs[2 * b + 1], msg, cap))) goto done;
+    /* as the worker does per group turn: TF32 for tf32, and for bf16, whose
+     * operands the array rounds itself (exact in TF32); no-op off CUDA */
+    fb_cuda_backend_set_tf32(be, specs[0].precision != FB_PREC_FP32);
 
     for (int s = 0; s < S; s++) {
         if ((err = fb_array_forward_backward(a, x + (size_t)s * x_step, y + (size_t)s * N, N,
