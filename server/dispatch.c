@@ -134,6 +134,11 @@ typedef struct group {
     /* the latest per-device breakdown, for the fair-share period's gauges */
     int n_dev;
     fb_wire_device_step dev[FB_WIRE_MAX_DEVICES];
+    /* the fair-share controller's memory of a split gap that has not yet been closed
+     * (fairshare.h), handed back to it each period; 0 for a new group */
+    int split_periods;
+    uint64_t split_toward;
+    double split_gain;
 } group;
 
 typedef struct pending {
@@ -364,6 +369,9 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     snprintf(g->worker, sizeof g->worker, "%s", worker_name);
     g->missing_since_ms = 0;
     g->requeue_wait_said = false;
+    g->split_periods = 0;
+    g->split_toward = 0;
+    g->split_gain = 0;
     g->span = NULL;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;
@@ -3189,6 +3197,12 @@ static void rebalance_run(fb_dispatch_t *d)
         if (!ok || !(share > 0 && share <= 1)) continue;
         G->n_shards = D;
         G->time_share = share;
+        /* the memory a group kept while it had another shape means nothing now */
+        if (D >= 64 || mem->split_toward >> D == 0) {
+            G->split_periods = mem->split_periods;
+            G->split_toward = mem->split_toward;
+            G->split_gain = mem->split_gain;
+        }
         /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
          * has been measured; the policy then leaves the split alone */
         for (int s = 0; s < D; s++) {
@@ -3251,7 +3265,12 @@ static void rebalance_run(fb_dispatch_t *d)
         const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
         fb_metrics_fair_group(gid, dec->slowdown,
                               dec->share_changed ? dec->time_share : c.fg[g].time_share);
-        const group *mem = find_group(d, gid);
+        group *mem = find_group(d, gid);
+        if (mem) {
+            mem->split_periods = dec->split_periods;
+            mem->split_toward = dec->split_toward;
+            mem->split_gain = dec->split_gain;
+        }
         for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
             const span_member *sm = &mem->span->m[k];
             for (int x = 0; x < sm->n_ranks; x++) {

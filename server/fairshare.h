@@ -8,9 +8,17 @@
  *
  * 1. Inside a group: the global batch is re-split across the group's
  *    data-parallel shards in proportion to each shard's measured throughput,
- *    so that no shard waits for a slower one.  A new split is proposed only
- *    when it shortens the predicted step time by more than
- *    split_hysteresis.
+ *    so that no shard waits for a slower one.  The proportional split is
+ *    applied at once when it shortens the predicted step time by more than
+ *    split_hysteresis, and a smaller gain only once it has pointed the same
+ *    way (the same shards to gain samples) for split_patience periods in a
+ *    row and the gains predicted over those periods add up to more than
+ *    split_hysteresis: a steady gap is closed exactly, while noise in the
+ *    measured rates, which points one way one period and another the next,
+ *    starts the count again and moves nothing.  A smaller gain that would
+ *    give samples to a shard on a device shared with other groups is not
+ *    taken: that shard would take from its neighbours the turns it leaves
+ *    them now while it waits for its group (fairshare.c says more).
  * 2. Across groups sharing a device: each tenant present on the device gets
  *    weight / (sum of the present tenants' weights) of the device's time
  *    (weighted fair share between tenants); inside a tenant's part, the
@@ -18,10 +26,12 @@
  *    equal, which gives more time to the groups with the highest slowdown.
  *    No group gets less than min_share of an even split of its tenant's
  *    part (no starvation).  Shares move toward these targets by at most
- *    max_share_step per period, and only when a target differs from the
- *    current share by share_hysteresis or more; a move that would stop
- *    closer to the target than that stops share_hysteresis short instead,
- *    so that the next period can finish the approach.
+ *    max_share_step per period, and only when the targets would change what
+ *    the worker runs by share_hysteresis or more: on some device, a group's
+ *    fraction under the target shares (its target over the sum of the
+ *    targets there) differs from its fraction now by that much.  A move
+ *    that would stop closer to the target than that stops share_hysteresis
+ *    short instead, so that the next period can finish the approach.
  * 3. Across devices: a device that keeps hosting migrate_gap or more groups
  *    more than the least loaded ready device of its kind for
  *    migrate_patience periods gets a suggestion to migrate its group with
@@ -44,8 +54,11 @@
  * snapshot (step times and shard throughputs), with fb_fair_ewma and the
  * params' smoothing weight, so that the server and the simulator smooth
  * alike.  The policy keeps no state between periods: what it needs from the
- * last period (current splits and shares, and each device's count of
- * imbalanced periods, which the result hands back) comes in the snapshot.
+ * last period (current splits and shares, each device's count of imbalanced
+ * periods, and each group's split_periods, split_toward and split_gain,
+ * which the result hands back) comes in the snapshot.  A caller that hands
+ * back no split memory (zeroes) gets only the re-splits that pass
+ * split_hysteresis.
  */
 #ifndef FB_SERVER_FAIRSHARE_H
 #define FB_SERVER_FAIRSHARE_H
@@ -100,6 +113,10 @@ typedef struct fb_fair_group {
     double isolated_step_s;                /* step time alone (the profile); 0 = unknown */
     int n_jobs;                            /* members, >= 1 */
     const fb_fair_job *jobs;
+    /* the split's memory: the values the last result gave for this group, else 0 */
+    int split_periods;     /* >= 0 */
+    uint64_t split_toward; /* no bit at or above n_shards */
+    double split_gain;     /* 0..FB_FAIR_MAX_VALUE */
 } fb_fair_group;
 
 typedef struct fb_fair_snapshot {
@@ -115,10 +132,14 @@ typedef struct fb_fair_params {
     double period_s;         /* the caller's rebalance cadence, > 0 (default 5 s); the policy
                                 reads no clock, patience below is counted in periods */
     double smoothing;        /* weight of a new sample in fb_fair_ewma, (0, 1] (default 0.3) */
-    double split_hysteresis; /* re-split only when the predicted step time shrinks by more
+    double split_hysteresis; /* re-split at once when the predicted step time shrinks by more
                                 than this fraction, [0, 1) (default 0.05) */
-    double share_hysteresis; /* move shares only when some target differs from the current
-                                share by at least this much, [0, 1) (default 0.02) */
+    int split_patience;      /* periods a smaller gain must point the same way (and the
+                                gains add up past split_hysteresis) before the split is
+                                changed, >= 1 (default 10) */
+    double share_hysteresis; /* move shares only when on some device a group's fraction under
+                                the target shares differs from its fraction now by at least
+                                this much, [0, 1) (default 0.02) */
     double max_share_step;   /* the largest change of a share in one period, (0, 1]
                                 (default 0.1) */
     double min_share;        /* floor: a group keeps at least this fraction of an even split
@@ -136,6 +157,11 @@ typedef struct fb_fair_decision {
     bool needs_profile;                /* isolated_step_s is 0: measure it alone */
     bool split_changed;                /* split[] differs from the snapshot's */
     int64_t split[FB_FAIR_MAX_SHARDS]; /* [n_shards] the split to use: sum unchanged, each >= 1 */
+    int split_periods;                 /* periods in a row the proportional split has pointed
+                                          the way split_toward says without being applied;
+                                          give the three back in the next snapshot */
+    uint64_t split_toward;             /* bit i: shard i would gain samples (0: no gap) */
+    double split_gain;                 /* the predicted gains of those periods, summed */
     bool share_changed;                /* time_share differs from the snapshot's */
     double time_share;                 /* the share to use, in (0, 1] */
     double target_share;               /* where the share is heading (diagnostics) */
@@ -172,7 +198,9 @@ fb_fair_params fb_fair_params_default(void);
  * with a count above 0; a device has an unknown kind or a negative
  * imbalanced_periods; a tenant's weight is not finite and positive; a group
  * has n_shards outside 1..FB_FAIR_MAX_SHARDS, a device out of range or named
- * twice, a split entry below 1 or a batch above FB_FAIR_MAX_BATCH, a time
+ * twice, a split entry below 1 or a batch above FB_FAIR_MAX_BATCH, a
+ * negative split_periods, a split_toward naming a shard it does not have, a
+ * split_gain outside 0..FB_FAIR_MAX_VALUE (NaN included), a time
  * share outside (0, 1], a shard rate, step time or isolated step time that
  * is neither 0 nor within FB_FAIR_MIN_VALUE..FB_FAIR_MAX_VALUE, or no jobs
  * (NULL jobs or n_jobs below 1); a job has
@@ -187,7 +215,10 @@ fb_fair_params fb_fair_params_default(void);
  * shares on a device sum to 1 when its groups live on it alone, and to at
  * most 1 otherwise.  Shares of groups that share devices, directly or
  * through other groups, move together by one common fraction of the way to
- * their targets, which keeps each device's sum.
+ * their targets, which keeps each device's sum.  Where a device's targets
+ * sum below 1, the worker runs each of them as target / (that sum): the
+ * dead band compares that with the fraction now, so shares already at
+ * their targets are not written again.
  */
 int fb_fair_run(const fb_fair_snapshot *s, const fb_fair_params *p, fb_fair_result *out, char *msg,
                 size_t msg_cap);

@@ -60,6 +60,9 @@ typedef struct grp {
     bool bneck[FB_PLAN_MAX_GROUP_DEVICES];        /* the shard limits the group's step */
     double shard_rate[FB_PLAN_MAX_GROUP_DEVICES]; /* samples/s while computing */
     double share;
+    int split_periods; /* the controller's split memory, handed back each period */
+    uint64_t split_toward;
+    double split_gain;
     int64_t mem_per_device;
     int64_t start_step, min_total;
     double steps, t_last, rate, step_time, ready_at;
@@ -770,6 +773,9 @@ static int rebalance(eng *e)
         F->isolated_step_s = *profile_slot(e, G);
         F->n_jobs = G->n_members;
         F->jobs = jp;
+        F->split_periods = G->split_periods;
+        F->split_toward = G->split_toward;
+        F->split_gain = G->split_gain;
         for (int m = 0; m < G->n_members; m++) {
             const sim_job *J = &sc->jobs[G->members[m]];
             int64_t done = G->start_step + (int64_t)G->steps;
@@ -797,6 +803,9 @@ static int rebalance(eng *e)
         grp *G = &e->g[map[k]];
         const fb_fair_decision *D = &res.groups[k];
         int w = sc->devices[G->dev[0]].worker;
+        G->split_periods = D->split_periods;
+        G->split_toward = D->split_toward;
+        G->split_gain = D->split_gain;
         if (D->split_changed) {
             memcpy(G->split, D->split, (size_t)G->n_dev * sizeof *G->split);
             e->res->n_split_changes++;

@@ -231,6 +231,7 @@ static int rec_sim(reader *r, json_t *o)
                                     "migrate_cost_s",
                                     "dispatch_s",
                                     "split_hysteresis",
+                                    "split_patience",
                                     "share_hysteresis",
                                     "max_share_step",
                                     "min_share",
@@ -251,6 +252,7 @@ static int rec_sim(reader *r, json_t *o)
         (rc = get_num(r, o, "migrate_cost_s", false, 0, 86400, &c.migrate_cost_s)) ||
         (rc = get_num(r, o, "dispatch_s", false, 0, 86400, &c.dispatch_s)) ||
         (rc = get_num(r, o, "split_hysteresis", false, 0, 0.99, &c.fair.split_hysteresis)) ||
+        (rc = get_int32(r, o, "split_patience", false, 1, 100000, &c.fair.split_patience)) ||
         (rc = get_num(r, o, "share_hysteresis", false, 0, 0.99, &c.fair.share_hysteresis)) ||
         (rc = get_num(r, o, "max_share_step", false, 0.001, 1, &c.fair.max_share_step)) ||
         (rc = get_num(r, o, "min_share", false, 0.001, 1, &c.fair.min_share)) ||

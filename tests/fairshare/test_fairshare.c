@@ -1,7 +1,8 @@
 /*
  * The fair-share controller (server/fairshare.h) on hand-made snapshots:
  * slowdown as DESIGN.md defines it, splits proportional to measured shard
- * speed, hysteresis, convergence of time shares to equal slowdown over
+ * speed, hysteresis (a steady gap closed exactly, noise left alone, shares
+ * already at their target not rewritten), convergence of time shares to equal slowdown over
  * repeated periods (applying each result to a small model of a device), no
  * oscillation, tenant weights, the starvation floor, migration suggestions,
  * refusal of malformed snapshots and params with the output untouched, and
@@ -193,6 +194,7 @@ static void test_ewma_and_defaults(void)
     CHECK_NEAR(p.period_s, 5.0, 0);
     CHECK_NEAR(p.split_hysteresis, 0.05, 0);
     CHECK(p.migrate_patience >= 1);
+    CHECK(p.split_patience >= 1);
     CHECK_NEAR(fb_fair_ewma(0.0, 7.0, 0.3), 7.0, 0);
     CHECK_NEAR(fb_fair_ewma(10.0, 20.0, 0.3), 13.0, 1e-12);
     CHECK_NEAR(fb_fair_ewma(10.0, 20.0, 1.0), 20.0, 1e-12);
@@ -298,6 +300,204 @@ static void test_split_hysteresis(void)
     CHECK(r.groups[a].split_changed);
     CHECK_INT_EQ(r.groups[a].split[0], 55);
     fb_fair_result_free(&r);
+}
+
+/* Runs periods of group g with the shard rates rate(period) gives, handing
+ * the result's split and split memory back each time as a caller must.
+ * Returns the number of periods whose result changed the split; *first
+ * gets the first such period (-1: none). */
+static int split_periods_run(fx *f, int g, const fb_fair_params *p, int periods,
+                             void (*rate)(fb_fair_group *, int), int *first)
+{
+    int changes = 0;
+    *first = -1;
+    for (int period = 0; period < periods; period++) {
+        rate(&f->grp[g], period);
+        fb_fair_result r;
+        run_ok(f, p, &r);
+        const fb_fair_decision *D = &r.groups[g];
+        /* the memory is given only while a gap waits */
+        if (D->split_changed || D->split_periods == 0) {
+            CHECK_INT_EQ(D->split_periods, 0);
+            CHECK(D->split_toward == 0);
+            CHECK_NEAR(D->split_gain, 0.0, 0);
+        }
+        if (D->split_changed) {
+            changes++;
+            if (*first < 0) *first = period;
+        }
+        memcpy(f->grp[g].split, D->split, sizeof f->grp[g].split);
+        f->grp[g].split_periods = D->split_periods;
+        f->grp[g].split_toward = D->split_toward;
+        f->grp[g].split_gain = D->split_gain;
+        fb_fair_result_free(&r);
+    }
+    return changes;
+}
+
+static void rate_steady(fb_fair_group *G, int period)
+{
+    (void)period;
+    G->shard_rate[0] = 300.0;
+    G->shard_rate[1] = 200.0;
+}
+
+/* Amplitude of the noise rate_noisy adds to each measured sample. */
+static double noise_amp;
+
+/* Rates 3 : 2, each measured sample off by up to noise_amp either way, and
+ * smoothed with the default weight as a caller smooths them, so that
+ * neighbouring periods lean the same way as they do in service: a fixed
+ * pseudo-random sequence, the same for every run. */
+static void rate_noisy(fb_fair_group *G, int period)
+{
+    static uint64_t state;
+    static double e[2];
+    if (period == 0) {
+        state = 99;
+        e[0] = e[1] = 0.0;
+    }
+    double w = fb_fair_params_default().smoothing;
+    for (int i = 0; i < 2; i++) {
+        state = state * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
+        double u = (double)(state >> 11) / 9007199254740992.0; /* [0, 1) */
+        e[i] += w * (noise_amp * (2.0 * u - 1.0) - e[i]);
+    }
+    G->shard_rate[0] = 300.0 * (1.0 + e[0]);
+    G->shard_rate[1] = 200.0 * (1.0 + e[1]);
+}
+
+/*
+ * A steady gap below the hysteresis: rates 3 : 2 with a batch of 100 at
+ * 58 / 42 (step 21 / 3 = 19.33 against 20 at 60 / 40, a 3.3% gain).  The
+ * 5% band alone holds it there for good; the controller reaches 60 / 40
+ * within max(patience, hysteresis / gain) periods and then stays.
+ */
+static void test_split_steady_gap(void)
+{
+    fb_fair_params p = fb_fair_params_default();
+    fx f;
+    fx_init(&f);
+    int t = add_tenant(&f, 1.0);
+    int d0 = add_device(&f, FB_PLAN_CUDA), d1 = add_device(&f, FB_PLAN_CUDA);
+    int a = add_group(&f, (int[]){d0, d1}, 2, 100, 1.0, 1.0, 1.0);
+    f.grp[a].split[0] = 58;
+    f.grp[a].split[1] = 42;
+    add_job(&f, a, t, 0, 0, 100);
+    int first;
+    int changes = split_periods_run(&f, a, &p, 40, rate_steady, &first);
+    CHECK_INT_EQ(changes, 1);
+    /* the gain is 1 - 20 / 21 = 4.8% (the step is set by 42 / 200 = 0.21):
+     * two periods sum past 5%, and the patience is the longer wait */
+    CHECK_INT_EQ(first, p.split_patience - 1);
+    CHECK(p.split_patience <= 20);
+    CHECK_INT_EQ(f.grp[a].split[0], 60);
+    CHECK_INT_EQ(f.grp[a].split[1], 40);
+
+    /* a smaller gap waits longer, but is closed too: 1004 : 1000 at
+     * 500 / 500 (501 / 499, a gain of 1 - 0.499004 / 0.5 = 0.2%) needs 26
+     * periods for the gains to sum past 5% */
+    fx_init(&f);
+    t = add_tenant(&f, 1.0);
+    d0 = add_device(&f, FB_PLAN_CUDA);
+    d1 = add_device(&f, FB_PLAN_CUDA);
+    a = add_group(&f, (int[]){d0, d1}, 2, 1000, 1.0, 1.0, 1.0);
+    f.grp[a].shard_rate[0] = 1004.0;
+    f.grp[a].shard_rate[1] = 1000.0;
+    add_job(&f, a, t, 0, 0, 100);
+    fb_fair_result r;
+    bool done = false;
+    for (int period = 0; period < 100 && !done; period++) {
+        run_ok(&f, &p, &r);
+        if (r.groups[a].split_changed) {
+            CHECK_INT_EQ(period, 25);
+            CHECK_INT_EQ(r.groups[a].split[0], 501);
+            done = true;
+        } else {
+            CHECK_INT_EQ(r.groups[a].split_periods, period + 1);
+            CHECK(r.groups[a].split_toward == 1); /* shard 0 gains */
+        }
+        f.grp[a].split_periods = r.groups[a].split_periods;
+        f.grp[a].split_toward = r.groups[a].split_toward;
+        f.grp[a].split_gain = r.groups[a].split_gain;
+        fb_fair_result_free(&r);
+    }
+    CHECK(done);
+
+    /* a caller that hands back no memory gets the band alone: the gap stays */
+    fx_init(&f);
+    t = add_tenant(&f, 1.0);
+    d0 = add_device(&f, FB_PLAN_CUDA);
+    d1 = add_device(&f, FB_PLAN_CUDA);
+    a = add_group(&f, (int[]){d0, d1}, 2, 100, 1.0, 1.0, 1.0);
+    f.grp[a].split[0] = 58;
+    f.grp[a].split[1] = 42;
+    rate_steady(&f.grp[a], 0);
+    add_job(&f, a, t, 0, 0, 100);
+    for (int period = 0; period < 10; period++) {
+        run_ok(&f, &p, &r);
+        CHECK(!r.groups[a].split_changed);
+        CHECK_INT_EQ(r.groups[a].split_periods, 1);
+        fb_fair_result_free(&r);
+    }
+}
+
+/*
+ * The same steady gap of 4.8%, with another group on one of the devices.
+ * Samples moving off the shared device are moved as above; samples moving
+ * onto it are not: the shard there would take the turns it now leaves to
+ * its neighbour while it waits, a cost to the neighbour that the group's
+ * gain does not count.
+ */
+static void test_split_steady_gap_shared(void)
+{
+    fb_fair_params p = fb_fair_params_default();
+    for (int onto = 0; onto < 2; onto++) {
+        fx f;
+        fx_init(&f);
+        int t = add_tenant(&f, 1.0);
+        int d0 = add_device(&f, FB_PLAN_CUDA), d1 = add_device(&f, FB_PLAN_CUDA);
+        int a = add_group(&f, (int[]){d0, d1}, 2, 100, 0.5, 1.0, 1.0);
+        f.grp[a].split[0] = 58; /* shard 0, on d0, would gain */
+        f.grp[a].split[1] = 42;
+        add_job(&f, a, t, 0, 0, 100);
+        int x = add_group(&f, onto ? &d0 : &d1, 1, 32, 0.5, 1.0, 1.0);
+        add_job(&f, x, t, 0, 0, 100);
+        int first;
+        int changes = split_periods_run(&f, a, &p, 40, rate_steady, &first);
+        CHECK_INT_EQ(changes, onto ? 0 : 1);
+        CHECK_INT_EQ(f.grp[a].split[0], onto ? 58 : 60);
+    }
+}
+
+/* Noise within the band, at the proportional split: never a re-split.  The
+ * same noise does re-split with no hysteresis, which shows it is not too
+ * weak to matter. */
+static void test_split_noise(void)
+{
+    fx f;
+    fx_init(&f);
+    int t = add_tenant(&f, 1.0);
+    int d0 = add_device(&f, FB_PLAN_CUDA), d1 = add_device(&f, FB_PLAN_CUDA);
+    int a = add_group(&f, (int[]){d0, d1}, 2, 100, 1.0, 1.0, 1.0);
+    f.grp[a].split[0] = 60;
+    f.grp[a].split[1] = 40;
+    add_job(&f, a, t, 0, 0, 100);
+    fx start = f;
+    fb_fair_params p = fb_fair_params_default(), eager = p;
+    eager.split_hysteresis = 0.0;
+    int first;
+    /* samples off by up to 5%: the 5% band alone is never fooled by it, and
+     * neither is the wait for a steady direction */
+    noise_amp = 0.05;
+    CHECK_INT_EQ(split_periods_run(&f, a, &p, 1000, rate_noisy, &first), 0);
+    CHECK_INT_EQ(f.grp[a].split[0], 60);
+    f = start;
+    f.grp[a].jobs = f.jobs[a];
+    int eager_changes = split_periods_run(&f, a, &eager, 1000, rate_noisy, &first);
+    fprintf(stderr, "noise of 5%%: %d re-splits in 1000 periods without hysteresis, 0 with\n",
+            eager_changes);
+    CHECK(eager_changes > 100);
 }
 
 /* ---- time shares -------------------------------------------------------------- */
@@ -525,6 +725,59 @@ static void test_multi_device(void)
     fb_fair_result_free(&r);
 }
 
+/*
+ * Shares whose sum on a device is below 1 and that already give every group
+ * its target are left alone.  A group on two devices, d0 with one other
+ * group and d1 with four, takes its d1 target (0.2, an even fifth: none of
+ * them is profiled yet, so the targets are even parts); d0's targets then
+ * sum to 0.7, and the worker runs d0 at 0.2 / 0.7 and 0.5 / 0.7, which is
+ * what those shares mean.  Writing them again would change nothing there
+ * and cost a REBALANCE per group and period.
+ */
+static void test_share_sum_below_one(void)
+{
+    fb_fair_params p = fb_fair_params_default();
+    fx f;
+    fx_init(&f);
+    int t = add_tenant(&f, 1.0);
+    int d0 = add_device(&f, FB_PLAN_CUDA), d1 = add_device(&f, FB_PLAN_CUDA);
+    int w = add_group(&f, (int[]){d0, d1}, 2, 64, 0.2, 2.0, 0.0);
+    add_job(&f, w, t, 100.0, 0, 1000);
+    int x = add_group(&f, &d0, 1, 32, 0.5, 2.0, 0.0);
+    add_job(&f, x, t, 100.0, 0, 1000);
+    for (int k = 0; k < 4; k++) {
+        int y = add_group(&f, &d1, 1, 32, 0.2, 2.0, 0.0);
+        add_job(&f, y, t, 100.0, 0, 1000);
+    }
+    fb_fair_result r;
+    for (int period = 0; period < 50; period++) {
+        run_ok(&f, &p, &r);
+        CHECK_NEAR(r.groups[w].target_share, 0.2, 1e-12);
+        CHECK_NEAR(r.groups[x].target_share, 0.5, 1e-12);
+        for (int g = 0; g < f.ng; g++) {
+            CHECK(!r.groups[g].share_changed);
+            CHECK(r.groups[g].time_share == f.grp[g].time_share);
+        }
+        /* what a caller does between periods: apply, and let time pass */
+        for (int g = 0; g < f.ng; g++) {
+            f.grp[g].time_share = r.groups[g].time_share;
+            f.jobs[g][0].elapsed_s += p.period_s;
+        }
+        fb_fair_result_free(&r);
+    }
+
+    /* the same device with x held at 0.3: it runs at 0.3 / 0.5 = 0.6 of d0
+     * instead of 0.5 / 0.7 = 0.71, a gap the shares must close */
+    f.grp[x].time_share = 0.3;
+    run_ok(&f, &p, &r);
+    CHECK(r.groups[x].share_changed);
+    CHECK(r.groups[x].time_share > 0.3);
+    double d0_x = r.groups[x].time_share / (r.groups[x].time_share + r.groups[w].time_share);
+    CHECK(d0_x > 0.6);
+    CHECK(d0_x <= 0.5 / 0.7 + 1e-9);
+    fb_fair_result_free(&r);
+}
+
 /* ---- migration ------------------------------------------------------------------ */
 
 static void test_migration(void)
@@ -656,6 +909,12 @@ static void test_malformed(void)
     CASE("total_steps", f.jobs[1][0].total_steps = 0);
     CASE("steps_done", f.jobs[1][0].steps_done = 101);
     CASE("steps_done", f.jobs[1][0].steps_done = -1);
+    CASE("split_periods", f.grp[0].split_periods = -1);
+    CASE("split_toward", f.grp[0].split_toward = 4); /* shard 2 of 2 shards */
+    CASE("split_toward", f.grp[1].split_toward = UINT64_C(1) << 63);
+    CASE("split_gain", f.grp[0].split_gain = -0.5);
+    CASE("split_gain", f.grp[0].split_gain = NAN);
+    CASE("split_gain", f.grp[0].split_gain = INFINITY);
 #undef CASE
 
     /* counts and arrays */
@@ -706,6 +965,8 @@ static void test_malformed(void)
     PCASE("min_share", p.min_share = 2.0);
     PCASE("migrate_gap", p.migrate_gap = 0);
     PCASE("migrate_patience", p.migrate_patience = 0);
+    PCASE("split_patience", p.split_patience = 0);
+    PCASE("split_patience", p.split_patience = -3);
 #undef PCASE
 }
 
@@ -752,6 +1013,12 @@ static void random_fx(fx *f, uint64_t *rng)
                           rng_below(rng, 5) ? 0.01 + 2.0 * rng_unit(rng) : 0.0);
         for (int i = 0; i < n; i++)
             f->grp[k].shard_rate[i] = rng_below(rng, 6) ? 1.0 + 1000.0 * rng_unit(rng) : 0.0;
+        /* split memory as a last result may have left it */
+        if (n >= 2 && rng_below(rng, 2)) {
+            f->grp[k].split_periods = 1 + rng_below(rng, 12);
+            f->grp[k].split_toward = (uint64_t)rng_below(rng, 1 << n);
+            f->grp[k].split_gain = 0.1 * rng_unit(rng);
+        }
         int nj = 1 + rng_below(rng, 4);
         for (int j = 0; j < nj; j++) {
             int64_t total = 1 + rng_below(rng, 100000);
@@ -790,6 +1057,13 @@ static void test_random(void)
                 CHECK(D->split[i] >= 1);
             CHECK(D->split_changed ==
                   (memcmp(D->split, G->split, (size_t)G->n_shards * sizeof *D->split) != 0));
+            /* the split memory: valid to hand back, empty once the split moved */
+            CHECK(D->split_periods >= 0);
+            CHECK(D->split_toward >> G->n_shards == 0);
+            CHECK(D->split_gain >= 0.0 && D->split_gain <= FB_FAIR_MAX_VALUE);
+            if (D->split_changed || G->n_shards < 2)
+                CHECK(D->split_periods == 0 && D->split_toward == 0 && D->split_gain == 0.0);
+            CHECK(D->split_periods == again.groups[g].split_periods);
             /* shares: in (0, 1], moves bounded from the current fraction */
             CHECK(D->time_share > 0.0 && D->time_share <= 1.0);
             CHECK(D->target_share > 0.0 && D->target_share <= 1.0 + 1e-12);
@@ -836,12 +1110,16 @@ int main(void)
     test_slowdown();
     test_split();
     test_split_hysteresis();
+    test_split_steady_gap();
+    test_split_steady_gap_shared();
+    test_split_noise();
     test_convergence();
     test_share_hysteresis();
     test_tenant_weights();
     test_no_starvation();
     test_unprofiled_neutral();
     test_multi_device();
+    test_share_sum_below_one();
     test_migration();
     test_malformed();
     test_random();
