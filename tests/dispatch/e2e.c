@@ -4,14 +4,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -19,6 +17,7 @@
 
 #include "check.h"
 #include "datadir.h"
+#include "ports.h"
 #include "safetensors.h"
 #include "wire.h"
 
@@ -74,18 +73,6 @@ static void import_split(const char *dir, const char *split, int64_t n, uint64_t
     free(y);
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static const char *const *server_flags(e2e *t, const char *const *extra)
 {
     static char listen[64];
@@ -135,7 +122,7 @@ static void start(e2e *t, const char *db_url, const char *const *extra)
     snprintf(line, sizeof line, "# the test's workers\n%s\n", pub);
     e2e_write(keys, line);
     snprintf(t->server_pub, sizeof t->server_pub, "%s/server.key.pub", t->s.data_dir);
-    t->worker_port = free_port();
+    t->worker_port = fbt_free_port();
     saved_extra = extra;
     if (db_url) {
         CHECK(strlen(db_url) < sizeof t->s.db_url);
@@ -226,28 +213,6 @@ pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra)
 pid_t e2e_worker(e2e *t, const char *name)
 {
     return e2e_worker_args(t, name, NULL);
-}
-
-int e2e_free_port_range(int n)
-{
-    CHECK(n >= 1 && n <= 64);
-    for (int attempt = 0; attempt < 200; attempt++) {
-        int base = free_port();
-        if (base + n - 1 > 65535) continue;
-        bool all = true;
-        for (int k = 1; k < n && all; k++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            CHECK(fd >= 0);
-            struct sockaddr_in a = {.sin_family = AF_INET,
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                                    .sin_port = htons((uint16_t)(base + k))};
-            all = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-            close(fd);
-        }
-        if (all) return base;
-    }
-    CHECK(0);
-    return -1;
 }
 
 int e2e_kill(pid_t pid, int sig)

@@ -51,9 +51,6 @@ pid_t e2e_worker(e2e *t, const char *name);
  * none). */
 pid_t e2e_worker_args(e2e *t, const char *name, const char *const *extra);
 
-/* The first of n consecutive loopback TCP ports that are free now. */
-int e2e_free_port_range(int n);
-
 /* Sends sig to pid and waits for it; returns the exit status or 128 + signal. */
 int e2e_kill(pid_t pid, int sig);
 

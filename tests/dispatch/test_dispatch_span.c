@@ -30,9 +30,7 @@
  *    both workers; one trial is cancelled and leaves the array, the other
  *    completes in it.
  */
-#include <arpa/inet.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -45,6 +43,7 @@
 
 #include "check.h"
 #include "e2e.h"
+#include "ports.h"
 
 static e2e T;
 static char comm_addr[2][64];
@@ -217,12 +216,8 @@ static void placed_across(void)
 /* A socket listening on loopback port (another program holding it). */
 static int hold_port(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = fbt_port_bind(port);
     CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                            .sin_port = htons((uint16_t)port)};
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
     CHECK(listen(fd, 4) == 0);
     return fd;
 }
@@ -414,9 +409,9 @@ int main(void)
     double t0 = fbt_now_ms();
     e2e_start(&T, NULL);
     int *lo = port_lo;
-    lo[0] = e2e_free_port_range(4);
+    lo[0] = fbt_free_port_range(4);
     do
-        lo[1] = e2e_free_port_range(4);
+        lo[1] = fbt_free_port_range(4);
     while (lo[1] + 3 >= lo[0] && lo[1] <= lo[0] + 3);
     for (int k = 0; k < 2; k++)
         snprintf(comm_addr[k], sizeof comm_addr[k], "127.0.0.1:%d-%d", lo[k], lo[k] + 3);

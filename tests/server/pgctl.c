@@ -2,19 +2,17 @@
 #define _GNU_SOURCE /* pipe2 */
 #include "pgctl.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "ports.h"
 
 /* Where Debian's postgresql-15 package puts the server programs. */
 #define PG_BIN_DEFAULT "/usr/lib/postgresql/15/bin"
@@ -34,19 +32,6 @@ int fbt_pg_cmd(const fbt_pg *pg, const char *args)
     else
         snprintf(cmd, sizeof cmd, "cd / && %s/%s", pg->bin, args);
     return fbt_run(cmd);
-}
-
-int fbt_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 void fbt_pg_start(const fbt_pg *pg)

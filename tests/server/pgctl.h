@@ -28,9 +28,6 @@ typedef struct fbt_pg {
  * normally. */
 int fbt_run(const char *cmd);
 
-/* A TCP port on 127.0.0.1 that was free a moment ago. */
-int fbt_free_port(void);
-
 /*
  * Runs one PostgreSQL program of pg->bin with its arguments (a shell command
  * tail such as "pg_ctl -D dir status"), as the postgres user when the test

@@ -28,13 +28,10 @@
  */
 #include "worker_util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include "agent.h"
 #include "device.h"
 #include "kernels.h"
+#include "ports.h"
 #include "session.h"
 #include "train.h"
 
@@ -123,17 +120,6 @@ static bool lists(const fb_wire_msg *m, const char *gid)
     return false;
 }
 
-static void take_blob(wu_msg *w, void **data, size_t *len)
-{
-    CHECK_INT_EQ(w->m.blob, 1);
-    CHECK_INT_EQ(w->n_blobs, 1);
-    free(*data);
-    *data = w->blob[1];
-    *len = w->blob_len[1];
-    w->blob[1] = NULL;
-    w->n_blobs = 0;
-}
-
 static void record_progress(span_log *L, const wu_msg *w)
 {
     const fb_wire_msg *m = &w->m;
@@ -193,13 +179,13 @@ static void record_event(span_log *L, wu_msg *w)
     case FB_EV_FINISHED:
         L->finished[j] = true;
         L->finished_step[j] = m->step;
-        take_blob(w, &L->model[j], &L->model_len[j]);
+        wu_take_blob(w, &L->model[j], &L->model_len[j]);
         break;
     case FB_EV_DETACHED:
         L->detached[j] = true;
         L->detached_step[j] = m->step;
         snprintf(L->detached_text[j], sizeof L->detached_text[j], "%s", m->text);
-        if (m->blob) take_blob(w, &L->state[j], &L->state_len[j]);
+        if (m->blob) wu_take_blob(w, &L->state[j], &L->state_len[j]);
         break;
     case FB_EV_FAILED:
         L->failed[j] = true;
@@ -222,20 +208,18 @@ static bool serve(wu_server *s, span_log *L, int timeout_ms)
     if (!wu_recv(s, timeout_ms, &w)) return false;
     bool lead = strcmp(w.from, LEAD) == 0;
     CHECK(lead || strcmp(w.from, FOLLOW) == 0);
+    wu_answer(s, &w, true);
     switch (w.m.type) {
     case FB_WIRE_HELLO:
-        wu_send_welcome(s, w.from);
         break;
     case FB_WIRE_HEARTBEAT:
         CHECK(!w.m.reply);
-        wu_send_heartbeat_reply(s, w.from, true);
         if (L) {
             *(lead ? &L->lead_lists : &L->follow_lists) = lists(&w.m, L->gid);
             *(lead ? &L->lead_hb_ms : &L->follow_hb_ms) = wu_now_ms();
         }
         break;
     case FB_WIRE_EVENT:
-        wu_send_ack(s, w.from, &w.m);
         if (L) record_event(L, &w);
         break;
     case FB_WIRE_PROGRESS:
@@ -314,20 +298,6 @@ static void jobs_free(jobs *J)
     }
 }
 
-/* A loopback TCP port that was free a moment ago. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 typedef struct pair {
     pid_t lead, follow;
     int port;
@@ -338,7 +308,7 @@ typedef struct pair {
  * checking that their HELLOs carry the comm address. */
 static void start_pair(wu_server *s, pair *p, const char *timeout_ms)
 {
-    p->port = free_port();
+    p->port = fbt_free_port();
     snprintf(p->comm_addr, sizeof p->comm_addr, "127.0.0.1:%d", p->port);
     const char *extra[] = {"--cpu-devices",     "1",        "--comm-addr", p->comm_addr,
                            "--comm-timeout-ms", timeout_ms, NULL};
@@ -357,28 +327,26 @@ static void start_pair(wu_server *s, pair *p, const char *timeout_ms)
             CHECK_STR_EQ(w.m.comm_host, "127.0.0.1");
             CHECK_INT_EQ(w.m.comm_port_lo, p->port);
             CHECK_INT_EQ(w.m.comm_port_hi, p->port);
-            if (!hello[k]) wu_send_welcome(s, w.from);
             hello[k] = true;
-        } else if (w.m.type == FB_WIRE_HEARTBEAT) {
-            wu_send_heartbeat_reply(s, w.from, true);
         }
+        wu_answer(s, &w, false);
         wu_msg_free(&w);
     }
 }
 
-/* Stops both workers (SIGTERM: they drain) and waits for their exits. */
+/* Stops the workers that still run (pid 0: gone already) with SIGTERM, so that they
+ * drain, and waits for their exits. */
 static void stop_pair(wu_server *s, pair *p)
 {
     if (p->follow > 0) CHECK(kill(p->follow, SIGTERM) == 0);
-    CHECK(kill(p->lead, SIGTERM) == 0);
+    if (p->lead > 0) CHECK(kill(p->lead, SIGTERM) == 0);
     double end = wu_now_ms() + 20000;
-    int lead_rc = -1, follow_rc = p->follow > 0 ? -1 : 0;
+    int lead_rc = p->lead > 0 ? -1 : 0, follow_rc = p->follow > 0 ? -1 : 0;
     while (lead_rc < 0 || follow_rc < 0) {
         CHECK(wu_now_ms() < end);
         wu_msg w;
         if (wu_recv(s, 100, &w)) {
-            if (w.m.type == FB_WIRE_HEARTBEAT) wu_send_heartbeat_reply(s, w.from, true);
-            if (w.m.type == FB_WIRE_EVENT) wu_send_ack(s, w.from, &w.m);
+            wu_answer(s, &w, true);
             wu_msg_free(&w);
         }
         if (lead_rc < 0) lead_rc = wu_wait(p->lead, 0);
@@ -433,6 +401,61 @@ static void assign_pair(wu_server *s, const pair *p, const jobs *J, const char *
     static const int64_t split[2] = {70, 58};
     send_span_assign(s, LEAD, J, gid, generation, 2, 0, split, p->comm_addr, TOKEN_A);
     send_span_assign(s, FOLLOW, J, gid, generation, 2, 1, split, p->comm_addr, TOKEN_A);
+}
+
+/* ---- a scenario's fixture ------------------------------------------------------------------ */
+
+/* What the scenarios that run the pair choose. */
+typedef struct scene_opts {
+    const char *tag;             /* names the scratch directory */
+    uint64_t data_seed;          /* of the dataset synth */
+    int64_t steps[N_JOBS];       /* each member's */
+    int every;                   /* evaluation and checkpoint cadence, 0 for none */
+    const char *comm_timeout_ms; /* both workers' --comm-timeout-ms */
+    unsigned group;              /* the group id's number, for scene_assign */
+} scene_opts;
+
+/* The fake server with the dataset synth, the three members, both workers registered and,
+ * once scene_assign has run, the group and what the workers reported about it. */
+typedef struct scene {
+    const scene_opts *o;
+    wu_server s;
+    jobs J;
+    pair p;
+    char gid[FB_WIRE_ID_LEN + 1];
+    span_log *L;
+} scene;
+
+static void scene_start(scene *c, const scene_opts *o)
+{
+    memset(c, 0, sizeof *c);
+    c->o = o;
+    wu_server_start(&c->s, o->tag, true);
+    wu_make_dataset(c->s.data_dir, "synth", 1024, 256, F_IN, CLASSES, o->data_seed);
+    make_jobs(&c->J, o->steps, o->every, o->every);
+    start_pair(&c->s, &c->p, o->comm_timeout_ms);
+}
+
+/* Assigns the group (generation 1) to both workers and serves them until until(L). */
+static void scene_assign(scene *c, int timeout_ms, bool (*until)(const span_log *),
+                         const char *what)
+{
+    wu_uuid(c->gid, 0x5b, c->o->group);
+    c->L = calloc(1, sizeof *c->L);
+    CHECK(c->L != NULL);
+    log_init(c->L, c->gid, 1, &c->J);
+    assign_pair(&c->s, &c->p, &c->J, c->gid, 1);
+    pump(&c->s, c->L, timeout_ms, until, what);
+}
+
+/* Stops the workers that still run (each must exit 0) and frees the rest. */
+static void scene_finish(scene *c)
+{
+    stop_pair(&c->s, &c->p);
+    if (c->L) log_free(c->L);
+    free(c->L);
+    jobs_free(&c->J);
+    wu_server_stop(&c->s);
 }
 
 /* ---- references in this process ------------------------------------------------------------ */
@@ -539,22 +562,17 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
 
 static void scenario_train(void)
 {
-    wu_server s;
-    wu_server_start(&s, "span-train", true);
-    wu_make_dataset(s.data_dir, "synth", 1024, 256, F_IN, CLASSES, 11);
-    static const int64_t steps[N_JOBS] = {30, 40, 50};
-    jobs J;
-    make_jobs(&J, steps, 20, 20);
-    pair p;
-    start_pair(&s, &p, "20000");
-
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x5b, 1);
-    span_log *L = calloc(1, sizeof *L);
-    CHECK(L != NULL);
-    log_init(L, gid, 1, &J);
-    assign_pair(&s, &p, &J, gid, 1);
-    pump(&s, L, 60000, all_left, "every member to finish");
+    static const scene_opts o = {.tag = "span-train",
+                                 .data_seed = 11,
+                                 .steps = {30, 40, 50},
+                                 .every = 20,
+                                 .comm_timeout_ms = "20000",
+                                 .group = 1};
+    const int64_t *steps = o.steps;
+    scene c;
+    scene_start(&c, &o);
+    scene_assign(&c, 60000, all_left, "every member to finish");
+    span_log *L = c.L;
 
     /* the leader alone reported the members, each of them completely */
     CHECK_INT_EQ(L->follow_events, 0);
@@ -584,7 +602,7 @@ static void scenario_train(void)
 
     /* the losses the leader reported: one device's, up to float rounding, for 30 steps */
     ref_run one;
-    reference(&one, &J, s.data_dir, 1, 0, NULL, -1, -1, 0);
+    reference(&one, &c.J, c.s.data_dir, 1, 0, NULL, -1, -1, 0);
     int compared = 0;
     for (int i = 0; i < N_JOBS; i++)
         for (int64_t k = 1; k <= 30; k++) {
@@ -600,7 +618,7 @@ static void scenario_train(void)
     CHECK(compared >= 3);
     /* the finished models: the two-device run's in one process, bit for bit */
     ref_run two;
-    reference(&two, &J, s.data_dir, 2, 0, NULL, -1, -1, 0);
+    reference(&two, &c.J, c.s.data_dir, 2, 0, NULL, -1, -1, 0);
     for (int i = 0; i < N_JOBS; i++)
         wu_models_compare(L->model[i], L->model_len[i], two.model[i], two.model_len[i], -1,
                           "a member's model against the two-device run");
@@ -613,12 +631,8 @@ static void scenario_train(void)
 
     /* both stop listing the group once it is over */
     g_since = wu_now_ms();
-    pump(&s, L, 10000, both_dropped, "both workers to stop listing the group");
-    stop_pair(&s, &p);
-    log_free(L);
-    free(L);
-    jobs_free(&J);
-    wu_server_stop(&s);
+    pump(&c.s, L, 10000, both_dropped, "both workers to stop listing the group");
+    scene_finish(&c);
 }
 
 /* ---- change --------------------------------------------------------------------------- */
@@ -648,21 +662,16 @@ static bool leader_at_3(const span_log *L)
 
 static void scenario_change(void)
 {
-    wu_server s;
-    wu_server_start(&s, "span-change", true);
-    wu_make_dataset(s.data_dir, "synth", 1024, 256, F_IN, CLASSES, 12);
-    static const int64_t steps[N_JOBS] = {300, 320, 340};
-    jobs J;
-    make_jobs(&J, steps, 100, 100);
-    pair p;
-    start_pair(&s, &p, "20000");
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x5b, 2);
-    span_log *L = calloc(1, sizeof *L);
-    CHECK(L != NULL);
-    log_init(L, gid, 1, &J);
-    assign_pair(&s, &p, &J, gid, 1);
-    pump(&s, L, 60000, leader_at_3, "the leader to report step 3");
+    static const scene_opts o = {.tag = "span-change",
+                                 .data_seed = 12,
+                                 .steps = {300, 320, 340},
+                                 .every = 100,
+                                 .comm_timeout_ms = "20000",
+                                 .group = 2};
+    scene c;
+    scene_start(&c, &o);
+    scene_assign(&c, 60000, leader_at_3, "the leader to report step 3");
+    span_log *L = c.L;
 
     /* the follower ignores what only the leader decides */
     fb_wire_msg m = {.type = FB_WIRE_REBALANCE,
@@ -670,18 +679,18 @@ static void scenario_change(void)
                      .n_split = 2,
                      .split = {10, 118},
                      .time_share = 1.0};
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    wu_send(&s, FOLLOW, &m, NULL, NULL, 0);
+    snprintf(m.group_id, sizeof m.group_id, "%s", c.gid);
+    wu_send(&c.s, FOLLOW, &m, NULL, NULL, 0);
     /* the leader's REBALANCE and DETACH with the state */
     m.split[0] = 40;
     m.split[1] = 88;
-    wu_send(&s, LEAD, &m, NULL, NULL, 0);
+    wu_send(&c.s, LEAD, &m, NULL, NULL, 0);
     fb_wire_msg d = {.type = FB_WIRE_DETACH, .generation = 1, .keep_state = true};
-    snprintf(d.group_id, sizeof d.group_id, "%s", gid);
-    snprintf(d.job_id, sizeof d.job_id, "%s", J.ids[1]);
-    wu_send(&s, FOLLOW, &d, NULL, NULL, 0); /* dropped there too */
-    wu_send(&s, LEAD, &d, NULL, NULL, 0);
-    pump(&s, L, 90000, all_left, "every member to finish or leave");
+    snprintf(d.group_id, sizeof d.group_id, "%s", c.gid);
+    snprintf(d.job_id, sizeof d.job_id, "%s", c.J.ids[1]);
+    wu_send(&c.s, FOLLOW, &d, NULL, NULL, 0); /* dropped there too */
+    wu_send(&c.s, LEAD, &d, NULL, NULL, 0);
+    pump(&c.s, L, 90000, all_left, "every member to finish or leave");
 
     CHECK_INT_EQ(L->follow_events, 0);
     CHECK(L->detached[1]);
@@ -696,23 +705,19 @@ static void scenario_change(void)
             (long long)at_lead, (long long)at_follow, (long long)L->detached_step[1]);
     CHECK(at_lead >= 3);
     CHECK_INT_EQ(at_lead, at_follow);
-    CHECK(L->detached_step[1] >= 3 && L->detached_step[1] < steps[1]);
+    CHECK(L->detached_step[1] >= 3 && L->detached_step[1] < o.steps[1]);
 
     /* the same run with the same changes at the same steps, in this process */
     static const int64_t split2[2] = {40, 88};
     ref_run ref;
-    reference(&ref, &J, s.data_dir, 2, at_lead, split2, 1, L->detached_step[1], 0);
+    reference(&ref, &c.J, c.s.data_dir, 2, at_lead, split2, 1, L->detached_step[1], 0);
     wu_models_compare(L->state[1], L->state_len[1], ref.state[1], ref.state_len[1], -1,
                       "the detached member's state");
     for (int i = 0; i < N_JOBS; i += 2)
         wu_models_compare(L->model[i], L->model_len[i], ref.model[i], ref.model_len[i], -1,
                           "a member's model against the changed two-device run");
     ref_free(&ref);
-    stop_pair(&s, &p);
-    log_free(L);
-    free(L);
-    jobs_free(&J);
-    wu_server_stop(&s);
+    scene_finish(&c);
 }
 
 /* ---- kill --------------------------------------------------------------------------------- */
@@ -729,29 +734,23 @@ static bool leader_dropped(const span_log *L)
 
 static void scenario_kill(void)
 {
-    wu_server s;
-    wu_server_start(&s, "span-kill", true);
-    wu_make_dataset(s.data_dir, "synth", 1024, 256, F_IN, CLASSES, 13);
-    static const int64_t steps[N_JOBS] = {100000, 100000, 100000};
-    jobs J;
-    make_jobs(&J, steps, 0, 0);
-    pair p;
-    start_pair(&s, &p, "3000");
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x5b, 3);
-    span_log *L = calloc(1, sizeof *L);
-    CHECK(L != NULL);
-    log_init(L, gid, 1, &J);
-    assign_pair(&s, &p, &J, gid, 1);
-    pump(&s, L, 60000, leader_at_5, "the leader to train and list the group");
+    static const scene_opts o = {.tag = "span-kill",
+                                 .data_seed = 13,
+                                 .steps = {100000, 100000, 100000},
+                                 .comm_timeout_ms = "3000",
+                                 .group = 3};
+    scene c;
+    scene_start(&c, &o);
+    scene_assign(&c, 60000, leader_at_5, "the leader to train and list the group");
+    span_log *L = c.L;
     int events_before = L->lead_events;
 
-    CHECK(kill(p.follow, SIGKILL) == 0);
-    CHECK_INT_EQ(wu_wait(p.follow, 5000), 128 + SIGKILL);
-    p.follow = 0;
+    CHECK(kill(c.p.follow, SIGKILL) == 0);
+    CHECK_INT_EQ(wu_wait(c.p.follow, 5000), 128 + SIGKILL);
+    c.p.follow = 0;
     double t0 = wu_now_ms();
     g_since = t0;
-    pump(&s, L, 3000 + 3000, leader_dropped, "the leader to stop listing the group");
+    pump(&c.s, L, 3000 + 3000, leader_dropped, "the leader to stop listing the group");
     fprintf(stderr, "the leader dropped the group %.0f ms after the follower died\n",
             wu_now_ms() - t0);
     /* nothing failed, nothing left: the server re-queues the group from its checkpoints */
@@ -762,17 +761,13 @@ static void scenario_kill(void)
     /* and nothing more comes (a started event may have crossed the kill, nothing else) */
     double quiet_end = wu_now_ms() + 1000;
     while (wu_now_ms() < quiet_end)
-        serve(&s, L, 100);
+        serve(&c.s, L, 100);
     for (int i = 0; i < N_JOBS; i++)
         CHECK(!L->failed[i]);
     CHECK(L->lead_events >= events_before);
     CHECK(!L->lead_lists);
-    CHECK(wu_alive(p.lead));
-    stop_pair(&s, &p);
-    log_free(L);
-    free(L);
-    jobs_free(&J);
-    wu_server_stop(&s);
+    CHECK(wu_alive(c.p.lead));
+    scene_finish(&c);
 }
 
 /* ---- drain ------------------------------------------------------------------------------- */
@@ -789,27 +784,21 @@ static bool follower_dropped(const span_log *L)
 
 static void scenario_drain(void)
 {
-    wu_server s;
-    wu_server_start(&s, "span-drain", true);
-    wu_make_dataset(s.data_dir, "synth", 1024, 256, F_IN, CLASSES, 15);
-    static const int64_t steps[N_JOBS] = {100000, 100000, 100000};
-    jobs J;
-    make_jobs(&J, steps, 0, 0);
-    pair p;
-    start_pair(&s, &p, "20000");
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x5b, 4);
-    span_log *L = calloc(1, sizeof *L);
-    CHECK(L != NULL);
-    log_init(L, gid, 1, &J);
-    assign_pair(&s, &p, &J, gid, 1);
-    pump(&s, L, 60000, leader_at_5, "the leader to train and list the group");
+    static const scene_opts o = {.tag = "span-drain",
+                                 .data_seed = 15,
+                                 .steps = {100000, 100000, 100000},
+                                 .comm_timeout_ms = "20000",
+                                 .group = 4};
+    scene c;
+    scene_start(&c, &o);
+    scene_assign(&c, 60000, leader_at_5, "the leader to train and list the group");
+    span_log *L = c.L;
 
     /* the leader drains the group on both workers and alone reports the states */
-    CHECK(kill(p.lead, SIGTERM) == 0);
-    pump(&s, L, 20000, drained, "the leader to drain every member");
-    CHECK_INT_EQ(wu_wait(p.lead, 20000), 0);
-    p.lead = 0;
+    CHECK(kill(c.p.lead, SIGTERM) == 0);
+    pump(&c.s, L, 20000, drained, "the leader to drain every member");
+    CHECK_INT_EQ(wu_wait(c.p.lead, 20000), 0);
+    c.p.lead = 0;
     CHECK_INT_EQ(L->follow_events, 0);
     int64_t at = L->detached_step[0];
     for (int i = 0; i < N_JOBS; i++) {
@@ -820,22 +809,17 @@ static void scenario_drain(void)
     }
     CHECK(at >= 5);
     g_since = wu_now_ms();
-    pump(&s, L, 5000, follower_dropped, "the follower to stop listing the group");
-    CHECK(wu_alive(p.follow));
+    pump(&c.s, L, 5000, follower_dropped, "the follower to stop listing the group");
+    CHECK(wu_alive(c.p.follow));
 
     /* each state is the two-device run's at that step, bit for bit */
     ref_run ref;
-    reference(&ref, &J, s.data_dir, 2, 0, NULL, -1, -1, at);
+    reference(&ref, &c.J, c.s.data_dir, 2, 0, NULL, -1, -1, at);
     for (int i = 0; i < N_JOBS; i++)
         wu_models_compare(L->state[i], L->state_len[i], ref.state[i], ref.state_len[i], -1,
                           "a drained member's state");
     ref_free(&ref);
-    CHECK(kill(p.follow, SIGTERM) == 0);
-    CHECK_INT_EQ(wu_wait(p.follow, 20000), 0);
-    log_free(L);
-    free(L);
-    jobs_free(&J);
-    wu_server_stop(&s);
+    scene_finish(&c); /* the follower alone, which must exit 0 */
 }
 
 /* ---- refuse ------------------------------------------------------------------------------ */
@@ -869,39 +853,19 @@ static void refused(wu_server *s, const pair *p, const jobs *J, int generation,
 
 static void scenario_refuse(void)
 {
-    wu_server s;
-    wu_server_start(&s, "span-refuse", true);
-    wu_make_dataset(s.data_dir, "synth", 1024, 256, F_IN, CLASSES, 14);
-    static const int64_t steps[N_JOBS] = {1000, 1000, 1000};
-    jobs J;
-    make_jobs(&J, steps, 0, 0);
-    pair p;
-    start_pair(&s, &p, "3000");
-    refused(&s, &p, &J, 1, TOKEN_B, 2); /* a wrong token */
-    refused(&s, &p, &J, 2, TOKEN_A, 3); /* a world of 3 against the leader's 2 */
-    CHECK(wu_alive(p.lead) && wu_alive(p.follow));
-    stop_pair(&s, &p);
-    jobs_free(&J);
-    wu_server_stop(&s);
+    static const scene_opts o = {.tag = "span-refuse",
+                                 .data_seed = 14,
+                                 .steps = {1000, 1000, 1000},
+                                 .comm_timeout_ms = "3000"};
+    scene c;
+    scene_start(&c, &o);
+    refused(&c.s, &c.p, &c.J, 1, TOKEN_B, 2); /* a wrong token */
+    refused(&c.s, &c.p, &c.J, 2, TOKEN_A, 3); /* a world of 3 against the leader's 2 */
+    CHECK(wu_alive(c.p.lead) && wu_alive(c.p.follow));
+    scene_finish(&c);
 }
 
 /* ---- flags ------------------------------------------------------------------------------- */
-
-/* Runs the worker with args (and env) and expects exit code rc with `has` in its output. */
-static void expect_run(const char *dir, const char *const *args, const char *const *env, int rc,
-                       const char *has)
-{
-    char out[700];
-    snprintf(out, sizeof out, "%s/run.out", dir);
-    int got = wu_run(args, env, out);
-    char *text = wu_read_file(out, NULL);
-    CHECK(text != NULL);
-    if (got != rc || !strstr(text, has)) {
-        fprintf(stderr, "exit %d (wanted %d), output lacks \"%s\":\n%s\n", got, rc, has, text);
-        abort();
-    }
-    free(text);
-}
 
 static void scenario_flags(void)
 {
@@ -1014,13 +978,13 @@ static void scenario_flags(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *args[] = {base[0], base[1],       base[2],        base[3], base[4],
                               base[5], cases[i].flag, cases[i].value, NULL};
-        expect_run(s.dir, args, NULL, 2, cases[i].has);
+        wu_expect_run(s.dir, args, NULL, 2, cases[i].has);
     }
     const char *args[] = {base[0], base[1], base[2], base[3], base[4], base[5], NULL};
     const char *env[] = {"FUSEBOX_WORKER_COMM_ADDR=node-1", NULL};
-    expect_run(s.dir, args, env, 2, "FUSEBOX_WORKER_COMM_ADDR: 'node-1' has no ports");
+    wu_expect_run(s.dir, args, env, 2, "FUSEBOX_WORKER_COMM_ADDR: 'node-1' has no ports");
     const char *env2[] = {"FUSEBOX_WORKER_COMM_TIMEOUT_MS=-5", NULL};
-    expect_run(s.dir, args, env2, 2, "FUSEBOX_WORKER_COMM_TIMEOUT_MS needs an integer");
+    wu_expect_run(s.dir, args, env2, 2, "FUSEBOX_WORKER_COMM_TIMEOUT_MS needs an integer");
 
     /* a worker without --comm-addr says nothing about comm in its HELLO */
     const char *extra[] = {"--cpu-devices", "1", NULL};

@@ -176,6 +176,29 @@ static inline int wu_run(const char *const *args, const char *const *env_add, co
     return rc;
 }
 
+/*
+ * Runs the worker binary with args (and env_add, as wu_spawn) to its end and
+ * fails the test unless it exits rc with needle in its output (NULL: any
+ * output); the output goes to run.out in dir.
+ */
+static inline void wu_expect_run(const char *dir, const char *const *args,
+                                 const char *const *env_add, int rc, const char *needle)
+{
+    char out[700];
+    snprintf(out, sizeof out, "%s/run.out", dir);
+    int got = wu_run(args, env_add, out);
+    char *text = wu_read_file(out, NULL);
+    CHECK(text != NULL);
+    if (got != rc || (needle && !strstr(text, needle))) {
+        fprintf(stderr,
+                "fusebox-worker %s...: exit %d (expected %d), output:\n%s\n(expected "
+                "\"%s\")\n",
+                args[0] ? args[0] : "", got, rc, text, needle ? needle : "");
+        abort();
+    }
+    free(text);
+}
+
 /* ---- the fake server ------------------------------------------------------------------- */
 
 typedef struct wu_server {
@@ -369,6 +392,19 @@ static inline void wu_msg_free(wu_msg *w)
     memset(w, 0, sizeof *w);
 }
 
+/* Moves the one blob that an event must carry into *data (freeing what *data held) and its
+ * length into *len; the caller frees it. */
+static inline void wu_take_blob(wu_msg *w, void **data, size_t *len)
+{
+    CHECK_INT_EQ(w->m.blob, 1);
+    CHECK_INT_EQ(w->n_blobs, 1);
+    free(*data);
+    *data = w->blob[1];
+    *len = w->blob_len[1];
+    w->blob[1] = NULL;
+    w->n_blobs = 0;
+}
+
 /* The next message within timeout_ms; false on timeout.  What the worker sends must decode. */
 static inline bool wu_recv(wu_server *s, int timeout_ms, wu_msg *out)
 {
@@ -464,9 +500,35 @@ static inline void wu_send_heartbeat_reply(wu_server *s, const char *to, bool kn
 }
 
 /*
- * The next message that is not a worker heartbeat (those are answered
- * known = true) or a HELLO (dropped); every EVENT is acknowledged before it
- * is returned when ack is true.  False when nothing came within timeout_ms.
+ * Answers what a server answers whatever it knows of the worker's groups: a
+ * HELLO gets a WELCOME, a worker's heartbeat the reply known = true and,
+ * when ack is true, an EVENT its ACK.  Anything else needs no answer.
+ */
+static inline void wu_answer(wu_server *s, const wu_msg *w, bool ack)
+{
+    switch (w->m.type) {
+    /* a worker repeats HELLO every heartbeat until a WELCOME reaches it, so one more can
+     * cross the WELCOME on a slow machine; and one that heard nothing for three heartbeats
+     * (a test busy elsewhere) registers again and holds its events until welcomed: answer
+     * every HELLO as a server does (a registered worker ignores the extra ones) */
+    case FB_WIRE_HELLO:
+        wu_send_welcome(s, w->from);
+        break;
+    case FB_WIRE_HEARTBEAT:
+        if (!w->m.reply) wu_send_heartbeat_reply(s, w->from, true);
+        break;
+    case FB_WIRE_EVENT:
+        if (ack) wu_send_ack(s, w->from, &w->m);
+        break;
+    default:
+        break;
+    }
+}
+
+/*
+ * The next message that is not a worker heartbeat or a HELLO, answering
+ * those and, when ack is true, acknowledging an EVENT before it is returned
+ * (wu_answer).  False when nothing came within timeout_ms.
  */
 static inline bool wu_next(wu_server *s, int timeout_ms, bool ack, wu_msg *out)
 {
@@ -474,21 +536,11 @@ static inline bool wu_next(wu_server *s, int timeout_ms, bool ack, wu_msg *out)
     for (;;) {
         int left = (int)(end - wu_now_ms());
         if (left <= 0 || !wu_recv(s, left, out)) return false;
-        if (out->m.type == FB_WIRE_HEARTBEAT && !out->m.reply) {
-            wu_send_heartbeat_reply(s, out->from, true);
+        wu_answer(s, out, ack);
+        if ((out->m.type == FB_WIRE_HEARTBEAT && !out->m.reply) || out->m.type == FB_WIRE_HELLO) {
             wu_msg_free(out);
             continue;
         }
-        /* a worker repeats HELLO every heartbeat until a WELCOME reaches it, so one more
-         * can cross the WELCOME on a slow machine; and one that heard nothing for three
-         * heartbeats (a test busy elsewhere) registers again and holds its events until
-         * welcomed: answer as a server does (a registered worker ignores the extra ones) */
-        if (out->m.type == FB_WIRE_HELLO) {
-            wu_send_welcome(s, out->from);
-            wu_msg_free(out);
-            continue;
-        }
-        if (out->m.type == FB_WIRE_EVENT && ack) wu_send_ack(s, out->from, &out->m);
         return true;
     }
 }

@@ -25,6 +25,7 @@
 
 #include "check.h"
 #include "pgctl.h"
+#include "ports.h"
 #include "rel.h"
 
 #define HIDDEN 512
