@@ -198,10 +198,16 @@ static bool active(const grp *G)
     return G->live && G->ready;
 }
 
+/* A device's speed while n_active groups step on it: the host's inflation,
+ * then what taking turns costs (more threads than cores, caches refilled),
+ * which grows with each group beyond two and is capped so that a crowded
+ * device still steps. */
 static double capacity(const eng *e, int d, int n_active)
 {
     double s = e->sc->devices[d].speed / e->dev[d].inflation;
-    return n_active >= 2 ? s * (1.0 - e->cfg->switch_overhead) : s;
+    if (n_active < 2) return s;
+    double loss = e->cfg->switch_overhead + e->cfg->switch_overhead_step * (double)(n_active - 2);
+    return s * (1.0 - fmin(loss, 0.9));
 }
 
 static int n_active_on(const eng *e, int d)

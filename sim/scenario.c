@@ -226,6 +226,7 @@ static int rec_sim(reader *r, json_t *o)
                                     "max_b",
                                     "max_groups_per_device",
                                     "switch_overhead",
+                                    "switch_overhead_step",
                                     "rebalance",
                                     "migrate",
                                     "migrate_cost_s",
@@ -247,6 +248,7 @@ static int rec_sim(reader *r, json_t *o)
         (rc = get_int32(r, o, "max_b", false, 1, 1024, &c.max_b)) ||
         (rc = get_int32(r, o, "max_groups_per_device", false, 1, 64, &c.max_groups_per_device)) ||
         (rc = get_num(r, o, "switch_overhead", false, 0, 0.5, &c.switch_overhead)) ||
+        (rc = get_num(r, o, "switch_overhead_step", false, 0, 0.5, &c.switch_overhead_step)) ||
         (rc = get_bool(r, o, "rebalance", &c.rebalance)) ||
         (rc = get_bool(r, o, "migrate", &c.migrate)) ||
         (rc = get_num(r, o, "migrate_cost_s", false, 0, 86400, &c.migrate_cost_s)) ||

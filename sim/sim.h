@@ -20,7 +20,7 @@
  * On a device hosting several groups the groups take turns (the workers'
  * stride scheduler): a group gets a fraction of the device in proportion to
  * its time share, the device loses switch_overhead of its speed to context
- * switches, and time a group leaves unused (a shard waiting for its
+ * switches (and switch_overhead_step more for each group beyond two), and time a group leaves unused (a shard waiting for its
  * group's slowest shard) goes to the other groups there.  A group's step
  * time is its slowest shard's.
  *
@@ -103,6 +103,8 @@ typedef struct sim_config {
     int max_b;         /* 1 = no fusion */
     int max_groups_per_device;
     double switch_overhead; /* fraction of a shared device's speed lost to switching */
+    /* and the further fraction lost for each group beyond two (0: the loss does not grow) */
+    double switch_overhead_step;
     bool rebalance;         /* run the fair-share controller every period */
     bool migrate;           /* act on its migration suggestions */
     double migrate_cost_s;  /* a migrated group resumes this long after it is placed again */

@@ -102,6 +102,42 @@ static void test_time_sharing(void)
     sim_scenario_free(NULL);
 }
 
+/* Three unfusable 1-step-per-second jobs of 10, 20 and 30 steps on one
+ * device: taking turns costs switch_overhead with two groups and
+ * switch_overhead_step more with each further one. */
+static void test_switch_overhead_step(void)
+{
+    sim_scenario sc;
+    load_text(&sc,
+              "{\"type\": \"sim\", \"switch_overhead\": 0.1, \"switch_overhead_step\": 0.05,"
+              " \"rebalance\": false, \"max_b\": 1}\n"
+              "{\"type\": \"devices\", \"count\": 1}\n"
+              "{\"type\": \"tenant\", \"name\": \"a\"}\n"
+              "{\"type\": \"profile\", \"name\": \"p\", \"step_s\": 1.0}\n"
+              "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 10}\n"
+              "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 20}\n"
+              "{\"type\": \"job\", \"at\": 0, \"tenant\": \"a\", \"profile\": \"p\", \"steps\": 30}\n");
+    sim_result r;
+    run(&sc, &sc.cfg, &r);
+    CHECK_INT_EQ(r.n_done, 3);
+    /* three at once: the device keeps 1 - 0.1 - 0.05 = 0.85, a third each, so the
+     * first ends after 10 / (0.85 / 3) s; then two at 0.9 / 2 each for the 10 steps
+     * the second has left, then the third alone at 1 step/s for its last 10 */
+    double t1 = 10.0 / (0.85 / 3.0), t2 = t1 + 10.0 / 0.45, t3 = t2 + 10.0;
+    CHECK_NEAR(r.finish[0], t1, 1e-9);
+    CHECK_NEAR(r.finish[1], t2, 1e-9);
+    CHECK_NEAR(r.finish[2], t3, 1e-9);
+    sim_result_free(&r);
+    /* a crowded device keeps a tenth of its speed at least */
+    sim_config c = sc.cfg;
+    c.switch_overhead_step = 0.5;
+    c.switch_overhead = 0.5;
+    run(&sc, &c, &r);
+    CHECK_NEAR(r.finish[0], 10.0 / (0.1 / 3.0), 1e-9);
+    sim_result_free(&r);
+    sim_scenario_free(&sc);
+}
+
 /* A job that queues: one device, at most one group on it. */
 static void test_queueing(void)
 {
@@ -583,6 +619,8 @@ static void test_parser(void)
         "smaller than data");
     expect_refused("{\"type\": \"sim\", \"max_b\": 0}", "\"max_b\" = 0");
     expect_refused("{\"type\": \"sim\", \"switch_overhead\": 0.9}", "\"switch_overhead\"");
+    expect_refused("{\"type\": \"sim\", \"switch_overhead_step\": -0.1}",
+                   "\"switch_overhead_step\"");
     expect_refused("{\"type\": \"sim\", \"min_share\": 0}", "\"min_share\"");
     snprintf(line, sizeof line, "{%s}", J);
     expect_refused(line, "missing field \"steps\"");
@@ -837,6 +875,7 @@ static void test_program(void)
 int main(void)
 {
     test_time_sharing();
+    test_switch_overhead_step();
     test_queueing();
     test_migration();
     test_start_cost();
