@@ -21,14 +21,16 @@ ended at the pace it had then; so, per job:
 
 Phase A (each model alone) gives each model's step time (the slope through
 all its steady reports; alone, its pace does not change), start and end cost.
-Phases B and C measure g(2), the step-time inflation of two busy devices on
-one host (sim/README.md), each in its own way: B (two models at once, one
-array per device) as each job's step time over the span both step, over its
-step time alone; C (two arrays on each device) as (1 - switch_overhead) / E,
-where E, a device's work rate while both its arrays step, is the sum of their
-step times alone over their step times shared, and switch_overhead is the
-simulator's default (0.02; this calibration does not measure it).  The
-interference written is the mean of the two: g(2) - 1 on two cores or more.
+Phase B (two models at once, one array per device) gives g(2), the step-time
+inflation of two busy devices on one host (sim/README.md): each job's step
+time over the span both step, over its step time alone; the interference
+written is g(2) - 1 (on two cores or more).  Phases C and D (two and three
+arrays on each device, both devices busy) give what taking turns on a device
+costs beyond that: a device's work rate E_k while its k arrays all step (the
+sum of their step times alone over their step times shared) is
+(1 - loss_k) / g(2), so loss_k = 1 - E_k g(2).  switch_overhead is loss_2
+and switch_overhead_step is loss_3 - loss_2 (each at least 0: a device that
+shares at no cost in this calibration is not credited with a gain).
 dispatch is the median over every calibration job.
 
 OUT gets every measured term; PLAIN_OUT the same profiles with their step times
@@ -37,9 +39,6 @@ comments that list each job's figures.
 """
 import statistics
 import sys
-
-SWITCH = 0.02  # the simulator's default switch_overhead (sim/README.md)
-
 
 def fit(pts):
     """Least-squares line t = a + b * step through pts [(step, t)]."""
@@ -128,35 +127,44 @@ def main():
     g_b = statistics.mean(ratios.values())
     notes.append('# phase B: step time beside another busy device / alone: %s; g(2) = %.3f'
                  % (', '.join('m%d %.3f' % (m, ratios[m]) for m in models), g_b))
-    # phase C: two arrays on each device, over the time both of them step
-    by_worker = {}
-    for m in models:
-        c = get('calC-m%d' % m)
-        by_worker.setdefault(c['worker'], []).append((m, c))
-    sums = []
-    for w, arrays in sorted(by_worker.items()):
-        if len(arrays) != 2:
-            notes.append('# phase C: worker %s holds %d arrays; skipped' % (w, len(arrays)))
-            continue
-        slopes, span = overlap([c for _, c in arrays])
-        if slopes:
-            rate = sum(alone[m]['b'] / b for (m, _), b in zip(arrays, slopes))
-            sums.append((1.0 - SWITCH) / rate)
-            notes.append('# phase C: worker %s (m%d, m%d) shared for %.1f s: work rate %.3f, '
-                         'g(2) = %.3f' % (w, arrays[0][0], arrays[1][0], span, rate, sums[-1]))
-    if not sums:
-        sys.exit('calibrate.py: phase C had no device with two arrays stepping at once')
-    g_c = statistics.mean(sums)
-    # g(2) = (1 + interference * (min(2, c) - 1)) * max(1, 2 / c): on one core
-    # two busy devices take turns whatever the interference
-    g2 = (g_b + g_c) / 2
+    g2 = g_b
     interference = max(0.0, g2 - 1.0) if cores >= 2 else 0.0
-    notes.append('# host: g(2) = %.3f (B %.3f, C %.3f), interference %.4g on %d cores'
-                 % (g2, g_b, g_c, interference, cores))
+
+    def sharing(phase, models_of, k):
+        """Each device's loss while its k arrays of phase all step: 1 - E_k g(2)."""
+        by_worker = {}
+        for name in models_of:
+            c = get(name)
+            by_worker.setdefault(c['worker'], []).append((int(name[-1]), c))
+        losses = []
+        for w, arrays in sorted(by_worker.items()):
+            if len(arrays) != k:
+                notes.append('# phase %s: worker %s holds %d arrays; skipped'
+                             % (phase, w, len(arrays)))
+                continue
+            slopes, span = overlap([c for _, c in arrays])
+            if slopes:
+                rate = sum(alone[m]['b'] / b for (m, _), b in zip(arrays, slopes))
+                losses.append(1.0 - rate * g2)
+                notes.append('# phase %s: worker %s (%s) shared for %.1f s: work rate %.3f, '
+                             'loss %.3f' % (phase, w, ', '.join('m%d' % m for m, _ in arrays), span,
+                                             rate, losses[-1]))
+        if not losses:
+            sys.exit('calibrate.py: phase %s had no device with %d arrays stepping at once'
+                     % (phase, k))
+        return statistics.mean(losses)
+    # phases C and D: two and three arrays on each device, over the time all of them step
+    loss2 = sharing('C', ['calC-m%d' % m for m in models], 2)
+    loss3 = sharing('D', ['cal%s-m%d' % (x, m) for x in 'DE' for m in range(3)], 3)
+    switch = min(0.5, max(0.0, loss2))
+    switch_step = min(0.5, max(0.0, loss3 - switch))
+    notes.append('# host: g(2) = %.3f, interference %.4g on %d cores; taking turns: loss %.3f '
+                 '(two arrays), %.3f (three): switch_overhead %.4g, switch_overhead_step %.4g'
+                 % (g2, interference, cores, loss2, loss3, switch, switch_step))
     dispatch = statistics.median(j['dispatch'] for j in jobs.values())
     for label, phase in (('alone', 'A'), ('beside another busy device', 'B'),
-                         ('two arrays to a device', 'C')):
-        js = [get('cal%s-m%d' % (phase, m)) for m in models]
+                         ('two arrays to a device', 'C'), ('three arrays to a device', 'D')):
+        js = [get('cal%s-m%d' % (phase, m)) for m in (range(3) if phase == 'D' else models)]
         notes.append('# %s: start %.3f s, end %.3f s on average'
                      % (label, statistics.mean(j['start'] for j in js),
                         statistics.mean(j['end'] for j in js)))
@@ -175,7 +183,8 @@ def main():
             '# per calibration job:'] + notes
     with open(sys.argv[5], 'w') as f:
         f.write('\n'.join(head) + '\n')
-        f.write('{"type": "sim", "dispatch_s": %.4g}\n' % max(0.0, dispatch))
+        f.write('{"type": "sim", "dispatch_s": %.4g, "switch_overhead": %.4g, '
+                '"switch_overhead_step": %.4g}\n' % (max(0.0, dispatch), switch, switch_step))
         f.write('{"type": "host", "name": "local", "cores": %d, "interference": %.4g}\n'
                 % (cores, interference))
         for m in models:

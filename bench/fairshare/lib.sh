@@ -96,15 +96,16 @@ fair_wait() {
 # and writes it to OUT as scenario records: one profile per model (step time
 # alone, start and end cost, and the step time alone that fuseboxd's profiles
 # table holds, which its controller acts on), the host's interference and the
-# sim record's dispatch latency.  Sets step_s (the models' step times alone as
+# sim record's dispatch latency and cost of taking turns on a device.  Sets step_s (the models' step times alone as
 # fuseboxd profiled them, s; they size jobs).  The phases, each on an idle cluster:
 #   0. each model trains alone until fuseboxd's profiles table holds its
 #      isolated step time (which sizes the jobs below, and which the validation
 #      then reuses, as fuseboxd would), then is cancelled;
 #   A. each model alone, one job of about cal_s seconds to the end;
 #   B. two models side by side, one on each worker (m0 with m3, m1 with m2);
-#   C. the four models at once, two arrays on each device.
-# In B and C each job is submitted once the one before trains, so that the
+#   C. the four models at once, two arrays on each device;
+#   D. six arrays at once (m0, m1, m2 twice), three on each device.
+# In B, C and D each job is submitted once the one before trains, so that the
 # planner sees where that one went and the arrays spread over the devices.
 # PLAIN gets the same profiles with their step times only.
 # bench/fairshare/calibrate.py turns the jobs' times and progress reports into
@@ -139,6 +140,13 @@ fair_calibrate() {
     # two arrays to a device, each about 2 cal_s alone so that they share for a while
     for m in 0 1 2 3; do
         fair_running "$(submit "calC-m$m" "$m" "$(cal_steps "$m" $((2 * cal_s)))")"
+    done
+    fair_wait
+    # three arrays to a device (m0, m1, m2 twice over: calD and calE), each about 3 cal_s
+    # alone, so that the three on a device share for a while
+    for m in 0 1 2; do
+        fair_running "$(submit "calD-m$m" "$m" "$(cal_steps "$m" $((3 * cal_s)))")"
+        fair_running "$(submit "calE-m$m" "$m" "$(cal_steps "$m" $((3 * cal_s)))")"
     done
     fair_wait
     psql_q "$url" "SELECT j.name, j.steps, extract(epoch FROM j.created_at), extract(epoch FROM j.scheduled_at),
