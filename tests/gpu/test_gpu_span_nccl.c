@@ -19,6 +19,7 @@
 #include "parallel/xproc_util.h"
 
 #include "engine/engine_util.h"
+#include "parallel/par_util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -37,32 +38,14 @@
 #define STEPS 50
 #define WORLD 2
 
+_Static_assert(B == PU_B && SIDE == PU_SIDE && CLASSES == PU_CLASSES && STEPS == PU_STEPS,
+               "the specs come from par_util.h");
+
 static const int64_t SPLIT[WORLD] = {70, 58};
 static const unsigned char TOKEN[FB_COMM_TOKEN_BYTES] = "a group secret of 32 bytes......";
 static char root_addr[64];
 static fb_comm_tcp_listener *listener;
 static fb_dataset ds;
-
-static fb_job_spec *spec(int i)
-{
-    return et_spec("{\"name\":\"mlp%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
-                   "\"layers\":[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":32},"
-                   "{\"type\":\"relu\"},{\"type\":\"dropout\",\"p\":0.2},"
-                   "{\"type\":\"linear\",\"out\":16},{\"type\":\"tanh\"},"
-                   "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":%d,\"steps\":%d,"
-                   "\"optimizer\":{\"type\":\"adam\",\"lr\":%g},\"seed\":%d,\"data_seed\":3}",
-                   i, SIDE, SIDE, CLASSES, BS, STEPS, 0.002 * (1 + i), 11 + i);
-}
-
-static void make_specs(fb_job_spec **s)
-{
-    for (int i = 0; i < B; i++) s[i] = spec(i);
-}
-
-static void free_specs(fb_job_spec **s)
-{
-    for (int i = 0; i < B; i++) et_spec_free(s[i]);
-}
 
 /* Exits 0 when CUDA devices 0 and 1 both have a backend, 77 when not. */
 static void probe_main(void *arg)
@@ -84,7 +67,7 @@ static void reference_main(void *arg)
     const proc *p = arg;
     char msg[256];
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(false, BS, s);
     fb_backend_t *be = fb_backend_cuda(0);
     CHECK(be != NULL);
     fb_array *a = NULL;
@@ -107,7 +90,7 @@ static void reference_main(void *arg)
     close(p->out_fd);
     free(x);
     fb_array_free(a);
-    free_specs(s);
+    pu_free_specs(s);
 }
 
 /* One rank: TCP, the id from the leader, NCCL, then the training loop. */
@@ -141,7 +124,7 @@ static void rank_main(void *arg)
     dev.be = fb_backend_cuda(ordinal);
     CHECK(dev.be != NULL);
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(false, BS, s);
     /* NCCL alone cannot carry the host-memory sums: refused, nothing built */
     fb_dp *dp = NULL;
     fb_dp_opts o = {.bucket_bytes = 2048, .slow_rank = -1, .comm = nccl};
@@ -180,7 +163,7 @@ static void rank_main(void *arg)
     fb_dp_free(dp);
     fb_comm_free(nccl); /* after dp, which borrowed both */
     fb_comm_free(tcp);
-    free_specs(s);
+    pu_free_specs(s);
 }
 
 int main(void)
@@ -191,26 +174,20 @@ int main(void)
         return FB_TEST_SKIP;
     }
     ds = et_synthetic(512, SIDE, CLASSES, 5);
-    int fds[3][2];
+    int rd[3];
     proc ps[3] = {{.base = 0}, {.base = 1}, {.base = -1}};
     pid_t pids[3];
     listener = xp_listen(root_addr, sizeof root_addr);
-    for (int i = 0; i < 3; i++) {
-        CHECK(pipe(fds[i]) == 0);
-        ps[i].out_fd = fds[i][1];
-    }
-    for (int i = 0; i < 3; i++) {
-        pids[i] = xp_spawn(i < 2 ? rank_main : reference_main, &ps[i]);
-        close(fds[i][1]);
-    }
+    for (int i = 0; i < 3; i++)
+        pids[i] = xp_spawn_piped(i < 2 ? rank_main : reference_main, &ps[i], &ps[i].out_fd, &rd[i]);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     static float ref[STEPS][B], got[2][STEPS][B];
-    xp_read_all(fds[0][0], got[0], sizeof got[0]);
-    xp_read_all(fds[1][0], got[1], sizeof got[1]);
-    xp_read_all(fds[2][0], ref, sizeof ref);
+    xp_read_all(rd[0], got[0], sizeof got[0]);
+    xp_read_all(rd[1], got[1], sizeof got[1]);
+    xp_read_all(rd[2], ref, sizeof ref);
     for (int i = 0; i < 3; i++) {
-        close(fds[i][0]);
+        close(rd[i]);
         xp_wait_ok(pids[i], 120);
     }
     /* the trajectory moves: a comparison against a constant would pass anyway */

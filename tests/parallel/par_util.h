@@ -30,8 +30,9 @@
 #define PU_STEPS 50
 #define PU_MAX_RANKS 4
 
-/* Member i of an MLP array (dropout included, so masks must follow samples). */
-static inline fb_job_spec *pu_mlp(int i)
+/* Member i of an MLP array (dropout included, so masks must follow samples),
+ * global batch bs. */
+static inline fb_job_spec *pu_mlp_bs(int i, int bs)
 {
     return et_spec("{\"name\":\"mlp%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
                    "\"layers\":[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":32},"
@@ -39,11 +40,11 @@ static inline fb_job_spec *pu_mlp(int i)
                    "{\"type\":\"linear\",\"out\":16},{\"type\":\"tanh\"},"
                    "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":%d,\"steps\":%d,"
                    "\"optimizer\":{\"type\":\"adam\",\"lr\":%g},\"seed\":%d,\"data_seed\":3}",
-                   i, PU_SIDE, PU_SIDE, PU_CLASSES, PU_BS, PU_STEPS, 0.002 * (1 + i), 11 + i);
+                   i, PU_SIDE, PU_SIDE, PU_CLASSES, bs, PU_STEPS, 0.002 * (1 + i), 11 + i);
 }
 
-/* Member i of a conv + batch-norm array. */
-static inline fb_job_spec *pu_cnn(int i)
+/* Member i of a conv + batch-norm array, global batch bs. */
+static inline fb_job_spec *pu_cnn_bs(int i, int bs)
 {
     return et_spec("{\"name\":\"cnn%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
                    "\"layers\":[{\"type\":\"conv2d\",\"out\":4,\"kernel\":3,\"padding\":1},"
@@ -52,7 +53,29 @@ static inline fb_job_spec *pu_cnn(int i)
                    "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":%d,\"steps\":%d,"
                    "\"optimizer\":{\"type\":\"sgd\",\"lr\":%g,\"momentum\":0.9},\"seed\":%d,"
                    "\"data_seed\":3}",
-                   i, PU_SIDE, PU_SIDE, PU_CLASSES, PU_BS, PU_STEPS, 0.02 * (1 + i), 21 + i);
+                   i, PU_SIDE, PU_SIDE, PU_CLASSES, bs, PU_STEPS, 0.02 * (1 + i), 21 + i);
+}
+
+static inline fb_job_spec *pu_mlp(int i)
+{
+    return pu_mlp_bs(i, PU_BS);
+}
+
+static inline fb_job_spec *pu_cnn(int i)
+{
+    return pu_cnn_bs(i, PU_BS);
+}
+
+/* The PU_B members' specs into s, global batch bs (the tests across
+ * processes use a larger one than PU_BS). */
+static inline void pu_make_bs(bool cnn, int bs, fb_job_spec **s)
+{
+    for (int i = 0; i < PU_B; i++) s[i] = cnn ? pu_cnn_bs(i, bs) : pu_mlp_bs(i, bs);
+}
+
+static inline void pu_free_specs(fb_job_spec **s)
+{
+    for (int i = 0; i < PU_B; i++) et_spec_free(s[i]);
 }
 
 typedef struct pu_specs {
@@ -62,13 +85,13 @@ typedef struct pu_specs {
 static inline pu_specs pu_make(bool cnn)
 {
     pu_specs p;
-    for (int i = 0; i < PU_B; i++) p.s[i] = cnn ? pu_cnn(i) : pu_mlp(i);
+    pu_make_bs(cnn, PU_BS, p.s);
     return p;
 }
 
 static inline void pu_free(pu_specs *p)
 {
-    for (int i = 0; i < PU_B; i++) et_spec_free(p->s[i]);
+    pu_free_specs(p->s);
 }
 
 /* Step t's batch: PU_BS consecutive samples of ds, wrapping around. */

@@ -17,6 +17,7 @@
 #include "xproc_util.h"
 
 #include "engine/engine_util.h"
+#include "par_util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -36,43 +37,15 @@
 #define WORLD 3
 #define MAX_SHARD 64
 
+_Static_assert(B == PU_B && SIDE == PU_SIDE && CLASSES == PU_CLASSES && STEPS == PU_STEPS,
+               "the specs come from par_util.h");
+
 static const int64_t SPLIT[WORLD] = {50, 30, 48};
 static const unsigned char TOKEN[FB_COMM_TOKEN_BYTES] = "a group secret of 32 bytes......";
 static char root_addr[64];
 static fb_comm_tcp_listener *listener;
 static fb_dataset ds;
 static bool cnn, sync_bn;
-
-static fb_job_spec *spec(int i)
-{
-    if (cnn)
-        return et_spec("{\"name\":\"cnn%d\",\"dataset\":\"synthetic\","
-                       "\"model\":{\"input\":[1,%d,%d],"
-                       "\"layers\":[{\"type\":\"conv2d\",\"out\":4,\"kernel\":3,\"padding\":1},"
-                       "{\"type\":\"batchnorm\"},{\"type\":\"relu\"},"
-                       "{\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"flatten\"},"
-                       "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":%d,\"steps\":%d,"
-                       "\"optimizer\":{\"type\":\"sgd\",\"lr\":%g,\"momentum\":0.9},\"seed\":%d,"
-                       "\"data_seed\":3}",
-                       i, SIDE, SIDE, CLASSES, BS, STEPS, 0.02 * (1 + i), 21 + i);
-    return et_spec("{\"name\":\"mlp%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
-                   "\"layers\":[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":32},"
-                   "{\"type\":\"relu\"},{\"type\":\"dropout\",\"p\":0.2},"
-                   "{\"type\":\"linear\",\"out\":16},{\"type\":\"tanh\"},"
-                   "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":%d,\"steps\":%d,"
-                   "\"optimizer\":{\"type\":\"adam\",\"lr\":%g},\"seed\":%d,\"data_seed\":3}",
-                   i, SIDE, SIDE, CLASSES, BS, STEPS, 0.002 * (1 + i), 11 + i);
-}
-
-static void make_specs(fb_job_spec **s)
-{
-    for (int i = 0; i < B; i++) s[i] = spec(i);
-}
-
-static void free_specs(fb_job_spec **s)
-{
-    for (int i = 0; i < B; i++) et_spec_free(s[i]);
-}
 
 /* All parameters of every member of a, member by member, tensor by tensor. */
 static size_t params_of(const fb_array *a, float *out)
@@ -91,7 +64,7 @@ static void reference(float loss[STEPS][B], float *params)
 {
     char msg[256];
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(cnn, BS, s);
     fb_array *a = NULL;
     CHECK_INT_EQ(fb_array_new(fb_backend_cpu(), (const fb_job_spec *const *)s, B, BS, &a, msg,
                               sizeof msg),
@@ -111,7 +84,7 @@ static void reference(float loss[STEPS][B], float *params)
     params_of(a, params);
     free(x);
     fb_array_free(a);
-    free_specs(s);
+    pu_free_specs(s);
 }
 
 typedef struct proc {
@@ -127,7 +100,7 @@ static void reference_main(void *arg)
     const proc *p = arg;
     static float loss[STEPS][B];
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(cnn, BS, s);
     fb_array *shape = NULL;
     char msg[256];
     CHECK_INT_EQ(fb_array_new(fb_backend_cpu(), (const fb_job_spec *const *)s, B, 1, &shape, msg,
@@ -137,7 +110,7 @@ static void reference_main(void *arg)
     for (int m = 0; m < B; m++) want += (size_t)s[m]->n_params;
     CHECK_INT_EQ(P, want); /* what the test process expects to read */
     fb_array_free(shape);
-    free_specs(s);
+    pu_free_specs(s);
     float *params = malloc(P * sizeof *params);
     CHECK(params != NULL);
     reference(loss, params);
@@ -190,7 +163,7 @@ static void proc_main(void *arg)
         devs[d].be = fb_backend_cpu();
     }
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(cnn, BS, s);
     refusals(p, comm, devs, s);
     fb_dp_opts o = {.bucket_bytes = 2048, .threads = 1, .slow_rank = -1, .sync_bn = sync_bn,
                     .comm = comm};
@@ -247,7 +220,7 @@ static void proc_main(void *arg)
     free(x);
     fb_dp_free(dp);
     fb_comm_free(comm);
-    free_specs(s);
+    pu_free_specs(s);
 }
 
 /* Trains in two processes; the losses must follow one device's when match. */
@@ -256,39 +229,34 @@ static void run(bool with_cnn, bool with_sync_bn, bool match)
     cnn = with_cnn;
     sync_bn = with_sync_bn;
     /* ranks 0..1, rank 2, and the single-device reference, all at once */
-    int fds[3][2];
+    int rd[3];
     proc ps[3] = {{.base = 0, .D = 2}, {.base = 2, .D = 1}, {.base = -1}};
     pid_t pids[3];
     listener = xp_listen(root_addr, sizeof root_addr);
-    for (int i = 0; i < 3; i++) {
-        CHECK(pipe(fds[i]) == 0);
-        ps[i].out_fd = fds[i][1];
-    }
-    for (int i = 0; i < 3; i++) {
-        pids[i] = xp_spawn(i < 2 ? proc_main : reference_main, &ps[i]);
-        close(fds[i][1]);
-    }
+    for (int i = 0; i < 3; i++)
+        pids[i] = xp_spawn_piped(i < 2 ? proc_main : reference_main, &ps[i], &ps[i].out_fd,
+                                 &rd[i]);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
 
     /* the parameters' count, from the specs alone */
     fb_job_spec *s[B];
-    make_specs(s);
+    pu_make_bs(cnn, BS, s);
     size_t P = 0;
     for (int m = 0; m < B; m++) P += (size_t)s[m]->n_params;
-    free_specs(s);
+    pu_free_specs(s);
     static float ref[STEPS][B], got[2][STEPS][B];
     float *ref_params = malloc(P * sizeof(float));
     float *params = malloc(3 * P * sizeof(float));
     CHECK(ref_params && params);
-    xp_read_all(fds[0][0], got[0], sizeof got[0]);
-    xp_read_all(fds[0][0], params, 2 * P * sizeof(float));
-    xp_read_all(fds[1][0], got[1], sizeof got[1]);
-    xp_read_all(fds[1][0], params + 2 * P, P * sizeof(float));
-    xp_read_all(fds[2][0], ref, sizeof ref);
-    xp_read_all(fds[2][0], ref_params, P * sizeof(float));
+    xp_read_all(rd[0], got[0], sizeof got[0]);
+    xp_read_all(rd[0], params, 2 * P * sizeof(float));
+    xp_read_all(rd[1], got[1], sizeof got[1]);
+    xp_read_all(rd[1], params + 2 * P, P * sizeof(float));
+    xp_read_all(rd[2], ref, sizeof ref);
+    xp_read_all(rd[2], ref_params, P * sizeof(float));
     for (int i = 0; i < 3; i++) {
-        close(fds[i][0]);
+        close(rd[i]);
         xp_wait_ok(pids[i], 50);
     }
     /* the trajectory moves: a comparison against a constant would pass anyway */

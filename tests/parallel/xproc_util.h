@@ -51,6 +51,21 @@ static inline pid_t xp_spawn(void (*fn)(void *), void *arg)
     return pid;
 }
 
+/* Spawns fn(arg) with a pipe for its results: *child_fd (a field of arg) gets
+ * the write end before the fork, and the parent keeps only the read end,
+ * *read_fd, so that the child's exit ends the parent's reads.  Earlier
+ * children never hold a later child's write end. */
+static inline pid_t xp_spawn_piped(void (*fn)(void *), void *arg, int *child_fd, int *read_fd)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    *child_fd = fds[1];
+    pid_t pid = xp_spawn(fn, arg);
+    close(fds[1]);
+    *read_fd = fds[0];
+    return pid;
+}
+
 /* Waits up to secs for pid; returns its wait status (a child still running
  * then is killed and fails the test). */
 static inline int xp_wait(pid_t pid, double secs)

@@ -158,34 +158,28 @@ static void one_process(void)
 int main(void)
 {
     listener = xp_listen(root_addr, sizeof root_addr);
-    int fds[2][2];
+    int rd[2];
     proc ps[2] = {{.base = 0, .D = 2}, {.base = 2, .D = 1}};
     pid_t pids[2];
-    for (int i = 0; i < 2; i++) {
-        CHECK(pipe(fds[i]) == 0);
-        ps[i].out_fd = fds[i][1];
-    }
-    for (int i = 0; i < 2; i++) {
-        pids[i] = xp_spawn(proc_main, &ps[i]);
-        close(fds[i][1]);
-    }
+    for (int i = 0; i < 2; i++)
+        pids[i] = xp_spawn_piped(proc_main, &ps[i], &ps[i].out_fd, &rd[i]);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     for (int i = 0; i < 2; i++) {
         int64_t v[N], bad;
         float loss[1];
-        xp_read_all(fds[i][0], v, sizeof v);
+        xp_read_all(rd[i], v, sizeof v);
         for (int k = 0; k < N; k++)
             if (v[k] != ROOT[k]) {
                 fprintf(stderr, "process %d value %d: %lld, rank 0 sent %lld\n", i, k,
                         (long long)v[k], (long long)ROOT[k]);
                 abort();
             }
-        xp_read_all(fds[i][0], &bad, sizeof bad);
+        xp_read_all(rd[i], &bad, sizeof bad);
         CHECK_INT_EQ(bad, 0);
-        xp_read_all(fds[i][0], loss, sizeof loss);
+        xp_read_all(rd[i], loss, sizeof loss);
         CHECK(isfinite(loss[0]) && loss[0] > 0);
-        close(fds[i][0]);
+        close(rd[i]);
     }
     for (int i = 0; i < 2; i++)
         xp_wait_ok(pids[i], 30);

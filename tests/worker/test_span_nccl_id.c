@@ -165,22 +165,16 @@ int main(void)
     leader_id[1] = 0xff;
     leader_id[2] = 0x80;
     listener = xp_listen(root_addr, sizeof root_addr);
-    int fds[2][2];
+    int rd[2];
     proc ps[2] = {{.base = 0, .D = 2}, {.base = 2, .D = 1}};
     pid_t pids[2];
-    for (int i = 0; i < 2; i++) {
-        CHECK(pipe(fds[i]) == 0);
-        ps[i].out_fd = fds[i][1];
-    }
-    for (int i = 0; i < 2; i++) {
-        pids[i] = xp_spawn(proc_main, &ps[i]);
-        close(fds[i][1]);
-    }
+    for (int i = 0; i < 2; i++)
+        pids[i] = xp_spawn_piped(proc_main, &ps[i], &ps[i].out_fd, &rd[i]);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     for (int i = 0; i < 2; i++) {
         unsigned char id[FB_COMM_ID_BYTES];
-        xp_read_all(fds[i][0], id, sizeof id);
+        xp_read_all(rd[i], id, sizeof id);
         for (int k = 0; k < FB_COMM_ID_BYTES; k++)
             if (id[k] != leader_id[k]) {
                 fprintf(stderr, "process %d byte %d: 0x%02x, the leader sent 0x%02x\n", i, k,
@@ -188,10 +182,10 @@ int main(void)
                 abort();
             }
         float sum[2];
-        xp_read_all(fds[i][0], sum, sizeof sum);
+        xp_read_all(rd[i], sum, sizeof sum);
         /* ranks 0, 1 of the first process and rank 2 of the second: 1 + 10 + 1, 2 + 20 + 2 */
         CHECK(sum[0] == 12.0f && sum[1] == 24.0f);
-        close(fds[i][0]);
+        close(rd[i]);
     }
     for (int i = 0; i < 2; i++)
         xp_wait_ok(pids[i], 30);
