@@ -249,31 +249,35 @@ static void port_taken(void)
     close(held[1]);
 }
 
-/* Steps for the restart scenario's job: long enough to still train when fuseboxd is back,
- * however fast this machine is (a quiet one trained 6000 steps during the restart), sized
- * from fusebox-train's speed on the same spec.  Across two workers the array steps several
- * times slower than fusebox-train's (8.5 times here: a sum over TCP and the workers'
- * per-step messages for a step of a fraction of a millisecond), so 2.5 s of fusebox-train's
- * steps last about 20 s.  A multiple of 6, so that checkpoints every sixth of the run are
- * five. */
-static int restart_steps(void)
+/* Steps for a job that must still train when a scenario's fault has been noticed (fuseboxd
+ * back after a restart, a killed follower found lost, a drained one gone), however fast
+ * this machine is (a quiet one trained 6000 steps during the restart, and the whole of a
+ * 6000-step job before a killed follower was noticed), sized from fusebox-train's speed on
+ * the same spec, measured once.  Across two workers the array steps several times slower
+ * than fusebox-train's (8.5 times here: a sum over TCP and the workers' per-step messages
+ * for a step of a fraction of a millisecond), so 2.5 s of fusebox-train's steps last about
+ * 20 s.  A multiple of 600, so that a run's sixths and twelfths are whole steps. */
+static int sized_steps(void)
 {
+    static long long steps;
+    if (steps) return (int)steps;
     char file[400];
-    snprintf(file, sizeof file, "%s/restart-speed.json", T.root);
-    e2e_write(file, span_spec("restart", 0.002, 512, 1000000, 0));
+    snprintf(file, sizeof file, "%s/span-speed.json", T.root);
+    e2e_write(file, span_spec("speed", 0.002, 512, 1000000, 0));
     const char *files[1] = {file};
-    double rate = e2e_train_speed(&T, files, 1, "restart", 50, 1500);
-    long long steps = (long long)(rate * 2.5) / 600 * 600;
+    double rate = e2e_train_speed(&T, files, 1, "speed", 50, 1500);
+    steps = (long long)(rate * 2.5) / 600 * 600;
     if (steps < 6000) steps = 6000;
     if (steps > 600000) steps = 600000;
-    printf("restart: fusebox-train trains %.0f steps/s; the job has %lld steps\n", rate, steps);
+    printf("fusebox-train trains %.0f steps/s; the fault scenarios' jobs have %lld steps\n", rate,
+           steps);
     return (int)steps;
 }
 
 static void server_restarted(void)
 {
     char id[64], sql[512], group[64];
-    int steps = restart_steps();
+    int steps = sized_steps();
     snprintf(id, sizeof id, "%s",
              e2e_submit(&T, T.key, span_spec("restart", 0.002, 512, steps, steps / 6)));
     snprintf(sql, sizeof sql, "SELECT step >= 300 AND state = 'running' FROM jobs WHERE id = '%s'",
@@ -306,11 +310,12 @@ static void server_restarted(void)
 static void follower_killed(pid_t *workers)
 {
     char id[64], sql[512], follower[64];
+    int steps = sized_steps(), every = steps / 12;
     snprintf(id, sizeof id, "%s",
-             e2e_submit(&T, T.key, span_spec("killed", 0.002, 512, 6000, 500)));
+             e2e_submit(&T, T.key, span_spec("killed", 0.002, 512, steps, every)));
     snprintf(sql, sizeof sql,
-             "SELECT resume_step >= 500 AND state = 'running' FROM jobs WHERE id = '%s'", id);
-    e2e_wait_sql(&T, sql, 240, "a checkpoint at step 500");
+             "SELECT resume_step >= %d AND state = 'running' FROM jobs WHERE id = '%s'", every, id);
+    e2e_wait_sql(&T, sql, 240, "a first checkpoint");
     snprintf(follower, sizeof follower, "%s", follower_of(id));
     CHECK(strcmp(follower, "w1") == 0 || strcmp(follower, "w2") == 0);
     int k = strcmp(follower, "w1") == 0 ? 0 : 1;
@@ -332,10 +337,11 @@ static void follower_killed(pid_t *workers)
     CHECK_STR_EQ(
         sqlf("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'", id), "1");
     /* it resumed from its checkpoint, in a new array across both workers again */
-    CHECK_STR_EQ(sqlf("SELECT max((data->>'step')::bigint) >= 500 FROM job_events"
-                      " WHERE job_id = '%s' AND kind = 'started'",
-                      id),
-                 "t");
+    snprintf(sql, sizeof sql,
+             "SELECT max((data->>'step')::bigint) >= %d FROM job_events"
+             " WHERE job_id = '%s' AND kind = 'started'",
+             every, id);
+    CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "t");
     CHECK(strcmp(e2e_job_field(&T, T.key, id, "group_id"), group) != 0);
     CHECK_STR_EQ(sqlf("SELECT count(*) FROM group_workers gw JOIN jobs j ON j.group_id ="
                       " gw.group_id WHERE j.id = '%s'",
@@ -347,7 +353,8 @@ static void follower_drains(pid_t *workers)
 {
     char id[64], sql[512], follower[64];
     /* no checkpoints: a resume point past 0 can only be the state the member left with */
-    snprintf(id, sizeof id, "%s", e2e_submit(&T, T.key, span_spec("drain", 0.002, 512, 6000, 0)));
+    snprintf(id, sizeof id, "%s",
+             e2e_submit(&T, T.key, span_spec("drain", 0.002, 512, sized_steps(), 0)));
     snprintf(sql, sizeof sql, "SELECT step >= 300 AND state = 'running' FROM jobs WHERE id = '%s'",
              id);
     e2e_wait_sql(&T, sql, 240, "training under way");

@@ -378,7 +378,7 @@ try {
     const done = await until('three completed trials', async () => {
       const r = await call('GET', `/v1/jobs?sweep_id=${sweep.id}`, key);
       return r.jobs.every((j) => j.state === 'completed') && r.jobs;
-    }, 60000);
+    }, 180000); // three times 12000 steps of a 512-wide MLP: over a minute in a sanitizer build
     await page.goto(`${base}/#/jobs?sweep=${sweep.id}`);
     await until('completed rows', async () => (await page.locator('#jobs tr[data-job] .s-completed').count()) === 3);
     for (const j of done) {
