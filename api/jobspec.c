@@ -842,12 +842,6 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_enum(c, root, "precision", "", false, FB_PREC_FP32, prec_names, 3, &t)))
         return err;
     s->precision = (fb_precision)t;
-    /* A pipeline's stages are separate arrays, and loss scaling is per array:
-     * the scaled gradient a stage hands its predecessor would be scaled again. */
-    if (s->precision == FB_PREC_BF16 && s->parallel_pipeline > 1)
-        return fb_errf(c->msg, c->cap, FB_ERR_CONFLICT,
-                       "precision: bf16 is not supported with parallel.pipeline > 1 yet; use "
-                       "fp32 or tf32, or one pipeline stage");
     if ((err = get_int(c, root, "priority", "", false, 50, 0, 100, &v))) return err;
     s->priority = (int)v;
     if ((err = get_int(c, root, "max_restarts", "", false, 3, 0, 100, &v))) return err;

@@ -128,7 +128,7 @@ bool fb_backend_supports(const fb_backend_t *be, fb_op op)
     case FB_OP_OPTIM:
         return o->optim_step != NULL;
     case FB_OP_BF16:
-        return o->round_bf16 && o->grad_nonfinite && o->scale_members;
+        return o->round_bf16 && o->grad_unscale && o->scale_members;
     case FB_OP_COUNT:
         break;
     }
@@ -505,13 +505,15 @@ void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
     if (n) be->ops->round_bf16(be, out, in, n);
 }
 
-/* See kernels.h: flags[b] = 1 when member b's gradient is not all finite. */
-void fb_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
-                       const fb_param_block *blocks, int n_blocks, int B)
+/* See kernels.h: each member's gradients times its inverse scale, and
+ * flags[b] = 1 when member b's gradients were not all finite. */
+void fb_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                     const fb_param_block *blocks, int n_blocks, int B)
 {
-    FB_OP_FN(be, grad_nonfinite);
-    FB_ASSERT(B >= 1 && n_blocks >= 0 && flags != NULL && (n_blocks == 0 || blocks != NULL));
-    be->ops->grad_nonfinite(be, flags, grads, blocks, n_blocks, B);
+    FB_OP_FN(be, grad_unscale);
+    FB_ASSERT(B >= 1 && n_blocks >= 0 && flags != NULL && inv_scales != NULL &&
+              (n_blocks == 0 || blocks != NULL));
+    be->ops->grad_unscale(be, flags, grads, inv_scales, blocks, n_blocks, B);
 }
 
 /* See kernels.h: x [N, B, F] times scales[b] per member. */

@@ -102,8 +102,8 @@ struct fb_backend_ops {
 
     /* ---- bf16 ---- */
     void (*round_bf16)(fb_backend_t *be, float *out, const float *in, size_t n);
-    void (*grad_nonfinite)(fb_backend_t *be, float *flags, const float *grads,
-                           const fb_param_block *blocks, int n_blocks, int B);
+    void (*grad_unscale)(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                         const fb_param_block *blocks, int n_blocks, int B);
     void (*scale_members)(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 
     /* ---- GEMM ---- */

@@ -56,7 +56,7 @@ typedef enum fb_op {
     FB_OP_SOFTMAX_XENT,
     FB_OP_MSE,
     FB_OP_OPTIM,
-    FB_OP_BF16, /* fb_round_bf16, fb_grad_nonfinite and fb_scale_members */
+    FB_OP_BF16, /* fb_round_bf16, fb_grad_unscale and fb_scale_members */
     FB_OP_COUNT
 } fb_op;
 
@@ -287,20 +287,30 @@ void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const fl
 void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
 
 /*
- * flags[b] = 1 when member b's gradient holds a NaN or an infinity anywhere in
- * the blocks (fb_optim_step's layout: block k covers floats [offset, offset +
- * B * per_member) of grads, member b's part at offset + b * per_member), else
- * 0.  flags [B] is backend memory, overwritten; blocks is host memory.  This
- * is the check of bf16 dynamic loss scaling: one pass over the gradients on
- * the device, B floats to read back.
+ * The unscaling of bf16 dynamic loss scaling, in one pass over the parameter
+ * gradients: member b's part of every block (fb_optim_step's layout: block k
+ * covers floats [offset, offset + B * per_member) of grads, member b's part
+ * at offset + b * per_member) is multiplied by inv_scales[b], and flags[b]
+ * becomes 1 when one of the products is a NaN or an infinity, else 0.
+ * flags [B] is backend memory, overwritten; inv_scales [B] and blocks are
+ * host memory.  Floats outside the blocks are neither read nor written.
+ *
+ * The flag is taken on the product.  Multiplying by a power of two keeps a
+ * NaN or an infinity what it is, and keeps a finite value finite unless the
+ * product overflows, which a factor of at most 1 (a loss scale of at least
+ * 1) never does (at worst it underflows towards zero), so checking after the
+ * multiply flags exactly what checking before it would.  The one difference
+ * is a loss scale below 1, whose inverse above 1 can carry a huge finite
+ * gradient to infinity: checking after flags that member too, so no
+ * infinity reaches the optimizer.  On the device this is one launch; B
+ * floats come back when the caller reads the flags.
  */
-void fb_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
-                       const fb_param_block *blocks, int n_blocks, int B);
+void fb_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                     const fb_param_block *blocks, int n_blocks, int B);
 
 /*
  * x[n, b, f] *= scales[b] over x [N, B, F]: the per-member loss scale applied
- * to the loss gradient [N, B, K], and (N = 1, F = per_member) its inverse
- * applied to one parameter block's gradients.  scales [B] is host memory.
+ * to the loss gradient [N, B, K].  scales [B] is host memory.
  */
 void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 

@@ -109,10 +109,14 @@ struct fb_array {
      * it last changed, whether the last update was skipped, and the growth
      * interval.  grads_scaled: the gradient slab holds each member's
      * gradient times its scale (from a training backward to the next
-     * fb_array_step). */
+     * fb_array_step).  ls_force: the next update of a slot is skipped
+     * whatever its own gradients hold (another pipeline stage's overflowed);
+     * prescaled: the output gradient backward receives is already scaled
+     * (a pipeline stage before the last), so backward does not scale it. */
     float *ls_scale, *ls_flags, *ls_host;
     int64_t *ls_good;
-    bool *ls_skipped;
+    bool *ls_skipped, *ls_force;
+    bool prescaled;
     fb_optim_hparams *ls_hp;
     int64_t ls_interval;
     bool grads_scaled;
@@ -711,10 +715,11 @@ int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int 
         a->ls_host = calloc((size_t)B, sizeof *a->ls_host);
         a->ls_good = calloc((size_t)B, sizeof *a->ls_good);
         a->ls_skipped = calloc((size_t)B, sizeof *a->ls_skipped);
+        a->ls_force = calloc((size_t)B, sizeof *a->ls_force);
         a->ls_hp = calloc((size_t)B, sizeof *a->ls_hp);
         a->ls_flags = fb_backend_alloc(be, (size_t)B * sizeof(float));
-        if (!a->ls_scale || !a->ls_host || !a->ls_good || !a->ls_skipped || !a->ls_hp ||
-            !a->ls_flags)
+        if (!a->ls_scale || !a->ls_host || !a->ls_good || !a->ls_skipped || !a->ls_force ||
+            !a->ls_hp || !a->ls_flags)
             goto nomem;
         for (int b = 0; b < B; b++)
             a->ls_scale[b] = FB_LOSS_SCALE_INIT;
@@ -762,6 +767,7 @@ void fb_array_free(fb_array *a)
     free(a->ls_host);
     free(a->ls_good);
     free(a->ls_skipped);
+    free(a->ls_force);
     free(a->ls_hp);
     free(a->params);
     free(a->bufs);
@@ -1189,9 +1195,11 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
         fb_backend_zero(a->be, dev_correct, (size_t)B * sizeof(float));
     }
     /* bf16: each member's loss gradient times its own loss scale; the
-     * losses themselves stay unscaled.  fb_array_step divides it out. */
+     * losses themselves stay unscaled.  fb_array_step divides it out.  A
+     * pipeline stage before the last receives its output gradient already
+     * scaled by the last stage, which holds the same scales. */
     if (grad && a->bf16) {
-        fb_scale_members(a->be, dlogits, a->ls_scale, N, B, (size_t)K);
+        if (!a->prescaled) fb_scale_members(a->be, dlogits, a->ls_scale, N, B, (size_t)K);
         a->grads_scaled = true;
     }
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);
@@ -1244,28 +1252,29 @@ void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_opt
 }
 
 /*
- * bf16 dynamic loss scaling, before the update: one pass finds the members
- * whose scaled gradients overflowed (on the device: B floats come back), one
- * divides each member's gradients by its scale (exact: a power of two).  A
- * member that overflowed gets an empty slot's hyperparameters (lr 0, t 0),
- * which fb_optim_step skips, so its parameters and optimizer state stay as
- * they were, and its scale halves; a member that did not counts the step,
- * and doubles its scale after ls_interval finite steps in a row.  Members
- * never see each other's flags or scales.  Returns the hyperparameters to
- * update with.
+ * bf16 dynamic loss scaling, before the update: one pass (fb_grad_unscale)
+ * divides each member's gradients by its scale (exact: a power of two) and
+ * finds the members whose scaled gradients overflowed (on the device: one
+ * launch, B floats come back).  A member that overflowed, or whose update
+ * fb_array_skip_update asked to skip (another pipeline stage of it
+ * overflowed), gets an empty slot's hyperparameters (lr 0, t 0), which fb_optim_step skips, so its
+ * parameters and optimizer state stay as they were, and its scale halves; a
+ * member that did not counts the step, and doubles its scale after
+ * ls_interval finite steps in a row.  Members never see each other's flags
+ * or scales.  Returns the hyperparameters to update with.
  */
 static const fb_optim_hparams *unscale_grads(fb_array *a, const fb_optim_hparams *hp)
 {
     int B = a->B;
-    fb_grad_nonfinite(a->be, a->ls_flags, a->g, a->blocks, a->n_params, B);
-    fb_backend_download(a->be, a->ls_host, a->ls_flags, (size_t)B * sizeof(float));
-    float *inv = a->ls_host; /* reused: the flags are read into ls_skipped first */
-    for (int b = 0; b < B; b++) {
-        a->ls_skipped[b] = inv[b] != 0.0f;
+    float *inv = a->ls_host; /* reused: the inverses go in, the flags come back */
+    for (int b = 0; b < B; b++)
         inv[b] = 1.0f / a->ls_scale[b];
+    fb_grad_unscale(a->be, a->ls_flags, a->g, inv, a->blocks, a->n_params, B);
+    fb_backend_download(a->be, a->ls_host, a->ls_flags, (size_t)B * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        a->ls_skipped[b] = a->ls_host[b] != 0.0f || a->ls_force[b];
+        a->ls_force[b] = false;
     }
-    for (int k = 0; k < a->n_params; k++)
-        fb_scale_members(a->be, a->g + a->blocks[k].offset, inv, 1, B, a->blocks[k].per_member);
     a->grads_scaled = false;
     for (int b = 0; b < B; b++) {
         a->ls_hp[b] = hp[b];
@@ -1320,6 +1329,7 @@ void fb_array_remove(fb_array *a, int m)
             a->ls_scale[b] = a->ls_scale[b + 1];
             a->ls_good[b] = a->ls_good[b + 1];
             a->ls_skipped[b] = a->ls_skipped[b + 1];
+            a->ls_force[b] = a->ls_force[b + 1];
         }
     }
     a->B--;
@@ -1419,13 +1429,21 @@ void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *ds
 void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src)
 {
     FB_ASSERT(m >= 0 && m < a->B);
-    /* bf16 arrays run in one pipeline stage (the job spec refuses more), so
-     * nothing writes gradients between a backward and its update */
-    FB_ASSERT(part != FB_ARRAY_GRAD || !a->grads_scaled);
     float *slab;
     const tensor_def *d = part_def(a, part, t, &slab);
-    fb_backend_upload(a->be, slab + d->offset + (size_t)m * d->per_member, src,
-                      d->per_member * sizeof(float));
+    float *dst = slab + d->offset + (size_t)m * d->per_member;
+    if (part == FB_ARRAY_GRAD && a->grads_scaled) {
+        /* the mirror of fb_array_get: src is the batch's gradient, the slab
+         * holds it times the member's scale until the update */
+        float *v = malloc(d->per_member * sizeof *v);
+        FB_ASSERT(v != NULL);
+        for (size_t i = 0; i < d->per_member; i++)
+            v[i] = src[i] * a->ls_scale[m];
+        fb_backend_upload(a->be, dst, v, d->per_member * sizeof(float));
+        free(v);
+        return;
+    }
+    fb_backend_upload(a->be, dst, src, d->per_member * sizeof(float));
 }
 
 float fb_array_loss_scale(const fb_array *a, int m)
@@ -1461,6 +1479,17 @@ int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char 
     a->ls_scale[m] = scale;
     a->ls_good[m] = good;
     return FB_OK;
+}
+
+void fb_array_set_grad_prescaled(fb_array *a, bool prescaled)
+{
+    a->prescaled = prescaled;
+}
+
+void fb_array_skip_update(fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B && a->bf16);
+    a->ls_force[m] = true;
 }
 
 void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)

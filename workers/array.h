@@ -190,7 +190,9 @@ fb_array_tensor fb_array_tensor_at(const fb_array *a, fb_array_part part, int t)
 void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *dst);
 
 /* Replaces member m's tensor t of part with host src [numel]; no other
- * member or tensor changes. */
+ * member or tensor changes.  Gradients are the batch's own, unscaled, as
+ * fb_array_get returns them: in a bf16 array between a training backward and
+ * its update they are stored times the member's loss scale. */
 void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src);
 
 /* ---- bf16 dynamic loss scaling ---------------------------------------------
@@ -222,6 +224,18 @@ bool fb_array_update_skipped(const fb_array *a, int m);
  * with msg filled and nothing changed. */
 int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg,
                             size_t msg_cap);
+/*
+ * Loss scaling across arrays that each hold a part of one model (pipeline
+ * stages, workers/pp.h), so that a member has one scale in all of them:
+ * fb_array_set_grad_prescaled(a, true) says that the output gradient a's
+ * backward receives is already multiplied by each member's scale (the input
+ * gradient of the next stage, which scaled its loss gradient), so backward
+ * does not scale it again; fb_array_skip_update(a, m) (bf16 only) skips
+ * member m's next update as if its own gradients had overflowed, when
+ * another part's did: the scale then halves once, as in every part.
+ */
+void fb_array_set_grad_prescaled(fb_array *a, bool prescaled);
+void fb_array_skip_update(fb_array *a, int m);
 /* Internal, for tests: the growth interval of every member (steps >= 1). */
 void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps);
 

@@ -3,9 +3,23 @@
  * stage's 1F1B order; micro-batch activations and gradients pass between
  * stages through host buffers, member-major ([B][n][K]), guarded by one
  * mutex and condition variable.
+ *
+ * bf16: a member has one loss scale, the same in every stage's arrays.  The
+ * last stage multiplies the loss gradient by it; the input gradients it
+ * passes back are therefore scaled, and the earlier stages' arrays are
+ * "prescaled" (array.h), so they do not scale them again.  Each stage reads
+ * its gradients unscaled (fb_array_get divides by the member's scale) and
+ * sums them over the micro-batches; before the update every stage tells,
+ * per member, whether its sum holds a NaN or an infinity, and waits for the
+ * others.  A member that overflowed anywhere skips its update in every
+ * stage (fb_array_skip_update where only another stage saw it), so its
+ * scale halves once everywhere; its data shards need nothing more, since a
+ * stage's replicas hold the all-reduced sum, where one shard's NaN or
+ * infinity shows up in all.
  */
 #include "pp.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +38,7 @@ typedef struct stage {
     int64_t in_numel, out_numel;
     float **acc;               /* [n_dp]: gradients summed over micro-batches */
     size_t *acc_len;
+    bool *verdict; /* bf16, [B]: this stage found the member's gradients not finite */
     double busy_ms;
     int err;
     char msg[256];
@@ -46,6 +61,9 @@ struct fb_pp {
     int64_t split[FB_DP_MAX_RANKS];
     const fb_optim_hparams *hp;
     double *loss, *correct; /* [B] */
+    bool bf16;
+    bool *skip;     /* bf16, [B]: some stage found the member's gradients not finite */
+    int arrived;    /* stages that have added their verdicts to skip this step */
     float *l0, *c0; /* [B]: the last stage's loss and correct count of one micro-batch */
     fb_pp_times times;
 };
@@ -122,7 +140,9 @@ static int stage_build(fb_pp *pp, stage *s, int p, const fb_device *devs,
     }
     s->acc = calloc((size_t)s->n_dp, sizeof *s->acc);
     s->acc_len = calloc((size_t)s->n_dp, sizeof *s->acc_len);
-    if (!s->acc || !s->acc_len) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    s->verdict = calloc((size_t)B, sizeof *s->verdict);
+    if (!s->acc || !s->acc_len || !s->verdict)
+        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     for (int k = 0; k < s->n_dp; k++) {
         fb_dp **slot = p == 0 ? &s->fused : &s->solo[k];
         int nb = p == 0 ? B : 1;
@@ -130,6 +150,8 @@ static int stage_build(fb_pp *pp, stage *s, int p, const fb_device *devs,
                              slot, msg, cap)))
             return err;
         for (int b = 0; b < nb; b++) copy_params(full, p == 0 ? b : k, *slot, b, s->first);
+        for (int d = 0; p + 1 < pp->P && d < fb_dp_ranks(*slot); d++)
+            fb_array_set_grad_prescaled(fb_dp_array(*slot, d), true);
         s->acc_len[k] = fb_array_member_params(fb_dp_array(*slot, 0)) * (size_t)nb;
         s->acc[k] = malloc((s->acc_len[k] ? s->acc_len[k] : 1) * sizeof(float));
         if (!s->acc[k]) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
@@ -184,7 +206,10 @@ int fb_pp_new(const fb_device *devs, int D, int P, int m, const fb_job_spec *con
     pp->l0 = calloc((size_t)B, sizeof *pp->l0);
     pp->c0 = calloc((size_t)B, sizeof *pp->c0);
     pp->correct = calloc((size_t)B, sizeof *pp->correct);
-    if (!pp->l0 || !pp->c0 || !pp->correct || !pp->st || !pp->act || !pp->grad || !pp->act_ok || !pp->grad_ok || !pp->loss) {
+    pp->skip = calloc((size_t)B, sizeof *pp->skip);
+    pp->bf16 = specs[0]->precision == FB_PREC_BF16;
+    if (!pp->skip || !pp->l0 || !pp->c0 || !pp->correct || !pp->st || !pp->act || !pp->grad ||
+        !pp->act_ok || !pp->grad_ok || !pp->loss) {
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -235,6 +260,7 @@ void fb_pp_free(fb_pp *pp)
         free(s->solo);
         free(s->acc);
         free(s->acc_len);
+        free(s->verdict);
         free(s->sub);
         free(s->subp);
     }
@@ -252,6 +278,7 @@ void fb_pp_free(fb_pp *pp)
     free(pp->l0);
     free(pp->c0);
     free(pp->correct);
+    free(pp->skip);
     free(pp->st);
     pthread_mutex_destroy(&pp->mu);
     pthread_cond_destroy(&pp->cv);
@@ -295,6 +322,14 @@ static void move_member(fb_array *full, int b, fb_array *a, int mb, int first, b
             }
         }
     }
+    if (fb_array_spec(a, mb)->precision == FB_PREC_BF16) {
+        const fb_array *from = to_full ? a : full;
+        fb_array *to = to_full ? full : a;
+        int fm = to_full ? mb : b, tm = to_full ? b : mb;
+        int rc = fb_array_set_loss_scale(to, tm, fb_array_loss_scale(from, fm),
+                                         fb_array_loss_scale_good(from, fm), NULL, 0);
+        FB_ASSERT(rc == FB_OK); /* both hold the same specs, so both have a scale */
+    }
     for (int k = 0; k < fb_array_bn_count(a); k++) {
         char name[160], want[160], fname[160];
         fb_array_bn_name(a, k, name, sizeof name);
@@ -316,8 +351,15 @@ void fb_pp_gather(fb_pp *pp, fb_array *full)
 {
     for (int p = 0; p < pp->P; p++) {
         stage *s = &pp->st[p];
-        for (int b = 0; b < pp->B; b++)
-            move_member(full, b, fb_dp_array(stage_dp(s, b), 0), p == 0 ? b : 0, s->first, true);
+        for (int b = 0; b < pp->B; b++) {
+            const fb_array *a = fb_dp_array(stage_dp(s, b), 0);
+            int mb = p == 0 ? b : 0;
+            /* a member's loss scale is one across the stages (see the top) */
+            FB_ASSERT(p == 0 ||
+                      (fb_array_loss_scale(a, mb) == fb_array_loss_scale(full, b) &&
+                       fb_array_loss_scale_good(a, mb) == fb_array_loss_scale_good(full, b)));
+            move_member(full, b, (fb_array *)a, mb, s->first, true);
+        }
     }
 }
 
@@ -409,6 +451,40 @@ static void accumulate(stage *s, int k, bool first, int nb)
             }
             at += n;
         }
+}
+
+/* bf16: adds this stage's verdicts (a member's summed gradients hold a NaN
+ * or an infinity) to pp->skip and waits until every stage has; false when
+ * another stage failed.  The check is on the sum times the member's scale,
+ * which is what restore_grads stores and the update unscales and checks
+ * again, so a stage's own update never finds what this missed. */
+static bool share_verdicts(fb_pp *pp, stage *s)
+{
+    int B = pp->B;
+    bool *mine = s->verdict;
+    for (int q = 0; q < s->n_dp; q++) {
+        const fb_array *a = fb_dp_array(stage_dp(s, q), 0);
+        int nb = s->fused ? B : 1;
+        size_t per = fb_array_member_params(a);
+        for (int mb = 0; mb < nb; mb++) {
+            const float *g = s->acc[q] + (size_t)mb * per;
+            float scale = fb_array_loss_scale(a, mb);
+            bool nonfinite = false;
+            for (size_t i = 0; i < per; i++)
+                nonfinite |= !isfinite(g[i] * scale);
+            mine[s->fused ? mb : q] = nonfinite;
+        }
+    }
+    pthread_mutex_lock(&pp->mu);
+    for (int b = 0; b < B; b++)
+        pp->skip[b] |= mine[b];
+    pp->arrived++;
+    pthread_cond_broadcast(&pp->cv);
+    while (pp->arrived < pp->P && !pp->failed)
+        pthread_cond_wait(&pp->cv, &pp->mu);
+    bool ok = pp->arrived == pp->P;
+    pthread_mutex_unlock(&pp->mu);
+    return ok;
 }
 
 /* Puts the summed gradients back into every replica, for the update. */
@@ -517,9 +593,16 @@ static void *stage_main(void *arg)
         }
         if (p > 0) set_flag(pp, &pp->grad_ok[(size_t)(p - 1) * m + j]);
     }
-    /* every micro-batch is in: the update */
+    /* every micro-batch is in: the update, once every stage has said which
+     * members overflowed (bf16) */
+    if (pp->bf16 && !share_verdicts(pp, s)) return NULL;
     double t0 = now_ms();
     for (int q = 0; q < s->n_dp; q++) {
+        fb_dp *dp = stage_dp(s, q);
+        for (int mb = 0; pp->bf16 && mb < (p == 0 ? B : 1); mb++)
+            if (pp->skip[p == 0 ? mb : q])
+                for (int d = 0; d < fb_dp_ranks(dp); d++)
+                    fb_array_skip_update(fb_dp_array(dp, d), mb);
         restore_grads(s, q, p == 0 ? B : 1);
         fb_dp_set_scale(stage_dp(s, q), 0, 0);
         fb_dp_step(stage_dp(s, q), p == 0 ? pp->hp : &pp->hp[q]);
@@ -564,6 +647,8 @@ int fb_pp_train_step(fb_pp *pp, const float *x, const int32_t *y, int N, const i
     pp->stream = stream;
     pp->hp = hp;
     pp->failed = false;
+    pp->arrived = 0;
+    memset(pp->skip, 0, (size_t)pp->B * sizeof *pp->skip);
     size_t links = (size_t)(pp->P > 1 ? pp->P - 1 : 1) * (size_t)pp->m;
     memset(pp->act_ok, 0, links * sizeof *pp->act_ok);
     memset(pp->grad_ok, 0, links * sizeof *pp->grad_ok);

@@ -12,6 +12,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -236,13 +237,20 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
                 at += d.numel;
             }
         }
-        const char *keys[] = {"format", "fusion_key", "name", "seed", "data_seed"};
-        char seed[32], data_seed[32];
+        const char *keys[] = {"format",    "fusion_key", "name",           "seed",
+                              "data_seed", "loss_scale", "loss_scale_good"};
+        char seed[32], data_seed[32], scale[48], good[32];
         snprintf(seed, sizeof seed, "%" PRIu64, (uint64_t)spec->seed);
         snprintf(data_seed, sizeof data_seed, "%" PRIu64, (uint64_t)spec->data_seed);
-        const char *values[] = {FB_CHECKPOINT_FORMAT, spec->fusion_key, spec->name, seed,
-                                data_seed};
-        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        /* a power of two has a finite decimal expansion: 25 digits write every
+         * scale of [2^-24, 2^64] exactly, so it reads back to the same float */
+        snprintf(scale, sizeof scale, "%.25g", (double)fb_array_loss_scale(a, b));
+        snprintf(good, sizeof good, "%" PRId64, fb_array_loss_scale_good(a, b));
+        const char *values[] = {
+            FB_CHECKPOINT_FORMAT, spec->fusion_key, spec->name, seed, data_seed, scale, good};
+        /* only a bf16 member has a loss scale */
+        size_t n_keys = sizeof keys / sizeof *keys - (spec->precision == FB_PREC_BF16 ? 0 : 2);
+        for (size_t k = 0; k < n_keys; k++)
             if ((err = fb_st_writer_set_metadata(w, keys[k], values[k], msg, cap))) goto fail;
     }
     *out = w;
@@ -404,13 +412,6 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->shards = 1;
     if ((s->opts.comm || s->opts.control_comm) && s->opts.pipeline > 1) {
         err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "pipeline stages do not span processes");
-        goto fail;
-    }
-    if (s->opts.pipeline > 1 && s0->precision == FB_PREC_BF16) {
-        /* loss scaling is per array and a pipeline's stages are arrays of their own
-         * (docs/jobspec.md, "precision") */
-        err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED,
-                      "precision bf16 does not run in pipeline stages yet; use one stage");
         goto fail;
     }
     if (s->opts.pipeline > 1) {
@@ -767,6 +768,57 @@ static int check_metadata(const fb_session *s, int b, const fb_st_file *f, const
     return FB_OK;
 }
 
+/*
+ * The loss scale of a checkpoint of slot b: *scale and *good from the
+ * metadata "loss_scale" (the scale's exact decimal) and "loss_scale_good"
+ * (finite steps since it last changed).  A bf16 checkpoint written before
+ * the scale was kept has neither and starts at FB_LOSS_SCALE_INIT with 0
+ * steps, as a fresh member does; one key without the other, or either in
+ * the checkpoint of a job without a loss scale, is refused.  The range
+ * checks are fb_array_set_loss_scale's, made by the caller.
+ */
+static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, const char *who,
+                           float *scale, int64_t *good, char *msg, size_t cap)
+{
+    const fb_job_spec *spec = fb_array_spec(s->a, b);
+    const char *vs = fb_st_metadata_get(f, "loss_scale");
+    const char *vg = fb_st_metadata_get(f, "loss_scale_good");
+    if (spec->precision != FB_PREC_BF16) {
+        if (vs || vg)
+            return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                           "%s: metadata %s is set, but the job's precision has no loss scale", who,
+                           vs ? "loss_scale" : "loss_scale_good");
+        *scale = 1.0f;
+        *good = 0;
+        return FB_OK;
+    }
+    if (!vs && !vg) {
+        *scale = FB_LOSS_SCALE_INIT;
+        *good = 0;
+        return FB_OK;
+    }
+    if (!vs || !vg)
+        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata %s is missing (%s is set)", who,
+                       vs ? "loss_scale_good" : "loss_scale",
+                       vs ? "loss_scale" : "loss_scale_good");
+    /* strict: the whole text is one number, exactly a float (the writer's
+     * exact decimal is), so a damaged digit is refused, not rounded away */
+    char *end;
+    errno = 0;
+    double x = strtod(vs, &end);
+    if (end == vs || *end || errno || !(x > 0 && x <= FLT_MAX) || (double)(float)x != x)
+        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                       "%s: metadata loss_scale is %s, expected a power of two in [2^-24, 2^64]",
+                       who, vs);
+    uint64_t g;
+    if (!meta_u64(vg, &g) || g > INT64_MAX)
+        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                       "%s: metadata loss_scale_good is %s, expected a count of steps", who, vg);
+    *scale = (float)x;
+    *good = (int64_t)g;
+    return FB_OK;
+}
+
 int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, char *msg,
                        size_t cap)
 {
@@ -843,6 +895,22 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
         }
     }
 
+    float scale = FB_LOSS_SCALE_INIT;
+    int64_t good = 0;
+    if ((err = read_loss_scale(s, b, f, who, &scale, &good, msg, cap))) goto done;
+    if (spec->precision == FB_PREC_BF16) {
+        /* the last check; it changes only the scale of a, and only when it passes,
+         * after which nothing below fails */
+        char inner[256];
+        if ((err = fb_array_set_loss_scale(a, b, scale, good, inner, sizeof inner))) {
+            const char *vs = fb_st_metadata_get(f, "loss_scale");
+            err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                          "%s: metadata loss_scale %s, good %" PRId64 ": %s", who,
+                          vs ? vs : "(absent)", good, inner);
+            goto done;
+        }
+    }
+
     /* everything fits: now change the member, in the order it was read, on every
      * data-parallel replica (they hold one state) */
     int replicas = s->dp ? fb_dp_ranks(s->dp) : 1;
@@ -863,6 +931,10 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
         }
         for (int k = 0; k < n_bn; k++)
             fb_array_set_bn_tracked(ad, b, k, tracked[k]);
+        if (spec->precision == FB_PREC_BF16 && ad != a) {
+            int rc = fb_array_set_loss_scale(ad, b, scale, good, NULL, 0);
+            FB_ASSERT(rc == FB_OK); /* a's replica took the same values */
+        }
     }
     if (s->pp) fb_pp_scatter(s->pp, a, b);
     err = FB_OK;

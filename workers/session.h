@@ -17,7 +17,8 @@
  * "optim.<slot>.<name>" (slot "momentum_buffer" for SGD, "exp_avg" and
  * "exp_avg_sq" for Adam/AdamW), and metadata: "format" =
  * "fusebox-checkpoint-1", "step", "fusion_key", "name", "seed",
- * "data_seed" (docs/checkpoints.md).  The data position and the random
+ * "data_seed", and for a bf16 member its dynamic loss scale "loss_scale" and
+ * "loss_scale_good" (docs/checkpoints.md).  The data position and the random
  * streams follow from the step and the seeds, so they need nothing more.
  */
 #ifndef FB_WORKERS_SESSION_H
@@ -87,7 +88,10 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
  * step before the first step), its "fusion_key", "seed" and "data_seed" the
  * spec's ("name" is not compared: a renamed job keeps its state); every
  * tensor of the member's state must be present with its exact shape and
- * dtype (F32; I64 for num_batches_tracked) and no other tensor may appear.
+ * dtype (F32; I64 for num_batches_tracked) and no other tensor may appear;
+ * a bf16 member's loss scale, when present, must be a power of two in
+ * [FB_LOSS_SCALE_MIN, FB_LOSS_SCALE_MAX] with a good-step count below the
+ * growth interval (absent: it starts at FB_LOSS_SCALE_INIT).
  * FB_ERR_CHECKPOINT with a message naming the tensor or field (truncated or
  * garbage bytes: the parser's reason), FB_ERR_NOT_FOUND when member i has
  * left, FB_ERR_NOMEM; on failure member i (and every other) is unchanged,

@@ -23,8 +23,10 @@ void fb_cpumem_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes);
 
 /* ---- bf16, shared by both CPU backends (cpu_bf16.c) ---- */
 void fb_cpu_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
-void fb_cpu_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
-                           const fb_param_block *blocks, int n_blocks, int B);
+void fb_ref_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                         const fb_param_block *blocks, int n_blocks, int B);
+void fb_cpu_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                         const fb_param_block *blocks, int n_blocks, int B);
 void fb_cpu_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* ---- reference ---- */

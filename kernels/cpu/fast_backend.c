@@ -40,7 +40,7 @@ static const struct fb_backend_ops fb_cpu_ops = {
     .mse = fb_cpu_mse,
     .optim_step = fb_cpu_optim_step,
     .round_bf16 = fb_cpu_round_bf16,
-    .grad_nonfinite = fb_cpu_grad_nonfinite,
+    .grad_unscale = fb_cpu_grad_unscale,
     .scale_members = fb_cpu_scale_members,
     .sgemm = fb_cpu_sgemm,
 };

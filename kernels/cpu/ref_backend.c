@@ -38,7 +38,7 @@ static const struct fb_backend_ops fb_ref_ops = {
     .mse = fb_ref_mse,
     .optim_step = fb_ref_optim_step,
     .round_bf16 = fb_cpu_round_bf16,
-    .grad_nonfinite = fb_cpu_grad_nonfinite,
+    .grad_unscale = fb_ref_grad_unscale,
     .scale_members = fb_cpu_scale_members,
     .sgemm = fb_ref_sgemm,
 };

@@ -325,7 +325,7 @@ static const struct fb_backend_ops fb_cuda_ops = {
     .mse = fbc_mse,
     .optim_step = fbc_optim_step,
     .round_bf16 = fbc_round_bf16,
-    .grad_nonfinite = fbc_grad_nonfinite,
+    .grad_unscale = fbc_grad_unscale,
     .scale_members = fbc_scale_members,
     .sgemm = fbc_sgemm,
 };

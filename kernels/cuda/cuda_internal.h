@@ -202,8 +202,8 @@ void fbc_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const f
                     float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                     int B, const fb_optim_hparams *hp);
 void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
-void fbc_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
-                        const fb_param_block *blocks, int n_blocks, int B);
+void fbc_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+                      const fb_param_block *blocks, int n_blocks, int B);
 void fbc_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* Launches the per-channel sum: out[c] += sum over n, i of x[n, c, i] for x

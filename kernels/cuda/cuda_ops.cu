@@ -956,32 +956,78 @@ extern "C" void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, si
     FBC_LAUNCHED(c, "round_bf16");
 }
 
-/* flags[b] = 1 for member b of one block [B, per] when one of its floats is
- * not finite.  Every thread that finds one stores the same value, so the
- * result does not depend on which does (no atomics needed). */
-__global__ static void k_nonfinite(float *flags, const float *g, size_t per, size_t total)
+/* A parameter block of fb_grad_unscale and where its elements start in the
+ * flat index over all blocks. */
+struct unscale_blk {
+    unsigned long long offset, per_member, start;
+};
+
+/* One thread per gradient float of every block of every member: the flat
+ * index j finds its block by binary search over the starts, then its member
+ * b; the float is multiplied by inv[b] and the product checked.  Every thread
+ * that finds a bad float stores the same 1, so the flags do not depend on
+ * which does (no atomics needed). */
+__global__ static void k_grad_unscale(float *flags, float *grads, const float *inv,
+                                      const unscale_blk *blocks, int n_blocks, size_t total)
 {
-    GRID_STRIDE(i, total)
+    GRID_STRIDE(j, total)
     {
-        if (!isfinite(g[i])) flags[i / per] = 1.0f;
+        int lo = 0, hi = n_blocks - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (blocks[mid].start <= j)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const unscale_blk bk = blocks[lo];
+        size_t local = j - bk.start, b = local / bk.per_member, i = bk.offset + local;
+        float g = grads[i] * inv[b];
+        grads[i] = g;
+        if (!isfinite(g)) flags[b] = 1.0f;
     }
 }
 
-/* See kernels.h: flags zeroed, then one pass per parameter block; the blocks
- * stay on the host, so nothing is staged. */
-extern "C" void fbc_grad_nonfinite(fb_backend_t *be, float *flags, const float *grads,
-                                   const fb_param_block *blocks, int n_blocks, int B)
+/* See kernels.h: the B inverse scales and the non-empty blocks are staged in
+ * one buffer, the flags zeroed, then one launch covers every block. */
+extern "C" void fbc_grad_unscale(fb_backend_t *be, float *flags, float *grads,
+                                 const float *inv_scales, const fb_param_block *blocks,
+                                 int n_blocks, int B)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
     if (!FBC_CUDA(c, cudaMemsetAsync(flags, 0, (size_t)B * sizeof *flags, c->stream))) return;
-    for (int k = 0; k < n_blocks; k++) {
-        size_t per = blocks[k].per_member, total = (size_t)B * per;
-        if (!total) continue;
-        k_nonfinite<<<fbc_grid(c, total, FBC_THREADS), FBC_THREADS, 0, c->stream>>>(
-            flags, grads + blocks[k].offset, per, total);
-        if (!FBC_LAUNCHED(c, "grad_nonfinite")) return;
+    size_t inv_bytes = (size_t)B * sizeof *inv_scales;
+    size_t blk_off = (inv_bytes + 15) / 16 * 16, total = 0;
+    unscale_blk *bh = (unscale_blk *)malloc((size_t)(n_blocks ? n_blocks : 1) * sizeof *bh);
+    if (!bh) {
+        fbc_fail(c, FB_ERR_NOMEM, "grad_unscale: out of host memory");
+        return;
     }
+    /* an empty block would own no index, and the search needs every start
+     * to belong to one block only, so empty blocks stay out of the table */
+    int kept = 0;
+    for (int k = 0; k < n_blocks; k++) {
+        if (!blocks[k].per_member) continue;
+        bh[kept].offset = blocks[k].offset;
+        bh[kept].per_member = blocks[k].per_member;
+        bh[kept].start = total;
+        total += (size_t)B * blocks[k].per_member;
+        kept++;
+    }
+    size_t blk_bytes = (size_t)kept * sizeof *bh;
+    const float *di = NULL;
+    const unscale_blk *db = NULL;
+    if (!total) goto done;
+    if (!fbc_buf_get(c, &c->stage, blk_off + blk_bytes, "staging buffer")) goto done;
+    di = (const float *)fbc_stage(c, 0, inv_scales, inv_bytes);
+    db = di ? (const unscale_blk *)fbc_stage(c, blk_off, bh, blk_bytes) : NULL;
+    if (!db) goto done;
+    k_grad_unscale<<<fbc_grid(c, total, FBC_THREADS), FBC_THREADS, 0, c->stream>>>(
+        flags, grads, di, db, kept, total);
+    FBC_LAUNCHED(c, "grad_unscale");
+done:
+    free(bh);
 }
 
 /* x[i] *= scales[member of i] over x [N, B, F] flattened. */

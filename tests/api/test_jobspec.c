@@ -90,6 +90,7 @@ static const spec_case cases[] = {
                      "'pipeline':2},'priority':0,'max_restarts':0,'name':'A-b_c.1'"),
      FB_OK, NULL},
     {"bf16", SPEC(",'precision':'bf16','parallel':{'data':2}"), FB_OK, NULL},
+    {"bf16 pipeline", SPEC(",'precision':'bf16','parallel':{'pipeline':2}"), FB_OK, NULL},
     {"init", SPEC(",'init':'weights/start.safetensors'"), FB_OK, NULL},
 
     /* ---- syntax and structure ---- */
@@ -171,8 +172,6 @@ static const spec_case cases[] = {
     {"precision fp16", SPEC(",'precision':'fp16'"), FB_ERR_BAD_ENUM, "precision"},
     {"precision upper", SPEC(",'precision':'BF16'"), FB_ERR_BAD_ENUM, "precision"},
     {"precision number", SPEC(",'precision':16"), FB_ERR_WRONG_TYPE, "precision"},
-    {"bf16 pipeline", SPEC(",'precision':'bf16','parallel':{'pipeline':2}"), FB_ERR_CONFLICT,
-     "pipeline"},
     {"gelu fast", WITH_MODEL("{'type':'gelu','approximate':'fast'}"), FB_ERR_BAD_ENUM, NULL},
     {"name space", SPEC(",'name':'my job'"), FB_ERR_BAD_NAME, "name"},
     {"name empty", SPEC(",'name':''"), FB_ERR_BAD_NAME, NULL},

@@ -623,14 +623,6 @@ static void test_bad_specs(void)
     write_spec(path, sizeof path, "absent-init.json", one_step_spec, "ai", mlp, extra);
     const char *n11[] = {"absent.safetensors", NULL};
     expect_failure("missing init file", 1, n11, data_dir, path, NULL);
-
-    write_spec(path, sizeof path, "bf16-pipeline.json",
-               "{\"name\":\"bp\",\"dataset\":\"fashion-mnist\",\"model\":%s,\"batch_size\":8,"
-               "\"steps\":2,\"optimizer\":{\"type\":\"adam\",\"lr\":0.01},\"precision\":\"bf16\","
-               "\"parallel\":{\"pipeline\":2}}",
-               mlp);
-    const char *n12[] = {"bf16-pipeline.json", "conflicting_fields", "pipeline", NULL};
-    expect_failure("bf16 in pipeline stages", 2, n12, data_dir, path, NULL);
 }
 
 static void test_bad_flags(void)

@@ -12,7 +12,7 @@
  * ref^2) with a bound per op, and NaN and infinities must sit at the same
  * places.  Dropout masks and argmax indices must match exactly.  Then the
  * backend's own controls: errors, the pool, the streams.  The bf16 cases
- * check the rounding and finiteness ops exactly, then linear and conv with
+ * check the rounding and unscaling ops exactly, then linear and conv with
  * TF32 on over operands each backend rounded to bf16 itself, which is how a
  * bf16 array runs on a GPU (workers/array.c).  Skipped where no
  * CUDA device exists (and in a build without CUDA);
@@ -273,7 +273,7 @@ static void case_conv(fb_conv_geom g)
         tp_free(all[i]);
 }
 
-/* ---- bf16: rounding and the finiteness check ---- */
+/* ---- bf16: rounding and the unscaling of loss scaling ---- */
 
 /* Rounds n random values plus the hard ones (ties, subnormals, the largest
  * floats, NaN, infinities) on both backends; the results must be equal bit
@@ -298,20 +298,29 @@ static void case_round_bf16(size_t n)
     tp_free(&out);
 }
 
-/* B members over three blocks (one empty); members 1 and B-1 get a NaN and an
- * infinity in different blocks, the others stay finite. */
-static void case_nonfinite(int B)
+/* fb_grad_unscale: B members over four blocks (one empty) with a gap
+ * between two of them that must stay as it was; members 1 and B-1 get a NaN
+ * and an infinity in different blocks, the others stay finite.  Each member
+ * has its own power-of-two inverse scale (one above 1, as for a loss scale
+ * below 1), so the products and the flags must match exactly. */
+static void case_grad_unscale(int B)
 {
     char op[64];
-    snprintf(op, sizeof op, "grad_nonfinite B%d", B);
-    fb_param_block blocks[3] = {{0, 37}, {(size_t)B * 37, 0}, {(size_t)B * 37 + 16, 129}};
-    size_t n = blocks[2].offset + (size_t)B * blocks[2].per_member;
-    tpair g = tp_new(n, T_IN), flags = tp_new((size_t)B, T_OUT);
+    snprintf(op, sizeof op, "grad_unscale B%d", B);
+    fb_param_block blocks[4] = {{0, 37}, {(size_t)B * 37, 0}, {(size_t)B * 37 + 16, 129}, {0, 3}};
+    blocks[3].offset = blocks[2].offset + (size_t)B * 129 + 32; /* a 32-float gap before it */
+    size_t n = blocks[3].offset + (size_t)B * blocks[3].per_member;
+    tpair g = tp_new(n, T_ACC), flags = tp_new((size_t)B, T_OUT);
+    float inv[8];
+    for (int b = 0; b < B; b++)
+        inv[b] = ldexpf(1.0f, b % 2 ? 3 : -16 - b);
     if (B > 1) tp_set(&g, blocks[0].offset + 1 * 37 + 36, NAN);
     tp_set(&g, blocks[2].offset + (size_t)(B - 1) * 129 + 5, -INFINITY);
-    fb_grad_nonfinite(g_ref, flags.h, g.h, blocks, 3, B);
-    fb_grad_nonfinite(g_cu, flags.d, g.d, blocks, 3, B);
+    tp_set(&g, blocks[2].offset + (size_t)B * 129 + 3, NAN); /* in the gap: not a member's */
+    fb_grad_unscale(g_ref, flags.h, g.h, inv, blocks, 4, B);
+    fb_grad_unscale(g_cu, flags.d, g.d, inv, blocks, 4, B);
     tp_check(op, "flags", &flags, B_EXACT);
+    tp_check(op, "grads", &g, B_EXACT);
     CHECK(flags.h[B - 1] == 1.0f && (B < 3 || flags.h[0] == 0.0f));
     tp_free(&g);
     tp_free(&flags);
@@ -811,8 +820,8 @@ int main(void)
 
     case_round_bf16(4099);
     case_round_bf16(12);
-    case_nonfinite(1);
-    case_nonfinite(5);
+    case_grad_unscale(1);
+    case_grad_unscale(5);
     g_bf16 = true;
     fb_cuda_backend_set_tf32(g_cu, true);
     case_linear(33, 4, 64, 31, false, true);

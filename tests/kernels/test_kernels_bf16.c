@@ -2,7 +2,8 @@
  * bf16 support of the CPU backends: the rounding function on values whose
  * bf16 is known (ties to even, subnormals, the overflow edge, NaN and
  * infinities), fb_round_bf16 on cpu-ref and cpu against it (in place too,
- * guarded), the per-member finiteness check of loss scaling, and the fact
+ * guarded), the one-pass unscaling of loss scaling with its per-member
+ * finiteness check (fb_grad_unscale) against a plain loop, and the fact
  * the CUDA path relies on: a product of two bf16 values is exact in float,
  * so linear ops over rounded operands agree across backends up to summation
  * order, and differ from the same op over the unrounded ones.
@@ -106,30 +107,149 @@ static void test_backend_round(fb_backend_t *be)
     kt_guarded_free(out);
 }
 
-/* Flags exactly the members with a NaN or infinity in any block, overwriting
- * whatever the flags held, and only them. */
-static void test_nonfinite(fb_backend_t *be)
+/* A bit pattern no op produces (a NaN with a payload): what fills the
+ * floats of the gradient slab that no block owns. */
+#define POISON 0x7fa5a5a5u
+
+/*
+ * One fb_grad_unscale on a backend against a plain loop over a copy: the
+ * products bit for bit, the flags exactly (overwriting what they held), the
+ * floats between and after the blocks (poisoned) and the guards of both
+ * buffers untouched.  g holds n floats, guarded.
+ */
+static void check_unscale(fb_backend_t *be, float *g, size_t n, const float *inv,
+                          const fb_param_block *blocks, int n_blocks, int B,
+                          const float *want_flags)
 {
-    const int B = 4;
-    fb_param_block blocks[3] = {{0, 10}, {48, 0}, {64, 33}};
-    size_t n = 64 + (size_t)B * 33;
-    float *g = kt_rand(n, -1e30f, 1e30f), *flags = kt_guarded_new((size_t)B);
-    for (int b = 0; b < B; b++)
+    float *want = malloc((n ? n : 1) * sizeof *want), *flags = kt_guarded_new((size_t)B);
+    CHECK(want != NULL);
+    memcpy(want, g, n * sizeof *g);
+    float plain[16];
+    CHECK(B <= 16);
+    for (int b = 0; b < B; b++) {
+        plain[b] = 0.0f;
         flags[b] = 7.0f;
-    fb_grad_nonfinite(be, flags, g, blocks, 3, B);
-    for (int b = 0; b < B; b++)
-        CHECK(flags[b] == 0.0f);
-    g[1 * 10 + 9] = NAN;            /* member 1, first block, last float */
-    g[64 + 3 * 33 + 0] = -INFINITY; /* member 3, last block, first float */
-    g[40] = NAN;                    /* outside every block: ignored */
-    fb_grad_nonfinite(be, flags, g, blocks, 3, B);
-    CHECK(flags[0] == 0.0f && flags[1] == 1.0f && flags[2] == 0.0f && flags[3] == 1.0f);
+        for (int k = 0; k < n_blocks; k++)
+            for (size_t i = 0; i < blocks[k].per_member; i++) {
+                float *v = &want[blocks[k].offset + (size_t)b * blocks[k].per_member + i];
+                *v *= inv[b];
+                if (isnan(*v) || isinf(*v)) plain[b] = 1.0f;
+            }
+    }
+    fb_grad_unscale(be, flags, g, inv, blocks, n_blocks, B);
+    for (int b = 0; b < B; b++) {
+        if (flags[b] != plain[b] || flags[b] != want_flags[b]) {
+            fprintf(stderr, "%s: grad_unscale flag[%d] = %g, plain loop %g, expected %g\n",
+                    fb_backend_name(be), b, (double)flags[b], (double)plain[b],
+                    (double)want_flags[b]);
+            abort();
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (bits_of(g[i]) != bits_of(want[i])) {
+            fprintf(stderr, "%s: grad_unscale g[%zu] = 0x%08x, want 0x%08x\n", fb_backend_name(be),
+                    i, bits_of(g[i]), bits_of(want[i]));
+            abort();
+        }
+    CHECK(kt_guarded_ok(g, n));
     CHECK(kt_guarded_ok(flags, (size_t)B));
-    fb_grad_nonfinite(be, flags, g, blocks, 0, B); /* no blocks: all finite */
-    for (int b = 0; b < B; b++)
-        CHECK(flags[b] == 0.0f);
-    free(g);
+    free(want);
     kt_guarded_free(flags);
+}
+
+/* Number of floats of a block table's slab (the end of its last block),
+ * plus tail floats after it. */
+static size_t slab_floats(const fb_param_block *blocks, int n_blocks, int B, size_t tail)
+{
+    size_t end = 0;
+    for (int k = 0; k < n_blocks; k++) {
+        size_t e = blocks[k].offset + (size_t)B * blocks[k].per_member;
+        if (e > end) end = e;
+    }
+    return end + tail;
+}
+
+/* A guarded slab: every float poisoned, then the blocks filled with values
+ * in [-1e30, 1e30], some tiny (subnormal once unscaled). */
+static float *unscale_slab(const fb_param_block *blocks, int n_blocks, int B, size_t n)
+{
+    float *g = kt_guarded_new(n);
+    for (size_t i = 0; i < n; i++)
+        g[i] = from_bits(POISON);
+    for (int k = 0; k < n_blocks; k++)
+        for (size_t i = 0; i < (size_t)B * blocks[k].per_member; i++)
+            g[blocks[k].offset + i] = kt_uniform(-1.0f, 1.0f) * (i % 7 ? 1e30f : 1e-36f);
+    return g;
+}
+
+/* fb_grad_unscale: NaN and infinities in chosen members and blocks, empty
+ * blocks, gaps between blocks, B = 1, no blocks, an inverse above 1 that
+ * overflows a finite gradient, and a large block the fast backend splits
+ * over threads. */
+static void test_unscale(fb_backend_t *be)
+{
+    /* four members; block 1 is empty, a gap of 6 floats before block 2, 5
+     * after block 3 */
+    {
+        const int B = 4;
+        fb_param_block blocks[4] = {{0, 10}, {40, 0}, {46, 33}, {178, 1}};
+        size_t n = slab_floats(blocks, 4, B, 5);
+        float inv[4] = {0x1p-16f, 0x1p-1f, 1.0f, 0x1p-24f};
+        float *g = unscale_slab(blocks, 4, B, n);
+        const float none[4] = {0, 0, 0, 0};
+        check_unscale(be, g, n, inv, blocks, 4, B, none);
+        g[1 * 10 + 9] = NAN;            /* member 1, first block, last float */
+        g[46 + 3 * 33 + 0] = -INFINITY; /* member 3, block 2, first float */
+        g[178 + 2] = INFINITY;          /* member 2, last block (one float) */
+        g[41] = INFINITY;               /* in the gap: no member's */
+        g[n - 1] = NAN;                 /* after the last block */
+        const float some[4] = {0, 1, 1, 1};
+        check_unscale(be, g, n, inv, blocks, 4, B, some);
+        /* the empty block alone, and no blocks at all: nothing is read */
+        check_unscale(be, g, n, inv, blocks + 1, 1, B, none);
+        check_unscale(be, g, n, inv, blocks, 0, B, none);
+        kt_guarded_free(g);
+    }
+    /* B = 1: one member, a NaN in the second block only */
+    {
+        fb_param_block blocks[2] = {{8, 17}, {32, 3}};
+        size_t n = slab_floats(blocks, 2, 1, 0);
+        float inv[1] = {0x1p-8f};
+        float *g = unscale_slab(blocks, 2, 1, n);
+        const float none[1] = {0}, one[1] = {1};
+        check_unscale(be, g, n, inv, blocks, 2, 1, none);
+        g[33] = NAN;
+        check_unscale(be, g, n, inv, blocks, 2, 1, one);
+        kt_guarded_free(g);
+    }
+    /* a loss scale below 1: an inverse of 2^8 carries member 0's finite 1e37
+     * to infinity, which is flagged; member 1's inverse of 1 leaves the same
+     * value finite */
+    {
+        fb_param_block blocks[1] = {{0, 4}};
+        float inv[2] = {0x1p8f, 1.0f};
+        float *g = unscale_slab(blocks, 1, 2, 8);
+        g[2] = 1e37f;
+        g[4 + 2] = 1e37f;
+        const float first[2] = {1, 0};
+        check_unscale(be, g, 8, inv, blocks, 1, 2, first);
+        kt_guarded_free(g);
+    }
+    /* a block large enough for the fast backend's threads, with an infinity
+     * near the end of member 2's part */
+    {
+        const int B = 3;
+        fb_param_block blocks[2] = {{0, 5}, {16, 300001}};
+        size_t n = slab_floats(blocks, 2, B, 3);
+        float inv[3] = {0x1p-10f, 0x1p-12f, 0x1p-14f};
+        float *g = unscale_slab(blocks, 2, B, n);
+        g[16 + 2 * 300001 + 299990] = -INFINITY;
+        const float last[3] = {0, 0, 1};
+        fb_backend_set_threads(be, 4);
+        check_unscale(be, g, n, inv, blocks, 2, B, last);
+        fb_backend_set_threads(be, 0);
+        kt_guarded_free(g);
+    }
 }
 
 /* Products of bf16 values are exact in float (8 + 8 significant bits fit in
@@ -185,7 +305,7 @@ int main(void)
     for (int i = 0; i < 2; i++) {
         CHECK(fb_backend_supports(bes[i], FB_OP_BF16));
         test_backend_round(bes[i]);
-        test_nonfinite(bes[i]);
+        test_unscale(bes[i]);
     }
     test_exact_products();
     test_linear_rounded();
