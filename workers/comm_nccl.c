@@ -146,8 +146,9 @@ static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size
                                rank_name(x, i, who, sizeof who), ncclGetErrorString(st),
                                x->comms[i] ? ncclGetLastError(x->comms[i]) : "no communicator");
             if (st == ncclSuccess) {
-                cudaSetDevice(x->devices[i]);
-                cudaError_t e = cudaStreamQuery(x->streams[i]);
+                /* the query needs the stream's device current on this thread */
+                cudaError_t e = cudaSetDevice(x->devices[i]);
+                if (e == cudaSuccess) e = cudaStreamQuery(x->streams[i]);
                 if (e == cudaSuccess) {
                     done[i] = 1;
                     left--;
@@ -263,8 +264,9 @@ int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
     x->timeout_ms = timeout_ms;
     for (int i = 0; i < n_local; i++) {
         x->devices[i] = devices[i];
-        cudaSetDevice(devices[i]);
-        cudaError_t e = cudaStreamCreateWithFlags(&x->streams[i], cudaStreamNonBlocking);
+        /* a switch that failed unnoticed would put the stream on another device */
+        cudaError_t e = cudaSetDevice(devices[i]);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->streams[i], cudaStreamNonBlocking);
         if (e != cudaSuccess) {
             err = fb_errf(msg, msg_cap, FB_ERR_IO, "stream on device %d: %s", devices[i],
                           cudaGetErrorString(e));
@@ -277,7 +279,11 @@ int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
     cfg.blocking = 0;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; (r == ncclSuccess || r == ncclInProgress) && i < n_local; i++) {
-        cudaSetDevice(devices[i]);
+        /* NCCL binds the communicator to the current device */
+        if (cudaSetDevice(devices[i]) != cudaSuccess) {
+            r = ncclInvalidUsage;
+            break;
+        }
         r = ncclCommInitRankConfig(&x->comms[i], world, u, base + i, &cfg);
     }
     ncclResult_t r2 = ncclGroupEnd();

@@ -241,6 +241,16 @@ static void cuda_free(fb_backend_t *be, void *p)
     pthread_mutex_unlock(&c->lock);
 }
 
+void *fbc_pool_alloc(fb_backend_t *be, size_t bytes)
+{
+    return cuda_alloc(be, bytes);
+}
+
+void fbc_pool_free(fb_backend_t *be, void *p)
+{
+    if (p) cuda_free(be, p);
+}
+
 static void cuda_zero(fb_backend_t *be, void *p, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -357,6 +367,8 @@ static void destroy_ctx(struct fbc_ctx *c)
     if (c->dnn) cudnnDestroy(c->dnn);
     if (c->blas) cublasDestroy(c->blas);
     if (c->flag) cudaFree(c->flag);
+    for (int i = 0; i < 2; i++)
+        if (c->ev[i]) cudaEventDestroy(c->ev[i]);
     if (c->comm_stream) cudaStreamDestroy(c->comm_stream);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
@@ -413,6 +425,10 @@ static int create_backend(int device, fb_backend_t **out, char *msg, size_t cap)
     /* On the compute stream, which does not wait for the legacy default one. */
     CREATE_CUDA(cudaMemsetAsync(c->flag, 0, sizeof *c->flag, c->stream));
     CREATE_CUDA(cudaStreamSynchronize(c->stream));
+    /* For timing cuDNN's candidates (cuda_conv.cu): made here so that the
+     * timed search needs nothing new in a step. */
+    CREATE_CUDA(cudaEventCreate(&c->ev[0]));
+    CREATE_CUDA(cudaEventCreate(&c->ev[1]));
     bs = cublasCreate(&c->blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;

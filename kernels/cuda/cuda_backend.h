@@ -75,13 +75,17 @@ void fb_cuda_backend_clear_error(fb_backend_t *be);
  */
 void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on);
 
-/* Counters of the device memory pool. */
+/* Counters of the device memory pool, and of the convolution plans (one
+ * per shape, TF32 setting and FUSEBOX_CUDNN_SEARCH mode) and their timed
+ * algorithm searches (one per direction of a plan, on its first call). */
 typedef struct fb_cuda_pool_stats {
     uint64_t device_mallocs; /* cudaMalloc calls made for pool blocks */
     uint64_t reuses;         /* allocations served from a freed block */
     uint64_t bytes_live;     /* bytes in blocks handed out and not freed */
     uint64_t bytes_cached;   /* bytes in freed blocks kept for reuse */
     uint64_t bytes_scratch;  /* workspace, reduction and staging buffers */
+    uint64_t conv_plans;     /* convolution plans made */
+    uint64_t conv_searches;  /* timed searches run (0 with FUSEBOX_CUDNN_SEARCH=heuristic) */
 } fb_cuda_pool_stats;
 
 /* Fills *out with the pool's counters; zeroes it for a non-CUDA backend. */

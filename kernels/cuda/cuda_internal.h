@@ -40,20 +40,29 @@ struct fbc_buf {
     size_t bytes;
 };
 
-/* The usable algorithms of one convolution direction, best first, with the
- * workspace each needs; cur is the one in use (the next is tried when cuDNN
- * refuses the current one for this shape at run time). */
+/* The usable algorithms of one convolution direction, in cuDNN's heuristic
+ * order, with the workspace each needs; cur is the one in use (the timed
+ * search may move it to a faster one; the next is tried when cuDNN refuses
+ * the current one for this shape at run time).  searched is set once the
+ * timed search of this direction has run, so it runs once per plan. */
 #define FBC_CONV_CANDIDATES 8
 struct fbc_conv_algos {
     int n, cur;
+    int searched;
     int algo[FBC_CONV_CANDIDATES];
     size_t ws[FBC_CONV_CANDIDATES];
 };
 
-/* One cached convolution shape: descriptors and the chosen algorithms. */
+/* How a plan picks its algorithms (FUSEBOX_CUDNN_SEARCH): cuDNN's heuristic
+ * ranking alone, or that ranking's candidates timed on the device. */
+enum { FBC_SEARCH_HEURISTIC = 0, FBC_SEARCH_TIMED = 1 };
+
+/* One cached convolution shape: descriptors and the chosen algorithms.
+ * Keyed by the geometry, the TF32 setting and the search mode. */
 struct fbc_conv_plan {
     fb_conv_geom g;
     int tf32;
+    int search;
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
@@ -85,6 +94,7 @@ struct fbc_ctx {
     struct fbc_buf red;     /* partial sums of the loss reductions */
     struct fbc_buf stage;   /* host arguments (seeds, hparams, blocks) */
     int *flag;              /* device: set by a kernel that met bad input */
+    cudaEvent_t ev[2];      /* start and end of a timed convolution run */
 
     struct fbc_conv_plan *plans;
     int n_plans, cap_plans;
@@ -125,6 +135,12 @@ struct fbc_ctx *fbc_begin(fb_backend_t *be);
 /* Device scratch of at least `bytes` in buf, grown (after waiting for queued
  * work that may still read the old one) when too small; NULL on failure. */
 void *fbc_buf_get(struct fbc_ctx *c, struct fbc_buf *buf, size_t bytes, const char *what);
+
+/* Device memory from the backend's pool (fb_backend_alloc's), for an op's
+ * short-lived scratch; NULL when the device is out of memory (no error is
+ * recorded).  fbc_pool_free returns it to the pool. */
+void *fbc_pool_alloc(fb_backend_t *be, size_t bytes);
+void fbc_pool_free(fb_backend_t *be, void *p);
 
 /* Copies `bytes` of host memory into the staging buffer at byte offset `off`
  * (a multiple of 16) and returns the device address, or NULL.  The copy is

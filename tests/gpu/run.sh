@@ -5,8 +5,9 @@
 # 1. Configures build-gpu/ with CUDA on (for the local GPU's architecture
 #    only, which keeps nvcc fast) and builds the gpu tests and bench/gpu.
 # 2. Runs `ctest -L gpu` (the self-test, the op-by-op cross-check against the
-#    CPU reference, the fusion-equivalence and PyTorch-parity tests on CUDA)
-#    and prints one line per test.
+#    CPU reference, the large-size kernel checks, the timed cuDNN search, the
+#    fusion-equivalence and PyTorch-parity tests on CUDA) and prints one line
+#    per test.
 # 3. Runs bench/gpu/gpu_bench: cuBLAS SGEMM on the device, then for the MLP
 #    and the small CNN at B = 1, 2, 4, ..., 64: one fused array, the same B
 #    jobs one after another, the same B jobs as concurrent processes, and
@@ -89,9 +90,9 @@ if ! timeout "$build_timeout" cmake -S . -B "$dir" "${gen_args[@]}" -DFUSEBOX_CU
     exit 1
 fi
 rm -f "$dir.configure.log"
-targets=(test_gpu_selftest test_gpu_crosscheck test_gpu_span_nccl test_gpu_nccl_deadline_join
-         test_gpu_nccl_deadline_sum test_fusion_equivalence torch_driver
-         gpu_bench)
+targets=(test_gpu_selftest test_gpu_crosscheck test_gpu_large test_gpu_conv_search
+         test_gpu_span_nccl test_gpu_nccl_deadline_join test_gpu_nccl_deadline_sum
+         test_fusion_equivalence torch_driver gpu_bench)
 if ! timeout "$build_timeout" cmake --build "$dir" --parallel "$(nproc)" --target "${targets[@]}"; then
     echo "error: building ${targets[*]} failed or ran past $build_timeout s" >&2
     exit 1
