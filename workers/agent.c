@@ -6,9 +6,10 @@
  * Ownership: the main thread owns the group list, the outbox and both
  * sockets.  A group's thread owns its session and its PUSH socket (created
  * by the main thread, handed over at pthread_create).  What both read is
- * guarded: a group's member states and step count by the group's mutex, its
- * turn on the device (virtual time, share, waiting) by the device's mutex,
- * and the stop and drain requests are atomics.  A group reports its end
+ * guarded: a group's member states and step count by the group's mutex, the
+ * device turns (each group's virtual time, share, split, waiting; each
+ * device's busy flag and group list) by the agent's turn mutex, and the stop
+ * and drain requests are atomics.  A group reports its end
  * with an EXIT message through its PUSH socket; the main thread joins it and
  * frees it only then, so a group pointer in a message is always valid.
  */
@@ -230,10 +231,9 @@ typedef struct agent_device {
      * be then points to (the math ops size their thread teams from a backend's count) */
     struct fb_backend own_be;
     int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* under the agent's turn_mu */
     bool busy;            /* a group is stepping */
-    struct group *groups; /* registered groups, linked by dev_next */
+    struct group *groups; /* registered groups, linked by their dev_next[its index] */
 } agent_device;
 
 /* A member of an assigned group. */
@@ -279,20 +279,24 @@ typedef struct group {
     int64_t steps_done;
     bool detach_pending;
 
-    /* under the device's mutex */
+    /* under the agent's turn_mu */
     double time_share, vtime;
     uint64_t ticket; /* breaks ties of virtual time: the older group first */
-    bool waiting;
+    bool waiting; /* for its turn on its devices */
     int n_split;
     int64_t split[FB_WIRE_MAX_DEVICES];
     uint64_t split_gen; /* bumped by each REBALANCE that carries a split */
-    struct group *dev_next;
+    struct group *dev_next[FB_WIRE_MAX_DEVICES]; /* the next group on device k */
 
     /* hybrid parallelism, set at ASSIGN: n_dp data shards x pipeline stages on the worker's
      * devices dp_devs (shard d, stage p at d * pipeline + p); 1 x 1 = one device */
     int n_dp;
     int pipeline;
     int dp_devs[FB_WIRE_MAX_DEVICES];
+    /* the devices it takes a turn on for each step: every device of its layout once, in
+     * ascending index order; turn_devs[0] == dev when the layout is one device */
+    int n_turn_devs;
+    int turn_devs[FB_WIRE_MAX_DEVICES];
 
     /* a group that spans workers (world >= 2; 0: it lives here only): this worker's n_dp
      * devices are ranks rank_base.. of world; the leader (rank_base 0) listens at
@@ -328,7 +332,11 @@ struct fb_agent {
     uint64_t outbox_limit;
     int n_devices;
     agent_device dev[FB_WIRE_MAX_DEVICES];
-    int n_dev_init; /* devices whose mutex and condition exist */
+    /* the device turns of every group: their order, shares, splits (group and device
+     * fields marked so) */
+    pthread_mutex_t turn_mu;
+    pthread_cond_t turn_cv;
+    bool turn_init;
     const char *backend;
     bool sync_bn; /* --sync-batchnorm */
     /* --comm-addr ("" = none) and --comm-timeout-ms */
@@ -520,14 +528,14 @@ static bool interrupted(const group *g)
 }
 
 /*
- * Who should step on d before g: 2 when a waiting group has a smaller virtual
+ * Who should step on device k before g: 2 when a waiting group has a smaller virtual
  * time (or an equal one and an older ticket), 1 when only groups between two
  * of their steps (registered, not waiting yet) do, 0 when g is first.
  */
-static int ahead_of(const agent_device *d, const group *g)
+static int ahead_of(const agent_device *d, int k, const group *g)
 {
     int ahead = 0;
-    for (const group *h = d->groups; h; h = h->dev_next) {
+    for (const group *h = d->groups; h; h = h->dev_next[k]) {
         if (h == g) continue;
         if (h->vtime < g->vtime || (h->vtime == g->vtime && h->ticket < g->ticket))
             ahead = h->waiting ? 2 : ahead > 1 ? ahead : 1;
@@ -535,56 +543,82 @@ static int ahead_of(const agent_device *d, const group *g)
     return ahead;
 }
 
-/* Enters the device's rotation.  A newcomer starts at the smallest virtual time of the
- * groups already there, so it neither waits for them to catch up nor jumps ahead. */
-static void dev_register(agent_device *d, group *g)
+/* Enters the rotation of each device g takes turns on.  A newcomer starts at the smallest
+ * virtual time of the groups already there, so it neither waits for them to catch up nor
+ * jumps ahead.  Each device links its groups through their own dev_next[k]. */
+static void dev_register(group *g)
 {
-    pthread_mutex_lock(&d->mu);
+    fb_agent *a = g->a;
+    pthread_mutex_lock(&a->turn_mu);
     double vmin = 0;
     bool any = false;
-    for (group *h = d->groups; h; h = h->dev_next)
-        if (!any || h->vtime < vmin) {
-            vmin = h->vtime;
-            any = true;
-        }
+    for (int i = 0; i < g->n_turn_devs; i++) {
+        int k = g->turn_devs[i];
+        for (group *h = a->dev[k].groups; h; h = h->dev_next[k])
+            if (!any || h->vtime < vmin) {
+                vmin = h->vtime;
+                any = true;
+            }
+    }
     g->vtime = vmin;
     g->waiting = false;
-    g->dev_next = d->groups;
-    d->groups = g;
-    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < g->n_turn_devs; i++) {
+        int k = g->turn_devs[i];
+        g->dev_next[k] = a->dev[k].groups;
+        a->dev[k].groups = g;
+    }
+    pthread_mutex_unlock(&a->turn_mu);
 }
 
-static void dev_unregister(agent_device *d, group *g)
+static void dev_unregister(group *g)
 {
-    pthread_mutex_lock(&d->mu);
-    for (group **p = &d->groups; *p; p = &(*p)->dev_next)
-        if (*p == g) {
-            *p = g->dev_next;
-            break;
-        }
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
+    fb_agent *a = g->a;
+    pthread_mutex_lock(&a->turn_mu);
+    for (int i = 0; i < g->n_turn_devs; i++) {
+        int k = g->turn_devs[i];
+        for (group **p = &a->dev[k].groups; *p; p = &(*p)->dev_next[k])
+            if (*p == g) {
+                *p = g->dev_next[k];
+                break;
+            }
+    }
+    pthread_cond_broadcast(&a->turn_cv);
+    pthread_mutex_unlock(&a->turn_mu);
 }
 
 /*
- * Waits for g's turn on d.  False when a stop or drain request came first.
- * A group ahead of g that is between two of its steps (sending its events)
- * is about to ask for the device: without waiting for it, two groups that
- * alternate would never meet at this point and the shares would not matter.
- * It gets LEADER_WAIT_MS at most, so that a group held up elsewhere does not
- * leave the device idle.
+ * Waits for g's turn on every device it steps on, and takes them all at once.  A group
+ * that spans devices must hold all of them for its step: a group sharing one of them would
+ * otherwise step there at the same time, outside the device's shares, and on a GPU two
+ * threads would drive one backend at once.  It takes none of them until it can take all,
+ * so that it never holds one device while waiting for another (a group that spans workers
+ * waits in its sums while holding its devices; a hold-and-wait here could close a cycle
+ * through two such groups).  While it waits it counts as waiting on each of its devices,
+ * so a group behind it in virtual time on any of them lets the device go idle rather
+ * than overtake it, which keeps it from starving.
+ * A group ahead of g that is between two of its steps (sending its events) is about to ask
+ * for the device: without waiting for it, two groups that alternate would never meet at
+ * this point and the shares would not matter.  It gets LEADER_WAIT_MS at most, so that a
+ * group held up elsewhere does not leave the device idle.  False when a stop or drain
+ * request came first.
  */
-static bool dev_acquire(agent_device *d, group *g)
+static bool turns_acquire(group *g)
 {
-    pthread_mutex_lock(&d->mu);
+    fb_agent *a = g->a;
+    pthread_mutex_lock(&a->turn_mu);
     g->waiting = true;
     struct timespec until = {0, 0};
     bool timed = false, expired = false;
     while (!interrupted(g)) {
-        int ahead = d->busy ? 2 : ahead_of(d, g);
+        int ahead = 0;
+        for (int i = 0; i < g->n_turn_devs && ahead < 2; i++) {
+            const agent_device *d = &a->dev[g->turn_devs[i]];
+            int here = d->busy ? 2 : ahead_of(d, g->turn_devs[i], g);
+            if (here > ahead) ahead = here;
+        }
         if (ahead == 0 || (ahead == 1 && expired)) break;
         if (ahead == 2) {
-            pthread_cond_wait(&d->cv, &d->mu);
+            pthread_cond_wait(&a->turn_cv, &a->turn_mu);
             continue;
         }
         if (!timed) {
@@ -594,34 +628,37 @@ static bool dev_acquire(agent_device *d, group *g)
             until.tv_nsec %= 1000000000L;
             timed = true;
         }
-        if (pthread_cond_timedwait(&d->cv, &d->mu, &until) == ETIMEDOUT) expired = true;
+        if (pthread_cond_timedwait(&a->turn_cv, &a->turn_mu, &until) == ETIMEDOUT)
+            expired = true;
     }
     g->waiting = false;
     bool ok = !interrupted(g);
     if (ok)
-        d->busy = true;
+        for (int i = 0; i < g->n_turn_devs; i++) a->dev[g->turn_devs[i]].busy = true;
     else
-        pthread_cond_broadcast(&d->cv); /* the line changed */
-    pthread_mutex_unlock(&d->mu);
+        pthread_cond_broadcast(&a->turn_cv); /* the line changed */
+    pthread_mutex_unlock(&a->turn_mu);
     return ok;
 }
 
-/* Ends g's turn, charging it step_ms of device time weighted by its share. */
-static void dev_release(agent_device *d, group *g, double step_ms)
+/* Ends g's turn on its devices, charging it step_ms of device time weighted by its share
+ * (once: one virtual time serves all its devices). */
+static void turns_release(group *g, double step_ms)
 {
-    pthread_mutex_lock(&d->mu);
-    d->busy = false;
+    fb_agent *a = g->a;
+    pthread_mutex_lock(&a->turn_mu);
     g->vtime += step_ms / g->time_share;
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < g->n_turn_devs; i++) a->dev[g->turn_devs[i]].busy = false;
+    pthread_cond_broadcast(&a->turn_cv);
+    pthread_mutex_unlock(&a->turn_mu);
 }
 
-/* Wakes a group that may be waiting for its turn, after a stop or drain request. */
-static void dev_wake(agent_device *d)
+/* Wakes the groups waiting for their turns, after a stop or drain request. */
+static void turns_wake(fb_agent *a)
 {
-    pthread_mutex_lock(&d->mu);
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_lock(&a->turn_mu);
+    pthread_cond_broadcast(&a->turn_cv);
+    pthread_mutex_unlock(&a->turn_mu);
 }
 
 /* ---- the group thread -------------------------------------------------------------------- */
@@ -981,8 +1018,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         dpo.sync_bn = a->sync_bn && devs[0].kind == FB_DEVICE_CPU;
         o.dp = &dpo;
         /* the split of the ASSIGN, when it fits; the session checks it */
-        agent_device *primary = &a->dev[g->dev];
-        pthread_mutex_lock(&primary->mu);
+        pthread_mutex_lock(&a->turn_mu);
         if (g->n_split == (g->world ? g->world : g->n_dp)) {
             memcpy(split, g->split, sizeof split);
             o.split = split;
@@ -992,7 +1028,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         o.comm = r->nccl ? r->nccl : r->comm;
         o.control_comm = r->nccl ? r->comm : NULL;
         r->split_gen = g->split_gen;
-        pthread_mutex_unlock(&primary->mu);
+        pthread_mutex_unlock(&a->turn_mu);
     }
     int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train,
                              ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
@@ -1026,11 +1062,12 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
 }
 
 /* TF32 is a setting of the device's backend, not of an array: set it for
- * this group's spec before each of its steps, since groups of another
- * precision may share the device.  A bf16 group turns it on too: its arrays
- * round the operands of their products to bf16 themselves (workers/array.c),
- * and TF32 keeps all 8 significant bits of a bf16 value, so the tensor cores
- * compute the same exact products as float math, faster.  The rounding is the
+ * this group's spec before each of its steps, on each of its devices (it holds
+ * their turns), since groups of another precision may share them.  A bf16
+ * group turns it on too: its arrays round the operands of their products to
+ * bf16 themselves (workers/array.c), and TF32 keeps all 8 significant bits of
+ * a bf16 value, so the tensor cores compute the same exact products as float
+ * math, faster.  The rounding is the
  * array's and not the backend's, because the CPU backend is one handle shared
  * by every CPU device of the process, whose groups run at the same time.
  * Nothing happens on CPU devices. */
@@ -1052,18 +1089,18 @@ static void set_precision(group *g)
  * old one stays.  True when a new split was applied: split[0..*n_out) (split
  * has room for FB_WIRE_MAX_DEVICES entries), which a spanning group's leader
  * passes on. */
-static bool apply_split(runner *r, agent_device *d, int64_t *split, int *n_out)
+static bool apply_split(runner *r, int64_t *split, int *n_out)
 {
     group *g = r->g;
     int n = 0;
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&g->a->turn_mu);
     bool changed = g->split_gen != r->split_gen;
     if (changed) {
         n = g->n_split;
         memcpy(split, g->split, sizeof g->split);
         r->split_gen = g->split_gen;
     }
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&g->a->turn_mu);
     if (!changed || fb_session_shards(r->s) < 2) return false;
     char msg[256];
     if (fb_session_set_split(r->s, split, n, msg, sizeof msg) != FB_OK) {
@@ -1115,7 +1152,7 @@ static void span_fault(runner *r, const char *what, const char *why)
  * *cmd receives SPAN_GO, SPAN_STOP or SPAN_DRAIN.  Returns FB_OK, or an error (msg says
  * why) after which the group must stop: a broken communicator or a disagreement.
  */
-static int span_exchange(runner *r, agent_device *d, int *cmd, char *msg, size_t cap)
+static int span_exchange(runner *r, int *cmd, char *msg, size_t cap)
 {
     group *g = r->g;
     int words = (g->n_members + 63) / 64;
@@ -1129,13 +1166,13 @@ static int span_exchange(runner *r, agent_device *d, int *cmd, char *msg, size_t
         if (c == SPAN_GO) apply_detaches(r);
         int64_t split[FB_WIRE_MAX_DEVICES];
         int n_split = 0;
-        if (c == SPAN_GO && apply_split(r, d, split, &n_split) && n_split == g->world) {
+        if (c == SPAN_GO && apply_split(r, split, &n_split) && n_split == g->world) {
             v[CV_HAS_SPLIT] = 1;
             memcpy(v + CV_SPLIT, split, (size_t)g->world * sizeof *split);
         }
-        pthread_mutex_lock(&d->mu);
+        pthread_mutex_lock(&g->a->turn_mu);
         share = g->time_share;
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_unlock(&g->a->turn_mu);
         v[CV_MAGIC] = SPAN_MAGIC;
         v[CV_STEP] = fb_session_steps_done(r->s);
         v[CV_MEMBERS] = (int64_t)g->members_hash;
@@ -1161,9 +1198,9 @@ static int span_exchange(runner *r, agent_device *d, int *cmd, char *msg, size_t
     if (!g->follower || *cmd != SPAN_GO) return FB_OK;
     memcpy(&share, &v[CV_SHARE], sizeof share);
     if (share > 0 && share <= 1) {
-        pthread_mutex_lock(&d->mu);
+        pthread_mutex_lock(&g->a->turn_mu);
         g->time_share = share;
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_unlock(&g->a->turn_mu);
     }
     if (v[CV_HAS_SPLIT]) {
         if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, cap))) return err;
@@ -1189,7 +1226,7 @@ static int span_exchange(runner *r, agent_device *d, int *cmd, char *msg, size_t
 
 /* One step of the session on the turn the group holds since t1 (ms), then its events and
  * reports.  Returns the step's error (msg says why), after which the group cannot go on. */
-static int train_step(runner *r, agent_device *d, bool first, double t1, char *msg, size_t cap)
+static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
 {
     group *g = r->g;
     int64_t batch = g->m[g->by_sidx[0]].spec.batch_size;
@@ -1202,7 +1239,7 @@ static int train_step(runner *r, agent_device *d, bool first, double t1, char *m
     int size = fb_session_size(r->s);
     int err = fb_session_step(r->s, msg, cap);
     double t2 = now_ms();
-    dev_release(d, g, t2 - t1);
+    turns_release(g, t2 - t1);
     r->samples += (double)batch * size;
     pthread_mutex_lock(&g->mu);
     g->steps_done = fb_session_steps_done(r->s);
@@ -1231,7 +1268,6 @@ static int train_step(runner *r, agent_device *d, bool first, double t1, char *m
 static void train_loop(runner *r)
 {
     group *g = r->g;
-    agent_device *d = &g->a->dev[g->dev];
     char msg[1024];
     bool first = true;
     r->last_progress = now_ms();
@@ -1243,19 +1279,19 @@ static void train_loop(runner *r)
             return;
         }
         double t0 = now_ms();
-        bool turn = dev_acquire(d, g);
+        bool turn = turns_acquire(g);
         double t1 = now_ms();
         r->idle_ms += t1 - t0;
         if (!turn) continue;
         apply_detaches(r);
         if (fb_session_done(r->s)) {
-            dev_release(d, g, 0);
+            turns_release(g, 0);
             break;
         }
         int64_t split[FB_WIRE_MAX_DEVICES];
         int n_split = 0;
-        apply_split(r, d, split, &n_split);
-        if (train_step(r, d, first, t1, msg, sizeof msg)) {
+        apply_split(r, split, &n_split);
+        if (train_step(r, first, t1, msg, sizeof msg)) {
             fail_all(r, msg);
             flush_pending(r);
             return;
@@ -1273,7 +1309,6 @@ static void train_loop(runner *r)
 static void span_loop(runner *r)
 {
     group *g = r->g;
-    agent_device *d = &g->a->dev[g->dev];
     char msg[1024];
     bool first = true;
     r->last_progress = now_ms();
@@ -1283,13 +1318,13 @@ static void span_loop(runner *r)
         /* a leader asked to stop or drain still tells the others, without its turn */
         bool turn = false;
         double t0 = now_ms();
-        if (!interrupted(g)) turn = dev_acquire(d, g);
+        if (!interrupted(g)) turn = turns_acquire(g);
         double t1 = now_ms();
         r->idle_ms += t1 - t0;
         int cmd = SPAN_GO;
-        int err = span_exchange(r, d, &cmd, msg, sizeof msg);
+        int err = span_exchange(r, &cmd, msg, sizeof msg);
         if (err || cmd != SPAN_GO || fb_session_done(r->s)) {
-            if (turn) dev_release(d, g, now_ms() - t1);
+            if (turn) turns_release(g, now_ms() - t1);
             if (err) {
                 span_fault(r, "the agreement with the other workers", msg);
             } else if (cmd == SPAN_DRAIN && !g->follower) {
@@ -1303,7 +1338,7 @@ static void span_loop(runner *r)
             return;
         }
         if (!turn) continue; /* a follower's stop came during the wait: it leaves above */
-        err = train_step(r, d, first, t1, msg, sizeof msg);
+        err = train_step(r, first, t1, msg, sizeof msg);
         if (err) {
             /* a failed sum is the infrastructure's fault; anything else on the leader is
              * the members', reported as on one worker */
@@ -1406,12 +1441,12 @@ static void *group_thread(void *arg)
         fail_all(&r, msg);
         flush_pending(&r);
     } else if (open_session(&r, ds, ds->shard ? &shard_train : &ds->train, loader)) {
-        dev_register(d, g);
+        dev_register(g);
         if (g->world)
             span_loop(&r);
         else
             train_loop(&r);
-        dev_unregister(d, g);
+        dev_unregister(g);
     }
     if (atomic_load(&g->stop))
         agent_log("group %s generation %lld stopped", g->id, (long long)g->generation);
@@ -1668,7 +1703,7 @@ static void group_free(group *g)
 static void stop_group(fb_agent *a, group *g)
 {
     atomic_store(&g->stop, true);
-    dev_wake(&a->dev[g->dev]);
+    turns_wake(a);
 }
 
 /* A FAILED event from the main thread, for a member that never reached a group thread. */
@@ -1836,6 +1871,22 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         g->pipeline = want_p;
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
     }
+    /* the devices of its turns: each of the layout's once, ascending (insertion into a
+     * sorted list; the wire allows the same device twice in a layout) */
+    int n_layout = g->n_dp * g->pipeline;
+    g->n_turn_devs = 0;
+    for (int k = 0; k < n_layout; k++) {
+        int dev = n_layout > 1 ? g->dp_devs[k] : g->dev, i = g->n_turn_devs;
+        bool seen = false;
+        for (int j = 0; j < g->n_turn_devs; j++) seen |= g->turn_devs[j] == dev;
+        if (seen) continue;
+        while (i > 0 && g->turn_devs[i - 1] > dev) {
+            g->turn_devs[i] = g->turn_devs[i - 1];
+            i--;
+        }
+        g->turn_devs[i] = dev;
+        g->n_turn_devs++;
+    }
     if (m->world) {
         g->world = m->world;
         g->rank_base = m->rank_base;
@@ -1972,15 +2023,14 @@ static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
                   g->id);
         return;
     }
-    agent_device *d = &a->dev[g->dev];
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&a->turn_mu);
     if (m->time_share > 0) g->time_share = m->time_share;
     if (m->n_split > 0) {
         g->n_split = m->n_split;
         memcpy(g->split, m->split, sizeof g->split);
         g->split_gen++;
     }
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&a->turn_mu);
     agent_log("group %s: time share %.3g", g->id, m->time_share);
 }
 
@@ -1995,7 +2045,7 @@ static void start_drain(fb_agent *a, const char *why)
          * drains it, or every member leaves on the leader's DETACH) */
         if (g->follower) continue;
         atomic_store(&g->drain, true);
-        dev_wake(&a->dev[g->dev]);
+        turns_wake(a);
     }
 }
 
@@ -2478,26 +2528,24 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->ds_mu_init = true;
 
     find_devices(a, cpu_devices);
-    for (; a->n_dev_init < a->n_devices; a->n_dev_init++) {
-        agent_device *d = &a->dev[a->n_dev_init];
-        if (pthread_mutex_init(&d->mu, NULL) != 0) {
-            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        /* turns wait with deadlines on the monotonic clock, immune to clock changes */
-        pthread_condattr_t ca;
-        bool cv_ok = pthread_condattr_init(&ca) == 0;
-        if (cv_ok) {
-            cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-                    pthread_cond_init(&d->cv, &ca) == 0;
-            pthread_condattr_destroy(&ca);
-        }
-        if (!cv_ok) {
-            pthread_mutex_destroy(&d->mu);
-            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
+    if (pthread_mutex_init(&a->turn_mu, NULL) != 0) {
+        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        goto fail;
     }
+    /* turns wait with deadlines on the monotonic clock, immune to clock changes */
+    pthread_condattr_t ca;
+    bool cv_ok = pthread_condattr_init(&ca) == 0;
+    if (cv_ok) {
+        cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+                pthread_cond_init(&a->turn_cv, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+    }
+    if (!cv_ok) {
+        pthread_mutex_destroy(&a->turn_mu);
+        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    a->turn_init = true;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     a->threads =
         o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
@@ -2584,9 +2632,9 @@ void fb_agent_free(fb_agent *a)
     if (a->mon) zmq_close(a->mon);
     if (a->pull) zmq_close(a->pull);
     if (a->ctx) zmq_ctx_term(a->ctx);
-    for (int i = 0; i < a->n_dev_init; i++) {
-        pthread_mutex_destroy(&a->dev[i].mu);
-        pthread_cond_destroy(&a->dev[i].cv);
+    if (a->turn_init) {
+        pthread_mutex_destroy(&a->turn_mu);
+        pthread_cond_destroy(&a->turn_cv);
     }
     if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
     free(a);

@@ -7,6 +7,8 @@
  * device: each of the group's devices in its order, with the samples its
  * shard trained on (so the split shows in them) and its own times.  A
  * REBALANCE with a split that does not fit is ignored and training goes on.
+ * A data-parallel group and a one-device group that share a device take turns
+ * on it.
  */
 #include "worker/worker_util.h"
 
@@ -72,19 +74,19 @@ static void check_devices(const fb_wire_msg *m, const layout *l, seen *o)
     o->first_split += first;
 }
 
-static void make_jobs(job *j, int group, int scale)
+static void make_jobs(job *j, int group, int scale, int hidden)
 {
     static const int steps[JOBS] = {40, 50, 40};
     for (int i = 0; i < JOBS; i++) {
         wu_uuid(j[i].id, 0x20b, (unsigned long long)(100 * group + i + 1));
         wu_spec(&j[i].spec, &j[i].json,
                 "{\"name\": \"p%d\", \"dataset\": \"synth\", \"model\": {\"input\": [%d], "
-                "\"layers\": [{\"type\": \"linear\", \"out\": 32}, {\"type\": \"relu\"}, "
+                "\"layers\": [{\"type\": \"linear\", \"out\": %d}, {\"type\": \"relu\"}, "
                 "{\"type\": \"linear\", \"out\": 16}, {\"type\": \"tanh\"}, "
                 "{\"type\": \"linear\", \"out\": %d}]}, \"batch_size\": 32, \"steps\": %d, "
                 "\"optimizer\": {\"type\": \"adamw\", \"lr\": %g}, \"seed\": %d, "
                 "\"data_seed\": 5, \"eval_every\": 20}",
-                i, F_IN, CLASSES, steps[i] * scale, 0.005 * (i + 1), 7 + i);
+                i, F_IN, hidden, CLASSES, steps[i] * scale, 0.005 * (i + 1), 7 + i);
         j[i].model = NULL;
     }
 }
@@ -216,12 +218,27 @@ static model_out alone(const job *jb, const char *data_dir)
     return r;
 }
 
+/* Each member's model equals the same job trained alone on one device; frees the jobs. */
+static void check_alone(wu_server *s, job *j)
+{
+    for (int i = 0; i < JOBS; i++) {
+        model_out ref = alone(&j[i], s->data_dir);
+        double e = wu_models_compare(j[i].model, j[i].model_len, ref.model, ref.len, 1e-4,
+                                     "worker (parallel) vs alone");
+        printf("  member %d: %.3g from training alone on one device\n", i, e);
+        free(ref.model);
+        free(j[i].model);
+        fb_job_spec_free(&j[i].spec);
+        free(j[i].json);
+    }
+}
+
 static void run_group(wu_server *s, int group, int D, int P, const int *devices,
                       const int64_t *split, const int64_t *rebalance, const char *what)
 {
     job j[JOBS];
     /* long enough for a REBALANCE sent at the first PROGRESS to land mid-run */
-    make_jobs(j, group, rebalance ? 6 : 1);
+    make_jobs(j, group, rebalance ? 6 : 1, 32);
     char gid[FB_WIRE_ID_LEN + 1];
     wu_uuid(gid, 0x6, (unsigned long long)group);
     send_assign(s, gid, j, D, P, devices, split);
@@ -233,16 +250,67 @@ static void run_group(wu_server *s, int group, int D, int P, const int *devices,
     printf("%s: %d PROGRESS reports, mean comm %.3f ms, idle %.3f ms a step\n", what,
            o.progress, o.comm_ms / o.progress, o.idle_ms / o.progress);
     if (D > 1 && P == 1) CHECK(o.progress_comm >= 1); /* a step waits for its all-reduce */
-    for (int i = 0; i < JOBS; i++) {
-        model_out ref = alone(&j[i], s->data_dir);
-        double e = wu_models_compare(j[i].model, j[i].model_len, ref.model, ref.len, 1e-4,
-                                     "worker (parallel) vs alone");
-        printf("  member %d: %.3g from training alone on one device\n", i, e);
-        free(ref.model);
-        free(j[i].model);
-        fb_job_spec_free(&j[i].spec);
-        free(j[i].json);
+    check_alone(s, j);
+}
+
+/*
+ * Two groups share device 3: a data-parallel one on devices 1 and 3, and a one-device one
+ * on 3.  The first takes its turn on both its devices for each step, so the two take
+ * turns on device 3 and the one-device group waits (idle) for the other's steps: with
+ * equal shares it gets as much device time as the other, so it runs several of its
+ * shorter steps per step of the other and waits once among them.  Were the first to step
+ * on device 3 without its turn there, the second would never wait (idle 0).  Both train
+ * as they would alone.
+ */
+static void run_shared(wu_server *s)
+{
+    static const int devices[2][2] = {{1, 3}, {3}};
+    static const int64_t splits[2][2] = {{16, 16}, {32}};
+    job j[2][JOBS];
+    char gid[2][FB_WIRE_ID_LEN + 1];
+    for (int g = 0; g < 2; g++) {
+        make_jobs(j[g], 3 + g, 5, 128);
+        wu_uuid(gid[g], 0x6, (unsigned long long)(3 + g));
+        send_assign(s, gid[g], j[g], 2 - g, 1, devices[g], splits[g]);
     }
+    int finished[2] = {0, 0}, reports[2] = {0, 0}, seen[2] = {0, 0};
+    double idle[2] = {0, 0}, compute[2] = {0, 0};
+    double end = wu_now_ms() + 120000;
+    while (finished[0] < JOBS || finished[1] < JOBS) {
+        wu_msg w;
+        int left = (int)(end - wu_now_ms());
+        CHECK(left > 0 && wu_next(s, left, true, &w));
+        int g = strcmp(w.m.group_id, gid[0]) == 0 ? 0 : strcmp(w.m.group_id, gid[1]) == 0 ? 1 : -1;
+        if (g >= 0 && w.m.type == FB_WIRE_PROGRESS) seen[g]++;
+        if (g >= 0 && w.m.type == FB_WIRE_PROGRESS && seen[1 - g] && !finished[1 - g]) {
+            /* while both train: the other has reported a step and none of its members
+             * finished */
+            reports[g]++;
+            idle[g] += w.m.idle_ms;
+            compute[g] += w.m.compute_ms;
+        } else if (g >= 0 && w.m.type == FB_WIRE_EVENT) {
+            if (w.m.event == FB_EV_FAILED) fprintf(stderr, "failed: %s\n", w.m.text);
+            CHECK(w.m.event != FB_EV_FAILED);
+            for (int i = 0; w.m.event == FB_EV_FINISHED && i < JOBS; i++) {
+                if (strcmp(j[g][i].id, w.m.job_id) != 0) continue;
+                CHECK(j[g][i].model == NULL);
+                CHECK(w.m.blob >= 1 && w.m.blob <= w.n_blobs);
+                j[g][i].model = w.blob[w.m.blob];
+                j[g][i].model_len = w.blob_len[w.m.blob];
+                w.blob[w.m.blob] = NULL;
+                finished[g]++;
+            }
+        }
+        wu_msg_free(&w);
+    }
+    for (int g = 0; g < 2; g++)
+        printf("sharing device 3, %s: %d PROGRESS reports while both trained, compute %.3f ms, "
+               "idle %.3f ms a step\n",
+               g ? "1 device" : "2 x 1 on devices 1 and 3", reports[g],
+               reports[g] ? compute[g] / reports[g] : 0, reports[g] ? idle[g] / reports[g] : 0);
+    CHECK(reports[1] >= 1);
+    CHECK(idle[1] > 0.05 * compute[1]);
+    for (int g = 0; g < 2; g++) check_alone(s, j[g]);
 }
 
 int main(void)
@@ -264,6 +332,7 @@ int main(void)
     int hybrid_devices[4] = {0, 1, 2, 3};
     int64_t even[2] = {16, 16};
     run_group(&s, 2, 2, 2, hybrid_devices, even, NULL, "2 x 2");
+    run_shared(&s);
 
     /* SIGTERM drains the worker; it exits 0 */
     CHECK(kill(pid, SIGTERM) == 0);
