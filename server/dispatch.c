@@ -61,9 +61,16 @@
 #define FLUSH_BUDGET_MS 100
 /* and longest one transaction of it: a submission waits at most this for its plan */
 #define FLUSH_SLICE_MS 20
-/* batches of drain_router a tick may take to empty the worker socket before it judges
- * workers lost; a socket still not empty postpones the judgement to the next tick */
-#define SETTLE_BATCHES 16
+/* messages a tick may read to empty the worker socket before it judges workers lost; a
+ * socket still not empty is judged by the census of those reads (peer_settled) */
+#define SETTLE_READS 4096
+/* and the turns of the socket's fair queue after which it stops reading anyway: enough to
+ * settle every peer that had up to six messages waiting (peer_settled), few enough that a
+ * flood costs a tick a few reads per peer rather than the whole budget, which at a
+ * millisecond a message would make the tick seconds long */
+#define SETTLE_TURNS 16
+/* slots of the census: a power of two, twice the reads it can count */
+#define CENSUS_SLOTS (2 * SETTLE_READS)
 
 typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
@@ -163,6 +170,12 @@ typedef struct queue {
     int n;
 } queue;
 
+/* How many messages one peer (by routing id) had read in a tick's drain. */
+typedef struct peer_reads {
+    char name[FB_WIRE_NAME_MAX + 1]; /* "" = a free slot */
+    int reads;
+} peer_reads;
+
 typedef struct keyinfo {
     char key[FB_FUSION_KEY_HEX + 1];
     int64_t member, shared, batch;
@@ -217,6 +230,13 @@ struct fb_dispatch {
     fb_queue *queue; /* the queued jobs, kept between plans (queue.h) */
     reason_todo *reasons; /* queue reasons the last plan changed, in planning order */
     int n_reasons, cap_reasons, next_reason;
+    /* the census of the tick's drain (drain_router_all, peer_settled): the reads of each
+     * peer in CENSUS_SLOTS slots (open addressing), the slots in use, the most reads of one
+     * peer; whether it counts now, whether it lost count, whether the socket was emptied */
+    peer_reads *census;
+    int *census_used;
+    int n_census, census_max;
+    bool census_on, census_lost, router_emptied;
 };
 
 static int64_t now_ms(void)
@@ -1922,6 +1942,84 @@ static char *span_breakdown_json(const group *g)
     return text;
 }
 
+/* ---- the census of a tick's drain ------------------------------------------ */
+
+static uint32_t census_hash(const char *name)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+static peer_reads *census_slot(const fb_dispatch_t *d, const char *name)
+{
+    uint32_t h = census_hash(name) & (CENSUS_SLOTS - 1);
+    while (d->census[h].name[0] && strcmp(d->census[h].name, name) != 0)
+        h = (h + 1) & (CENSUS_SLOTS - 1);
+    return &d->census[h];
+}
+
+/* Counts a read from peer name, while the tick's drain takes its census. */
+static void census_count(fb_dispatch_t *d, const char *name)
+{
+    if (!d->census_on) return;
+    peer_reads *p = census_slot(d, name);
+    if (!p->name[0]) {
+        /* the drain reads at most SETTLE_READS messages, so this is a safeguard */
+        if (d->n_census == SETTLE_READS) {
+            d->census_lost = true;
+            return;
+        }
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->reads = 0;
+        d->census_used[d->n_census++] = (int)(p - d->census);
+    }
+    if (++p->reads > d->census_max) d->census_max = p->reads;
+}
+
+static void census_reset(fb_dispatch_t *d)
+{
+    for (int i = 0; i < d->n_census; i++) d->census[d->census_used[i]].name[0] = '\0';
+    d->n_census = d->census_max = 0;
+    d->census_lost = false;
+}
+
+/*
+ * Whether nothing that peer `name` sent before the tick's drain began can
+ * still wait unread on the worker socket, so that the tick may judge it
+ * silent, or requeue an array whose events it sends (docs/wire.md,
+ * "Re-queueing").  True when the drain emptied the socket.  Otherwise the
+ * answer comes from how the ROUTER reads: libzmq fair-queues the peers'
+ * pipes, one whole message from each pipe that holds one, in turn.  A pipe
+ * found empty leaves the turn and the last pipe of the turn takes its
+ * place, so a peer may be read twice before a pipe of the same turn comes
+ * up, but not three times: between two reads of any peer X that still has
+ * messages waiting, any other peer is read at most twice, and at most
+ * twice before its first read.  So if `name` was read r times and its pipe
+ * never ran empty, no peer was read more than 2r + 2 times.  A pipe that
+ * leaves the turn before its own (a worker that reconnects under the same
+ * name takes over its routing id) may put the last pipe of the turn back
+ * by one turn: one read more is asked for that.  When some peer was read
+ * 2r + 4 times, the pipe of `name` ran empty during the drain, and what it
+ * had sent before was read; a silent peer (r = 0) needs a peer read four
+ * times.  A flood (one peer sending faster than the loop reads) thus
+ * settles every other peer within four of its turns, but never itself: a
+ * flooding worker is not judged lost, and its own arrays wait while it
+ * floods.  Messages still in ZeroMQ's I/O thread are as unseen here as they
+ * are beside an empty socket; a pipe holds up to RCVHWM messages of its own
+ * peer only, so a flood fills only the flooder's.  Counting reads by sender
+ * needs no count of the connected peers, which the loop does not have (a
+ * peer with a valid key need not have registered).
+ */
+static bool peer_settled(const fb_dispatch_t *d, const char *name)
+{
+    if (d->router_emptied) return true;
+    if (d->census_lost) return false;
+    const peer_reads *p = census_slot(d, name);
+    int reads = p->name[0] ? p->reads : 0;
+    return d->census_max >= 2 * reads + 4;
+}
+
 /* Receives one multipart message from the ROUTER and acts on it. */
 static void on_message(fb_dispatch_t *d)
 {
@@ -1949,6 +2047,8 @@ static void on_message(fb_dispatch_t *d)
     if (n >= 1 && zmq_msg_size(&fr[0]) <= FB_WIRE_NAME_MAX) {
         memcpy(name, zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
         name[zmq_msg_size(&fr[0])] = '\0';
+        /* every read counts, a message that turns out malformed too: it was its turn */
+        if (name[0] && strlen(name) == zmq_msg_size(&fr[0])) census_count(d, name);
     }
     fb_wire_msg m;
     char err[256];
@@ -3349,12 +3449,17 @@ static void drain_router(fb_dispatch_t *d)
     for (int k = 0; k < 256 && router_readable(d); k++) on_message(d);
 }
 
-/* Handles every message waiting on the worker socket, up to SETTLE_BATCHES
- * batches; whether the socket was emptied. */
-static bool drain_router_all(fb_dispatch_t *d)
+/* Handles every message waiting on the worker socket, up to SETTLE_READS of
+ * them or until one peer has had SETTLE_TURNS reads (a flood), and takes the
+ * census of those reads that peer_settled judges by. */
+static void drain_router_all(fb_dispatch_t *d)
 {
-    for (int k = 0; k < SETTLE_BATCHES && router_readable(d); k++) drain_router(d);
-    return !router_readable(d);
+    census_reset(d);
+    d->census_on = true;
+    for (int k = 0; k < SETTLE_READS && d->census_max < SETTLE_TURNS && router_readable(d); k++)
+        on_message(d);
+    d->census_on = false;
+    d->router_emptied = !router_readable(d);
 }
 
 /* Whether an event of group_id's current assignment waits to be written. */
@@ -3371,17 +3476,20 @@ static void tick(fb_dispatch_t *d)
     d->ticks++;
     reload_keys(d);
     /* what waits on the socket first, all of it: a busy loop must not call a worker silent
-     * whose heartbeats are queued here, nor requeue an array whose last checkpoint is; a
-     * socket that cannot be emptied now postpones the judgement */
-    bool settled = drain_router_all(d);
+     * whose heartbeats are queued here, nor requeue an array whose last checkpoint is; when
+     * a flood keeps the socket from emptying, each worker is judged only once its own
+     * messages are known read (peer_settled), so that one flooding worker does not hold
+     * back the judgement of all the others */
+    drain_router_all(d);
     /* and every event received is written before a requeue reads the resume point: a
      * checkpoint, a detachment with its state or a finished job that arrived before the
      * decision must count in it (docs/wire.md, "Re-queueing") */
     flush_events(d);
     /* silent workers are lost */
-    for (int i = 0; settled && i < d->n_workers; i++) {
+    for (int i = 0; i < d->n_workers; i++) {
         worker *w = &d->workers[i];
-        if (t - w->last_seen_ms <= d->cfg.heartbeat_timeout_ms) continue;
+        if (t - w->last_seen_ms <= d->cfg.heartbeat_timeout_ms || !peer_settled(d, w->name))
+            continue;
         fb_log_json(FB_LOG_WARN, "worker lost: no heartbeat",
                     json_pack("{s:s, s:I}", "worker", w->name,
                               "silent_ms", (json_int_t)(t - w->last_seen_ms)));
@@ -3392,23 +3500,27 @@ static void tick(fb_dispatch_t *d)
     }
     /* arrays whose worker is gone go back to the queue (after a grace period at start, so
      * that workers can re-register after a restart of fuseboxd) */
-    if (settled && t - d->start_ms > d->cfg.heartbeat_timeout_ms && d->groups_loaded) {
+    if (t - d->start_ms > d->cfg.heartbeat_timeout_ms && d->groups_loaded) {
         for (int i = 0; i < d->n_groups; i++) {
             group *g = &d->groups[i];
-            const char *why = NULL;
+            const char *why = NULL, *who = g->worker;
             if (!find_worker(d, g->worker))
                 why = "worker lost";
             else if (g->missing_since_ms && t - g->missing_since_ms > d->cfg.heartbeat_timeout_ms)
                 why = "the worker no longer runs the array";
             for (int k = 0; !why && g->span && k < g->span->n; k++) {
                 const span_member *sm = &g->span->m[k];
+                who = sm->worker;
                 if (!find_worker(d, sm->worker))
                     why = "a worker of the array was lost";
                 else if (sm->missing_since_ms &&
                          t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms)
                     why = "a worker of the array no longer runs it";
             }
-            if (!why) continue;
+            /* the array's events come from its worker (of a spanning one: its leader), and a
+             * heartbeat of the worker it is missing from may list it again: neither may wait
+             * unread, nor the HELLO of a worker not registered since fuseboxd started */
+            if (!why || !peer_settled(d, g->worker) || !peer_settled(d, who)) continue;
             if (events_waiting(d, g->id)) {
                 /* they could not be written (PostgreSQL away, the artifacts unwritable):
                  * the array waits for them rather than resume from an older point */
@@ -3551,7 +3663,9 @@ fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, ch
     d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
     d->keys = calloc(MAX_KEYS, sizeof *d->keys);
     d->queue = fb_queue_new();
-    if (!d->workers || !d->keys || !d->queue) {
+    d->census = calloc(CENSUS_SLOTS, sizeof *d->census);
+    d->census_used = calloc(SETTLE_READS, sizeof *d->census_used);
+    if (!d->workers || !d->keys || !d->queue || !d->census || !d->census_used) {
         fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -3642,6 +3756,8 @@ void fb_dispatch_stop(fb_dispatch_t *d)
     sodium_memzero(d->sec, sizeof d->sec);
     free(d->workers);
     free(d->keys);
+    free(d->census);
+    free(d->census_used);
     for (int i = 0; i < d->n_groups; i++) free(d->groups[i].span);
     free(d->groups);
     free(d->kinfo);

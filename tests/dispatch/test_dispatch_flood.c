@@ -1,0 +1,465 @@
+/*
+ * One worker that floods the control loop does not hold back the loss
+ * decisions about the others (docs/wire.md, "Re-queueing").  Three fake
+ * workers speak the wire protocol over ZeroMQ (CURVE, the test's worker
+ * key):
+ *
+ * - "fake-silent" holds the job's array, then stops sending (a hung
+ *   worker);
+ * - "fake-flood", registered, sends valid heartbeats without pause from a
+ *   thread of its own, always keeping thousands more in flight than
+ *   fuseboxd has answered, so that the worker socket never runs empty;
+ * - "fake-healthy" keeps its normal heartbeat.
+ *
+ * While the flood goes on, the silent worker must be taken for lost and its
+ * array requeued within its heartbeat timeout plus a margin, and neither the
+ * healthy worker nor the flooding one may be taken for lost.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "check.h"
+#include "e2e.h"
+#include "wire.h"
+
+#define HEARTBEAT_MS 200    /* as e2e_start sets it */
+#define TIMEOUT_MS 1500     /* the heartbeat timeout e2e_start sets */
+/* how much later than its timeout a silent worker may be judged: a few ticks, each of which
+ * reads up to 4096 flood messages, slower under sanitizers and on a busy machine */
+#define MARGIN_MS 4000
+/* how long the test waits for the requeue at all before it fails */
+#define GIVE_UP_MS 15000
+/* heartbeats the flooder keeps sent but not yet answered, at most and at start */
+#define FLOOD_AHEAD 20000
+#define FLOOD_READY 5000
+/* job ids in each flood heartbeat's (stale) running array: a few kilobytes to decode */
+#define FLOOD_JOBS 64
+
+static e2e T;
+static void *ctx;
+static char job[64];
+
+typedef struct fake {
+    char name[32];
+    void *sock;
+    char group[FB_WIRE_ID_LEN + 1]; /* the array its heartbeats list ("" = none) */
+    int64_t generation;
+} fake;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void fake_open(fake *f, const char *name)
+{
+    char server_pub[41], pub[41], sec[41], msg[256];
+    CHECK(fb_wire_key_load(T.server_pub, server_pub, NULL, msg, sizeof msg) == 0);
+    CHECK(fb_wire_key_load(T.worker_key, pub, sec, msg, sizeof msg) == 0);
+    memset(f, 0, sizeof *f);
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->sock = zmq_socket(ctx, ZMQ_DEALER);
+    CHECK(f->sock != NULL);
+    /* the flooder's replies pile up between its reads; none may be dropped */
+    int linger = 0, hwm = 2 * FLOOD_AHEAD;
+    CHECK(zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_ROUTING_ID, name, strlen(name)) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SERVERKEY, server_pub, 41) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0);
+    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SECRETKEY, sec, 41) == 0);
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", T.worker_port);
+    CHECK(zmq_connect(f->sock, endpoint) == 0);
+}
+
+/* Encodes m (malloc'd text). */
+static char *encode(const fb_wire_msg *m)
+{
+    char err[256];
+    char *json = fb_wire_encode(m, err, sizeof err);
+    if (!json) fprintf(stderr, "cannot encode: %s\n", err);
+    CHECK(json != NULL);
+    return json;
+}
+
+static void fake_send(fake *f, const fb_wire_msg *m)
+{
+    char *json = encode(m);
+    CHECK(zmq_send(f->sock, json, strlen(json), 0) >= 0);
+    free(json);
+}
+
+/* HELLO and HEARTBEAT list the array f->group, if any, as running at step 0. */
+static void fill_running(const fake *f, fb_wire_msg *m)
+{
+    if (!f->group[0]) return;
+    m->n_running = 1;
+    m->running = calloc(1, sizeof *m->running);
+    CHECK(m->running != NULL);
+    snprintf(m->running[0].group_id, sizeof m->running[0].group_id, "%s", f->group);
+    m->running[0].generation = f->generation;
+    m->running[0].n_jobs = 1;
+    m->running[0].job_ids = calloc(1, sizeof *m->running[0].job_ids);
+    m->running[0].steps = calloc(1, sizeof *m->running[0].steps);
+    CHECK(m->running[0].job_ids && m->running[0].steps);
+    snprintf(m->running[0].job_ids[0], sizeof m->running[0].job_ids[0], "%s", job);
+}
+
+static void fake_hello(fake *f)
+{
+    fb_wire_msg m = {.type = FB_WIRE_HELLO};
+    snprintf(m.worker, sizeof m.worker, "%s", f->name);
+    snprintf(m.backend, sizeof m.backend, "cpu");
+    snprintf(m.version, sizeof m.version, "fake");
+    m.n_devices = 1;
+    snprintf(m.devices[0].kind, sizeof m.devices[0].kind, "cpu");
+    snprintf(m.devices[0].name, sizeof m.devices[0].name, "cpu0");
+    m.devices[0].memory_bytes = m.devices[0].free_bytes = (int64_t)8 << 30;
+    fill_running(f, &m);
+    fake_send(f, &m);
+    fb_wire_msg_free(&m);
+}
+
+static void fake_heartbeat(fake *f)
+{
+    fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
+    fill_running(f, &hb);
+    fake_send(f, &hb);
+    fb_wire_msg_free(&hb);
+}
+
+/* Receives one message within ms into out; false when none came. */
+static bool fake_recv(fake *f, int ms, fb_wire_msg *out)
+{
+    zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, ms) <= 0 || !(it.revents & ZMQ_POLLIN)) return false;
+    zmq_msg_t fr;
+    zmq_msg_init(&fr);
+    CHECK(zmq_msg_recv(&fr, f->sock, 0) >= 0);
+    int blobs = 0;
+    while (zmq_msg_more(&fr)) {
+        zmq_msg_t tmp;
+        zmq_msg_init(&tmp);
+        CHECK(zmq_msg_recv(&tmp, f->sock, 0) >= 0);
+        bool more = zmq_msg_more(&tmp);
+        zmq_msg_close(&tmp);
+        blobs++;
+        if (!more) break;
+    }
+    char err[256];
+    int rc = fb_wire_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), blobs, out, err, sizeof err);
+    if (rc) fprintf(stderr, "fake worker %s: undecodable message: %s\n", f->name, err);
+    CHECK(rc == 0);
+    zmq_msg_close(&fr);
+    return true;
+}
+
+/* Waits for a message of type `type` and returns it in out; heartbeats meanwhile. */
+static void fake_expect(fake *f, fb_wire_type type, fb_wire_msg *out)
+{
+    double t0 = fbt_now_ms(), last_hb = 0;
+    for (;;) {
+        double now = fbt_now_ms();
+        if (now - t0 > 20000) {
+            fprintf(stderr, "fake worker %s: no %s within 20 s\n", f->name,
+                    fb_wire_type_name(type));
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        if (now - last_hb >= HEARTBEAT_MS) {
+            last_hb = now;
+            fake_heartbeat(f);
+        }
+        if (!fake_recv(f, 20, out)) continue;
+        if (out->type == type) return;
+        fb_wire_msg_free(out);
+    }
+}
+
+/* Whether m answers a heartbeat with "unknown" (the server took the worker for lost). */
+static bool unknown_reply(const fb_wire_msg *m)
+{
+    return m->type == FB_WIRE_HEARTBEAT && m->reply && !m->known;
+}
+
+/* ---- the flooder ---------------------------------------------------------- */
+
+typedef struct flood {
+    fake f;
+    char *json; /* the heartbeat it sends, encoded once */
+    atomic_bool stop, ready;
+    atomic_llong sent, answered, unknown;
+    /* the fewest heartbeats sent but not answered since it was ready */
+    atomic_llong min_ahead;
+} flood;
+
+/*
+ * Sends the same valid heartbeat as fast as the socket takes it, while no
+ * more than FLOOD_AHEAD wait for their answers (which bounds what fuseboxd
+ * holds of it), and reads the answers.  Ready once FLOOD_READY are ahead:
+ * fuseboxd then reads slower than it sends.
+ */
+static void *flood_run(void *arg)
+{
+    flood *fl = arg;
+    size_t len = strlen(fl->json);
+    long long sent = 0, answered = 0, unknown = 0, min_ahead = -1;
+    bool ready = false;
+    while (!atomic_load(&fl->stop)) {
+        bool busy = false;
+        zmq_msg_t fr;
+        zmq_msg_init(&fr);
+        while (zmq_msg_recv(&fr, fl->f.sock, ZMQ_DONTWAIT) >= 0) {
+            busy = true;
+            fb_wire_msg m;
+            char err[256];
+            if (!zmq_msg_more(&fr) &&
+                fb_wire_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), 0, &m, err, sizeof err) ==
+                    0) {
+                if (m.type == FB_WIRE_HEARTBEAT && m.reply) answered++;
+                unknown += unknown_reply(&m);
+                fb_wire_msg_free(&m);
+            }
+        }
+        zmq_msg_close(&fr);
+        long long ahead = sent - answered;
+        if (!ready && ahead >= FLOOD_READY) ready = true;
+        if (ready && (min_ahead < 0 || ahead < min_ahead)) min_ahead = ahead;
+        for (int k = 0; k < 256 && sent - answered < FLOOD_AHEAD; k++) {
+            if (zmq_send(fl->f.sock, fl->json, len, ZMQ_DONTWAIT) < 0) break;
+            sent++;
+            busy = true;
+        }
+        atomic_store(&fl->sent, sent);
+        atomic_store(&fl->answered, answered);
+        atomic_store(&fl->unknown, unknown);
+        atomic_store(&fl->min_ahead, min_ahead);
+        atomic_store(&fl->ready, ready);
+        if (!busy) {
+            zmq_pollitem_t it = {fl->f.sock, 0, ZMQ_POLLIN, 0};
+            zmq_poll(&it, 1, 1);
+        }
+    }
+    return NULL;
+}
+
+/* The flood's heartbeat: it lists an array fuseboxd does not know, of FLOOD_JOBS jobs, so
+ * that each one takes fuseboxd a while to decode (and is still a valid message). */
+static char *flood_heartbeat(void)
+{
+    fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT, .n_running = 1};
+    hb.running = calloc(1, sizeof *hb.running);
+    CHECK(hb.running != NULL);
+    fb_wire_running *r = &hb.running[0];
+    snprintf(r->group_id, sizeof r->group_id, "00000000-0000-4000-8000-00000000f100");
+    r->generation = 1;
+    r->n_jobs = FLOOD_JOBS;
+    r->job_ids = calloc(FLOOD_JOBS, sizeof *r->job_ids);
+    r->steps = calloc(FLOOD_JOBS, sizeof *r->steps);
+    CHECK(r->job_ids && r->steps);
+    for (int i = 0; i < FLOOD_JOBS; i++) {
+        snprintf(r->job_ids[i], sizeof r->job_ids[i], "00000000-0000-4000-8000-%012d", i);
+        r->steps[i] = 1000 + i;
+    }
+    char *json = encode(&hb);
+    fb_wire_msg_free(&hb);
+    return json;
+}
+
+/* ---- the database and the log --------------------------------------------- */
+
+static long long sql_ll(const char *fmt, const char *arg)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql, fmt, arg);
+    const char *v = fbt_sql_value(&T.s, sql);
+    CHECK(v != NULL && v[0]);
+    return strtoll(v, NULL, 10);
+}
+
+static long long requeues(void)
+{
+    return sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'",
+                  job);
+}
+
+static long long worker_lost_in_db(const char *name)
+{
+    return sql_ll("SELECT count(*) FROM workers WHERE name = '%s' AND state = 'lost'", name);
+}
+
+/* Lines of the server's log that say worker `name` was lost. */
+static int lost_in_log(const char *name)
+{
+    FILE *f = fopen(T.s.log_path, "r");
+    if (!f) return 0;
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\"", name);
+    int n = 0;
+    char line[8192];
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, "worker lost: no heartbeat") && strstr(line, quoted);
+    fclose(f);
+    return n;
+}
+
+static void set_quota(int devices)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "UPDATE tenants SET max_devices = %d WHERE id = '%s'", devices,
+             T.tenant);
+    PQclear(fbt_sql(&T.s, sql));
+}
+
+/* ---- the scenario --------------------------------------------------------- */
+
+static fake silent, healthy;
+static int healthy_unknown;
+
+/* Reads what waits for a fake (counting "unknown" answers to the healthy one). */
+static void drain_fake(fake *f)
+{
+    fb_wire_msg m;
+    while (fake_recv(f, 0, &m)) {
+        if (f == &healthy) healthy_unknown += unknown_reply(&m);
+        fb_wire_msg_free(&m);
+    }
+}
+
+/*
+ * For ms: the healthy worker heartbeats (and the silent one too while
+ * silent_alive), both read what they get.  Returns early, with the time,
+ * once the job is requeued, when stop_at_requeue.
+ */
+static double live_for(int ms, bool silent_alive, bool stop_at_requeue, double *last_silent_hb)
+{
+    double t0 = fbt_now_ms(), last_hb = 0, last_sql = 0;
+    for (;;) {
+        double now = fbt_now_ms();
+        if (now - t0 >= ms) return -1;
+        if (now - last_hb >= HEARTBEAT_MS) {
+            last_hb = now;
+            fake_heartbeat(&healthy);
+            if (silent_alive) {
+                fake_heartbeat(&silent);
+                *last_silent_hb = now;
+            }
+        }
+        drain_fake(&healthy);
+        drain_fake(&silent);
+        if (stop_at_requeue && now - last_sql >= 50) {
+            last_sql = now;
+            if (requeues() > 0) return fbt_now_ms();
+        }
+        sleep_ms(5);
+    }
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    e2e_start(&T, NULL);
+    ctx = zmq_ctx_new();
+    CHECK(ctx != NULL);
+    fb_wire_msg m;
+
+    /* the silent-to-be worker registers and gets the job's array */
+    fake_open(&silent, "fake-silent");
+    fake_hello(&silent);
+    fake_expect(&silent, FB_WIRE_WELCOME, &m);
+    fb_wire_msg_free(&m);
+    snprintf(job, sizeof job, "%s", e2e_submit(&T, T.key, e2e_spec("flood", 0.001, 100000, 300)));
+    fake_expect(&silent, FB_WIRE_ASSIGN, &m);
+    CHECK_INT_EQ(m.n_members, 1);
+    CHECK_STR_EQ(m.members[0].job_id, job);
+    snprintf(silent.group, sizeof silent.group, "%s", m.group_id);
+    silent.generation = m.generation;
+    fb_wire_msg_free(&m);
+    /* the job is placed nowhere else: the requeue alone is what the test looks for */
+    set_quota(0);
+
+    /* the healthy worker and the flooder register */
+    fake_open(&healthy, "fake-healthy");
+    fake_hello(&healthy);
+    fake_expect(&healthy, FB_WIRE_WELCOME, &m);
+    fb_wire_msg_free(&m);
+    static flood fl;
+    fake_open(&fl.f, "fake-flood");
+    fake_hello(&fl.f);
+    fake_expect(&fl.f, FB_WIRE_WELCOME, &m);
+    fb_wire_msg_free(&m);
+    fl.json = flood_heartbeat();
+    atomic_init(&fl.stop, false);
+    atomic_init(&fl.ready, false);
+    atomic_init(&fl.sent, 0);
+    atomic_init(&fl.answered, 0);
+    atomic_init(&fl.unknown, 0);
+    atomic_init(&fl.min_ahead, -1);
+
+    /* the flood starts; everyone else stays alive until fuseboxd has fallen behind */
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, flood_run, &fl) == 0);
+    double t0 = fbt_now_ms(), last_silent_hb = 0;
+    while (!atomic_load(&fl.ready)) {
+        if (fbt_now_ms() - t0 > 20000) {
+            fprintf(stderr, "the flood never got %d heartbeats ahead of fuseboxd\n",
+                    FLOOD_READY);
+            CHECK(0);
+        }
+        live_for(50, true, false, &last_silent_hb);
+    }
+    /* a heartbeat timeout with the flood on and every worker alive: nobody is lost */
+    live_for(TIMEOUT_MS, true, false, &last_silent_hb);
+    CHECK_INT_EQ(requeues(), 0);
+    printf("flooding: %lld heartbeats sent, %lld answered\n", (long long)atomic_load(&fl.sent),
+           (long long)atomic_load(&fl.answered));
+
+    /* the silent worker stops; the flood and the healthy worker go on */
+    double requeued_at = live_for(GIVE_UP_MS, false, true, &last_silent_hb);
+    double after = requeued_at < 0 ? -1 : requeued_at - last_silent_hb;
+    printf("the silent worker's array was requeued %.0f ms after its last heartbeat"
+           " (timeout %d ms, allowed %d ms; -1: not within %d ms)\n",
+           after, TIMEOUT_MS, TIMEOUT_MS + MARGIN_MS, GIVE_UP_MS);
+    /* and two more timeouts of flood: the others are still not lost */
+    live_for(2 * TIMEOUT_MS, false, false, &last_silent_hb);
+    long long sent = atomic_load(&fl.sent), answered = atomic_load(&fl.answered);
+    long long min_ahead = atomic_load(&fl.min_ahead);
+    atomic_store(&fl.stop, true);
+    CHECK(pthread_join(th, NULL) == 0);
+    printf("flood: %lld heartbeats sent, %lld answered, at least %lld unanswered throughout\n",
+           sent, answered, min_ahead);
+
+    /* the flood was one: fuseboxd never caught up with it */
+    CHECK(min_ahead > 0);
+    CHECK(requeued_at > 0);
+    CHECK(after <= TIMEOUT_MS + MARGIN_MS);
+    CHECK_INT_EQ(requeues(), 1);
+    CHECK(lost_in_log("fake-silent") >= 1);
+    CHECK_INT_EQ(lost_in_log("fake-healthy"), 0);
+    CHECK_INT_EQ(lost_in_log("fake-flood"), 0);
+    CHECK_INT_EQ(worker_lost_in_db("fake-healthy"), 0);
+    CHECK_INT_EQ(worker_lost_in_db("fake-flood"), 0);
+    CHECK_INT_EQ(healthy_unknown, 0);
+    CHECK_INT_EQ(atomic_load(&fl.unknown), 0);
+
+    printf("result: flood requeue_after_ms=%.0f timeout_ms=%d flood_sent=%lld"
+           " flood_min_unanswered=%lld\n",
+           after, TIMEOUT_MS, sent, min_ahead);
+    free(fl.json);
+    zmq_close(fl.f.sock);
+    zmq_close(silent.sock);
+    zmq_close(healthy.sock);
+    CHECK(zmq_ctx_term(ctx) == 0);
+    e2e_finish(&T);
+    printf("ok\n");
+    return 0;
+}
