@@ -394,40 +394,92 @@ static void stop_worker(wu_server *s, pid_t pid, run_log *L)
     CHECK_INT_EQ(wu_wait(pid, 20000), 0);
 }
 
+/* ---- the set-up the scenarios share ------------------------------------------------------ */
+
+/* The fake server with the dataset synth and one registered worker; the group the scenario
+ * fills in (g) and, once scene_assign has run, its id and what the worker reported (L). */
+typedef struct scene {
+    wu_server s;
+    const char *name;          /* the worker's */
+    const char *const *extra;  /* its flags beyond wu_start_worker's (NULL: none) */
+    pid_t pid;
+    group_def g;
+    char gid[FB_WIRE_ID_LEN + 1];
+    run_log L;
+} scene;
+
+/* Starts the worker and WELCOMEs it after its HELLO, which *hello receives (the caller frees
+ * it) unless hello is NULL. */
+static void scene_worker(scene *c, wu_msg *hello)
+{
+    c->pid = wu_start_worker(&c->s, c->name, c->extra);
+    wu_msg w;
+    wu_expect_hello(&c->s, c->name, 20000, &w);
+    if (hello)
+        *hello = w;
+    else
+        wu_msg_free(&w);
+    wu_send_welcome(&c->s, c->name);
+}
+
+/* The fake server (scratch directory named by tag), the dataset synth of data_seed and worker
+ * `name` with flags extra, registered (scene_worker). */
+static void scene_start(scene *c, const char *tag, uint64_t data_seed, const char *name,
+                        const char *const *extra, wu_msg *hello)
+{
+    memset(c, 0, sizeof *c);
+    c->name = name;
+    c->extra = extra;
+    wu_server_start(&c->s, tag, true);
+    wu_make_dataset(c->s.data_dir, "synth", 512, 128, F_IN, CLASSES, data_seed);
+    scene_worker(c, hello);
+}
+
+/* Assigns c->g as the group numbered `group` (generation 1) on device dev, and serves the
+ * worker until until(&c->L). */
+static void scene_assign(scene *c, unsigned group, int dev, int timeout_ms,
+                         bool (*until)(const run_log *), const char *what)
+{
+    wu_uuid(c->gid, 0x6, group);
+    log_init(&c->L, c->gid, 1, c->g.ids, c->g.n);
+    send_assign(&c->s, c->name, &c->g, c->gid, 1, "synth", dev, 0, NULL, NULL);
+    pump(&c->s, &c->L, timeout_ms, until, what);
+}
+
+/* Stops the worker (stop_worker, recording into L, or c->L when L is NULL) and frees the
+ * rest. */
+static void scene_finish(scene *c, run_log *L)
+{
+    stop_worker(&c->s, c->pid, L ? L : &c->L);
+    log_free(&c->L);
+    group_free(&c->g);
+    wu_server_stop(&c->s);
+}
+
 /* ---- train ------------------------------------------------------------------------------ */
 
 static void scenario_train(void)
 {
-    wu_server s;
-    wu_server_start(&s, "train", true);
-    wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 11);
-    group_def g = {0};
-    mlp_job(&g, 32, 0, 40, 0.01, 1, 20, 20);
-    mlp_job(&g, 32, 0, 50, 0.003, 2, 20, 20);
-    mlp_job(&g, 32, 0, 60, 0.02, 3, 20, 20);
-
-    const char *extra[] = {"--cpu-devices", "2", NULL};
-    pid_t pid = wu_start_worker(&s, "w-train", extra);
+    static const char *const extra[] = {"--cpu-devices", "2", NULL};
+    scene c;
     wu_msg w;
-    wu_expect_hello(&s, "w-train", 20000, &w);
+    scene_start(&c, "train", 11, "w-train", extra, &w);
     CHECK_INT_EQ(w.m.n_devices, 2);
     CHECK_STR_EQ(w.m.devices[1].name, "cpu1");
     CHECK_INT_EQ(w.m.n_running, 0);
     wu_msg_free(&w);
-    wu_send_welcome(&s, "w-train");
-
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x6, 1);
-    run_log L;
-    log_init(&L, gid, 1, g.ids, g.n);
-    send_assign(&s, "w-train", &g, gid, 1, "synth", 1, 0, NULL, NULL);
-    pump(&s, &L, 120000, all_done, "every member to finish");
+    group_def *g = &c.g;
+    mlp_job(g, 32, 0, 40, 0.01, 1, 20, 20);
+    mlp_job(g, 32, 0, 50, 0.003, 2, 20, 20);
+    mlp_job(g, 32, 0, 60, 0.02, 3, 20, 20);
+    scene_assign(&c, 1, 1, 120000, all_done, "every member to finish");
+    run_log *L = &c.L;
 
     /* what each member reported */
     static const int64_t steps[3] = {40, 50, 60};
     static const int n_ckpt[3] = {1, 2, 2}, n_eval[3] = {2, 3, 3};
     for (int i = 0; i < 3; i++) {
-        job_log *j = &L.job[i];
+        job_log *j = &L->job[i];
         CHECK_INT_EQ(j->started, 1);
         CHECK_INT_EQ(j->started_step, 1);
         CHECK(j->finished);
@@ -438,35 +490,32 @@ static void scenario_train(void)
         CHECK_INT_EQ(j->n_eval, n_eval[i]);
         CHECK_INT_EQ(j->eval_step[j->n_eval - 1], steps[i]);
     }
-    CHECK(L.progress_full >= 1);
-    CHECK_INT_EQ(L.resent, 0);
+    CHECK(L->progress_full >= 1);
+    CHECK_INT_EQ(L->resent, 0);
 
     /* the same specs in this process: bit-identical as the same array, close alone */
-    const fb_job_spec *specs[3] = {&g.spec[0], &g.spec[1], &g.spec[2]};
+    const fb_job_spec *specs[3] = {&g->spec[0], &g->spec[1], &g->spec[2]};
     ref_run fused;
-    reference(&fused, specs, 3, s.data_dir);
+    reference(&fused, specs, 3, c.s.data_dir);
     for (int i = 0; i < 3; i++) {
-        wu_models_compare(L.job[i].model, L.job[i].model_len, fused.model[i], fused.len[i], -1,
+        wu_models_compare(L->job[i].model, L->job[i].model_len, fused.model[i], fused.len[i], -1,
                           "worker vs in-process array");
-        CHECK(L.job[i].loss == fused.loss[i]);
-        CHECK(L.job[i].accuracy == fused.accuracy[i]);
+        CHECK(L->job[i].loss == fused.loss[i]);
+        CHECK(L->job[i].accuracy == fused.accuracy[i]);
         ref_run solo;
-        reference(&solo, &specs[i], 1, s.data_dir);
-        double e = wu_models_compare(L.job[i].model, L.job[i].model_len, solo.model[0], solo.len[0],
-                                     1e-4, "worker vs member alone");
+        reference(&solo, &specs[i], 1, c.s.data_dir);
+        double e = wu_models_compare(L->job[i].model, L->job[i].model_len, solo.model[0],
+                                     solo.len[0], 1e-4, "worker vs member alone");
         printf("member %d: bit-identical to the in-process array; %.3g from training alone\n", i,
                e);
         ref_free(&solo);
     }
     /* and the members really are different jobs */
-    CHECK(L.job[0].model_len != L.job[1].model_len ||
-          memcmp(L.job[0].model, L.job[1].model, L.job[0].model_len) != 0);
+    CHECK(L->job[0].model_len != L->job[1].model_len ||
+          memcmp(L->job[0].model, L->job[1].model, L->job[0].model_len) != 0);
     ref_free(&fused);
 
-    stop_worker(&s, pid, &L);
-    log_free(&L);
-    group_free(&g);
-    wu_server_stop(&s);
+    scene_finish(&c, NULL);
 }
 
 /* ---- detach, and a server restart ------------------------------------------------------- */
@@ -480,32 +529,23 @@ static bool all_started(const run_log *L)
 
 static void scenario_detach(void)
 {
-    wu_server s;
-    wu_server_start(&s, "detach", true);
-    wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 12);
-    group_def g = {0};
+    scene c;
+    scene_start(&c, "detach", 12, "w-detach", NULL, NULL);
+    group_def *g = &c.g;
     /* members 0 and 3 would train for hours: only a DETACH ends them */
-    mlp_job(&g, 48, 0, 100000000, 0.01, 1, 0, 0);
-    mlp_job(&g, 48, 0, 300, 0.003, 2, 100, 0);
-    mlp_job(&g, 48, 0, 400, 0.02, 3, 100, 0);
-    mlp_job(&g, 48, 0, 100000000, 0.005, 4, 0, 0);
-
-    pid_t pid = wu_start_worker(&s, "w-detach", NULL);
+    mlp_job(g, 48, 0, 100000000, 0.01, 1, 0, 0);
+    mlp_job(g, 48, 0, 300, 0.003, 2, 100, 0);
+    mlp_job(g, 48, 0, 400, 0.02, 3, 100, 0);
+    mlp_job(g, 48, 0, 100000000, 0.005, 4, 0, 0);
+    scene_assign(&c, 2, 0, 60000, all_started, "every member to start");
+    run_log *L = &c.L;
+    const char *gid = c.gid;
     wu_msg w;
-    wu_expect_hello(&s, "w-detach", 20000, &w);
-    wu_msg_free(&w);
-    wu_send_welcome(&s, "w-detach");
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x6, 2);
-    run_log L;
-    log_init(&L, gid, 1, g.ids, g.n);
-    send_assign(&s, "w-detach", &g, gid, 1, "synth", 0, 0, NULL, NULL);
-    pump(&s, &L, 60000, all_started, "every member to start");
 
     /* The server goes away for longer than three heartbeats, and comes back without any
      * memory of the worker: the worker must register again with its running group. */
-    wu_server_restart(&s, 5 * WU_HEARTBEAT_MS);
-    wu_expect_hello(&s, "w-detach", 20000, &w);
+    wu_server_restart(&c.s, 5 * WU_HEARTBEAT_MS);
+    wu_expect_hello(&c.s, "w-detach", 20000, &w);
     CHECK_INT_EQ(w.m.n_running, 1);
     fb_wire_running *r = &w.m.running[0];
     CHECK_STR_EQ(r->group_id, gid);
@@ -513,76 +553,76 @@ static void scenario_detach(void)
     bool has_long = false;
     for (int k = 0; k < r->n_jobs; k++) {
         CHECK(r->steps[k] >= 1);
-        has_long |= strcmp(r->job_ids[k], g.ids[0]) == 0;
+        has_long |= strcmp(r->job_ids[k], g->ids[0]) == 0;
     }
     CHECK(has_long);
     int64_t step_at_hello = r->steps[0];
     wu_msg_free(&w);
-    wu_send_welcome(&s, "w-detach");
+    wu_send_welcome(&c.s, "w-detach");
 
     /* it kept training while the server was away */
     double end = wu_now_ms() + 30000;
     bool moved = false;
     while (!moved) {
         CHECK(wu_now_ms() < end);
-        CHECK(wu_recv(&s, 5000, &w));
+        CHECK(wu_recv(&c.s, 5000, &w));
         if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply) {
             for (int k = 0; k < w.m.n_running; k++)
                 for (int j = 0; j < w.m.running[k].n_jobs; j++)
-                    moved |= strcmp(w.m.running[k].job_ids[j], g.ids[0]) == 0 &&
+                    moved |= strcmp(w.m.running[k].job_ids[j], g->ids[0]) == 0 &&
                              w.m.running[k].steps[j] > step_at_hello;
-            wu_send_heartbeat_reply(&s, w.from, true);
+            wu_send_heartbeat_reply(&c.s, w.from, true);
         } else if (w.m.type == FB_WIRE_EVENT || w.m.type == FB_WIRE_PROGRESS) {
-            if (w.m.type == FB_WIRE_EVENT) wu_send_ack(&s, w.from, &w.m);
-            record(&L, &w);
+            if (w.m.type == FB_WIRE_EVENT) wu_send_ack(&c.s, w.from, &w.m);
+            record(L, &w);
         }
         wu_msg_free(&w);
     }
 
     fb_wire_msg d = {.type = FB_WIRE_DETACH, .generation = 1};
     snprintf(d.group_id, sizeof d.group_id, "%s", gid);
-    snprintf(d.job_id, sizeof d.job_id, "%s", g.ids[0]);
+    snprintf(d.job_id, sizeof d.job_id, "%s", g->ids[0]);
     snprintf(d.text, sizeof d.text, "cancelled by its tenant");
-    wu_send(&s, "w-detach", &d, NULL, NULL, 0);
+    wu_send(&c.s, "w-detach", &d, NULL, NULL, 0);
     /* a migration: member 3 leaves with its full state, to resume elsewhere */
-    snprintf(d.job_id, sizeof d.job_id, "%s", g.ids[3]);
+    snprintf(d.job_id, sizeof d.job_id, "%s", g->ids[3]);
     snprintf(d.text, sizeof d.text, "migrated");
     d.keep_state = true;
-    wu_send(&s, "w-detach", &d, NULL, NULL, 0);
-    pump(&s, &L, 120000, all_done, "the detaches and the others to finish");
-    CHECK(L.job[0].detached);
-    CHECK(!L.job[0].finished && !L.job[0].failed);
-    CHECK(L.job[0].state == NULL);
-    CHECK(L.job[0].detached_step > step_at_hello);
-    CHECK(L.job[3].detached && !L.job[3].finished && !L.job[3].failed);
-    CHECK(L.job[3].state != NULL);
+    wu_send(&c.s, "w-detach", &d, NULL, NULL, 0);
+    pump(&c.s, L, 120000, all_done, "the detaches and the others to finish");
+    CHECK(L->job[0].detached);
+    CHECK(!L->job[0].finished && !L->job[0].failed);
+    CHECK(L->job[0].state == NULL);
+    CHECK(L->job[0].detached_step > step_at_hello);
+    CHECK(L->job[3].detached && !L->job[3].finished && !L->job[3].failed);
+    CHECK(L->job[3].state != NULL);
     {
         /* the state of the very step it left at: nothing to train again */
         fb_st_file *f = NULL;
         char msg[512], step[32];
-        CHECK_INT_EQ(fb_st_parse_buffer(L.job[3].state, L.job[3].state_len, &f, msg, sizeof msg),
+        CHECK_INT_EQ(fb_st_parse_buffer(L->job[3].state, L->job[3].state_len, &f, msg, sizeof msg),
                      0);
         CHECK_STR_EQ(fb_st_metadata_get(f, "format"), "fusebox-checkpoint-1");
-        snprintf(step, sizeof step, "%lld", (long long)L.job[3].detached_step);
+        snprintf(step, sizeof step, "%lld", (long long)L->job[3].detached_step);
         CHECK_STR_EQ(fb_st_metadata_get(f, "step"), step);
         fb_st_close(f);
         printf("migrated member left at step %lld with %zu bytes of state (%s)\n",
-               (long long)L.job[3].detached_step, L.job[3].state_len, L.job[3].detached_text);
+               (long long)L->job[3].detached_step, L->job[3].state_len, L->job[3].detached_text);
     }
     for (int i = 1; i < 3; i++) {
-        CHECK(L.job[i].finished);
-        CHECK_INT_EQ(L.job[i].finished_step, g.spec[i].steps);
-        CHECK_INT_EQ(L.job[i].started, 1);
+        CHECK(L->job[i].finished);
+        CHECK_INT_EQ(L->job[i].finished_step, g->spec[i].steps);
+        CHECK_INT_EQ(L->job[i].started, 1);
     }
     printf("detached at step %lld; %d events were resent after the restart\n",
-           (long long)L.job[0].detached_step, L.resent);
+           (long long)L->job[0].detached_step, L->resent);
 
     /* the members that stayed followed their own trajectory (the array shrank under them) */
     for (int i = 1; i < 3; i++) {
-        const fb_job_spec *one = &g.spec[i];
+        const fb_job_spec *one = &g->spec[i];
         ref_run solo;
-        reference(&solo, &one, 1, s.data_dir);
-        wu_models_compare(L.job[i].model, L.job[i].model_len, solo.model[0], solo.len[0], 1e-3,
+        reference(&solo, &one, 1, c.s.data_dir);
+        wu_models_compare(L->job[i].model, L->job[i].model_len, solo.model[0], solo.len[0], 1e-3,
                           "detach scenario: worker vs member alone");
         ref_free(&solo);
     }
@@ -591,16 +631,14 @@ static void scenario_detach(void)
     end = wu_now_ms() + 10000;
     for (;;) {
         CHECK(wu_now_ms() < end);
-        CHECK(wu_recv(&s, 5000, &w));
+        CHECK(wu_recv(&c.s, 5000, &w));
         bool empty = w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply && w.m.n_running == 0;
-        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply) wu_send_heartbeat_reply(&s, w.from, true);
+        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply)
+            wu_send_heartbeat_reply(&c.s, w.from, true);
         wu_msg_free(&w);
         if (empty) break;
     }
-    stop_worker(&s, pid, &L);
-    log_free(&L);
-    group_free(&g);
-    wu_server_stop(&s);
+    scene_finish(&c, NULL);
 }
 
 /* ---- drain and resume ------------------------------------------------------------------- */
@@ -617,37 +655,28 @@ static bool drained(const run_log *L)
 
 static void scenario_drain(void)
 {
-    wu_server s;
-    wu_server_start(&s, "drain", true);
-    wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 13);
-    group_def g = {0};
+    scene c;
+    scene_start(&c, "drain", 13, "w-drain", NULL, NULL);
+    group_def *g = &c.g;
     /* dropout and a cosine schedule: the random streams and the learning rate must continue
      * exactly where they stopped */
-    mlp_job(&g, 1024, 0.1, 2400, 0.01, 1, 500, 100);
-    mlp_job(&g, 1024, 0.1, 2700, 0.003, 2, 500, 100);
-    mlp_job(&g, 1024, 0.1, 3000, 0.02, 3, 500, 100);
-
-    pid_t pid = wu_start_worker(&s, "w-drain", NULL);
+    mlp_job(g, 1024, 0.1, 2400, 0.01, 1, 500, 100);
+    mlp_job(g, 1024, 0.1, 2700, 0.003, 2, 500, 100);
+    mlp_job(g, 1024, 0.1, 3000, 0.02, 3, 500, 100);
+    scene_assign(&c, 3, 0, 60000, first_checkpoint, "the first checkpoint");
+    run_log *L = &c.L;
+    const char *gid = c.gid;
     wu_msg w;
-    wu_expect_hello(&s, "w-drain", 20000, &w);
-    wu_msg_free(&w);
-    wu_send_welcome(&s, "w-drain");
-    char gid[FB_WIRE_ID_LEN + 1];
-    wu_uuid(gid, 0x6, 3);
-    run_log L;
-    log_init(&L, gid, 1, g.ids, g.n);
-    send_assign(&s, "w-drain", &g, gid, 1, "synth", 0, 0, NULL, NULL);
-    pump(&s, &L, 60000, first_checkpoint, "the first checkpoint");
-    CHECK(kill(pid, SIGTERM) == 0);
-    pump(&s, &L, 60000, drained, "every member to drain");
-    CHECK_STR_EQ(L.drain_text, "draining");
-    CHECK_INT_EQ(wu_wait(pid, 20000), 0);
-    int64_t at = L.job[0].detached_step;
+    CHECK(kill(c.pid, SIGTERM) == 0);
+    pump(&c.s, L, 60000, drained, "every member to drain");
+    CHECK_STR_EQ(L->drain_text, "draining");
+    CHECK_INT_EQ(wu_wait(c.pid, 20000), 0);
+    int64_t at = L->job[0].detached_step;
     for (int i = 0; i < 3; i++) {
-        job_log *j = &L.job[i];
+        job_log *j = &L->job[i];
         if (!j->detached) {
             fprintf(stderr, "member %d was not drained mid-run\n", i);
-            dump(&L);
+            dump(L);
             abort();
         }
         CHECK_STR_EQ(j->detached_text, "drained");
@@ -658,36 +687,31 @@ static void scenario_drain(void)
     printf("drained at step %lld\n", (long long)at);
 
     /* a second worker picks the group up where the first left it */
-    pid = wu_start_worker(&s, "w-drain", NULL);
-    wu_expect_hello(&s, "w-drain", 20000, &w);
+    scene_worker(&c, &w);
     CHECK_INT_EQ(w.m.n_running, 0);
     wu_msg_free(&w);
-    wu_send_welcome(&s, "w-drain");
     run_log R;
-    log_init(&R, gid, 2, g.ids, g.n);
-    void *states[3] = {L.job[0].state, L.job[1].state, L.job[2].state};
-    size_t lens[3] = {L.job[0].state_len, L.job[1].state_len, L.job[2].state_len};
-    send_assign(&s, "w-drain", &g, gid, 2, "synth", 0, at, states, lens);
-    pump(&s, &R, 180000, all_done, "the resumed members to finish");
+    log_init(&R, gid, 2, g->ids, g->n);
+    void *states[3] = {L->job[0].state, L->job[1].state, L->job[2].state};
+    size_t lens[3] = {L->job[0].state_len, L->job[1].state_len, L->job[2].state_len};
+    send_assign(&c.s, "w-drain", g, gid, 2, "synth", 0, at, states, lens);
+    pump(&c.s, &R, 180000, all_done, "the resumed members to finish");
 
-    const fb_job_spec *specs[3] = {&g.spec[0], &g.spec[1], &g.spec[2]};
+    const fb_job_spec *specs[3] = {&g->spec[0], &g->spec[1], &g->spec[2]};
     ref_run whole;
-    reference(&whole, specs, 3, s.data_dir);
+    reference(&whole, specs, 3, c.s.data_dir);
     for (int i = 0; i < 3; i++) {
         CHECK(R.job[i].finished);
         CHECK_INT_EQ(R.job[i].started_step, at + 1);
-        CHECK_INT_EQ(R.job[i].finished_step, g.spec[i].steps);
+        CHECK_INT_EQ(R.job[i].finished_step, g->spec[i].steps);
         wu_models_compare(R.job[i].model, R.job[i].model_len, whole.model[i], whole.len[i], -1,
                           "drained and resumed vs uninterrupted");
         CHECK(R.job[i].loss == whole.loss[i]);
     }
     printf("resumed from step %lld: bit-identical to the uninterrupted run\n", (long long)at);
     ref_free(&whole);
-    stop_worker(&s, pid, &R);
-    log_free(&L);
+    scene_finish(&c, &R);
     log_free(&R);
-    group_free(&g);
-    wu_server_stop(&s);
 }
 
 /* ---- time sharing ------------------------------------------------------------------------ */
@@ -736,40 +760,35 @@ static void watch(wu_server *s, int ms, share_obs *o)
 
 static void scenario_share(void)
 {
-    wu_server s;
-    wu_server_start(&s, "share", true);
-    wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 15);
+    scene c;
+    scene_start(&c, "share", 15, "w-share", NULL, NULL);
     /* two groups of the same model on one device, for good */
-    group_def ga = {0}, gb = {0};
-    mlp_job(&ga, 256, 0, 100000000, 0.01, 1, 0, 0);
+    group_def *ga = &c.g;
+    group_def gb = {0};
+    mlp_job(ga, 256, 0, 100000000, 0.01, 1, 0, 0);
     mlp_job(&gb, 256, 0, 100000000, 0.01, 1, 0, 0);
     wu_uuid(gb.ids[0], 0x10b, 77);
     char id_a[FB_WIRE_ID_LEN + 1], id_b[FB_WIRE_ID_LEN + 1];
     wu_uuid(id_a, 0x6, 20);
     wu_uuid(id_b, 0x6, 21);
-
-    pid_t pid = wu_start_worker(&s, "w-share", NULL);
     wu_msg w;
-    wu_expect_hello(&s, "w-share", 20000, &w);
-    wu_msg_free(&w);
-    wu_send_welcome(&s, "w-share");
-    send_assign(&s, "w-share", &ga, id_a, 1, "synth", 0, 0, NULL, NULL);
-    send_assign(&s, "w-share", &gb, id_b, 1, "synth", 0, 0, NULL, NULL);
+    send_assign(&c.s, "w-share", ga, id_a, 1, "synth", 0, 0, NULL, NULL);
+    send_assign(&c.s, "w-share", &gb, id_b, 1, "synth", 0, 0, NULL, NULL);
     fb_wire_msg rb = {.type = FB_WIRE_REBALANCE,
                       .generation = 1,
                       .n_split = 1,
                       .split = {32},
                       .time_share = 0.25};
     snprintf(rb.group_id, sizeof rb.group_id, "%s", id_b);
-    wu_send(&s, "w-share", &rb, NULL, NULL, 0);
+    wu_send(&c.s, "w-share", &rb, NULL, NULL, 0);
 
     /* Shares 1 : 0.25 give A four times B's device time.  Device time, not steps: a step
      * that the machine's other load slows down is charged as it was. */
     share_obs o = {.id = {id_a, id_b}, .steps = {-1, -1}, .last = {-1, -1}};
-    watch(&s, 1000, &o);
+    watch(&c.s, 1000, &o);
     int64_t b0 = o.steps[1];
     o.device_ms[0] = o.device_ms[1] = 0;
-    watch(&s, 2000, &o);
+    watch(&c.s, 2000, &o);
     CHECK(o.steps[1] > b0); /* the smaller share is not starved */
     double r1 = o.device_ms[0] / fmax(o.device_ms[1], 1e-9);
     printf("shares 1 : 0.25: %.0f and %.0f ms on the device, ratio %.2f\n", o.device_ms[0],
@@ -778,10 +797,10 @@ static void scenario_share(void)
 
     /* equal shares give equal time */
     rb.time_share = 1.0;
-    wu_send(&s, "w-share", &rb, NULL, NULL, 0);
-    watch(&s, 500, &o);
+    wu_send(&c.s, "w-share", &rb, NULL, NULL, 0);
+    watch(&c.s, 500, &o);
     o.device_ms[0] = o.device_ms[1] = 0;
-    watch(&s, 2000, &o);
+    watch(&c.s, 2000, &o);
     double r2 = o.device_ms[0] / fmax(o.device_ms[1], 1e-9);
     printf("shares 1 : 1: %.0f and %.0f ms on the device, ratio %.2f\n", o.device_ms[0],
            o.device_ms[1], r2);
@@ -793,26 +812,25 @@ static void scenario_share(void)
     for (int k = 0; k < 2; k++) {
         fb_wire_msg d = {.type = FB_WIRE_DETACH, .generation = 1};
         snprintf(d.group_id, sizeof d.group_id, "%s", k ? id_b : id_a);
-        wu_send(&s, "w-share", &d, NULL, NULL, 0);
+        wu_send(&c.s, "w-share", &d, NULL, NULL, 0);
     }
     double end = wu_now_ms() + 10000;
     for (;;) {
         CHECK(wu_now_ms() < end);
-        CHECK(wu_recv(&s, 5000, &w));
+        CHECK(wu_recv(&c.s, 5000, &w));
         CHECK(w.m.type != FB_WIRE_EVENT);
         bool empty = w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply && w.m.n_running == 0;
-        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply) wu_send_heartbeat_reply(&s, w.from, true);
+        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply)
+            wu_send_heartbeat_reply(&c.s, w.from, true);
         wu_msg_free(&w);
         if (empty) break;
     }
     run_log L;
-    log_init(&L, id_a, 1, ga.ids, 1);
-    stop_worker(&s, pid, &L);
+    log_init(&L, id_a, 1, ga->ids, 1);
+    scene_finish(&c, &L);
     CHECK_INT_EQ(L.n_seen, 0);
     log_free(&L);
-    group_free(&ga);
     group_free(&gb);
-    wu_server_stop(&s);
 }
 
 /* ---- the outbox bound (an agent in this process) ------------------------------------------ */
