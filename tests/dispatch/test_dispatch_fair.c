@@ -10,7 +10,17 @@
  * A and give it to B and C until the three slowdowns meet: the test passes
  * when the largest over the smallest (each a mean over 2 s of readings)
  * stays below 1.3 for 8 polls (4 s) while
- * all three still train, with A's share then below B's and C's.
+ * all three still train, and A's share was below B's and C's at some
+ * reading (the controller's first moves after B and C arrive make it so).
+ *
+ * Which share is the smallest once the slowdowns have met is not checked:
+ * the controller equalizes slowdowns as measured, and on a loaded machine
+ * the measurements move the shares that do it.  A run on a loaded machine
+ * settled at 1.203 with shares 0.343 0.486 0.170: A's two thirds alone had
+ * taken 1.41 times their profiled time (its lead was smaller than planned)
+ * and C stepped in less time per share than its profile said
+ * (tests/fairshare's test_late_arrivals reproduces that order from such
+ * numbers).
  *
  * Step times are not known in advance on a shared machine, so each model is
  * first trained alone briefly; that calibrates the jobs' lengths and leaves
@@ -81,6 +91,23 @@ static bool observe(const char *id, double *slowdown, double *share)
     }
     fbt_resp_free(&r);
     return ok;
+}
+
+/* What the controller judges each array by, for a reader of a failure: the job's time since
+ * submission, its progress and its model's profile. */
+static void print_inputs(char ids[3][64], const char *const *names)
+{
+    for (int i = 0; i < 3; i++) {
+        char sql[400];
+        snprintf(sql, sizeof sql,
+                 "SELECT format('%%s s since submission, step %%s of %%s',"
+                 " round(extract(epoch FROM now() - created_at)::numeric, 1), step, steps)"
+                 " FROM jobs WHERE id = '%s'",
+                 ids[i]);
+        /* profile_s reuses fbt_sql_value's buffer: read it first */
+        double prof = profile_s(ids[i]);
+        printf("  %s: %s, profile %.3f ms\n", names[i], fbt_sql_value(&T.s, sql), prof * 1e3);
+    }
 }
 
 static void cancel(const char *id)
@@ -167,12 +194,16 @@ int main(void)
                  e2e_submit(&T, T.key, spec(names[i], hidden[i], (long long)(300.0 / iso[i]))));
 
     /* co-located: the first reading shows the unequal start, then the controller works */
-    double first_ratio = 0, ratio = 0, sd[3], share[3], hist[3][4] = {{0}};
+    double first_ratio = 0, ratio = 0, sd[3], share[3] = {0}, hist[3][4] = {{0}};
     int below = 0, polls = 0;
+    double a_least_at = -1; /* when a reading first showed A's share the smallest */
     double co_start = fbt_now_ms();
     while (below < 8) {
         if (fbt_now_ms() - co_start > 60000) {
             fprintf(stderr, "the slowdowns did not converge: last ratio %.3f\n", ratio);
+            printf("result: not settled, max/min %.3f, shares %.3f %.3f %.3f\n", ratio, share[0],
+                   share[1], share[2]);
+            print_inputs(ids, names);
             e2e_dump(&T);
             CHECK(0);
         }
@@ -181,6 +212,10 @@ int main(void)
         for (int i = 0; i < 3 && all; i++) all = observe(ids[i], &sd[i], &share[i]);
         if (!all) {
             /* A finishing before convergence would end the co-location: fail, not wait */
+            if (strcmp(e2e_job_field(&T, T.key, ids[0], "state"), "completed") == 0) {
+                printf("result: a completed before the slowdowns met, max/min %.3f\n", ratio);
+                print_inputs(ids, names);
+            }
             CHECK(strcmp(e2e_job_field(&T, T.key, ids[0], "state"), "completed") != 0);
             continue;
         }
@@ -204,14 +239,22 @@ int main(void)
         printf("t=%5.1fs slowdown a %.3f b %.3f c %.3f (max/min %.3f) shares %.3f %.3f %.3f\n",
                (fbt_now_ms() - co_start) / 1e3, sd[0], sd[1], sd[2], ratio, share[0], share[1],
                share[2]);
+        if (a_least_at < 0 && share[0] < share[1] && share[0] < share[2])
+            a_least_at = (fbt_now_ms() - co_start) / 1e3;
         below = polls >= 4 && ratio < 1.3 ? below + 1 : 0;
     }
     printf("first max/min %.3f, converged max/min %.3f after %.1f s co-located\n", first_ratio,
            ratio, (fbt_now_ms() - co_start) / 1e3);
-    /* the start was unequal, and the controller (not chance) closed the gap: A, ahead, holds
-     * the smallest share */
+    printf("result: settled, max/min %.3f, shares %.3f %.3f %.3f (a's the smallest: %s;"
+           " first at t=%.1fs)\n",
+           ratio, share[0], share[1], share[2],
+           share[0] < share[1] && share[0] < share[2] ? "yes" : "no", a_least_at);
+    print_inputs(ids, names);
+    /* the start was unequal, and the controller (not chance) closed the gap: it took time
+     * from A, which was ahead (the planner starts B and C at A's share or below, so only the
+     * controller makes A's the smallest) */
     CHECK(first_ratio > 1.3);
-    CHECK(share[0] < share[1] && share[0] < share[2]);
+    CHECK(a_least_at >= 0);
 
     /* the same values reach Prometheus */
     fbt_resp r = fbt_call(&T.s, "GET", "/metrics", NULL, NULL);
