@@ -280,7 +280,9 @@ typedef struct group {
     bool detach_pending;
 
     /* under the agent's turn_mu */
-    double time_share, vtime;
+    double time_share;
+    /* its virtual time on device k, for each k of turn_devs (dev_register) */
+    double vtime[FB_WIRE_MAX_DEVICES];
     uint64_t ticket; /* breaks ties of virtual time: the older group first */
     bool waiting; /* for its turn on its devices */
     int n_split;
@@ -528,42 +530,73 @@ static bool interrupted(const group *g)
 }
 
 /*
- * Who should step on device k before g: 2 when a waiting group has a smaller virtual
- * time (or an equal one and an older ticket), 1 when only groups between two
- * of their steps (registered, not waiting yet) do, 0 when g is first.
+ * Virtual times are per device: each device's groups run on its own clock, which a
+ * newcomer joins at the smallest time there, and each step adds its time over the share
+ * to the clock of every device the group held.  One clock for all devices would not do:
+ * a device whose groups have run for hours and one whose groups just started have clocks
+ * hours apart, and a group on both would start hours behind the first device's groups
+ * (which would then wait until it caught up) or hours ahead of the second's (waiting
+ * itself).  Which of two waiting groups goes first must still be one order on every
+ * device, or two groups on the same two devices could each wait for the other there.
+ * So groups are ordered by their lead: how far a group's clock is ahead of the smallest
+ * on each of its devices, the largest of these.  On one device this is the order of the
+ * virtual times, as it always was; a group on several devices goes when it is not ahead
+ * on any of them, which is the pace of its busiest device, as a step that needs all its
+ * devices must be.
  */
-static int ahead_of(const agent_device *d, int k, const group *g)
+
+/* The smallest virtual time on device k (0 when it has no groups). */
+static double dev_vmin(const fb_agent *a, int k)
+{
+    double v = 0;
+    bool any = false;
+    for (const group *h = a->dev[k].groups; h; h = h->dev_next[k])
+        if (!any || h->vtime[k] < v) {
+            v = h->vtime[k];
+            any = true;
+        }
+    return v;
+}
+
+static double lead(const group *g)
+{
+    double l = 0;
+    for (int i = 0; i < g->n_turn_devs; i++) {
+        int k = g->turn_devs[i];
+        double d = g->vtime[k] - dev_vmin(g->a, k);
+        if (d > l) l = d;
+    }
+    return l;
+}
+
+/*
+ * Who should step on device k before g, whose lead is g_lead: 2 when a waiting group has
+ * a smaller lead (or an equal one and an older ticket), 1 when only groups between two of
+ * their steps (registered, not waiting yet) do, 0 when g is first.
+ */
+static int ahead_of(const agent_device *d, int k, const group *g, double g_lead)
 {
     int ahead = 0;
     for (const group *h = d->groups; h; h = h->dev_next[k]) {
         if (h == g) continue;
-        if (h->vtime < g->vtime || (h->vtime == g->vtime && h->ticket < g->ticket))
+        double l = lead(h);
+        if (l < g_lead || (l == g_lead && h->ticket < g->ticket))
             ahead = h->waiting ? 2 : ahead > 1 ? ahead : 1;
     }
     return ahead;
 }
 
-/* Enters the rotation of each device g takes turns on.  A newcomer starts at the smallest
- * virtual time of the groups already there, so it neither waits for them to catch up nor
- * jumps ahead.  Each device links its groups through their own dev_next[k]. */
+/* Enters the rotation of each device g takes turns on, at the smallest virtual time there,
+ * so that it neither waits for the groups there to catch up nor jumps ahead of them.  Each
+ * device links its groups through their own dev_next[k]. */
 static void dev_register(group *g)
 {
     fb_agent *a = g->a;
     pthread_mutex_lock(&a->turn_mu);
-    double vmin = 0;
-    bool any = false;
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        for (group *h = a->dev[k].groups; h; h = h->dev_next[k])
-            if (!any || h->vtime < vmin) {
-                vmin = h->vtime;
-                any = true;
-            }
-    }
-    g->vtime = vmin;
     g->waiting = false;
     for (int i = 0; i < g->n_turn_devs; i++) {
         int k = g->turn_devs[i];
+        g->vtime[k] = dev_vmin(a, k);
         g->dev_next[k] = a->dev[k].groups;
         a->dev[k].groups = g;
     }
@@ -611,9 +644,10 @@ static bool turns_acquire(group *g)
     bool timed = false, expired = false;
     while (!interrupted(g)) {
         int ahead = 0;
+        double g_lead = lead(g);
         for (int i = 0; i < g->n_turn_devs && ahead < 2; i++) {
             const agent_device *d = &a->dev[g->turn_devs[i]];
-            int here = d->busy ? 2 : ahead_of(d, g->turn_devs[i], g);
+            int here = d->busy ? 2 : ahead_of(d, g->turn_devs[i], g, g_lead);
             if (here > ahead) ahead = here;
         }
         if (ahead == 0 || (ahead == 1 && expired)) break;
@@ -642,13 +676,15 @@ static bool turns_acquire(group *g)
 }
 
 /* Ends g's turn on its devices, charging it step_ms of device time weighted by its share
- * (once: one virtual time serves all its devices). */
+ * on each (it held all of them for the step). */
 static void turns_release(group *g, double step_ms)
 {
     fb_agent *a = g->a;
     pthread_mutex_lock(&a->turn_mu);
-    g->vtime += step_ms / g->time_share;
-    for (int i = 0; i < g->n_turn_devs; i++) a->dev[g->turn_devs[i]].busy = false;
+    for (int i = 0; i < g->n_turn_devs; i++) {
+        g->vtime[g->turn_devs[i]] += step_ms / g->time_share;
+        a->dev[g->turn_devs[i]].busy = false;
+    }
     pthread_cond_broadcast(&a->turn_cv);
     pthread_mutex_unlock(&a->turn_mu);
 }
