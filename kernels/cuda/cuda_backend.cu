@@ -406,6 +406,14 @@ static int create_backend(int device, fb_backend_t **out, char *msg, size_t cap)
     if (device < 0 || device >= n || device >= FBC_MAX_DEVICES)
         return create_errf(msg, cap, FB_ERR_NOT_FOUND, "CUDA device %d does not exist (%d present)",
                            device, n);
+    /* the convolutions read it again at each call (cuda_conv.cu); a value they would refuse
+     * stops the backend here, so that a worker with it does not start, rather than fail
+     * every convolution job it takes */
+    const char *search = getenv("FUSEBOX_CUDNN_SEARCH");
+    if (search && *search && strcmp(search, "timed") != 0 && strcmp(search, "heuristic") != 0)
+        return create_errf(msg, cap, FB_ERR_BAD_ENUM,
+                           "FUSEBOX_CUDNN_SEARCH=\"%.40s\": expected \"timed\" or \"heuristic\"",
+                           search);
 
     c = (struct fbc_ctx *)calloc(1, sizeof *c);
     be = (fb_backend_t *)calloc(1, sizeof *be);
