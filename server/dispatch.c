@@ -1479,7 +1479,8 @@ done:
  * isolated step time), elapsed from submission.  The isolated step time is
  * the profile of (fusion key, array size, device kind): measured whenever an
  * array has its devices to itself (no other unfinished array on any of them)
- * and smoothed, then reused for arrays that share.  Until a profile exists
+ * and smoothed, then reused for arrays that share, whose busy time lowers a
+ * profile it shows to be too slow (below).  Until a profile exists
  * the busy part of the step stands in for it.  p carries the report's step
  * as note_step_time measured it: the step of the window the report closed
  * (none for an array's first report, so its warm-up never counts), which
@@ -1517,30 +1518,62 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
     /* a cold report only seeds a profile that does not exist yet; the first warm one
      * replaces the seed, later ones are averaged in: a faster step quickly, a slower one
      * slowly, since load from outside the array (other processes on the machine, the
-     * server catching up) only ever makes a step slower than it is alone */
+     * server catching up) only ever makes a step slower than it is alone.
+     * A warm window of an array that shares its device bounds its profile from above:
+     * its busy time (compute, communication, I/O; the wait for its turn left out) is what
+     * its steps took, and taking turns adds idle time, not busy time, while outside load
+     * only adds to it.  A profile above it was measured under load (a loaded machine, a
+     * short first window) and is too slow, so such a window lowers it, seed or not, by
+     * the half step a faster window alone takes rather than straight to the busy time:
+     * one window's busy time rests on the arrival times of two reports and on a report
+     * interval's breakdown, and one low window must not set the profile; halving the gap
+     * still brings a profile three times too slow within 10% in five windows.  A shared
+     * window never raises a profile nor creates one (the busy time stands in until one
+     * exists).  The bound needs a busy time that covers the whole step, so only arrays on
+     * one device lower: of a pipeline, compute is the stages' mean and the bubble, part of
+     * every step alone, is idle; of a data-parallel array (spanning workers or not),
+     * compute and communication are the devices' means and the wait for the slowest
+     * device is idle.  A profile is per device kind (the worker's backend), so an array
+     * lowers only its own kind's.  What the bound misses: a data loader that is the
+     * bottleneck alone prefetches during other arrays' turns, so a shared window hides
+     * part of its wait.  The lowering is a data-modifying WITH of the insert's statement
+     * (one statement per report, as before); the two never touch the same row.  Sharing
+     * is read from group_devices (schema 008), so that a device also counts as shared
+     * when another array holds it as a rank of an array that spans workers, or when this
+     * array spans workers and another holds one of its followers' devices. */
     static const char profile_sql[] =
-        "INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
-        " SELECT g.fusion_key, $3::int, w.backend, $2::float8, $4::boolean FROM groups g"
-        " JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid"
-        " AND NOT EXISTS (SELECT 1 FROM groups o WHERE o.id <> g.id"
-        "  AND o.state <> 'finished' AND o.worker_id = g.worker_id"
-        "  AND o.device_idx && g.device_idx)"
+        "WITH a AS (SELECT g.fusion_key, w.backend,"
+        "  g.parallel_data = 1 AND g.parallel_pipeline = 1 AS one_device,"
+        "  EXISTS (SELECT 1 FROM group_devices mine JOIN group_devices o"
+        "   ON o.worker_id = mine.worker_id AND o.idx = mine.idx AND o.group_id <> mine.group_id"
+        "   JOIN groups og ON og.id = o.group_id AND og.state <> 'finished'"
+        "   WHERE mine.group_id = g.id) AS shared"
+        "  FROM groups g JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid),"
+        " l AS (UPDATE profiles p SET"
+        "  isolated_step_ms = 0.5 * p.isolated_step_ms + 0.5 * $5::float8, measured_at = now()"
+        "  FROM a WHERE a.shared AND a.one_device AND $4::boolean AND $5::float8 > 0"
+        "  AND $5::float8 < p.isolated_step_ms AND p.fusion_key = a.fusion_key"
+        "  AND p.n_models = $3::int AND p.device_kind = a.backend)"
+        " INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
+        " SELECT a.fusion_key, $3::int, a.backend, $2::float8, $4::boolean FROM a"
+        " WHERE NOT a.shared"
         " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
         " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
         "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
         "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
         "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
         " warm = true, measured_at = now() WHERE EXCLUDED.warm";
-    /* the profile takes this window's step (a cold seed the smoothed one); the slowdown the
-     * smoothed step, the one the controller acts on */
-    char ms[40], b[16], busy[40], prof[40];
+    /* the profile takes this window's step (a cold seed the smoothed one), or of a shared
+     * window its busy time; the slowdown the smoothed step, the one the controller acts on */
+    char ms[40], b[16], busy[40], prof[40], wbusy[40];
     snprintf(ms, sizeof ms, "%.9g", step_ms);
     snprintf(b, sizeof b, "%d", m->n_progress);
     snprintf(busy, sizeof busy, "%.9g", busy_ms);
     snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
-    const char *vp[4] = {m->group_id, prof, b, warm ? "true" : "false"};
+    snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
+    const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
     const char *vs[7] = {m->group_id, ms, b, ids, steps, totals, busy};
-    return exec1(d, profile_sql, 4, vp) &&
+    return exec1(d, profile_sql, 5, vp) &&
            exec1(d,
                  "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
                  "  + (u.total - u.step) * $2::float8)"
