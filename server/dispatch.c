@@ -236,6 +236,7 @@ struct fb_dispatch {
     peer_reads *census;
     int *census_used;
     int n_census, census_max;
+    int census_anon; /* reads from peers whose routing id is no worker's name, together */
     bool census_on, census_lost, router_emptied;
 };
 
@@ -2013,7 +2014,7 @@ static void census_count(fb_dispatch_t *d, const char *name)
 static void census_reset(fb_dispatch_t *d)
 {
     for (int i = 0; i < d->n_census; i++) d->census[d->census_used[i]].name[0] = '\0';
-    d->n_census = d->census_max = 0;
+    d->n_census = d->census_max = d->census_anon = 0;
     d->census_lost = false;
 }
 
@@ -2077,12 +2078,20 @@ static void on_message(fb_dispatch_t *d)
         }
     }
     char name[FB_WIRE_NAME_MAX + 1] = "";
+    bool named = false;
     if (n >= 1 && zmq_msg_size(&fr[0]) <= FB_WIRE_NAME_MAX) {
         memcpy(name, zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
         name[zmq_msg_size(&fr[0])] = '\0';
-        /* every read counts, a message that turns out malformed too: it was its turn */
-        if (name[0] && strlen(name) == zmq_msg_size(&fr[0])) census_count(d, name);
+        named = name[0] && strlen(name) == zmq_msg_size(&fr[0]);
     }
+    /* every read counts, a message that turns out malformed too: it was its turn.  Peers
+     * whose routing id can be no worker's (empty, too long, with a NUL) are never judged,
+     * so their reads only count together, toward the early stop of the drain: counted
+     * as one peer they would break peer_settled's bound */
+    if (named)
+        census_count(d, name);
+    else if (d->census_on)
+        d->census_anon++;
     fb_wire_msg m;
     char err[256];
     if (n < 2 || overflow || !name[0] || strlen(name) != zmq_msg_size(&fr[0])) {
@@ -3483,13 +3492,16 @@ static void drain_router(fb_dispatch_t *d)
 }
 
 /* Handles every message waiting on the worker socket, up to SETTLE_READS of
- * them or until one peer has had SETTLE_TURNS reads (a flood), and takes the
- * census of those reads that peer_settled judges by. */
+ * them or until one peer (or the peers without a worker's routing id,
+ * together) has had SETTLE_TURNS reads (a flood), and takes the census of
+ * those reads that peer_settled judges by. */
 static void drain_router_all(fb_dispatch_t *d)
 {
     census_reset(d);
     d->census_on = true;
-    for (int k = 0; k < SETTLE_READS && d->census_max < SETTLE_TURNS && router_readable(d); k++)
+    for (int k = 0; k < SETTLE_READS && d->census_max < SETTLE_TURNS &&
+                    d->census_anon < SETTLE_TURNS && router_readable(d);
+         k++)
         on_message(d);
     d->census_on = false;
     d->router_emptied = !router_readable(d);
