@@ -3,13 +3,11 @@
  * real processes: fuseboxd with its fair-share controller (--rebalance-ms),
  * one fusebox-worker with two CPU devices that own one core each
  * (--pin-devices on), and a data-parallel job (parallel.data 2) on both.
- * Device 1 is slower for an honest reason: a process outside the worker
- * keeps its core busy, while device 0 has its core to itself.  Another array
- * (a job that does not fuse) shares device 1 too; it takes turns with the
- * data-parallel one, which holds both its devices for each of its steps, so
- * it does not slow that array's passes there.  (Two filler jobs are started
- * and the one the planner puts on device 0 is cancelled, since the planner
- * fills the lowest index first.)
+ * Device 1 is slower for an honest reason: another array (a job that does
+ * not fuse) trains on it at the same time, on the same core, while device 0
+ * has its core to itself.  (Two filler jobs are started and the one the
+ * planner puts on device 0 is cancelled, since the planner fills the lowest
+ * index first.)
  *
  * The worker reports each device's step breakdown and samples; the server
  * turns them into each device's speed (samples per second of its passes)
@@ -20,18 +18,14 @@
  * fusebox-train makes on a single device (splits never change training).
  * Bad values of the new worker flag are refused before the worker starts.
  */
-#define _GNU_SOURCE /* sched_setaffinity */
 #include <math.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "e2e.h"
@@ -180,25 +174,6 @@ static void check_cluster(void)
     fbt_resp_free(&r);
 }
 
-/* A process that keeps `core` (modulo the online cores, as the worker pins its devices)
- * busy until it is killed, or the test dies. */
-static pid_t start_hog(int core)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(core % (cores > 0 ? cores : 1), &set);
-        if (sched_setaffinity(0, sizeof set, &set) != 0) _exit(1);
-        for (volatile unsigned long n = 0;; n++) {
-        }
-    }
-    return pid;
-}
-
 /* A job that does not fuse with the data-parallel one (another model, one device), long
  * enough to outlast the test (static buffer). */
 static const char *filler(const char *name)
@@ -285,8 +260,6 @@ int main(void)
     e2e_wait_state(&T, T.key, fill[0], "cancelled", 30);
     e2e_wait_sql(&T, "SELECT count(*) = 1 FROM groups WHERE state <> 'finished'", 30,
                  "the cancelled filler's array ends");
-    /* device 1's core: the worker pins device k to core k (one math thread each) */
-    pid_t hog = start_hog(1);
 
     /* long enough for many fair-share periods (the split moves only when the measured speeds
      * differ beyond the hysteresis, which a busy machine can hide for a few periods); the
@@ -389,8 +362,6 @@ int main(void)
     CHECK(rel <= 1e-5);
     cancel(fill[1]);
     e2e_wait_state(&T, T.key, fill[1], "cancelled", 30);
-    CHECK(kill(hog, SIGKILL) == 0);
-    CHECK(waitpid(hog, NULL, 0) == hog);
 
     int rc = fbt_validate_recorded();
     if (rc == 77)
