@@ -344,6 +344,7 @@ struct fb_agent {
     /* --comm-addr ("" = none) and --comm-timeout-ms */
     char comm_host[FB_WIRE_NAME_MAX + 1];
     int comm_port_lo, comm_port_hi, comm_timeout_ms;
+    int device_turns; /* FB_AGENT_TURNS_* */
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -1908,8 +1909,12 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
     }
     /* the devices of its turns: each of the layout's once, ascending (insertion into a
-     * sorted list; the wire allows the same device twice in a layout) */
-    int n_layout = g->n_dp * g->pipeline;
+     * sorted list; the wire allows the same device twice in a layout), or its first only
+     * (a->device_turns; all devices of a worker are of one kind) */
+    bool all_turns = a->device_turns == FB_AGENT_TURNS_ALL ||
+                     (a->device_turns == FB_AGENT_TURNS_AUTO &&
+                      strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
+    int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
     g->n_turn_devs = 0;
     for (int k = 0; k < n_layout; k++) {
         int dev = n_layout > 1 ? g->dp_devs[k] : g->dev, i = g->n_turn_devs;
@@ -2504,6 +2509,8 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                            "threads of device %d must be in [1, 1024], not %d", i,
                            o->device_threads[i]);
+    if (o->device_turns < FB_AGENT_TURNS_AUTO || o->device_turns > FB_AGENT_TURNS_FIRST)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "device turns must be auto, all or first");
     int hb = o->heartbeat_ms ? o->heartbeat_ms : FB_AGENT_DEFAULT_HEARTBEAT_MS;
     if (hb < 100 || hb > 60000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
@@ -2549,6 +2556,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->heartbeat_ms = hb;
     a->progress_ms = pr;
     a->comm_timeout_ms = ct;
+    a->device_turns = o->device_turns;
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
         a->comm_port_lo = o->comm_port_lo;

@@ -64,7 +64,14 @@ typedef struct fb_agent_opts {
     const char *comm_host;
     int comm_port_lo, comm_port_hi;
     int comm_timeout_ms;    /* each wait of their rendezvous and sums; 0 = the default */
+    /* which devices a group on several takes its turn on for each step (docs/worker.md):
+     * FB_AGENT_TURNS_AUTO all of them on CUDA devices (a device's backend serves one group
+     * at a time), the first on CPU devices (the others shared at the same time, so that a
+     * shard on a shared device is slower and the batch split follows); _ALL, _FIRST */
+    int device_turns;
 } fb_agent_opts;
+
+enum { FB_AGENT_TURNS_AUTO = 0, FB_AGENT_TURNS_ALL = 1, FB_AGENT_TURNS_FIRST = 2 };
 
 /*
  * Creates an agent: checks the options (bounds, key lengths, the name),

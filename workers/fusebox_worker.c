@@ -62,6 +62,11 @@ static void usage(FILE *f)
                "  --comm-timeout-ms MS  how long the rendezvous and each sum of a spanning\n"
                "                        array wait for the other workers (default 60000)\n"
                "                        [FUSEBOX_WORKER_COMM_TIMEOUT_MS]\n"
+               "  --device-turns auto|all|first  which devices a group on several takes its\n"
+               "                        turn on for a step: all (a device serves one group at\n"
+               "                        a time), or the first, sharing the others (default\n"
+               "                        auto: all on CUDA devices, the first on CPU devices)\n"
+               "                        [FUSEBOX_WORKER_DEVICE_TURNS]\n"
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
@@ -123,6 +128,7 @@ enum {
     OPT_PIN_DEVICES,
     OPT_COMM_ADDR,
     OPT_COMM_TIMEOUT,
+    OPT_DEVICE_TURNS,
     OPT_COUNT
 };
 
@@ -145,6 +151,7 @@ static const struct {
     {"pin-devices", "FUSEBOX_WORKER_PIN_DEVICES"},
     {"comm-addr", "FUSEBOX_WORKER_COMM_ADDR"},
     {"comm-timeout-ms", "FUSEBOX_WORKER_COMM_TIMEOUT_MS"},
+    {"device-turns", "FUSEBOX_WORKER_DEVICE_TURNS"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -192,6 +199,7 @@ int main(int argc, char **argv)
         {"pin-devices", required_argument, NULL, OPT_PIN_DEVICES},
         {"comm-addr", required_argument, NULL, OPT_COMM_ADDR},
         {"comm-timeout-ms", required_argument, NULL, OPT_COMM_TIMEOUT},
+        {"device-turns", required_argument, NULL, OPT_DEVICE_TURNS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -267,6 +275,20 @@ int main(int argc, char **argv)
         } else if (strcmp(val[k], "off") != 0) {
             origin(where, sizeof where, k, from_env[k]);
             fprintf(stderr, "fusebox-worker: %s needs on or off, not '%s'\n", where, val[k]);
+            return EXIT_USAGE;
+        }
+    }
+    if (val[OPT_DEVICE_TURNS]) {
+        static const char *const turns[] = {[FB_AGENT_TURNS_AUTO] = "auto",
+                                            [FB_AGENT_TURNS_ALL] = "all",
+                                            [FB_AGENT_TURNS_FIRST] = "first"};
+        o.device_turns = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(val[OPT_DEVICE_TURNS], turns[i]) == 0) o.device_turns = i;
+        if (o.device_turns < 0) {
+            origin(where, sizeof where, OPT_DEVICE_TURNS, from_env[OPT_DEVICE_TURNS]);
+            fprintf(stderr, "fusebox-worker: %s needs auto, all or first, not '%s'\n", where,
+                    val[OPT_DEVICE_TURNS]);
             return EXIT_USAGE;
         }
     }

@@ -86,6 +86,7 @@ static void check_bad_flags(void)
         {"--device-threads x", "--device-threads needs"},
         {"--device-threads 2,1,1", "device threads are given for 3 devices; the worker offers 2"},
         {"--pin-devices yes", "--pin-devices needs on or off, not 'yes'"},
+        {"--device-turns both", "--device-turns needs auto, all or first, not 'both'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char out[2048];

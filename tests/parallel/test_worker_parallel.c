@@ -8,7 +8,7 @@
  * shard trained on (so the split shows in them) and its own times.  A
  * REBALANCE with a split that does not fit is ignored and training goes on.
  * A data-parallel group and a one-device group that share a device take turns
- * on it.
+ * on it (--device-turns all: what CUDA devices do by default).
  */
 #include "worker/worker_util.h"
 
@@ -318,7 +318,9 @@ int main(void)
     wu_server s;
     wu_server_start(&s, "parallel", true);
     wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 11);
-    const char *extra[] = {"--cpu-devices", "4", NULL};
+    /* the turns CUDA devices take by default (auto), for the shared-device scenario; the
+     * others have their devices to themselves */
+    const char *extra[] = {"--cpu-devices", "4", "--device-turns", "all", NULL};
     pid_t pid = wu_start_worker(&s, "w-par", extra);
     wu_msg w;
     wu_expect_hello(&s, "w-par", 20000, &w);

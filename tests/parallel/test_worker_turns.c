@@ -1,6 +1,7 @@
 /*
  * Device turns between groups whose devices overlap, on a fusebox-worker with four CPU
- * devices (docs/worker.md): G0 trains alone on device 3 for a few seconds, G1 starts on
+ * devices taking turns on all of a group's devices, as CUDA devices do by default
+ * (--device-turns all; docs/worker.md): G0 trains alone on device 3 for a few seconds, G1 starts on
  * device 1, then G2, data-parallel over devices 1 and 3, joins both.  Each device keeps
  * its own virtual time, which a newcomer joins at its smallest, so neither G0, whose device
  * has run for seconds, nor G2, which arrives last, is held back while the other catches
@@ -84,7 +85,7 @@ int main(void)
     wu_server s;
     wu_server_start(&s, "turns", true);
     wu_make_dataset(s.data_dir, "synth", 512, 128, F_IN, CLASSES, 11);
-    const char *extra[] = {"--cpu-devices", "4", NULL};
+    const char *extra[] = {"--cpu-devices", "4", "--device-turns", "all", NULL};
     pid_t pid = wu_start_worker(&s, "w-turns", extra);
     wu_msg w;
     wu_expect_hello(&s, "w-turns", 20000, &w);
