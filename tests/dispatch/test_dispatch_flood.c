@@ -26,6 +26,7 @@
 
 #include "check.h"
 #include "e2e.h"
+#include "fakewire.h"
 #include "wire.h"
 
 #define HEARTBEAT_MS 200    /* as e2e_start sets it */
@@ -52,33 +53,12 @@ typedef struct fake {
     int64_t generation;
 } fake;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void fake_open(fake *f, const char *name)
 {
-    char server_pub[41], pub[41], sec[41], msg[256];
-    CHECK(fb_wire_key_load(T.server_pub, server_pub, NULL, msg, sizeof msg) == 0);
-    CHECK(fb_wire_key_load(T.worker_key, pub, sec, msg, sizeof msg) == 0);
     memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->sock = zmq_socket(ctx, ZMQ_DEALER);
-    CHECK(f->sock != NULL);
     /* the flooder's replies pile up between its reads; none may be dropped */
-    int linger = 0, hwm = 2 * FLOOD_AHEAD;
-    CHECK(zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_ROUTING_ID, name, strlen(name)) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SERVERKEY, server_pub, 41) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SECRETKEY, sec, 41) == 0);
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", T.worker_port);
-    CHECK(zmq_connect(f->sock, endpoint) == 0);
+    f->sock = fw_connect(ctx, &T, name, 2 * FLOOD_AHEAD);
 }
 
 /* Encodes m (malloc'd text). */
@@ -93,37 +73,19 @@ static char *encode(const fb_wire_msg *m)
 
 static void fake_send(fake *f, const fb_wire_msg *m)
 {
-    char *json = encode(m);
-    CHECK(zmq_send(f->sock, json, strlen(json), 0) >= 0);
-    free(json);
+    fw_send(f->sock, m, NULL, 0);
 }
 
 /* HELLO and HEARTBEAT list the array f->group, if any, as running at step 0. */
 static void fill_running(const fake *f, fb_wire_msg *m)
 {
-    if (!f->group[0]) return;
-    m->n_running = 1;
-    m->running = calloc(1, sizeof *m->running);
-    CHECK(m->running != NULL);
-    snprintf(m->running[0].group_id, sizeof m->running[0].group_id, "%s", f->group);
-    m->running[0].generation = f->generation;
-    m->running[0].n_jobs = 1;
-    m->running[0].job_ids = calloc(1, sizeof *m->running[0].job_ids);
-    m->running[0].steps = calloc(1, sizeof *m->running[0].steps);
-    CHECK(m->running[0].job_ids && m->running[0].steps);
-    snprintf(m->running[0].job_ids[0], sizeof m->running[0].job_ids[0], "%s", job);
+    if (f->group[0]) fw_add_running(m, f->group, f->generation, job, 0);
 }
 
 static void fake_hello(fake *f)
 {
-    fb_wire_msg m = {.type = FB_WIRE_HELLO};
-    snprintf(m.worker, sizeof m.worker, "%s", f->name);
-    snprintf(m.backend, sizeof m.backend, "cpu");
-    snprintf(m.version, sizeof m.version, "fake");
-    m.n_devices = 1;
-    snprintf(m.devices[0].kind, sizeof m.devices[0].kind, "cpu");
-    snprintf(m.devices[0].name, sizeof m.devices[0].name, "cpu0");
-    m.devices[0].memory_bytes = m.devices[0].free_bytes = (int64_t)8 << 30;
+    fb_wire_msg m;
+    fw_hello(&m, f->name, 1);
     fill_running(f, &m);
     fake_send(f, &m);
     fb_wire_msg_free(&m);
@@ -140,27 +102,7 @@ static void fake_heartbeat(fake *f)
 /* Receives one message within ms into out; false when none came. */
 static bool fake_recv(fake *f, int ms, fb_wire_msg *out)
 {
-    zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, ms) <= 0 || !(it.revents & ZMQ_POLLIN)) return false;
-    zmq_msg_t fr;
-    zmq_msg_init(&fr);
-    CHECK(zmq_msg_recv(&fr, f->sock, 0) >= 0);
-    int blobs = 0;
-    while (zmq_msg_more(&fr)) {
-        zmq_msg_t tmp;
-        zmq_msg_init(&tmp);
-        CHECK(zmq_msg_recv(&tmp, f->sock, 0) >= 0);
-        bool more = zmq_msg_more(&tmp);
-        zmq_msg_close(&tmp);
-        blobs++;
-        if (!more) break;
-    }
-    char err[256];
-    int rc = fb_wire_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), blobs, out, err, sizeof err);
-    if (rc) fprintf(stderr, "fake worker %s: undecodable message: %s\n", f->name, err);
-    CHECK(rc == 0);
-    zmq_msg_close(&fr);
-    return true;
+    return fw_recv(f->sock, f->name, ms, out, NULL, NULL);
 }
 
 /* Waits for a message of type `type` and returns it in out; heartbeats meanwhile. */
@@ -279,11 +221,7 @@ static char *flood_heartbeat(void)
 
 static long long sql_ll(const char *fmt, const char *arg)
 {
-    char sql[512];
-    snprintf(sql, sizeof sql, fmt, arg);
-    const char *v = fbt_sql_value(&T.s, sql);
-    CHECK(v != NULL && v[0]);
-    return strtoll(v, NULL, 10);
+    return fw_sql_ll(&T, fmt, arg);
 }
 
 static long long requeues(void)
@@ -310,14 +248,6 @@ static int lost_in_log(const char *name)
         n += strstr(line, "worker lost: no heartbeat") && strstr(line, quoted);
     fclose(f);
     return n;
-}
-
-static void set_quota(int devices)
-{
-    char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE tenants SET max_devices = %d WHERE id = '%s'", devices,
-             T.tenant);
-    PQclear(fbt_sql(&T.s, sql));
 }
 
 /* ---- the scenario --------------------------------------------------------- */
@@ -360,7 +290,7 @@ static double live_for(int ms, bool silent_alive, bool stop_at_requeue, double *
             last_sql = now;
             if (requeues() > 0) return fbt_now_ms();
         }
-        sleep_ms(5);
+        fw_sleep_ms(5);
     }
 }
 
@@ -385,7 +315,7 @@ int main(void)
     silent.generation = m.generation;
     fb_wire_msg_free(&m);
     /* the job is placed nowhere else: the requeue alone is what the test looks for */
-    set_quota(0);
+    fw_set_quota(&T, 0);
 
     /* the healthy worker and the flooder register */
     fake_open(&healthy, "fake-healthy");

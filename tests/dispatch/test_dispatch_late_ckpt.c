@@ -31,6 +31,7 @@
 
 #include "check.h"
 #include "e2e.h"
+#include "fakewire.h"
 #include "wire.h"
 
 #define HEARTBEAT_MS 200
@@ -55,30 +56,11 @@ typedef struct got {
     size_t blob_len;
 } got;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void fake_open(fake *f, const char *name)
 {
-    char server_pub[41], pub[41], sec[41], msg[256];
-    CHECK(fb_wire_key_load(T.server_pub, server_pub, NULL, msg, sizeof msg) == 0);
-    CHECK(fb_wire_key_load(T.worker_key, pub, sec, msg, sizeof msg) == 0);
     memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->sock = zmq_socket(ctx, ZMQ_DEALER);
-    CHECK(f->sock != NULL);
-    int linger = 0;
-    CHECK(zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_ROUTING_ID, name, strlen(name)) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SERVERKEY, server_pub, 41) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0);
-    CHECK(zmq_setsockopt(f->sock, ZMQ_CURVE_SECRETKEY, sec, 41) == 0);
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", T.worker_port);
-    CHECK(zmq_connect(f->sock, endpoint) == 0);
+    f->sock = fw_connect(ctx, &T, name, 0);
 }
 
 static void fake_close(fake *f)
@@ -89,44 +71,21 @@ static void fake_close(fake *f)
 
 static void fake_send(fake *f, const fb_wire_msg *m, const void *blob, size_t len)
 {
-    char err[256];
-    char *json = fb_wire_encode(m, err, sizeof err);
-    if (!json) fprintf(stderr, "cannot encode: %s\n", err);
-    CHECK(json != NULL);
-    CHECK(zmq_send(f->sock, json, strlen(json), blob ? ZMQ_SNDMORE : 0) >= 0);
-    if (blob) CHECK(zmq_send(f->sock, blob, len, 0) >= 0);
-    free(json);
+    fw_send(f->sock, m, blob, len);
 }
 
 /* HELLO and HEARTBEAT list the array f->group, if any, as running at step `step`. */
 static void fill_running(const fake *f, fb_wire_msg *m, const char *job, int64_t step)
 {
-    if (!f->group[0]) return;
-    m->n_running = 1;
-    m->running = calloc(1, sizeof *m->running);
-    CHECK(m->running != NULL);
-    snprintf(m->running[0].group_id, sizeof m->running[0].group_id, "%s", f->group);
-    m->running[0].generation = f->generation;
-    m->running[0].n_jobs = 1;
-    m->running[0].job_ids = calloc(1, sizeof *m->running[0].job_ids);
-    m->running[0].steps = calloc(1, sizeof *m->running[0].steps);
-    CHECK(m->running[0].job_ids && m->running[0].steps);
-    snprintf(m->running[0].job_ids[0], sizeof m->running[0].job_ids[0], "%s", job);
-    m->running[0].steps[0] = step;
+    if (f->group[0]) fw_add_running(m, f->group, f->generation, job, step);
 }
 
 static char job[64];
 
 static void fake_hello(fake *f)
 {
-    fb_wire_msg m = {.type = FB_WIRE_HELLO};
-    snprintf(m.worker, sizeof m.worker, "%s", f->name);
-    snprintf(m.backend, sizeof m.backend, "cpu");
-    snprintf(m.version, sizeof m.version, "fake");
-    m.n_devices = 1;
-    snprintf(m.devices[0].kind, sizeof m.devices[0].kind, "cpu");
-    snprintf(m.devices[0].name, sizeof m.devices[0].name, "cpu0");
-    m.devices[0].memory_bytes = m.devices[0].free_bytes = (int64_t)8 << 30;
+    fb_wire_msg m;
+    fw_hello(&m, f->name, 1);
     fill_running(f, &m, job, 0);
     fake_send(f, &m, NULL, 0);
     fb_wire_msg_free(&m);
@@ -148,35 +107,7 @@ static int64_t fake_event(fake *f, const char *group, int64_t generation, fb_wir
 /* Receives one message within ms (answering nothing); false when none came. */
 static bool fake_recv(fake *f, int ms, got *out)
 {
-    zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, ms) <= 0 || !(it.revents & ZMQ_POLLIN)) return false;
-    zmq_msg_t fr[3];
-    int n = 0;
-    for (bool more = true; more;) {
-        zmq_msg_t tmp;
-        zmq_msg_init(&tmp);
-        CHECK(zmq_msg_recv(&tmp, f->sock, 0) >= 0);
-        more = zmq_msg_more(&tmp);
-        if (n < 3)
-            fr[n++] = tmp;
-        else
-            zmq_msg_close(&tmp);
-    }
-    char err[256];
-    memset(out, 0, sizeof *out);
-    int rc = fb_wire_decode(zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]), n - 1, &out->m, err,
-                            sizeof err);
-    if (rc) fprintf(stderr, "fake worker %s: undecodable message: %s\n", f->name, err);
-    CHECK(rc == 0);
-    if (n >= 2) {
-        out->blob_len = zmq_msg_size(&fr[1]);
-        out->blob = malloc(out->blob_len + 1);
-        CHECK(out->blob != NULL);
-        memcpy(out->blob, zmq_msg_data(&fr[1]), out->blob_len);
-        ((char *)out->blob)[out->blob_len] = '\0';
-    }
-    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
-    return true;
+    return fw_recv(f->sock, f->name, ms, &out->m, &out->blob, &out->blob_len);
 }
 
 static void got_free(got *g)
@@ -215,11 +146,7 @@ static void fake_expect(fake *f, bool alive, fb_wire_type type, int64_t seq, got
 
 static long long sql_ll(const char *fmt, const char *arg)
 {
-    char sql[512];
-    snprintf(sql, sizeof sql, fmt, arg);
-    const char *v = fbt_sql_value(&T.s, sql);
-    CHECK(v != NULL && v[0]);
-    return strtoll(v, NULL, 10);
+    return fw_sql_ll(&T, fmt, arg);
 }
 
 static long long resume_step(void)
@@ -243,14 +170,6 @@ static int in_log(const char *text)
     while (fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
     fclose(f);
     return n;
-}
-
-static void set_quota(int devices)
-{
-    char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE tenants SET max_devices = %d WHERE id = '%s'", devices,
-             T.tenant);
-    PQclear(fbt_sql(&T.s, sql));
 }
 
 static const char *file_text(const char *path)
@@ -293,7 +212,7 @@ int main(void)
     fake_expect(&a, true, FB_WIRE_ACK, fake_event(&a, g1, gen1, FB_EV_STARTED, 0, NULL), &g);
     got_free(&g);
     /* from now on the job is placed again only when the test allows it */
-    set_quota(0);
+    fw_set_quota(&T, 0);
 
     /* 1: a checkpoint received but not yet written when its worker goes silent */
     char dir[700], blocker[800], path[900];
@@ -310,7 +229,7 @@ int main(void)
             e2e_dump(&T);
             CHECK(0);
         }
-        sleep_ms(20);
+        fw_sleep_ms(20);
     }
     long long early = requeues();
     printf("1: the worker was lost with its checkpoint of step 300 unwritten; requeued before"
@@ -323,7 +242,7 @@ int main(void)
             e2e_dump(&T);
             CHECK(0);
         }
-        sleep_ms(20);
+        fw_sleep_ms(20);
     }
     printf("1: requeued, resumes from step %lld\n", resume_step());
     CHECK_INT_EQ(early, 0);
@@ -390,7 +309,7 @@ int main(void)
         }
     }
     a.group[0] = '\0';
-    set_quota(8);
+    fw_set_quota(&T, 8);
     fake_expect(&a, true, FB_WIRE_ASSIGN, 0, &g);
     CHECK(strcmp(g.m.group_id, g1) != 0);
     CHECK_INT_EQ(g.m.n_members, 1);

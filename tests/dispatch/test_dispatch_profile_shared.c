@@ -29,6 +29,7 @@
 
 #include "check.h"
 #include "e2e.h"
+#include "fakewire.h"
 #include "wire.h"
 
 #define HEARTBEAT_MS 200
@@ -62,100 +63,38 @@ static fake F;
 
 static void fake_open(const char *name)
 {
-    char server_pub[41], pub[41], sec[41], msg[256];
-    CHECK(fb_wire_key_load(T.server_pub, server_pub, NULL, msg, sizeof msg) == 0);
-    CHECK(fb_wire_key_load(T.worker_key, pub, sec, msg, sizeof msg) == 0);
     memset(&F, 0, sizeof F);
     snprintf(F.name, sizeof F.name, "%s", name);
-    F.sock = zmq_socket(ctx, ZMQ_DEALER);
-    CHECK(F.sock != NULL);
-    int linger = 0;
-    CHECK(zmq_setsockopt(F.sock, ZMQ_LINGER, &linger, sizeof linger) == 0);
-    CHECK(zmq_setsockopt(F.sock, ZMQ_ROUTING_ID, name, strlen(name)) == 0);
-    CHECK(zmq_setsockopt(F.sock, ZMQ_CURVE_SERVERKEY, server_pub, 41) == 0);
-    CHECK(zmq_setsockopt(F.sock, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0);
-    CHECK(zmq_setsockopt(F.sock, ZMQ_CURVE_SECRETKEY, sec, 41) == 0);
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", T.worker_port);
-    CHECK(zmq_connect(F.sock, endpoint) == 0);
+    F.sock = fw_connect(ctx, &T, name, 0);
 }
 
+/* Sends m (and blob) and frees m. */
 static void fake_send(fb_wire_msg *m, const void *blob, size_t len)
 {
-    char err[256];
-    char *json = fb_wire_encode(m, err, sizeof err);
-    if (!json) fprintf(stderr, "cannot encode: %s\n", err);
-    CHECK(json != NULL);
-    CHECK(zmq_send(F.sock, json, strlen(json), blob ? ZMQ_SNDMORE : 0) >= 0);
-    if (blob) CHECK(zmq_send(F.sock, blob, len, 0) >= 0);
-    free(json);
+    fw_send(F.sock, m, blob, len);
     fb_wire_msg_free(m);
 }
 
 /* HELLO and HEARTBEAT list the arrays the fake runs. */
 static void fill_running(fb_wire_msg *m)
 {
-    int n = 0;
-    for (int i = 0; i < 3; i++) n += F.a[i].running;
-    if (n == 0) return;
-    m->running = calloc((size_t)n, sizeof *m->running);
-    CHECK(m->running != NULL);
     for (int i = 0; i < 3; i++) {
         const arr *a = &F.a[i];
-        if (!a->running) continue;
-        fb_wire_running *r = &m->running[m->n_running++];
-        snprintf(r->group_id, sizeof r->group_id, "%s", a->id);
-        r->generation = a->generation;
-        r->n_jobs = 1;
-        r->job_ids = calloc(1, sizeof *r->job_ids);
-        r->steps = calloc(1, sizeof *r->steps);
-        CHECK(r->job_ids && r->steps);
-        snprintf(r->job_ids[0], sizeof r->job_ids[0], "%s", a->job);
-        r->steps[0] = a->step;
+        if (a->running) fw_add_running(m, a->id, a->generation, a->job, a->step);
     }
 }
 
 static void fake_hello(void)
 {
-    fb_wire_msg m = {.type = FB_WIRE_HELLO};
-    snprintf(m.worker, sizeof m.worker, "%s", F.name);
-    snprintf(m.backend, sizeof m.backend, "cpu");
-    snprintf(m.version, sizeof m.version, "fake");
-    m.n_devices = 2;
-    for (int i = 0; i < 2; i++) {
-        m.devices[i].idx = i;
-        snprintf(m.devices[i].kind, sizeof m.devices[i].kind, "cpu");
-        snprintf(m.devices[i].name, sizeof m.devices[i].name, "cpu%d", i);
-        m.devices[i].memory_bytes = m.devices[i].free_bytes = (int64_t)8 << 30;
-    }
+    fb_wire_msg m;
+    fw_hello(&m, F.name, 2);
     fake_send(&m, NULL, 0);
 }
 
 /* Receives one message within ms into out; false when none came. */
 static bool fake_recv(int ms, fb_wire_msg *out)
 {
-    zmq_pollitem_t it = {F.sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, ms) <= 0 || !(it.revents & ZMQ_POLLIN)) return false;
-    zmq_msg_t fr[3];
-    int n = 0;
-    for (bool more = true; more;) {
-        zmq_msg_t tmp;
-        zmq_msg_init(&tmp);
-        CHECK(zmq_msg_recv(&tmp, F.sock, 0) >= 0);
-        more = zmq_msg_more(&tmp);
-        if (n < 3)
-            fr[n++] = tmp;
-        else
-            zmq_msg_close(&tmp);
-    }
-    char err[256];
-    memset(out, 0, sizeof *out);
-    int rc = fb_wire_decode(zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]), n - 1, out, err,
-                            sizeof err);
-    if (rc) fprintf(stderr, "fake worker: undecodable message: %s\n", err);
-    CHECK(rc == 0);
-    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
-    return true;
+    return fw_recv(F.sock, F.name, ms, out, NULL, NULL);
 }
 
 /* Heartbeats while it waits up to ms for a message; drops what is not of type `type`
