@@ -27,6 +27,7 @@
 
 #include "check.h"
 #include "cuda/cuda_backend.h"
+#include "gpu_test.h"
 #include "errors.h"
 #include "kernels.h"
 
@@ -727,27 +728,10 @@ int main(void)
     /* FB_GPU_CROSSCHECK_BACKEND=cpu runs the same cases on the fast CPU
      * backend instead, which proves the harness itself on a machine without
      * a GPU (the CUDA-only checks of the backend's controls are left out). */
-    const char *which = getenv("FB_GPU_CROSSCHECK_BACKEND");
-    bool on_cpu = which && strcmp(which, "cpu") == 0;
-    if (on_cpu) {
-        g_cu = fb_backend_cpu();
-    } else if (which && *which && strcmp(which, "cuda") != 0) {
-        fprintf(stderr, "FB_GPU_CROSSCHECK_BACKEND=%s: expected cuda or cpu\n", which);
-        return 2;
-    } else {
-        int rc = fb_cuda_backend_get(0, &g_cu, msg, sizeof msg);
-        if (rc == FB_ERR_NOT_FOUND || rc == FB_ERR_UNSUPPORTED) {
-            printf("SKIPPED: no CUDA device: %s\n", msg);
-            return FB_TEST_SKIP;
-        }
-        if (rc != FB_OK) fprintf(stderr, "fb_cuda_backend_get: %s\n", msg);
-        CHECK_INT_EQ(rc, FB_OK);
-    }
-    g_ref = fb_backend_cpu_ref();
-    const char *seed = getenv("FB_TEST_SEED");
-    g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u;
-    if (!g_rng) g_rng = 1;
-    printf("seed %llu (set FB_TEST_SEED to repeat)\n", (unsigned long long)g_rng);
+    bool on_cpu;
+    int rc = gt_backends(true, &g_cu, &g_ref, &on_cpu);
+    if (rc) return rc;
+    g_rng = gt_seed();
 
     if (!on_cpu) check_controls();
 

@@ -197,6 +197,30 @@ static inline void su_restore(fb_session *s, int member, const void *buf, size_t
     CHECK_INT_EQ(err, FB_OK);
 }
 
+/* Member 0 of s refuses bytes with FB_ERR_CHECKPOINT and a message holding
+ * `names`; members 0 and 1 keep their state (checkpoint bytes) unchanged. */
+static inline void su_expect_refused(fb_session *s, const void *bytes, size_t len,
+                                     const char *names, const char *what)
+{
+    size_t l0, l1, m0, m1;
+    void *b0 = su_checkpoint(s, 0, &l0), *b1 = su_checkpoint(s, 1, &l1);
+    char msg[512] = "";
+    int err = fb_session_restore(s, 0, bytes, len, msg, sizeof msg);
+    printf("  %-34s -> %s: %s\n", what, fb_err_code(err), msg);
+    CHECK_INT_EQ(err, FB_ERR_CHECKPOINT);
+    if (!strstr(msg, names)) {
+        fprintf(stderr, "message \"%s\" does not name \"%s\"\n", msg, names);
+        abort();
+    }
+    void *a0 = su_checkpoint(s, 0, &m0), *a1 = su_checkpoint(s, 1, &m1);
+    CHECK(l0 == m0 && memcmp(a0, b0, l0) == 0);
+    CHECK(l1 == m1 && memcmp(a1, b1, l1) == 0);
+    free(a0);
+    free(a1);
+    free(b0);
+    free(b1);
+}
+
 static inline fb_st_file *su_parse(const void *buf, size_t len)
 {
     char msg[512];

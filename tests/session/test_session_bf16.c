@@ -106,30 +106,6 @@ static void meta_of(const void *buf, size_t len, const char *key, char *out, siz
     fb_st_close(f);
 }
 
-/* Member 0 of s refuses bytes with FB_ERR_CHECKPOINT and a message holding
- * `names`; members 0 and 1 keep their state (checkpoint bytes) unchanged. */
-static void expect_refused(fb_session *s, const void *bytes, size_t len, const char *names,
-                           const char *what)
-{
-    size_t l0, l1, m0, m1;
-    void *b0 = su_checkpoint(s, 0, &l0), *b1 = su_checkpoint(s, 1, &l1);
-    char msg[512] = "";
-    int err = fb_session_restore(s, 0, bytes, len, msg, sizeof msg);
-    printf("  %-34s -> %s: %s\n", what, fb_err_code(err), msg);
-    CHECK_INT_EQ(err, FB_ERR_CHECKPOINT);
-    if (!strstr(msg, names)) {
-        fprintf(stderr, "message \"%s\" does not name \"%s\"\n", msg, names);
-        abort();
-    }
-    void *a0 = su_checkpoint(s, 0, &m0), *a1 = su_checkpoint(s, 1, &m1);
-    CHECK(l0 == m0 && memcmp(a0, b0, l0) == 0);
-    CHECK(l1 == m1 && memcmp(a1, b1, l1) == 0);
-    free(a0);
-    free(a1);
-    free(b0);
-    free(b1);
-}
-
 /* A session like su_open's on P = 2 pipeline stages of CPU devices (one shard, two
  * micro-batches). */
 static fb_session *open_pipeline(fb_job_spec *const *specs, int n, int64_t start, su_log *log)
@@ -202,7 +178,7 @@ static void refuse_meta(fb_session *s, const void *good, size_t len, const char 
 {
     size_t n;
     void *bad = with_meta(good, len, key, value, &n);
-    expect_refused(s, bad, n, names, what);
+    su_expect_refused(s, bad, n, names, what);
     free(bad);
 }
 
@@ -318,10 +294,10 @@ int main(void)
     CHECK_STR_EQ(v, ""); /* an fp32 job has no loss scale to keep */
     refuse_meta(s, f32_ckpt, fl, "loss_scale", "1024", "loss_scale is set, but",
                 "fp32 job, loss_scale set");
-    expect_refused(s, g, gl, "fusion_key", "a bf16 checkpoint in an fp32 job");
+    su_expect_refused(s, g, gl, "fusion_key", "a bf16 checkpoint in an fp32 job");
     fb_session_free(s);
     s = su_open(specs, 2, &train, NULL, CUT, NULL, false, &scratch);
-    expect_refused(s, f32_ckpt, fl, "fusion_key", "an fp32 checkpoint in a bf16 job");
+    su_expect_refused(s, f32_ckpt, fl, "fusion_key", "an fp32 checkpoint in a bf16 job");
     fb_session_free(s);
     free(f32_ckpt);
     printf("ok\n");

@@ -232,36 +232,12 @@ static void *rewrite(const void *buf, size_t len, const edit *e, size_t *out_len
     return out;
 }
 
-/* Member 0 of s must refuse bytes with FB_ERR_CHECKPOINT and a message holding
- * `names`; members 0 and 1 keep their state byte for byte. */
-static void expect_refused(fb_session *s, const void *bytes, size_t len, const char *names,
-                           const char *what)
-{
-    size_t l0, l1, m0, m1;
-    void *b0 = su_checkpoint(s, 0, &l0), *b1 = su_checkpoint(s, 1, &l1);
-    char msg[512] = "";
-    int err = fb_session_restore(s, 0, bytes, len, msg, sizeof msg);
-    printf("  %-28s -> %s: %s\n", what, fb_err_code(err), msg);
-    CHECK_INT_EQ(err, FB_ERR_CHECKPOINT);
-    if (!strstr(msg, names)) {
-        fprintf(stderr, "message \"%s\" does not name \"%s\"\n", msg, names);
-        abort();
-    }
-    void *a0 = su_checkpoint(s, 0, &m0), *a1 = su_checkpoint(s, 1, &m1);
-    CHECK(l0 == m0 && memcmp(a0, b0, l0) == 0);
-    CHECK(l1 == m1 && memcmp(a1, b1, l1) == 0);
-    free(a0);
-    free(a1);
-    free(b0);
-    free(b1);
-}
-
 static void refuse_edit(fb_session *s, const void *good, size_t len, edit e, const char *names,
                         const char *what)
 {
     size_t n;
     void *bad = rewrite(good, len, &e, &n);
-    expect_refused(s, bad, n, names, what);
+    su_expect_refused(s, bad, n, names, what);
     free(bad);
 }
 
@@ -293,16 +269,16 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
     free(fresh);
 
     printf("%s:\n", cnn_case ? "cnn with batch norm" : "mlp");
-    expect_refused(s, early, early_len, "metadata step is 11", "wrong step");
-    expect_refused(s, other, other_len, "metadata seed is 12", "another member's");
-    expect_refused(s, model, model_len, "format", "a model file");
-    expect_refused(s, good, good_len - 9, "checkpoint of left", "truncated");
-    expect_refused(s, NULL, 0, "checkpoint of left", "no bytes");
+    su_expect_refused(s, early, early_len, "metadata step is 11", "wrong step");
+    su_expect_refused(s, other, other_len, "metadata seed is 12", "another member's");
+    su_expect_refused(s, model, model_len, "format", "a model file");
+    su_expect_refused(s, good, good_len - 9, "checkpoint of left", "truncated");
+    su_expect_refused(s, NULL, 0, "checkpoint of left", "no bytes");
     uint8_t garbage[300];
     uint64_t st = 77;
     for (size_t i = 0; i < sizeof garbage; i++)
         garbage[i] = (uint8_t)et_next(&st);
-    expect_refused(s, garbage, sizeof garbage, "checkpoint of left", "garbage");
+    su_expect_refused(s, garbage, sizeof garbage, "checkpoint of left", "garbage");
     refuse_edit(s, good, good_len, (edit){.meta_key = "fusion_key", .meta_value = "0123abcd"},
                 "fusion_key is 0123abcd", "wrong fusion key");
     refuse_edit(s, good, good_len,
@@ -352,7 +328,7 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
     free(back);
     /* and a restore after steps have been taken needs that step's checkpoint */
     su_step_to(s, 13);
-    expect_refused(s, good, good_len, "the session is at step 13", "stale after a step");
+    su_expect_refused(s, good, good_len, "the session is at step 13", "stale after a step");
 
     fb_session_free(s);
     free(early);
