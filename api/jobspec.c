@@ -287,6 +287,11 @@ static const char *const layer_names[FB_LAYER_TYPE_COUNT] = {
     [FB_LAYER_RESIDUAL] = "residual",
 };
 
+bool fb_spec_dataset_builtin(const char *name)
+{
+    return strcmp(name, "fashion-mnist") == 0 || strcmp(name, "mnist") == 0;
+}
+
 const char *fb_layer_type_name(fb_layer_type t)
 {
     return (t >= 0 && t < FB_LAYER_TYPE_COUNT) ? layer_names[t] : "unknown";
@@ -729,6 +734,66 @@ static int parse_schedule(parse_ctx *c, json_t *root, fb_sched_spec *s)
     return FB_OK;
 }
 
+/* A job id as the server writes them: a canonical lower-case UUID. */
+static bool uuid_ok(const char *s)
+{
+    if (strlen(s) != FB_SPEC_ID_LEN) return false;
+    for (int i = 0; i < FB_SPEC_ID_LEN; i++) {
+        bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+        char ch = s[i];
+        if (dash ? ch != '-' : !((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+            return false;
+    }
+    return true;
+}
+
+/*
+ * "init": an object {"job": id, "checkpoint": "final" | "latest" | step}
+ * naming the tenant's artifact, or a string, a local file for fusebox-train
+ * (whether a program accepts that form is its own decision).
+ */
+static int parse_init(parse_ctx *c, json_t *root, fb_job_spec *s)
+{
+    static const char *const k_init[] = {"job", "checkpoint", NULL};
+    json_t *v = json_object_get(root, "init");
+    s->init_checkpoint = FB_INIT_FINAL;
+    if (!v) return FB_OK;
+    if (json_is_string(v)) {
+        const char *str = json_string_value(v);
+        size_t n = strlen(str);
+        if (n == 0 || n > FB_SPEC_PATH_MAX)
+            return fb_errf(c->msg, c->cap, FB_ERR_BAD_NAME, "init: length %zu, must be 1..%d", n,
+                           FB_SPEC_PATH_MAX);
+        snprintf(s->init, sizeof s->init, "%s", str);
+        return FB_OK;
+    }
+    if (!json_is_object(v))
+        return fb_errf(c->msg, c->cap, FB_ERR_WRONG_TYPE,
+                       "init: expected an object {\"job\": id, \"checkpoint\": ...}");
+    int err;
+    const char *job;
+    if ((err = check_fields(c, v, "init", k_init))) return err;
+    if ((err = get_str(c, v, "job", "init", true, &job))) return err;
+    if (!uuid_ok(job))
+        return fb_errf(c->msg, c->cap, FB_ERR_BAD_NAME,
+                       "init.job: a job id (a lower-case UUID as the API writes them)");
+    snprintf(s->init_job, sizeof s->init_job, "%s", job);
+    json_t *ck = json_object_get(v, "checkpoint");
+    if (!ck || (json_is_string(ck) && strcmp(json_string_value(ck), "final") == 0)) {
+        s->init_checkpoint = FB_INIT_FINAL;
+    } else if (json_is_string(ck) && strcmp(json_string_value(ck), "latest") == 0) {
+        s->init_checkpoint = FB_INIT_LATEST;
+    } else if (json_is_string(ck)) {
+        return fb_errf(c->msg, c->cap, FB_ERR_BAD_ENUM,
+                       "init.checkpoint: \"final\", \"latest\" or a step");
+    } else {
+        int64_t step;
+        if ((err = get_int(c, v, "checkpoint", "init", true, 0, 0, MAX_STEPS, &step))) return err;
+        s->init_checkpoint = step;
+    }
+    return FB_OK;
+}
+
 static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 {
     static const char *const k_root[] = {
@@ -756,6 +821,10 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 
     if ((err = get_str(c, root, "dataset", "", true, &str))) return err;
     if ((err = check_name(c, str, "dataset", FB_SPEC_DATASET_MAX, true))) return err;
+    /* the datasets' own rule: "." and ".." are directories, not names */
+    if (!((str[0] >= 'a' && str[0] <= 'z') || (str[0] >= '0' && str[0] <= '9')))
+        return fb_errf(c->msg, c->cap, FB_ERR_BAD_NAME,
+                       "dataset: must start with a letter a-z or a digit");
     snprintf(s->dataset, sizeof s->dataset, "%s", str);
 
     if ((err = get_object(c, root, "model", "", true, &obj))) return err;
@@ -847,14 +916,7 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_int(c, root, "max_restarts", "", false, 3, 0, 100, &v))) return err;
     s->max_restarts = (int)v;
 
-    if ((err = get_str(c, root, "init", "", false, &str))) return err;
-    if (str) {
-        size_t n = strlen(str);
-        if (n == 0 || n > FB_SPEC_PATH_MAX)
-            return fb_errf(c->msg, c->cap, FB_ERR_BAD_NAME, "init: length %zu, must be 1..%d", n,
-                           FB_SPEC_PATH_MAX);
-        snprintf(s->init, sizeof s->init, "%s", str);
-    }
+    if ((err = parse_init(c, root, s))) return err;
 
     s->shuffle = true;
     if ((err = get_object(c, root, "data", "", false, &obj))) return err;
@@ -966,6 +1028,15 @@ char *fb_job_spec_fusion_canonical(const fb_job_spec *s)
                           prec_names_c[s->precision]));
 }
 
+/* init's service form, as written: "checkpoint" is "final", "latest" or the step. */
+static json_t *init_json(const fb_job_spec *s)
+{
+    json_t *ck = s->init_checkpoint == FB_INIT_FINAL    ? json_string("final")
+                 : s->init_checkpoint == FB_INIT_LATEST ? json_string("latest")
+                                                        : json_integer(s->init_checkpoint);
+    return json_pack("{s:s, s:o}", "job", s->init_job, "checkpoint", ck);
+}
+
 char *fb_job_spec_canonical(const fb_job_spec *s)
 {
     json_t *o = json_pack("{s:s, s:s, s:o?, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:i, s:i},"
@@ -1000,7 +1071,8 @@ char *fb_job_spec_canonical(const fb_job_spec *s)
     }
     if (!opt || !sched || json_object_set_new(o, "optimizer", opt) ||
         json_object_set_new(o, "schedule", sched) ||
-        (s->init[0] && json_object_set_new(o, "init", json_string(s->init)))) {
+        (s->init[0] && json_object_set_new(o, "init", json_string(s->init))) ||
+        (s->init_job[0] && json_object_set_new(o, "init", init_json(s)))) {
         json_decref(o);
         return NULL;
     }

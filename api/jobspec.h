@@ -26,7 +26,10 @@
 #define FB_SPEC_MAX_DEPTH 4        /* residual blocks inside residual blocks */
 #define FB_SPEC_NAME_MAX 128       /* job name, bytes */
 #define FB_SPEC_DATASET_MAX 64     /* dataset name, bytes */
-#define FB_SPEC_PATH_MAX 1024      /* init path, bytes */
+#define FB_SPEC_PATH_MAX 1024      /* init path (fusebox-train's local form), bytes */
+#define FB_SPEC_ID_LEN 36          /* a job id in init: a canonical lower-case UUID */
+#define FB_INIT_FINAL (-1)         /* init.checkpoint "final": the job's exported model */
+#define FB_INIT_LATEST (-2)        /* init.checkpoint "latest": its newest weights */
 #define FB_FUSION_KEY_HEX 32       /* hex digits in a fusion key */
 
 typedef enum fb_layer_type {
@@ -147,7 +150,20 @@ typedef struct fb_job_spec {
     fb_precision precision;
     int priority;      /* 0..100, higher first */
     int max_restarts;  /* 0..100 */
-    char init[FB_SPEC_PATH_MAX + 1]; /* safetensors file of initial weights, "" = none */
+    /*
+     * Initial weights, in one of two forms (docs/jobspec.md, "init").  The
+     * service's form names an artifact of the tenant: init_job, a job of the
+     * same tenant, and init_checkpoint, FB_INIT_FINAL, FB_INIT_LATEST or a
+     * step of one of that job's checkpoints; the server resolves it inside
+     * the tenant's artifacts and sends the weights themselves to the worker.
+     * The local form, init, is a file path for fusebox-train on the user's
+     * own machine; fuseboxd refuses it and a worker never opens it.  At most
+     * one of init and init_job is set.
+     */
+    char init[FB_SPEC_PATH_MAX + 1]; /* local file of initial weights, "" = none */
+    char
+        init_job[FB_SPEC_ID_LEN + 1]; /* the tenant's job whose weights start this one, "" = none */
+    int64_t init_checkpoint;          /* with init_job: FB_INIT_FINAL, FB_INIT_LATEST or a step */
     bool shuffle;      /* data.shuffle */
 
     int64_t n_params;        /* per member */
@@ -197,6 +213,13 @@ bool fb_job_spec_fusible(const fb_job_spec *a, const fb_job_spec *b);
 
 /* LR multiplier at update t (0-based) of a job with total_steps updates. */
 double fb_sched_lr_factor(const fb_sched_spec *s, int64_t t, int64_t total_steps);
+
+/*
+ * Whether name is one of the public built-in datasets every server knows
+ * (fashion-mnist, mnist): a spec may name one without registering it, and
+ * jobs on it may share arrays across tenants.
+ */
+bool fb_spec_dataset_builtin(const char *name);
 
 /* Name of a layer type as written in specs ("linear", "conv2d", ...). */
 const char *fb_layer_type_name(fb_layer_type t);

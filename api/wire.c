@@ -316,7 +316,7 @@ static int get_uuid(dec *d, json_t *obj, const char *path, const char *key, bool
 /* Name rules: which bytes a name may hold, and whether its first byte must be alphanumeric. */
 typedef enum name_rule {
     NAME_WORKER,  /* [a-z0-9][a-z0-9._-]* */
-    NAME_DATASET, /* [a-z0-9._-]+, the job spec's dataset rule */
+    NAME_DATASET, /* [a-z0-9][a-z0-9._-]*, the job spec's dataset rule */
     NAME_VERSION, /* [A-Za-z0-9._+-]+ */
     NAME_DEVICE,  /* printable ASCII */
 } name_rule;
@@ -325,9 +325,8 @@ static bool name_char_ok(name_rule r, size_t i, char ch)
 {
     switch (r) {
     case NAME_WORKER:
-        return is_lower_alnum(ch) || (i > 0 && (ch == '.' || ch == '_' || ch == '-'));
     case NAME_DATASET:
-        return is_lower_alnum(ch) || ch == '.' || ch == '_' || ch == '-';
+        return is_lower_alnum(ch) || (i > 0 && (ch == '.' || ch == '_' || ch == '-'));
     case NAME_VERSION:
         return is_lower_alnum(ch) || (ch >= 'A' && ch <= 'Z') || ch == '.' || ch == '_' ||
                ch == '-' || ch == '+';
@@ -338,7 +337,7 @@ static bool name_char_ok(name_rule r, size_t i, char ch)
 
 static const char *const name_rule_text[] = {
     [NAME_WORKER] = "a-z or 0-9 first, then a-z, 0-9, '.', '_', '-'",
-    [NAME_DATASET] = "a-z, 0-9, '.', '_', '-'",
+    [NAME_DATASET] = "a-z or 0-9 first, then a-z, 0-9, '.', '_', '-'",
     [NAME_VERSION] = "letters, digits, '.', '_', '-', '+'",
     [NAME_DEVICE] = "printable ASCII",
 };
@@ -793,8 +792,8 @@ static int decode_welcome(dec *d, json_t *root, fb_wire_msg *m)
 
 static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
 {
-    static const char *const k_mem[] = {"job_id",     "tenant_id",   "spec",
-                                        "start_step", "resume_blob", NULL};
+    static const char *const k_mem[] = {"job_id",      "tenant_id", "spec", "start_step",
+                                        "resume_blob", "init_blob", NULL};
     int err;
     json_t *arr;
     const char *s;
@@ -812,6 +811,12 @@ static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
     if ((err = get_name(d, root, "", "dataset", NAME_DATASET, m->dataset, sizeof m->dataset)))
         return err;
     if ((err = get_uuid(d, root, "", "dataset_tenant", false, m->dataset_tenant))) return err;
+    if (json_object_get(root, "builtin")) {
+        if ((err = get_name(d, root, "", "builtin", NAME_DATASET, m->builtin, sizeof m->builtin)))
+            return err;
+        if (m->dataset_tenant[0])
+            return bad(d, "", "builtin", "a built-in is public: it comes without a dataset_tenant");
+    }
     if ((err = get_array(d, root, "", "devices", true, 1, FB_WIRE_MAX_DEVICES, &arr))) return err;
     for (size_t i = 0; i < json_array_size(arr); i++) {
         char key[32];
@@ -866,6 +871,11 @@ static int decode_assign(dec *d, json_t *root, fb_wire_msg *m)
         if (mb->start_step > 0 && mb->resume_blob == 0)
             return bad(d, path, "start_step",
                        "%lld > 0 needs a resume_blob holding the state to resume from",
+                       (long long)mb->start_step);
+        if ((err = get_blob(d, o, path, "init_blob", false, &mb->init_blob))) return err;
+        if (mb->init_blob && mb->start_step > 0)
+            return bad(d, path, "init_blob",
+                       "initial weights are for a start at step 0, not at step %lld",
                        (long long)mb->start_step);
     }
     idref *refs = malloc(n * sizeof *refs);
@@ -1056,7 +1066,7 @@ static const struct {
                          (const char *const[]){"v", "type", "worker_id", "heartbeat_ms", NULL}},
     [FB_WIRE_ASSIGN] = {decode_assign,
                         (const char *const[]){"v", "type", "group_id", "generation", "fusion_key",
-                                              "dataset", "dataset_tenant", "devices",
+                                              "dataset", "dataset_tenant", "builtin", "devices",
                                               "parallel_data", "parallel_pipeline", "span", "split",
                                               "time_share", "members", NULL}},
     [FB_WIRE_PROGRESS] = {decode_progress,
@@ -1425,6 +1435,11 @@ static void encode_assign(enc *e, json_t *o, const fb_wire_msg *m)
     put_str(e, o, "dataset", m->dataset, sizeof m->dataset);
     if (m->dataset_tenant[0])
         put_str(e, o, "dataset_tenant", m->dataset_tenant, sizeof m->dataset_tenant);
+    if (m->builtin[0]) {
+        if (m->dataset_tenant[0])
+            enc_fail(e, "builtin", "a built-in comes without a dataset_tenant");
+        put_str(e, o, "builtin", m->builtin, sizeof m->builtin);
+    }
     if (count_ok(e, "devices", m->n_group_devices, FB_WIRE_MAX_DEVICES, m->group_devices)) {
         json_t *arr = json_array();
         for (int i = 0; i < m->n_group_devices; i++)
@@ -1454,6 +1469,10 @@ static void encode_assign(enc *e, json_t *o, const fb_wire_msg *m)
             put(e, mo, "spec", v);
         put_int(e, mo, "start_step", mb->start_step);
         if (mb->resume_blob) put_int(e, mo, "resume_blob", mb->resume_blob);
+        if (mb->init_blob) {
+            if (mb->start_step > 0) enc_fail(e, "init_blob", "only at start_step 0");
+            put_int(e, mo, "init_blob", mb->init_blob);
+        }
         append(e, arr, mo);
     }
     put(e, o, "members", arr);

@@ -91,6 +91,9 @@ typedef struct fb_wire_member {
     char *spec;         /* the canonical job spec JSON (malloc'd); the worker parses it */
     int64_t start_step; /* updates already done (0, or the resume checkpoint's step) */
     int resume_blob;    /* blob index of the full-state checkpoint to resume from, 0 = none */
+    /* blob index of the weights the spec's init names (a model or checkpoint file of the
+     * tenant's, read by the server), 0 = none; only at start_step 0 */
+    int init_blob;
 } fb_wire_member;
 
 /* Per-member progress inside PROGRESS. */
@@ -160,6 +163,9 @@ typedef struct fb_wire_msg {
     /* the tenant owning a private dataset ("" for a public one): the worker reads it from
      * <data dir>/<dataset_tenant>/<dataset> instead of <data dir>/<dataset> */
     char dataset_tenant[FB_WIRE_ID_LEN + 1];
+    /* the public built-in dataset that the tenant's dataset `dataset` stands for ("" when it
+     * is not such an alias): the worker reads the built-in, as a public dataset */
+    char builtin[FB_WIRE_DATASET_MAX + 1];
     int n_group_devices;
     int group_devices[FB_WIRE_MAX_DEVICES]; /* the worker's device indices, data x pipeline */
     int parallel_data, parallel_pipeline;   /* 1.., product = n_group_devices */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "jobspec.h"
 
 #ifndef FB_DEFAULT_SCHEMA_DIR
 #define FB_DEFAULT_SCHEMA_DIR "schema"
@@ -107,6 +108,9 @@ static const opt opts[] = {
         "the fusebox-data executable that imports and verifies datasets"),
     STR("builtin-dir", "FUSEBOX_BUILTIN_DIR", builtin_dir,
         "where the built-in datasets' IDX files are (<dir>/fashion-mnist/)"),
+    STR("public-datasets", "FUSEBOX_PUBLIC_DATASETS", public_datasets,
+        "comma-separated datasets in every worker's data directory that any tenant may name "
+        "(empty: the built-ins only)"),
     {"log-level", "FUSEBOX_LOG_LEVEL", OPT_LEVEL, offsetof(fb_config, log_level), 0, 0, 0,
      "debug, info, warn or error"},
 };
@@ -232,6 +236,50 @@ static int set_opt(fb_config *cfg, const opt *o, const char *val, const char *fr
     return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: unknown option kind", from);
 }
 
+/* A dataset name as job specs write it: ^[a-z0-9][a-z0-9._-]{0,63}$. */
+static bool dataset_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+    }
+    return true;
+}
+
+/* Each public dataset is a dataset name: it becomes a directory under the workers' data
+ * directory, so "..", a slash or an empty name would leave it. */
+static int check_public_datasets(const char *list, char *msg, size_t cap)
+{
+    for (const char *s = list; *s;) {
+        size_t len = strcspn(s, ",");
+        if (!dataset_name_ok(s, len))
+            return fb_errf(msg, cap, FB_ERR_BAD_NAME,
+                           "--public-datasets: \"%.*s\" is not a dataset name (a-z or 0-9 "
+                           "first, then a-z, 0-9, '.', '_', '-'; names separated by ',')",
+                           (int)(len > 64 ? 64 : len), s);
+        s += len;
+        if (*s == ',' && !*++s)
+            return fb_errf(msg, cap, FB_ERR_BAD_NAME,
+                           "--public-datasets: ends with ',' (an empty name)");
+    }
+    return FB_OK;
+}
+
+bool fb_config_dataset_public(const char *list, const char *name)
+{
+    if (fb_spec_dataset_builtin(name)) return true;
+    size_t n = strlen(name);
+    for (const char *s = list ? list : ""; *s;) {
+        size_t len = strcspn(s, ",");
+        if (len == n && strncmp(s, name, n) == 0) return true;
+        s += len;
+        if (*s == ',') s++;
+    }
+    return false;
+}
+
 /* Each import root is an absolute path; a relative one would depend on the
  * directory fuseboxd happens to start in. */
 static int check_import_roots(const char *roots, char *msg, size_t cap)
@@ -342,6 +390,7 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
         return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--builtin-dir must not be empty");
     int err = check_import_roots(work.import_roots, msg, cap);
     if (err) return err;
+    if ((err = check_public_datasets(work.public_datasets, msg, cap))) return err;
     *cfg = work;
     return FB_OK;
 }

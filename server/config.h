@@ -9,6 +9,7 @@
 #define FB_SERVER_CONFIG_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "log.h"
@@ -54,6 +55,9 @@ typedef struct fb_config {
     char import_roots[FB_CONFIG_ROOTS_MAX]; /* colon-separated roots imports may read; "" none */
     char data_tool[FB_CONFIG_PATH_MAX];     /* the fusebox-data executable */
     char builtin_dir[FB_CONFIG_PATH_MAX];   /* built-in datasets' IDX files */
+    /* comma-separated names of datasets every worker's data directory holds, which every
+     * tenant may train on like the built-ins; "" = the built-ins only */
+    char public_datasets[FB_CONFIG_PATH_MAX];
 } fb_config;
 
 /* Fills cfg with the defaults (no database URL). */
@@ -66,6 +70,13 @@ void fb_config_defaults(fb_config *cfg);
  * naming the flag.  Derived defaults (artifacts_dir) are filled here.
  */
 int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap);
+
+/*
+ * Whether a job spec may name dataset `name` without the tenant having
+ * registered it: a public built-in (fashion-mnist, mnist) or one of the
+ * comma-separated names of list (--public-datasets).
+ */
+bool fb_config_dataset_public(const char *list, const char *name);
 
 /* Prints the flag table with defaults and environment variables. */
 void fb_config_usage(FILE *out);

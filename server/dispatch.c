@@ -599,9 +599,9 @@ static int write_artifact(fb_dispatch_t *d, const char *tenant, const char *job,
 
 /* Reads an artifact (relative path) into memory; NULL when it cannot, or
  * when the path leads out of the artifacts directory (paths.h). */
-static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
+static void *read_under(const char *root, const char *rel, size_t *len)
 {
-    int fd = fb_path_open_under(d->artifacts, rel);
+    int fd = fb_path_open_under(root, rel);
     if (fd < 0) return NULL;
     struct stat st;
     void *buf = NULL;
@@ -623,6 +623,24 @@ static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
     }
     close(fd);
     return buf;
+}
+
+static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
+{
+    return read_under(d->artifacts, rel, len);
+}
+
+/* Reads an artifact of the tenant's: rel must lie under <tenant id>/ and resolve, every
+ * link followed, inside that tenant's own directory; NULL otherwise. */
+static void *read_tenant_artifact(fb_dispatch_t *d, const char *tenant, const char *rel,
+                                  size_t *len)
+{
+    size_t tl = strlen(tenant);
+    if (strncmp(rel, tenant, tl) != 0 || rel[tl] != '/') return NULL;
+    char root[PATH_MAX];
+    if ((size_t)snprintf(root, sizeof root, "%s/%s", d->artifacts, tenant) >= sizeof root)
+        return NULL;
+    return read_under(root, rel + tl + 1, len);
 }
 
 /* ---- requeueing ---------------------------------------------------------- */
@@ -2502,11 +2520,34 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     PGresult *r = NULL;
     bool savepoint = false;
     if (!ids || !blobs || !lens || !ao) goto out;
-    /* members that resume need their checkpoint: one that cannot be read restarts */
+    /* members that resume need their checkpoint: one that cannot be read restarts; members
+     * that start from the tenant's weights need those: without them the job cannot start as
+     * asked, and fails */
     int n_ok = 0;
     for (int i = 0; i < B; i++) {
         const fb_queue_job *qj = c->jobs[c->row[g->jobs[i]]];
         const char *id = qj->id;
+        if (qj->resume_step == 0 && qj->init_path) {
+            size_t len = 0;
+            void *b = read_tenant_artifact(d, qj->tenant_id, qj->init_path, &len);
+            if (!b) {
+                static const char why[] =
+                    "init: the weights it names cannot be read from the tenant's artifacts";
+                const char *v[2] = {id, why};
+                fb_log_json(FB_LOG_ERROR, "a job's init weights cannot be read; the job fails",
+                            json_pack("{s:s, s:s}", "job_id", id, "path", qj->init_path));
+                exec1(d,
+                      "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
+                      " finished_at = now(), updated_at = now()"
+                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
+                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'failed', $2"
+                      " FROM upd",
+                      2, v);
+                continue;
+            }
+            blobs[n_ok] = b;
+            lens[n_ok] = len;
+        }
         if (qj->resume_step > 0) {
             const char *path = qj->resume_path ? qj->resume_path : "";
             size_t len = 0;
@@ -2687,7 +2728,9 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
     snprintf(m.group_id, sizeof m.group_id, "%s", gid);
     snprintf(m.fusion_key, sizeof m.fusion_key, "%s", j0->fusion_key);
     snprintf(m.dataset, sizeof m.dataset, "%s", j0->dataset);
-    if (!j0->public_dataset)
+    if (j0->builtin)
+        snprintf(m.builtin, sizeof m.builtin, "%s", j0->builtin);
+    else if (!j0->public_dataset)
         snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", j0->tenant_id);
     m.n_group_devices = g->n_devices;
     for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
@@ -2703,11 +2746,15 @@ static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, a
         snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(r, i, 1));
         mm->spec = strdup(PQgetvalue(r, i, 2));
         mm->start_step = strtoll(PQgetvalue(r, i, 3), NULL, 10);
+        /* a member's one blob: its state to resume from, or at step 0 its init weights */
         for (int k = 0; k < n_ok; k++)
             if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
                 send_blobs[nb] = blobs[k];
                 send_lens[nb] = lens[k];
-                mm->resume_blob = ++nb;
+                if (mm->start_step > 0)
+                    mm->resume_blob = ++nb;
+                else
+                    mm->init_blob = ++nb;
             }
     }
     /* the message and the checkpoints it points into go with the queued ASSIGN */
@@ -3707,7 +3754,7 @@ fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, ch
     snprintf(d->artifacts, sizeof d->artifacts, "%s", artifacts);
     d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
     d->keys = calloc(MAX_KEYS, sizeof *d->keys);
-    d->queue = fb_queue_new();
+    d->queue = fb_queue_new(cfg->public_datasets);
     d->census = calloc(CENSUS_SLOTS, sizeof *d->census);
     d->census_used = calloc(SETTLE_READS, sizeof *d->census_used);
     if (!d->workers || !d->keys || !d->queue || !d->census || !d->census_used) {

@@ -12,17 +12,16 @@
 
 #include "db.h"
 #include "errors.h"
+#include "config.h"
 
 /* Columns both reads return, in this order: id, seq, tenant, fusion key, resume step,
- * priority, public dataset, queue reason, resume path, dataset name for the worker.
- * Where the worker reads the data: a tenant's own dataset from its directory (never
- * shared between tenants), a registered built-in under its built-in name, any other
- * name from the workers' data directory as it stands (public). */
-#define JOB_COLUMNS                                                                               \
-    " j.seq, j.tenant_id, j.fusion_key, j.resume_step, j.priority,"                               \
-    " coalesce(ds.source = 'builtin', true), coalesce(j.queue_reason, ''), j.resume_path,"       \
-    " CASE WHEN ds.source = 'builtin' THEN coalesce(ds.manifest->>'builtin', j.dataset)"          \
-    "  ELSE j.dataset END"
+ * priority, the dataset's source (NULL: not registered), queue reason, resume path, the
+ * spec's dataset name, the built-in a registered built-in stands for, the init artifact.
+ * job_from_row decides from them where the worker reads the data (dataset_place). */
+#define JOB_COLUMNS                                                                                \
+    " j.seq, j.tenant_id, j.fusion_key, j.resume_step, j.priority,"                                \
+    " ds.source, coalesce(j.queue_reason, ''), j.resume_path, j.dataset,"                          \
+    " ds.manifest->>'builtin', j.init_path"
 #define JOIN_DATASET " LEFT JOIN datasets ds ON ds.tenant_id = j.tenant_id AND ds.name = j.dataset"
 
 /* the whole queue; the change rows it makes obsolete go in the same snapshot */
@@ -56,6 +55,7 @@ struct fb_queue {
     int cap_order;
     bool valid;
     int64_t taken; /* change rows taken since the table was last vacuumed */
+    char *public_datasets; /* --public-datasets */
 };
 
 static uint64_t hash_id(const char *s)
@@ -72,6 +72,8 @@ static void job_free(fb_queue_job *j)
     free(j->queue_reason);
     free(j->resume_path);
     free(j->dataset);
+    free(j->builtin);
+    free(j->init_path);
     free(j);
 }
 
@@ -125,11 +127,12 @@ static void clear(fb_queue *q)
     q->n_used = 0;
 }
 
-fb_queue *fb_queue_new(void)
+fb_queue *fb_queue_new(const char *public_datasets)
 {
     fb_queue *q = calloc(1, sizeof *q);
     if (!q) return NULL;
-    if (rehash(q, 0)) {
+    if (!(q->public_datasets = strdup(public_datasets ? public_datasets : "")) || rehash(q, 0)) {
+        free(q->public_datasets);
         free(q);
         return NULL;
     }
@@ -143,6 +146,7 @@ void fb_queue_free(fb_queue *q)
     free(q->jobs);
     free(q->slots);
     free(q->order);
+    free(q->public_datasets);
     free(q);
 }
 
@@ -176,8 +180,31 @@ static char *dup_value(const PGresult *r, int row, int col)
     return strdup(PQgetvalue(r, row, col));
 }
 
+/*
+ * Where the worker reads a job's data, from its dataset's registration (source NULL: none):
+ * - a public built-in named as itself (registered or not), or an unregistered name the
+ *   server lists as public (--public-datasets), is public: arrays may hold jobs of several
+ *   tenants;
+ * - a registered built-in under another name (an alias) reads the built-in, but stays the
+ *   tenant's own: two tenants' aliases of one name may stand for different built-ins;
+ * - a tenant's imported or uploaded dataset comes from its directory, never shared;
+ * - a name neither registered nor built-in (refused at submission since it could name
+ *   anything in the workers' data directory) is looked for in the tenant's directory only,
+ *   where the worker finds nothing and the job fails, instead of reading a public path.
+ */
+static int dataset_place(const fb_queue *q, fb_queue_job *j, const char *source,
+                         const char *builtin)
+{
+    bool is_builtin = source ? strcmp(source, "builtin") == 0 && builtin
+                             : fb_config_dataset_public(q->public_datasets, j->dataset);
+    bool alias = is_builtin && source && strcmp(builtin, j->dataset) != 0;
+    j->public_dataset = is_builtin && !alias;
+    if (alias && !(j->builtin = strdup(builtin))) return FB_ERR_NOMEM;
+    return FB_OK;
+}
+
 /* The job of row `row` (columns as JOB_COLUMNS after the id); NULL when out of memory. */
-static fb_queue_job *job_from_row(const PGresult *r, int row)
+static fb_queue_job *job_from_row(const fb_queue *q, const PGresult *r, int row)
 {
     fb_queue_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
@@ -187,12 +214,21 @@ static fb_queue_job *job_from_row(const PGresult *r, int row)
     j->fusion_key = dup_value(r, row, 3);
     j->resume_step = strtoll(PQgetvalue(r, row, 4), NULL, 10);
     j->priority = (int)strtol(PQgetvalue(r, row, 5), NULL, 10);
-    j->public_dataset = PQgetvalue(r, row, 6)[0] == 't';
     j->queue_reason = dup_value(r, row, 7);
     j->resume_path = PQgetisnull(r, row, 8) ? NULL : dup_value(r, row, 8);
     j->dataset = dup_value(r, row, 9);
+    j->init_path = PQgetisnull(r, row, 11) ? NULL : dup_value(r, row, 11);
+    if (j->dataset) {
+        const char *source = PQgetisnull(r, row, 6) ? NULL : PQgetvalue(r, row, 6);
+        const char *builtin = PQgetisnull(r, row, 10) ? NULL : PQgetvalue(r, row, 10);
+        if (dataset_place(q, j, source, builtin) != FB_OK) {
+            job_free(j);
+            return NULL;
+        }
+    }
     if (!j->fusion_key || !j->queue_reason || !j->dataset ||
-        (!PQgetisnull(r, row, 8) && !j->resume_path)) {
+        (!PQgetisnull(r, row, 8) && !j->resume_path) ||
+        (!PQgetisnull(r, row, 11) && !j->init_path)) {
         job_free(j);
         return NULL;
     }
@@ -311,7 +347,7 @@ int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t cap
             remove_id(q, PQgetvalue(r, i, 0));
             continue;
         }
-        fb_queue_job *j = job_from_row(r, i);
+        fb_queue_job *j = job_from_row(q, r, i);
         err = j ? upsert(q, j) : FB_ERR_NOMEM;
     }
     PQclear(r);

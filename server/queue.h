@@ -32,17 +32,20 @@ typedef struct fb_queue_job {
     int64_t seq;
     int64_t resume_step;
     int priority;
-    bool public_dataset; /* a built-in or public dataset, not the tenant's own */
+    bool public_dataset; /* a public built-in named as itself: arrays may mix tenants */
     char *fusion_key;
     char *queue_reason;  /* "" when none */
     char *resume_path;   /* NULL when it starts from step 0 */
-    char *dataset;       /* the name the worker reads: a built-in's own name where it is one */
+    char *dataset;       /* the spec's dataset name */
+    char *builtin;       /* the built-in the tenant's alias `dataset` stands for, NULL if none */
+    char *init_path;     /* the init artifact (relative to the artifacts dir), NULL if none */
 } fb_queue_job;
 
 typedef struct fb_queue fb_queue;
 
-/* An empty copy, invalid until its first fb_queue_sync; NULL when out of memory. */
-fb_queue *fb_queue_new(void);
+/* An empty copy, invalid until its first fb_queue_sync; NULL when out of memory.
+ * public_datasets is --public-datasets (NULL or "": the built-ins only). */
+fb_queue *fb_queue_new(const char *public_datasets);
 
 /* Frees the copy; NULL is fine. */
 void fb_queue_free(fb_queue *q);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paths.h"
 #include "server_impl.h"
 
 const fb_route fb_routes[] = {
@@ -169,20 +170,118 @@ int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out)
     return FB_OK;
 }
 
-bool fb_init_path_ok(const char *p)
+/* ---- what a spec names beyond itself ---- */
+
+/* Whether the tenant has a dataset of this name (in any state). */
+static const char sql_ref_dataset[] =
+    "SELECT EXISTS (SELECT 1 FROM datasets d WHERE d.tenant_id = $1::uuid AND d.name = $2)";
+/* The tenant's job and the artifact its init asks for ($3: -1 the final model, -2 the newest
+ * weights, else the checkpoint at that step; a full state before a model at one step, since it
+ * holds the same parameters).  No row: the job is not the tenant's. */
+static const char sql_ref_init[] =
+    "SELECT j.state, k.path FROM jobs j LEFT JOIN LATERAL (SELECT c.path FROM checkpoints c"
+    " WHERE c.job_id = j.id AND CASE $3::bigint WHEN -1 THEN c.is_final WHEN -2 THEN true"
+    " ELSE c.step = $3::bigint AND NOT c.is_final END"
+    " ORDER BY c.is_final DESC, c.step DESC, (c.kind = 'state') DESC, c.id DESC LIMIT 1) k ON true"
+    " WHERE j.id = $2::uuid AND j.tenant_id = $1::uuid";
+
+typedef struct spec_refs {
+    const char *tenant_id;
+    const fb_job_spec *spec;
+    const char *public_datasets; /* --public-datasets */
+    bool dataset_known;
+    bool init_owned;
+    char init_state[16];
+    char *init_path;
+    size_t init_cap;
+} spec_refs;
+
+static int spec_refs_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
 {
-    if (!p[0]) return true;
-    if (p[0] == '/') return false;
-    const char *s = p;
-    while (*s) {
-        const char *e = strchr(s, '/');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
-            return false;
-        for (size_t i = 0; i < n; i++)
-            if ((unsigned char)s[i] < 0x20 || s[i] == '\\') return false;
-        s += n;
-        if (*s == '/') s++;
+    spec_refs *x = arg;
+    int err;
+    x->init_path[0] = '\0';
+    if (!fb_config_dataset_public(x->public_datasets, x->spec->dataset)) {
+        const char *v[2] = {x->tenant_id, x->spec->dataset};
+        PGresult *r = fb_db_query(c, "ref_dataset", sql_ref_dataset, 2, v, &err, msg, cap);
+        if (!r) return err;
+        x->dataset_known = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+        PQclear(r);
+    } else {
+        x->dataset_known = true;
     }
-    return true;
+    if (x->spec->init_job[0]) {
+        char step[24];
+        snprintf(step, sizeof step, "%lld", (long long)x->spec->init_checkpoint);
+        const char *v[3] = {x->tenant_id, x->spec->init_job, step};
+        PGresult *r = fb_db_query(c, "ref_init", sql_ref_init, 3, v, &err, msg, cap);
+        if (!r) return err;
+        x->init_owned = PQntuples(r) == 1;
+        if (x->init_owned) {
+            snprintf(x->init_state, sizeof x->init_state, "%s", PQgetvalue(r, 0, 0));
+            if (!PQgetisnull(r, 0, 1))
+                snprintf(x->init_path, x->init_cap, "%s", PQgetvalue(r, 0, 1));
+        }
+        PQclear(r);
+    }
+    return FB_OK;
+}
+
+int fb_route_spec_refs(fb_req *req, const fb_job_spec *spec, const char *prefix, char *init_path,
+                       size_t cap)
+{
+    char field[64];
+    const char *dot = *prefix ? "." : "";
+    init_path[0] = '\0';
+    if (spec->init[0]) {
+        snprintf(field, sizeof field, "%s%sinit", prefix, dot);
+        return fb_req_fail(req, FB_ERR_WRONG_TYPE, field,
+                           "%s: a file path is fusebox-train's local form; the service starts a "
+                           "job only from the tenant's own artifacts: {\"job\": id, "
+                           "\"checkpoint\": \"final\" | \"latest\" | step}",
+                           field);
+    }
+    spec_refs x = {.tenant_id = req->key.tenant_id,
+                   .spec = spec,
+                   .public_datasets = req->srv->cfg.public_datasets,
+                   .init_path = init_path,
+                   .init_cap = cap};
+    int err = fb_route_txn(req, spec_refs_txn, &x);
+    if (err) return err;
+    if (!x.dataset_known) {
+        snprintf(field, sizeof field, "%s%sdataset", prefix, dot);
+        return fb_req_fail(req, FB_ERR_UNKNOWN_REFERENCE, field,
+                           "%s: the tenant has no dataset \"%s\" and it is not a public one "
+                           "(fashion-mnist, mnist, or one the server lists); register it with "
+                           "POST /v1/datasets",
+                           field, spec->dataset);
+    }
+    if (!spec->init_job[0]) return FB_OK;
+    if (!x.init_owned) {
+        snprintf(field, sizeof field, "%s%sinit.job", prefix, dot);
+        return fb_req_fail(req, FB_ERR_UNKNOWN_REFERENCE, field, "%s: no such job", field);
+    }
+    /* artifacts are written under <tenant id>/<job id>/: a path elsewhere is not the
+     * tenant's, whatever its row says */
+    size_t tl = strlen(req->key.tenant_id);
+    bool own = init_path[0] && strncmp(init_path, req->key.tenant_id, tl) == 0 &&
+               init_path[tl] == '/' && fb_path_safe_relative(init_path);
+    if (!own) {
+        init_path[0] = '\0';
+        snprintf(field, sizeof field, "%s%sinit.checkpoint", prefix, dot);
+        if (spec->init_checkpoint == FB_INIT_FINAL)
+            return fb_req_fail(req, FB_ERR_UNKNOWN_REFERENCE, field,
+                               "%s: job %s has no final model (it is %s); name a checkpoint "
+                               "step or \"latest\"",
+                               field, spec->init_job, x.init_state);
+        if (spec->init_checkpoint == FB_INIT_LATEST)
+            return fb_req_fail(req, FB_ERR_UNKNOWN_REFERENCE, field,
+                               "%s: job %s has no weights yet (it is %s)", field, spec->init_job,
+                               x.init_state);
+        return fb_req_fail(req, FB_ERR_UNKNOWN_REFERENCE, field,
+                           "%s: job %s has no checkpoint at step %lld (GET "
+                           "/v1/jobs/%s/checkpoints lists them)",
+                           field, spec->init_job, (long long)spec->init_checkpoint, spec->init_job);
+    }
+    return FB_OK;
 }

@@ -12,6 +12,7 @@
 
 #include "db.h"
 #include "http.h"
+#include "jobspec.h"
 
 /*
  * The handlers.  Each is called by the HTTP layer after the request passed
@@ -120,10 +121,19 @@ int fb_query_str(fb_req *req, const char *name, char *out, size_t cap);
  * bytes of [A-Za-z0-9._:-]); FB_ERR_BAD_HEADER when malformed. */
 int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out);
 
-/* True when a job spec's "init" path is acceptable to the server: empty, or
- * relative without "." or ".." parts (it names an artifact, never an
- * arbitrary server file). */
-bool fb_init_path_ok(const char *init);
+/*
+ * Checks what a parsed spec names beyond itself, for the request's tenant,
+ * before it is stored: its dataset is one of the tenant's (registered, in any
+ * state) or a public built-in; its init, when it has one, is the service's
+ * form and names a job of the tenant that has the weights asked for.  The
+ * local form (a file path) is refused.  init_path[cap] receives the resolved
+ * artifact, a path relative to the artifacts directory under the tenant's
+ * own <tenant id>/ ("" without init).  Fields are named under prefix ("" or
+ * "base").  Returns FB_OK, or the error recorded on the request
+ * (unknown_reference, wrong_type, or the database's).
+ */
+int fb_route_spec_refs(fb_req *req, const fb_job_spec *spec, const char *prefix, char *init_path,
+                       size_t cap);
 
 /* The JSON rendering of a job row aliased j, in SQL; position is an SQL
  * expression for queue.position (use "NULL" when not computed). */

@@ -32,7 +32,7 @@ static const char *const job_states[] = {"queued",    "scheduled", "running",
 
 typedef struct job_create {
     const char *tenant_id;
-    const char *vals[13];
+    const char *vals[14];
     const char *idem_key;
     const char *hash_hex; /* without the \x prefix */
     json_t *out;
@@ -44,9 +44,10 @@ typedef struct job_create {
 static const char sql_job_insert[] =
     "WITH ins AS ("
     " INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key, dataset, n_params,"
-    " flops_per_sample, priority, steps, epochs, max_restarts, idempotency_key, request_hash)"
+    " flops_per_sample, priority, steps, epochs, max_restarts, idempotency_key, request_hash,"
+    " init_path)"
     " SELECT $1::uuid, $2, 'waiting for devices', $3::jsonb, $4, $5, $6::bigint, $7::float8,"
-    " $8::integer, $9::bigint, $10::bigint, $11::integer, $12, $13::bytea"
+    " $8::integer, $9::bigint, $10::bigint, $11::integer, $12, $13::bytea, $14"
     " WHERE (SELECT coalesce(sum(c.n), 0) FROM tenant_queued_counts c WHERE c.tenant_id = $1::uuid)"
     " < (SELECT t.max_queued_jobs FROM tenants t WHERE t.id = $1::uuid)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
@@ -79,7 +80,7 @@ static int job_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         PQclear(r);
     }
     fb_db_autocommit(c);
-    PGresult *r = fb_db_query(c, "job_insert", sql_job_insert, 13, x->vals, &err, msg, cap);
+    PGresult *r = fb_db_query(c, "job_insert", sql_job_insert, 14, x->vals, &err, msg, cap);
     if (!r) return err;
     if (PQntuples(r) == 1) {
         json_decref(x->out);
@@ -121,10 +122,10 @@ int fb_route_job_create(fb_req *req)
     char msg[FB_MSG_MAX];
     err = fb_job_spec_parse(req->body, req->body_len, NULL, &spec, msg, sizeof msg);
     if (err) return fb_req_fail_msg(req, err, msg, NULL);
-    if (!fb_init_path_ok(spec.init)) {
+    char init_path[1024];
+    if ((err = fb_route_spec_refs(req, &spec, "", init_path, sizeof init_path))) {
         fb_job_spec_free(&spec);
-        return fb_req_fail(req, FB_ERR_BAD_NAME, "init",
-                           "init: a relative artifact path without \".\" or \"..\" parts");
+        return err;
     }
     char *canon = fb_job_spec_canonical(&spec);
     if (!canon) {
@@ -145,7 +146,8 @@ int fb_route_job_create(fb_req *req)
     job_create x = {
         .tenant_id = req->key.tenant_id,
         .vals = {req->key.tenant_id, spec.name, canon, spec.fusion_key, spec.dataset, n_params,
-                 flops, priority, steps, epochs, restarts, idem, idem ? hash_hex : NULL},
+                 flops, priority, steps, epochs, restarts, idem, idem ? hash_hex : NULL,
+                 init_path[0] ? init_path : NULL},
         .idem_key = idem,
         .hash_hex = hash_hex + 2,
     };

@@ -209,13 +209,13 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         c, NULL,
         "WITH ins AS (INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key,"
         " dataset, n_params, flops_per_sample, priority, steps, epochs, max_restarts,"
-        " sweep_id, trial_index, trial_params)"
+        " sweep_id, trial_index, trial_params, init_path)"
         " SELECT $1::uuid, e.t->>'name', 'waiting for devices', e.t->'spec',"
         " e.t->>'fusion_key', e.t->>'dataset', (e.t->>'n_params')::bigint,"
         " (e.t->>'flops')::float8, (e.t->>'priority')::integer,"
         " (e.t->>'steps')::bigint, (e.t->>'epochs')::bigint,"
         " (e.t->>'max_restarts')::integer, $2::uuid, (e.i - 1)::integer,"
-        " e.t->'params'"
+        " e.t->'params', e.t->>'init_path'"
         " FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS e(t, i)"
         " RETURNING id)"
         " INSERT INTO job_events (job_id, kind, message)"
@@ -227,8 +227,10 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     return fb_db_commit(c, msg, cap);
 }
 
-/* The rows the INSERT reads: one object per trial. */
-static json_t *trial_rows(const fb_sweep_spec *s)
+#define SWEEP_INIT_PATH_MAX 1024
+
+/* The rows the INSERT reads: one object per trial, with its resolved init artifact. */
+static json_t *trial_rows(const fb_sweep_spec *s, const char (*init_paths)[SWEEP_INIT_PATH_MAX])
 {
     json_t *rows = json_array();
     for (int i = 0; rows && i < fb_sweep_spec_n_trials(s); i++) {
@@ -236,11 +238,12 @@ static json_t *trial_rows(const fb_sweep_spec *s)
         json_t *spec = json_loads(fb_sweep_spec_trial_json(s, i), 0, NULL);
         json_t *params = json_loads(fb_sweep_spec_trial_params(s, i), 0, NULL);
         json_t *row =
-            json_pack("{s:s, s:o?, s:s, s:s, s:I, s:f, s:i, s:I, s:I, s:i, s:o?}", "name", j->name,
-                      "spec", spec, "fusion_key", j->fusion_key, "dataset", j->dataset, "n_params",
-                      (json_int_t)j->n_params, "flops", j->flops_fwd + j->flops_bwd, "priority",
-                      j->priority, "steps", (json_int_t)j->steps, "epochs", (json_int_t)j->epochs,
-                      "max_restarts", j->max_restarts, "params", params);
+            json_pack("{s:s, s:o?, s:s, s:s, s:I, s:f, s:i, s:I, s:I, s:i, s:o?, s:s?}", "name",
+                      j->name, "spec", spec, "fusion_key", j->fusion_key, "dataset", j->dataset,
+                      "n_params", (json_int_t)j->n_params, "flops", j->flops_fwd + j->flops_bwd,
+                      "priority", j->priority, "steps", (json_int_t)j->steps, "epochs",
+                      (json_int_t)j->epochs, "max_restarts", j->max_restarts, "params", params,
+                      "init_path", init_paths[i][0] ? init_paths[i] : NULL);
         if (!spec || !params || !row || json_array_append_new(rows, row)) {
             json_decref(rows);
             return NULL;
@@ -262,16 +265,31 @@ int fb_route_sweep_create(fb_req *req)
     char msg[FB_MSG_MAX];
     err = fb_sweep_spec_parse(req->body, req->body_len, NULL, &spec, msg, sizeof msg);
     if (err) return fb_req_fail_msg(req, err, msg, NULL);
-    for (int i = 0; i < fb_sweep_spec_n_trials(spec); i++) {
-        if (!fb_init_path_ok(fb_sweep_spec_trial(spec, i)->init)) {
+    /* each trial's dataset and init, checked once for each value a search space gives them
+     * (most sweeps search neither: one check) */
+    int n_trials = fb_sweep_spec_n_trials(spec);
+    char(*init_paths)[SWEEP_INIT_PATH_MAX] = calloc((size_t)n_trials + 1, sizeof *init_paths);
+    if (!init_paths) {
+        fb_sweep_spec_free(spec);
+        return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
+    }
+    for (int i = 0; i < n_trials; i++) {
+        const fb_job_spec *t = fb_sweep_spec_trial(spec, i), *p = NULL;
+        if (i > 0) p = fb_sweep_spec_trial(spec, i - 1);
+        if (p && strcmp(t->dataset, p->dataset) == 0 && strcmp(t->init, p->init) == 0 &&
+            strcmp(t->init_job, p->init_job) == 0 && t->init_checkpoint == p->init_checkpoint) {
+            memcpy(init_paths[i], init_paths[i - 1], sizeof init_paths[i]);
+            continue;
+        }
+        if ((err = fb_route_spec_refs(req, t, "base", init_paths[i], sizeof init_paths[i]))) {
+            free(init_paths);
             fb_sweep_spec_free(spec);
-            return fb_req_fail(req, FB_ERR_BAD_NAME, "base.init",
-                               "base.init: a relative artifact path without \".\" or \"..\" "
-                               "parts");
+            return err;
         }
     }
     char *canon = fb_sweep_spec_canonical(spec);
-    json_t *rows = trial_rows(spec);
+    json_t *rows = trial_rows(spec, init_paths);
+    free(init_paths);
     if (!canon || !rows) {
         free(canon);
         json_decref(rows);
@@ -291,7 +309,6 @@ int fb_route_sweep_create(fb_req *req)
     err = fb_route_txn(req, sweep_create_txn, &x);
     free(canon);
     json_decref(rows);
-    int n_trials = fb_sweep_spec_n_trials(spec);
     fb_sweep_spec_free(spec);
     if (err) return err;
     if (x.mismatch)

@@ -244,6 +244,8 @@ typedef struct member {
     int sidx;         /* index in the session's specs, -1 when not trained here */
     zmq_msg_t resume; /* the checkpoint to resume from, when has_resume */
     bool has_resume;
+    zmq_msg_t init; /* the weights its spec's init names, as the server sent them, when has_init */
+    bool has_init;
     /* under the group's mutex */
     bool alive; /* in the array (or about to enter it) */
     bool detach_req;
@@ -260,8 +262,10 @@ typedef struct group {
     struct fb_agent *a;
     char id[FB_WIRE_ID_LEN + 1];
     int64_t generation;
-    char dataset[FB_WIRE_DATASET_MAX + 1];
+    char dataset[FB_WIRE_DATASET_MAX + 1]; /* as the specs name it */
     char dataset_tenant[FB_WIRE_ID_LEN + 1];
+    /* the dataset it reads: dataset, or the public built-in a tenant's alias stands for */
+    char source[FB_WIRE_DATASET_MAX + 1];
     int dev;
     int64_t start_step;
     int n_members;
@@ -1076,6 +1080,23 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
     }
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
+        if (mb->sidx < 0 || !mb->has_init) continue;
+        /* one member's weights that do not fit its model fail that member alone */
+        err = fb_session_load_weights(r->s, mb->sidx, zmq_msg_data(&mb->init),
+                                      zmq_msg_size(&mb->init), msg, sizeof msg);
+        if (err) {
+            fb_session_detach(r->s, mb->sidx);
+            set_alive(g, mb, false);
+            outmsg *ev =
+                event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
+            event_text(ev, "init: the weights of job %s do not fit this model: %s",
+                       mb->spec.init_job, msg);
+            pend(r, ev);
+            agent_log("group %s: %s: the init weights do not load: %s", g->id, mb->job_id, msg);
+        }
+    }
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
         if (mb->sidx < 0 || !mb->has_resume) continue;
         err = fb_session_restore(r->s, mb->sidx, zmq_msg_data(&mb->resume),
                                  zmq_msg_size(&mb->resume), msg, sizeof msg);
@@ -1089,11 +1110,16 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
             agent_log("group %s: %s: the checkpoint does not restore: %s", g->id, mb->job_id, msg);
         }
     }
-    for (int i = 0; i < g->n_members; i++)
+    for (int i = 0; i < g->n_members; i++) {
         if (g->m[i].has_resume) {
             zmq_msg_close(&g->m[i].resume);
             g->m[i].has_resume = false;
         }
+        if (g->m[i].has_init) {
+            zmq_msg_close(&g->m[i].init);
+            g->m[i].has_init = false;
+        }
+    }
     flush_pending(r);
     return !fb_session_done(r->s);
 }
@@ -1460,7 +1486,7 @@ static void *group_thread(void *arg)
      * missing) then leaves at once, and the others' first sum tells them */
     bool joined = !g->world || open_comm(&r);
     dataset_ref *ds =
-        joined ? dataset_acquire(a, g->dataset_tenant, g->dataset, msg, sizeof msg) : NULL;
+        joined ? dataset_acquire(a, g->dataset_tenant, g->source, msg, sizeof msg) : NULL;
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused = {0};
     bool ready = ds != NULL;
@@ -1469,7 +1495,7 @@ static void *group_thread(void *arg)
         const fb_job_spec *s0 = &g->m[g->by_sidx[0]].spec;
         fb_data_source_opts so = {.batch_size = s0->batch_size, .shuffle = s0->shuffle,
                                   .data_seed = s0->data_seed, .start_step = g->start_step};
-        ready = fb_data_open_named(&shard_train, &unused, &loader, g->dataset, ds->data_dir, &so,
+        ready = fb_data_open_named(&shard_train, &unused, &loader, g->source, ds->data_dir, &so,
                                    msg, sizeof msg) == FB_OK;
     }
     if (!joined) {
@@ -1729,6 +1755,7 @@ static void group_free(group *g)
     for (int i = 0; i < g->n_members; i++) {
         if (g->m[i].parsed) fb_job_spec_free(&g->m[i].spec);
         if (g->m[i].has_resume) zmq_msg_close(&g->m[i].resume);
+        if (g->m[i].has_init) zmq_msg_close(&g->m[i].init);
     }
     free(g->m);
     free(g->by_sidx);
@@ -1800,6 +1827,22 @@ static bool member_ok(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *w
     if (wm->start_step > 0 && wm->resume_blob == 0) {
         fail_member(a, m, wm, "start step %lld needs a checkpoint to resume from",
                     (long long)wm->start_step);
+        return false;
+    }
+    /* a worker opens no path a spec names: initial weights come from the server */
+    if (mb->spec.init[0]) {
+        fail_member(a, m, wm,
+                    "init: a worker takes initial weights only as the server sends them, "
+                    "never from a path in the spec");
+        return false;
+    }
+    if (mb->spec.init_job[0] && wm->start_step == 0 && wm->init_blob == 0) {
+        fail_member(a, m, wm, "init names job %s, but the assignment carries no weights",
+                    mb->spec.init_job);
+        return false;
+    }
+    if (wm->init_blob && !mb->spec.init_job[0]) {
+        fail_member(a, m, wm, "the assignment carries initial weights the spec does not ask for");
         return false;
     }
     return true;
@@ -1894,6 +1937,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     g->generation = m->generation;
     snprintf(g->dataset, sizeof g->dataset, "%s", m->dataset);
     snprintf(g->dataset_tenant, sizeof g->dataset_tenant, "%s", m->dataset_tenant);
+    snprintf(g->source, sizeof g->source, "%s", m->builtin[0] ? m->builtin : m->dataset);
     g->dev = m->n_group_devices > 0 ? m->group_devices[0] : 0;
     g->time_share = m->time_share > 0 ? m->time_share : 1;
     g->n_split = m->n_split;
@@ -1970,6 +2014,17 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
                 continue;
             }
             mb->has_resume = true;
+        }
+        if (wm->init_blob > 0) {
+            zmq_msg_init(&mb->init);
+            if (zmq_msg_copy(&mb->init, &frames[wm->init_blob]) != 0) {
+                zmq_msg_close(&mb->init);
+                if (mb->has_resume) zmq_msg_close(&mb->resume);
+                mb->has_resume = false;
+                fail_member(a, m, wm, "out of memory");
+                continue;
+            }
+            mb->has_init = true;
         }
         if (!have_start) {
             g->start_step = wm->start_step;

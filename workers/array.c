@@ -1559,11 +1559,11 @@ done:
     return err;
 }
 
-int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t cap)
+/* Loads member m's parameters and buffers from the parsed file f (path names it in
+ * messages); takes f. */
+static int load_member(fb_array *a, int m, fb_st_file *f, const char *path, char *msg, size_t cap)
 {
-    fb_st_file *f = NULL;
-    int err = fb_st_open(path, &f, msg, cap);
-    if (err) return err;
+    int err;
     int n_total = a->n_params + a->n_bufs;
     float **host = calloc((size_t)n_total + 1, sizeof *host);
     int64_t *tracked = calloc((size_t)a->n_bn + 1, sizeof *tracked);
@@ -1644,4 +1644,23 @@ done:
     free(present);
     fb_st_close(f);
     return err;
+}
+
+int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t cap)
+{
+    fb_st_file *f = NULL;
+    int err = fb_st_open(path, &f, msg, cap);
+    if (err) return err;
+    return load_member(a, m, f, path, msg, cap);
+}
+
+int fb_array_load_buffer(fb_array *a, int m, const void *buf, size_t len, const char *who,
+                         char *msg, size_t cap)
+{
+    fb_st_file *f = NULL;
+    char inner[512];
+    int err = fb_st_parse_buffer(buf, len, &f, inner, sizeof inner);
+    if (err == FB_ERR_NOMEM) return fb_errf(msg, cap, err, "%s", inner);
+    if (err) return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: %s", who, inner);
+    return load_member(a, m, f, who, msg, cap);
 }

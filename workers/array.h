@@ -153,6 +153,11 @@ int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const 
  * leaves it undefined. */
 int fb_array_load(fb_array *a, int m, const char *path, char *msg, size_t msg_cap);
 
+/* As fb_array_load, from len bytes at buf holding such a file (buf is not kept); who names
+ * the weights in messages.  A malformed file is FB_ERR_CHECKPOINT. */
+int fb_array_load_buffer(fb_array *a, int m, const void *buf, size_t len, const char *who,
+                         char *msg, size_t msg_cap);
+
 /* ---- one member's state, tensor by tensor (checkpoints) ------------------- */
 
 /* The "format" metadata of a full-state checkpoint (session.h). */

@@ -228,6 +228,16 @@ int main(int argc, char **argv)
             rc = EXIT_USAGE;
             goto done;
         }
+        if (specs[i].init_job[0]) {
+            loaded++;
+            fprintf(stderr,
+                    "fusebox-train: %s: init names job %s of the service; fusebox-train starts "
+                    "from a local file: \"init\": \"PATH.safetensors\" (download the job's "
+                    "model with GET /v1/jobs/%s/model)\n",
+                    argv[optind + i], specs[i].init_job, specs[i].init_job);
+            rc = EXIT_USAGE;
+            goto done;
+        }
     }
     /* groups by fusion key, in order of first appearance */
     int n_groups = 0;

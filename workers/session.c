@@ -945,6 +945,45 @@ done:
     return err;
 }
 
+int fb_session_load_weights(fb_session *s, int member, const void *buf, size_t len, char *msg,
+                            size_t cap)
+{
+    int b = slot_of(s, member);
+    if (b < 0) return fb_errf(msg, cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
+    if (s->step != 0)
+        return fb_errf(msg, cap, FB_ERR_STATE_CONFLICT,
+                       "initial weights are for a session at step 0, this one is at %lld",
+                       (long long)s->step);
+    fb_array *a = s->a;
+    if (!buf || len == 0) return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "the init weights: no bytes");
+    int err = fb_array_load_buffer(a, b, buf, len, "the init weights", msg, cap);
+    if (err) return err;
+    /* the data-parallel replicas hold one state: they take what the first took */
+    int replicas = s->dp ? fb_dp_ranks(s->dp) : 1;
+    const fb_array_part parts[] = {FB_ARRAY_PARAM, FB_ARRAY_BUFFER};
+    size_t most = 1;
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < fb_array_tensor_count(a, parts[p]); t++)
+            if (fb_array_tensor_at(a, parts[p], t).numel > most)
+                most = fb_array_tensor_at(a, parts[p], t).numel;
+    float *tmp = replicas > 1 ? malloc(most * sizeof *tmp) : NULL;
+    if (replicas > 1 && !tmp) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    for (int d = 0; d < replicas; d++) {
+        fb_array *ad = s->dp ? fb_dp_array(s->dp, d) : a;
+        if (ad == a) continue;
+        for (int p = 0; p < 2; p++)
+            for (int t = 0; t < fb_array_tensor_count(a, parts[p]); t++) {
+                fb_array_get(a, b, parts[p], t, tmp);
+                fb_array_set(ad, b, parts[p], t, tmp);
+            }
+        for (int k = 0; k < fb_array_bn_count(a); k++)
+            fb_array_set_bn_tracked(ad, b, k, fb_array_bn_tracked(a, b, k));
+    }
+    free(tmp);
+    if (s->pp) fb_pp_scatter(s->pp, a, b);
+    return FB_OK;
+}
+
 /* ---- one step -------------------------------------------------------------- */
 
 /* The minibatch of the current step into bx, by (from the loader or memory). */

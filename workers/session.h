@@ -101,6 +101,19 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
                        size_t msg_cap);
 
 /*
+ * Loads member i's initial weights from len bytes of a safetensors file (a
+ * model file, or a full-state checkpoint whose parameters and buffers are
+ * taken and optimizer state ignored, as fb_array_load reads them), in a
+ * session that starts at step 0, before its first step, on every device.  The rules of
+ * fb_array_load apply: every parameter present with its exact shape, no
+ * tensor that is not the model's.  FB_ERR_CHECKPOINT naming the tensor,
+ * FB_ERR_NOT_FOUND when member i has left, FB_ERR_STATE_CONFLICT when
+ * the session is past step 0, FB_ERR_NOMEM; on failure the member is unchanged.
+ */
+int fb_session_load_weights(fb_session *s, int member, const void *buf, size_t len, char *msg,
+                            size_t msg_cap);
+
+/*
  * Trains one step of every member still in the array, then emits that
  * step's events (STEP on the log grid, EVAL, CHECKPOINT, DONE, FAILED) in
  * that order and removes members that finished or failed.  A member whose

@@ -90,6 +90,9 @@ static const char *const *server_flags(e2e *t, const char *const *extra)
     /* tenants' own datasets land where the workers read datasets */
     flags[n++] = "--datasets-dir";
     flags[n++] = t->data_dir;
+    /* "synth" is in every worker's data directory, for every tenant, as a built-in is */
+    flags[n++] = "--public-datasets";
+    flags[n++] = "synth";
     for (int i = 0; extra && extra[i] && n < 30; i++) flags[n++] = extra[i];
     flags[n] = NULL;
     return flags;

@@ -15,10 +15,12 @@
  * integer query value that is accepted lies in its range and one refused
  * leaves the output alone; the UTF-8 check agrees with the table of
  * well-formed sequences in the Unicode standard (Table 3-7); the nesting
- * depth of any JSON that jansson accepts is the depth of the parsed tree; an
- * accepted "init" path has no empty, "." or ".." segment and is relative.
+ * depth of any JSON that jansson accepts is the depth of the parsed tree; a
+ * path accepted as a safe artifact path (paths.h: what an init reference
+ * resolves to) has no empty, "." or ".." segment and is relative.
  */
 #include "http.h"
+#include "paths.h"
 #include "routes.h"
 
 #include <jansson.h>
@@ -202,13 +204,13 @@ static void check_body(const uint8_t *body, size_t n)
     json_decref(root);
 
     char *init = cstr(body, n);
-    if (fb_init_path_ok(init)) {
-        if (init[0] == '/') FAIL("absolute init path \"%s\" accepted", init);
+    if (fb_path_safe_relative(init)) {
+        if (init[0] == '/') FAIL("absolute artifact path \"%s\" accepted", init);
         for (char *seg = init; seg && *seg;) {
             char *slash = strchr(seg, '/');
             size_t sl = slash ? (size_t)(slash - seg) : strlen(seg);
             if (sl == 0 || (sl == 1 && seg[0] == '.') || (sl == 2 && !strncmp(seg, "..", 2)))
-                FAIL("init path \"%s\" accepted", init);
+                FAIL("artifact path \"%s\" accepted", init);
             /* a trailing slash is let through: it names no other file */
             seg = slash ? slash + 1 : NULL;
         }

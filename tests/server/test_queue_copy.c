@@ -162,9 +162,13 @@ static void compare(PGconn *c, fb_queue *q)
 {
     PGresult *r = PQexec(
         c, "SELECT j.id, j.seq, j.tenant_id, j.fusion_key, j.resume_step, j.priority,"
-           " coalesce(ds.source = 'builtin', true), coalesce(j.queue_reason, ''), j.resume_path,"
-           " CASE WHEN ds.source = 'builtin' THEN coalesce(ds.manifest->>'builtin', j.dataset)"
-           "  ELSE j.dataset END"
+           /* public: an unregistered built-in or listed name, or a built-in under its name */
+           " CASE WHEN ds.source IS NULL THEN j.dataset IN ('fashion-mnist', 'mnist', 'other')"
+           "  ELSE ds.source = 'builtin' AND ds.manifest->>'builtin' = j.dataset END,"
+           " coalesce(j.queue_reason, ''), j.resume_path, j.dataset,"
+           /* a built-in under another name: read as the built-in */
+           " CASE WHEN ds.source = 'builtin' AND ds.manifest->>'builtin' <> j.dataset"
+           "  THEN ds.manifest->>'builtin' END"
            " FROM jobs j LEFT JOIN datasets ds ON ds.tenant_id = j.tenant_id"
            "  AND ds.name = j.dataset WHERE j.state = 'queued' ORDER BY j.priority DESC, j.seq");
     CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);
@@ -186,6 +190,10 @@ static void compare(PGconn *c, fb_queue *q)
         else
             CHECK_STR_EQ(o[i]->resume_path, PQgetvalue(r, i, 8));
         CHECK_STR_EQ(o[i]->dataset, PQgetvalue(r, i, 9));
+        if (PQgetisnull(r, i, 10))
+            CHECK(o[i]->builtin == NULL);
+        else
+            CHECK_STR_EQ(o[i]->builtin, PQgetvalue(r, i, 10));
     }
     PQclear(r);
 }
@@ -239,7 +247,7 @@ int main(void)
     conns[0] = own;
     conns[1] = other;
     conns[2] = third;
-    fb_queue *q = fb_queue_new();
+    fb_queue *q = fb_queue_new("other");
     CHECK(q != NULL);
     int rows = -1;
     sync_ok(q, s.sql, &rows);

@@ -100,8 +100,8 @@ static const bad_case cases[] = {
      "{\"dataset\": \"fashion-mnist\", " MODEL ", \"batch_size\": 32, \"steps\": 100,"
      " \"optimizer\": {\"type\": \"rmsprop\", \"lr\": 0.1}}",
      0, NULL, 400, "bad_enum", "optimizer.type"},
-    {"unknown precision", "POST", "/v1/jobs", K_ALICE, NULL,
-     SPEC(", \"precision\": \"fp16\""), 0, NULL, 400, "bad_enum", "precision"},
+    {"unknown precision", "POST", "/v1/jobs", K_ALICE, NULL, SPEC(", \"precision\": \"fp16\""), 0,
+     NULL, 400, "bad_enum", "precision"},
     {"SQL in a job name", "POST", "/v1/jobs", K_ALICE, NULL,
      SPEC_NAME("\"x'); DROP TABLE jobs; --\""), 0, NULL, 400, "bad_name", "name"},
     {"path traversal in a job name", "POST", "/v1/jobs", K_ALICE, NULL,
@@ -110,9 +110,9 @@ static const bad_case cases[] = {
      "{\"dataset\": \"../secret\", " MODEL ", \"batch_size\": 32, \"steps\": 100, " OPT "}", 0,
      NULL, 400, "bad_name", "dataset"},
     {"absolute init path", "POST", "/v1/jobs", K_ALICE, NULL, SPEC(", \"init\": \"/etc/passwd\""),
-     0, NULL, 400, "bad_name", "init"},
+     0, NULL, 400, "wrong_type", "init"},
     {"init path escaping", "POST", "/v1/jobs", K_ALICE, NULL,
-     SPEC(", \"init\": \"runs/../../other-tenant/w.safetensors\""), 0, NULL, 400, "bad_name",
+     SPEC(", \"init\": \"runs/../../other-tenant/w.safetensors\""), 0, NULL, 400, "wrong_type",
      "init"},
     {"name too long", "POST", "/v1/jobs", K_ALICE, NULL, NULL, GEN_LONG_NAME, NULL, 400, "bad_name",
      "name"},
@@ -266,7 +266,7 @@ static const bad_case cases[] = {
      400, "out_of_range", "base.batch_size"},
     {"sweep of an unknown precision", "POST", "/v1/sweeps", K_ALICE, NULL,
      "{\"base\": " SPEC(", \"precision\": \"fp8\"") ", \"search\": {\"type\": \"grid\","
-     " \"params\": {\"seed\": {\"values\": [1]}}}}",
+                                                    " \"params\": {\"seed\": {\"values\": [1]}}}}",
      0, NULL, 400, "bad_enum", "base.precision"},
     {"unknown early-stopping rule", "POST", "/v1/sweeps", K_ALICE, NULL,
      "{\"base\": " SPEC(

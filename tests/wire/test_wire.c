@@ -88,6 +88,7 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
     CHECK_STR_EQ(a->fusion_key, b->fusion_key);
     CHECK_STR_EQ(a->dataset, b->dataset);
     CHECK_STR_EQ(a->dataset_tenant, b->dataset_tenant);
+    CHECK_STR_EQ(a->builtin, b->builtin);
     CHECK_INT_EQ(a->n_group_devices, b->n_group_devices);
     for (int i = 0; i < a->n_group_devices; i++)
         CHECK_INT_EQ(a->group_devices[i], b->group_devices[i]);
@@ -101,6 +102,7 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
         CHECK_STR_EQ(x->spec, y->spec);
         CHECK_INT_EQ(x->start_step, y->start_step);
         CHECK_INT_EQ(x->resume_blob, y->resume_blob);
+        CHECK_INT_EQ(x->init_blob, y->init_blob);
     }
     CHECK_INT_EQ(a->n_split, b->n_split);
     for (int i = 0; i < a->n_split; i++)
@@ -227,7 +229,7 @@ static fb_wire_msg make_assign(void)
     m.generation = 5;
     snprintf(m.fusion_key, sizeof m.fusion_key, FKEY);
     snprintf(m.dataset, sizeof m.dataset, "%s",
-             "_a-64-byte-dataset-name.as-the-job-spec-allows_0123456789abcdefg");
+             "a-64-byte-dataset-name.as-the-job-spec-allows_0123456789abcdefgh");
     CHECK_INT_EQ(strlen(m.dataset), FB_WIRE_DATASET_MAX);
     snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", J3);
     m.n_group_devices = 4;
@@ -328,6 +330,11 @@ static void test_round_trips(void)
 
     m = make_assign();
     round_trip(&m, 2);
+    /* a member starting from the tenant's weights, on a built-in under the tenant's name */
+    m.members[2].init_blob = 3;
+    m.dataset_tenant[0] = '\0';
+    snprintf(m.builtin, sizeof m.builtin, "fashion-mnist");
+    round_trip(&m, 3);
     fb_wire_msg_free(&m);
 
     /* a group spanning workers: this worker holds ranks 1..2 of 4, the split has 4 entries */
@@ -655,6 +662,30 @@ static const bad_case bad_cases[] = {
                        "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"
                        "'time_share':1,'members':[" MEMBER(J1, "") "]}",
      0, "dataset: \"Fashion\": byte 0"},
+    {"dataset dot",
+     HDR("assign") GRP "'fusion_key':'" FKEY "','dataset':'.',"
+                       "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"
+                       "'time_share':1,'members':[" MEMBER(J1, "") "]}",
+     0, "dataset: \".\": byte 0"},
+    {"dataset dotdot",
+     HDR("assign") GRP "'fusion_key':'" FKEY "','dataset':'..',"
+                       "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"
+                       "'time_share':1,'members':[" MEMBER(J1, "") "]}",
+     0, "dataset: \"..\": byte 0"},
+    {"builtin dotdot", A_OK(",'builtin':'..'"), 0, "builtin: \"..\": byte 0"},
+    {"builtin slash", A_OK(",'builtin':'a/b'"), 0, "builtin: \"a/b\": byte 1"},
+    {"builtin with a tenant", A_OK(",'builtin':'mnist','dataset_tenant':'" T1 "'"), 0,
+     "builtin: a built-in is public"},
+    {"init blob on a resume",
+     ASSIGN("[0,1]", "2", "[64,64]",
+            "{'job_id':'" J1 "','tenant_id':'" T1 "','spec':'{}','start_step':5,"
+            "'resume_blob':1,'init_blob':2}"),
+     2, "members[0].init_blob: initial weights are for a start at step 0"},
+    {"init blob twice",
+     ASSIGN("[0,1]", "2", "[64,64]", MEMBER(J1, ",'resume_blob':1,'init_blob':1")), 1,
+     "blob 1 is referred to twice"},
+    {"init blob beyond frames", ASSIGN("[0,1]", "2", "[64,64]", MEMBER(J1, ",'init_blob':2")), 1,
+     "members[0].init_blob: 2 is out of range"},
     {"dataset tenant not a uuid",
      HDR("assign") GRP "'fusion_key':'" FKEY "','dataset':'d','dataset_tenant':'../x',"
                        "'devices':[0],'parallel_data':1,'parallel_pipeline':1,'split':[1],"

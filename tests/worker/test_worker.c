@@ -1255,10 +1255,115 @@ static void scenario_cli(void)
     wu_server_stop(&s);
 }
 
+/* ---- init weights and a built-in under another name ----------------------------------- */
+
+/* A member of the "init" scenario: the MLP of mlp_job on dataset "my-alias", init as given. */
+static void init_job(group_def *g, int hidden, double lr, int64_t steps, const char *init)
+{
+    int i = g->n++;
+    CHECK(i < MAX_JOBS);
+    wu_uuid(g->ids[i], 0x1a1, (unsigned long long)(i + 1));
+    wu_spec(&g->spec[i], &g->json[i],
+            "{\"name\": \"i%d\", \"dataset\": \"my-alias\", \"model\": {\"input\": [%d], "
+            "\"layers\": [{\"type\": \"linear\", \"out\": %d}, {\"type\": \"relu\"}, "
+            "{\"type\": \"linear\", \"out\": %d}]}, \"batch_size\": 32, \"steps\": %lld, "
+            "\"optimizer\": {\"type\": \"adam\", \"lr\": %g}, \"seed\": %d, \"data_seed\": 5%s}",
+            i, F_IN, hidden, CLASSES, (long long)steps, lr, 30 + i, init);
+}
+
+/*
+ * The worker takes a member's initial weights only from the ASSIGN: a spec that names a path
+ * fails (it opens no path a spec names), a member whose init has no weights in the message
+ * fails, a member whose weights do not fit fails alone, the one whose weights fit starts from
+ * them, and a member without init trains as ever.  The group's dataset is a tenant's alias
+ * "my-alias" of the public dataset synth (ASSIGN builtin): the specs name the alias, the
+ * worker reads synth.
+ */
+static void scenario_init(void)
+{
+    scene c;
+    scene_start(&c, "init", 17, "w-init", NULL, NULL);
+    /* the weights a tenant's earlier job left: 30 steps of the same model, and of another */
+    group_def src = {0};
+    mlp_job(&src, 32, 0, 30, 0.01, 9, 0, 0);
+    mlp_job(&src, 16, 0, 30, 0.01, 9, 0, 0);
+    ref_run made, other;
+    const fb_job_spec *s0 = &src.spec[0], *s1 = &src.spec[1];
+    reference(&made, &s0, 1, c.s.data_dir);
+    reference(&other, &s1, 1, c.s.data_dir);
+    static const char ref[] = ", \"init\": {\"job\": \"0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b\"}";
+    group_def *g = &c.g;
+    init_job(g, 32, 1e-9, 1, ", \"init\": \"/etc/hostname\""); /* 0: a path */
+    init_job(g, 32, 1e-9, 1, ref);                             /* 1: fits */
+    init_job(g, 32, 1e-9, 1, ref);                             /* 2: another model's */
+    init_job(g, 32, 1e-9, 1, ref);                             /* 3: no weights sent */
+    init_job(g, 32, 0.01, 20, "");                             /* 4: none */
+    wu_uuid(c.gid, 0x6, 7);
+    log_init(&c.L, c.gid, 1, g->ids, g->n);
+
+    fb_wire_msg m = {.type = FB_WIRE_ASSIGN,
+                     .generation = 1,
+                     .n_group_devices = 1,
+                     .parallel_data = 1,
+                     .parallel_pipeline = 1,
+                     .n_split = 1,
+                     .time_share = 1.0};
+    snprintf(m.group_id, sizeof m.group_id, "%s", c.gid);
+    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", g->spec[0].fusion_key);
+    snprintf(m.dataset, sizeof m.dataset, "my-alias");
+    snprintf(m.builtin, sizeof m.builtin, "synth");
+    m.split[0] = 32;
+    m.n_members = g->n;
+    m.members = calloc((size_t)g->n, sizeof *m.members);
+    CHECK(m.members != NULL);
+    for (int i = 0; i < g->n; i++) {
+        snprintf(m.members[i].job_id, sizeof m.members[i].job_id, "%s", g->ids[i]);
+        wu_uuid(m.members[i].tenant_id, TENANT, 1);
+        m.members[i].spec = strdup(g->json[i]);
+        CHECK(m.members[i].spec != NULL);
+    }
+    const void *blobs[2] = {made.model[0], other.model[0]};
+    size_t lens[2] = {made.len[0], other.len[0]};
+    m.members[1].init_blob = 1;
+    m.members[2].init_blob = 2;
+    wu_send(&c.s, c.name, &m, blobs, lens, 2);
+    fb_wire_msg_free(&m);
+    pump(&c.s, &c.L, 120000, all_done, "every member to finish or fail");
+
+    run_log *L = &c.L;
+    CHECK(L->job[0].failed);
+    CHECK(strstr(L->job[0].failed_text, "never from a path") != NULL);
+    CHECK(L->job[1].finished);
+    double e = wu_models_compare(L->job[1].model, L->job[1].model_len, made.model[0], made.len[0],
+                                 1e-6, "a member started from the tenant's weights");
+    CHECK(L->job[2].failed);
+    CHECK(strstr(L->job[2].failed_text, "do not fit") != NULL);
+    CHECK(L->job[3].failed);
+    CHECK(strstr(L->job[3].failed_text, "carries no weights") != NULL);
+    CHECK(L->job[4].finished);
+    CHECK_INT_EQ(L->job[4].finished_step, 20);
+    /* the untouched member trained on synth, as alone */
+    const fb_job_spec *s4 = &g->spec[4];
+    ref_run solo;
+    reference(&solo, &s4, 1, c.s.data_dir);
+    wu_models_compare(L->job[4].model, L->job[4].model_len, solo.model[0], solo.len[0], 1e-4,
+                      "the member without init vs alone on synth");
+    printf("init: the member with the tenant's weights is %.2g from them after one step at lr "
+           "1e-9; a path, missing and misfit weights failed their members alone\n",
+           e);
+    for (int i = 0; i < 4; i++)
+        printf("  member %d: %s\n", i, L->job[i].failed ? L->job[i].failed_text : "finished");
+    ref_free(&solo);
+    ref_free(&made);
+    ref_free(&other);
+    group_free(&src);
+    scene_finish(&c, NULL);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s train|detach|drain|share|outbox|bad|auth|cli\n", argv[0]);
+        fprintf(stderr, "usage: %s train|detach|drain|share|outbox|bad|auth|cli|init\n", argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -1279,6 +1384,8 @@ int main(int argc, char **argv)
         scenario_auth();
     else if (strcmp(argv[1], "cli") == 0)
         scenario_cli();
+    else if (strcmp(argv[1], "init") == 0)
+        scenario_init();
     else {
         fprintf(stderr, "unknown scenario %s\n", argv[1]);
         return 2;
