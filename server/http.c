@@ -5,13 +5,15 @@
  *
  * libmicrohttpd calls on_request() once with the headers, once per body
  * chunk, and once more at the end of the body.  Everything that can be
- * decided from the headers is decided on the first call.  A refused request's
- * body is read to its end and dropped, however long it is, and only then
- * answered: libmicrohttpd can queue an answer only before the body or after
- * it, and one sent before while the client still sends reaches the client as
- * a reset connection (curl: "broken pipe", "empty reply") once the server
- * closes with unread bytes.  A client that asked "Expect: 100-continue" gets
- * a refusal decided from the headers at once, before it sends the body.
+ * decided from the headers is decided on the first call.  A body refused
+ * while it arrives (chunked, or over an upload's limit) is read to its end
+ * and dropped, however long it is, and only then answered: libmicrohttpd can
+ * queue an answer only before the body or after it, never in between.  A
+ * refusal decided from the headers is answered at once when the client asked
+ * "Expect: 100-continue" (it has not sent the body) or declared a body of
+ * more than DISCARD_FACTOR times the limit (reading it all would cost more
+ * than it is worth); otherwise the body is drained first, so that the client
+ * reads the answer instead of a reset connection.
  */
 #include "http.h"
 
@@ -34,6 +36,7 @@
 #include "server_impl.h"
 
 #define MAX_EXTRA_HEADERS 6
+#define DISCARD_FACTOR 8 /* declared bodies past this many times the limit: answer at once */
 
 typedef struct req_impl {
     struct MHD_Connection *conn;
@@ -46,7 +49,7 @@ typedef struct req_impl {
     char field[128];
     int retry_after;  /* seconds, for 429 and 503 */
     char allow[64];   /* for 405 */
-    bool respond_now; /* answer on the first call: the client waits to send the body */
+    bool respond_now; /* answer on the first call, without reading the body */
     /* body */
     char *body;
     size_t body_len, body_cap;
@@ -480,6 +483,7 @@ static void check_stream(fb_req *req, uint64_t declared)
             fb_req_fail(req, err, NULL, "%s", fb_err_describe(err));
         }
     }
+    if (declared > (uint64_t)req->srv->cfg.max_body_bytes * DISCARD_FACTOR) im->respond_now = true;
 }
 
 /* Everything decidable from the request line and headers. */
@@ -513,6 +517,7 @@ static void check_headers(fb_req *req, const char *method)
         fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
                     "the body of %llu bytes exceeds the limit of %zu bytes",
                     (unsigned long long)declared, limit);
+        if (declared > (uint64_t)limit * DISCARD_FACTOR) im->respond_now = true;
         return;
     }
     if (req->route->body == FB_BODY_JSON || (req->route->body == FB_BODY_JSON_OPTIONAL && body)) {
@@ -780,8 +785,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             check_headers(req, method);
         }
         /* refused before its body: a client that waits for 100 Continue
-         * sends none, so it may have the answer now; any other one sends the
-         * body anyway, and is answered once it is in */
+         * sends none, so it may have the answer now */
         uint64_t declared;
         if (im->err && has_body(req, &declared) && expects_continue(req)) im->respond_now = true;
         if (im->respond_now) return send_response(req);
