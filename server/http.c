@@ -54,7 +54,7 @@ typedef struct req_impl {
     char *body;
     size_t body_len, body_cap;
     bool body_seen;
-    uint64_t discarded; /* body bytes dropped after the refusal */
+    uint64_t discarded;  /* body bytes dropped after the refusal */
     int body_fd;         /* FB_BODY_STREAM: the file the body goes to, -1 otherwise */
     uint64_t body_limit; /* FB_BODY_STREAM: its limit */
     /* response */

@@ -179,10 +179,10 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     if (!r) return err;
     PQclear(r);
     r = fb_db_query(c, NULL,
-                              "SELECT (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
-                              " WHERE q.tenant_id = t.id) + $2::integer <= t.max_queued_jobs"
-                              " FROM tenants t WHERE t.id = $1::uuid",
-                              2, vq, &err, msg, cap);
+                    "SELECT (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
+                    " WHERE q.tenant_id = t.id) + $2::integer <= t.max_queued_jobs"
+                    " FROM tenants t WHERE t.id = $1::uuid",
+                    2, vq, &err, msg, cap);
     if (!r) return err;
     x->quota = PQntuples(r) != 1 || PQgetvalue(r, 0, 0)[0] != 't';
     PQclear(r);

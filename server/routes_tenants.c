@@ -374,9 +374,9 @@ static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
      * statement reads the snapshot taken before the lock was granted, which
      * misses the keys the previous holder just committed, and 40 concurrent
      * requests then passed a limit of 100. */
-    PGresult *r = fb_db_query(c, NULL,
-                              "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, v1,
-                              &err, msg, cap);
+    PGresult *r =
+        fb_db_query(c, NULL, "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, v1,
+                    &err, msg, cap);
     if (!r) return err;
     bool exists = PQntuples(r) == 1;
     PQclear(r);

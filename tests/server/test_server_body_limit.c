@@ -127,8 +127,8 @@ static bool exchange(const body_case *c, const char *path, fbt_resp *r, size_t *
     if (c->chunked)
         hn += snprintf(head + hn, sizeof head - (size_t)hn, "Transfer-Encoding: chunked\r\n\r\n");
     else
-        hn += snprintf(head + hn, sizeof head - (size_t)hn, "Content-Length: %zu\r\n\r\n",
-                       c->bytes);
+        hn +=
+            snprintf(head + hn, sizeof head - (size_t)hn, "Content-Length: %zu\r\n\r\n", c->bytes);
     CHECK(hn > 0 && (size_t)hn < sizeof head);
     int fd = fbt_connect(S.port, 20000);
     CHECK(fd >= 0);
@@ -224,8 +224,8 @@ int main(void)
         fbt_resp r;
         size_t sent = 0;
         if (!exchange(c, path, &r, &sent)) {
-            printf("FAIL %2d %s: no answer (the connection was dropped after %zu body bytes)\n",
-                   i, what, sent);
+            printf("FAIL %2d %s: no answer (the connection was dropped after %zu body bytes)\n", i,
+                   what, sent);
             failed++;
             continue;
         }
@@ -259,8 +259,8 @@ int main(void)
     fbt_resp r = fbt_call(&S, "GET", "/metrics", NULL, NULL);
     fbt_expect(&r, 200, NULL, "metrics");
     char want[128];
-    snprintf(want, sizeof want, "fusebox_errors_total{code=\"payload_too_large\",status=\"413\"} %d",
-             N_CASES);
+    snprintf(want, sizeof want,
+             "fusebox_errors_total{code=\"payload_too_large\",status=\"413\"} %d", N_CASES);
     if (!failed) CHECK(strstr(r.body, want) != NULL);
     fbt_resp_free(&r);
     if (failed) {

@@ -53,8 +53,7 @@ static void *call_main(void *arg)
     int rc = fbt_http(S.port, c->method, c->path, h, c->body, c->body ? strlen(c->body) : 0, &r);
     c->status = rc == 0 ? r.status : 0;
     json_t *e = json_object_get(r.json, "error");
-    snprintf(c->code, sizeof c->code, "%s",
-             e ? json_string_value(json_object_get(e, "code")) : "");
+    snprintf(c->code, sizeof c->code, "%s", e ? json_string_value(json_object_get(e, "code")) : "");
     if (rc == 0) fbt_record(c->method, c->path, &r);
     fbt_resp_free(&r);
     return NULL;
@@ -91,8 +90,8 @@ static void expect_split(const char *what, const call *calls, int n, int ok_stat
 {
     int ok = count(calls, n, ok_status, NULL);
     int refused = count(calls, n, refused_status, refused_code);
-    printf("%s: %d answered %d, %d answered %d %s (want %d and %d)\n", what, ok, ok_status,
-           refused, refused_status, refused_code ? refused_code : "", want_ok, n - want_ok);
+    printf("%s: %d answered %d, %d answered %d %s (want %d and %d)\n", what, ok, ok_status, refused,
+           refused_status, refused_code ? refused_code : "", want_ok, n - want_ok);
     if (ok + refused != n) {
         for (int i = 0; i < n; i++)
             if (calls[i].status != ok_status && calls[i].status != refused_status)
@@ -116,7 +115,7 @@ static const char sql_counted[] =
 
 /* A sweep of two trials (named name). */
 #define SWEEP2(name)                                                                               \
-    "{\"base\": {\"name\": \"" name "\", \"dataset\": \"fashion-mnist\","                \
+    "{\"base\": {\"name\": \"" name "\", \"dataset\": \"fashion-mnist\","                          \
     " \"model\": {\"input\": [1, 28, 28], \"layers\": [{\"type\": \"flatten\"},"                   \
     " {\"type\": \"linear\", \"out\": 10}]}, \"batch_size\": 32, \"steps\": 100,"                  \
     " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}},"                                          \
@@ -292,8 +291,12 @@ static const struct {
     const char *name;
     void (*fn)(void);
 } limits[] = {
-    {"jobs", test_jobs},         {"sweeps", test_sweeps}, {"mixed", test_jobs_and_sweeps},
-    {"idempotency", test_idempotency}, {"keys", test_keys},   {"rate", test_rate},
+    {"jobs", test_jobs},
+    {"sweeps", test_sweeps},
+    {"mixed", test_jobs_and_sweeps},
+    {"idempotency", test_idempotency},
+    {"keys", test_keys},
+    {"rate", test_rate},
 };
 
 /* With an argument, runs only the limits of that name. */
