@@ -5,9 +5,15 @@
  *
  * libmicrohttpd calls on_request() once with the headers, once per body
  * chunk, and once more at the end of the body.  Everything that can be
- * decided from the headers is decided on the first call; a refused request's
- * body is still read (and dropped, up to a bound) so that the client sees the
- * answer instead of a reset connection.
+ * decided from the headers is decided on the first call.  A body refused
+ * while it arrives (chunked, or over an upload's limit) is read to its end
+ * and dropped, however long it is, and only then answered: libmicrohttpd can
+ * queue an answer only before the body or after it, never in between.  A
+ * refusal decided from the headers is answered at once when the client asked
+ * "Expect: 100-continue" (it has not sent the body) or declared a body of
+ * more than DISCARD_FACTOR times the limit (reading it all would cost more
+ * than it is worth); otherwise the body is drained first, so that the client
+ * reads the answer instead of a reset connection.
  */
 #include "http.h"
 
@@ -30,7 +36,7 @@
 #include "server_impl.h"
 
 #define MAX_EXTRA_HEADERS 6
-#define DISCARD_FACTOR 8 /* refused bodies up to this many times the limit are drained */
+#define DISCARD_FACTOR 8 /* declared bodies past this many times the limit: answer at once */
 
 typedef struct req_impl {
     struct MHD_Connection *conn;
@@ -43,12 +49,12 @@ typedef struct req_impl {
     char field[128];
     int retry_after;  /* seconds, for 429 and 503 */
     char allow[64];   /* for 405 */
-    bool respond_now; /* answer on the first call without reading the body */
+    bool respond_now; /* answer on the first call, without reading the body */
     /* body */
     char *body;
     size_t body_len, body_cap;
     bool body_seen;
-    uint64_t discarded;
+    uint64_t discarded;  /* body bytes dropped after the refusal */
     int body_fd;         /* FB_BODY_STREAM: the file the body goes to, -1 otherwise */
     uint64_t body_limit; /* FB_BODY_STREAM: its limit */
     /* response */
@@ -435,6 +441,13 @@ static bool has_body(fb_req *req, uint64_t *declared)
     return te != NULL;
 }
 
+/* Did the client ask to be told before it sends the body (RFC 9110, 10.1.1)? */
+static bool expects_continue(fb_req *req)
+{
+    const char *e = fb_req_header(req, MHD_HTTP_HEADER_EXPECT);
+    return e && strcasecmp(e, "100-continue") == 0;
+}
+
 bool fb_http_is_stream_type(const char *ct)
 {
     if (!ct) return true;
@@ -470,7 +483,6 @@ static void check_stream(fb_req *req, uint64_t declared)
             fb_req_fail(req, err, NULL, "%s", fb_err_describe(err));
         }
     }
-    /* a refused upload is answered without reading more than a bounded part */
     if (declared > (uint64_t)req->srv->cfg.max_body_bytes * DISCARD_FACTOR) im->respond_now = true;
 }
 
@@ -772,6 +784,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             copy_path(req->path, sizeof req->path, url);
             check_headers(req, method);
         }
+        /* refused before its body: a client that waits for 100 Continue
+         * sends none, so it may have the answer now */
+        uint64_t declared;
+        if (im->err && has_body(req, &declared) && expects_continue(req)) im->respond_now = true;
         if (im->respond_now) return send_response(req);
         return MHD_YES;
     }
@@ -786,10 +802,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         if (im->err) {
             im->discarded += n;
-            if (im->discarded > (uint64_t)limit * DISCARD_FACTOR) {
-                im->respond_now = true;
-                return send_response(req);
-            }
             return MHD_YES;
         }
         if (im->body_fd >= 0) {
@@ -797,7 +809,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
                             "the body exceeds this upload's limit of %llu bytes",
                             (unsigned long long)im->body_limit);
-                im->discarded = 0;
+                im->discarded = n;
                 return MHD_YES;
             }
             if (!write_all(im->body_fd, upload_data, n)) {

@@ -2,9 +2,11 @@
  * Jobs: submit, list, show, cancel, and the time series, events,
  * checkpoints and model that workers record for a job.
  *
- * A submission is validated by api/jobspec, then written with one
- * self-committing statement (job row, its "submitted" event and the queue
- * quota check together), so a 201 always means the job is committed.  With
+ * A submission is validated by api/jobspec, then written in one transaction
+ * that first locks the tenant's row, so that the tenant's submissions (and
+ * sweeps) count the queue one after another and max_queued_jobs holds exactly
+ * however many arrive at once; the job row, its "submitted" event and the
+ * quota check are one statement, and a 201 always means the job is committed.  With
  * an Idempotency-Key, a retry of the same request returns the same job
  * (200, Idempotent-Replayed: true); the same key with a different spec is
  * refused with 422.  Jobs start queued, waiting for devices: the control
@@ -41,6 +43,14 @@ typedef struct job_create {
     bool mismatch;
 } job_create;
 
+/* Taken before the queue is counted: under READ COMMITTED a count in the
+ * INSERT itself would not see a concurrent submission that has not committed
+ * yet, and both would pass.  The statement after the lock reads a snapshot
+ * taken once the previous holder committed.  NO KEY UPDATE: it waits for this
+ * tenant's other submissions, sweeps and quota changes, not for the foreign
+ * key checks of rows that merely reference the tenant. */
+static const char sql_tenant_lock[] = "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE";
+
 static const char sql_job_insert[] =
     "WITH ins AS ("
     " INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key, dataset, n_params,"
@@ -59,52 +69,50 @@ static const char sql_job_insert[] =
 static const char sql_job_by_idem[] = "SELECT encode(j.request_hash, 'hex'), " FB_SQL_JOB_FULL(
     "NULL") " FROM jobs j WHERE j.tenant_id = $1::uuid AND j.idempotency_key = $2";
 
+/* Looks the key's job up; *found when it exists (then x->out holds it). */
+static int job_by_idem(fb_db_conn *c, job_create *x, bool *found, char *msg, size_t cap)
+{
+    int err;
+    const char *v[2] = {x->tenant_id, x->idem_key};
+    PGresult *r = fb_db_query(c, "job_by_idem", sql_job_by_idem, 2, v, &err, msg, cap);
+    if (!r) return err;
+    *found = PQntuples(r) == 1;
+    if (*found) {
+        x->replayed = true;
+        x->mismatch = strcmp(PQgetvalue(r, 0, 0), x->hash_hex) != 0;
+        json_decref(x->out);
+        x->out = fb_pg_json(r, 0, 1);
+    }
+    PQclear(r);
+    return FB_OK;
+}
+
 static int job_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
 {
     job_create *x = arg;
     int err;
+    bool found = false;
     /* A retry usually finds its job: look first, so that it never counts
-     * against the quota a second time. */
-    if (x->idem_key) {
-        const char *v[2] = {x->tenant_id, x->idem_key};
-        PGresult *r = fb_db_query(c, "job_by_idem", sql_job_by_idem, 2, v, &err, msg, cap);
-        if (!r) return err;
-        if (PQntuples(r) == 1) {
-            x->replayed = true;
-            x->mismatch = strcmp(PQgetvalue(r, 0, 0), x->hash_hex) != 0;
-            json_decref(x->out);
-            x->out = fb_pg_json(r, 0, 1);
-            PQclear(r);
-            return FB_OK;
-        }
-        PQclear(r);
-    }
-    fb_db_autocommit(c);
-    PGresult *r = fb_db_query(c, "job_insert", sql_job_insert, 14, x->vals, &err, msg, cap);
+     * against the quota a second time nor waits for the tenant's lock. */
+    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, cap)) || found)) return err;
+    if ((err = fb_db_begin(c, msg, cap))) return err;
+    const char *v[1] = {x->tenant_id};
+    PGresult *r = fb_db_query(c, "tenant_lock_jobs", sql_tenant_lock, 1, v, &err, msg, cap);
+    if (!r) return err;
+    PQclear(r);
+    r = fb_db_query(c, "job_insert", sql_job_insert, 14, x->vals, &err, msg, cap);
     if (!r) return err;
     if (PQntuples(r) == 1) {
         json_decref(x->out);
         x->out = fb_pg_json(r, 0, 0);
         PQclear(r);
-        return FB_OK;
+        return fb_db_commit(c, msg, cap);
     }
     PQclear(r);
-    /* Nothing inserted: either a concurrent request with the same key won
-     * (its row is committed now), or the quota is full. */
-    if (x->idem_key) {
-        const char *v[2] = {x->tenant_id, x->idem_key};
-        r = fb_db_query(c, "job_by_idem", sql_job_by_idem, 2, v, &err, msg, cap);
-        if (!r) return err;
-        if (PQntuples(r) == 1) {
-            x->replayed = true;
-            x->mismatch = strcmp(PQgetvalue(r, 0, 0), x->hash_hex) != 0;
-            json_decref(x->out);
-            x->out = fb_pg_json(r, 0, 1);
-            PQclear(r);
-            return FB_OK;
-        }
-        PQclear(r);
-    }
+    /* Nothing inserted: either a request with the same key committed first
+     * (its row is visible now), or the quota is full. */
+    fb_db_rollback(c);
+    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, cap)) || found)) return err;
     x->quota = true;
     return FB_OK;
 }

@@ -170,11 +170,19 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     char n_trials[16];
     snprintf(n_trials, sizeof n_trials, "%d", fb_sweep_spec_n_trials(x->spec));
     const char *vq[2] = {x->tenant_id, n_trials};
-    PGresult *r = fb_db_query(c, NULL,
-                              "SELECT (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
-                              " WHERE q.tenant_id = t.id) + $2::integer <= t.max_queued_jobs"
-                              " FROM tenants t WHERE t.id = $1::uuid",
-                              2, vq, &err, msg, cap);
+    /* the tenant's submissions and sweeps count the queue one at a time
+     * (see sql_tenant_lock in routes_jobs.c): the count below is a statement
+     * of its own, so that it sees what the previous holder committed */
+    PGresult *r = fb_db_query(c, "tenant_lock_sweeps",
+                              "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, vq,
+                              &err, msg, cap);
+    if (!r) return err;
+    PQclear(r);
+    r = fb_db_query(c, NULL,
+                    "SELECT (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
+                    " WHERE q.tenant_id = t.id) + $2::integer <= t.max_queued_jobs"
+                    " FROM tenants t WHERE t.id = $1::uuid",
+                    2, vq, &err, msg, cap);
     if (!r) return err;
     x->quota = PQntuples(r) != 1 || PQgetvalue(r, 0, 0)[0] != 't';
     PQclear(r);

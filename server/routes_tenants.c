@@ -370,13 +370,26 @@ static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     int err;
     if ((err = fb_db_begin(c, msg, cap))) return err;
     const char *v1[1] = {k->tenant_id};
-    PGresult *r = fb_db_query(c, NULL,
-                              "SELECT (SELECT count(*) FROM api_keys WHERE tenant_id = t.id"
-                              " AND revoked_at IS NULL) FROM tenants t WHERE t.id = $1::uuid"
-                              " FOR UPDATE",
-                              1, v1, &err, msg, cap);
+    /* The lock and the count are two statements: a count in the locking
+     * statement reads the snapshot taken before the lock was granted, which
+     * misses the keys the previous holder just committed, and 40 concurrent
+     * requests then passed a limit of 100. */
+    PGresult *r =
+        fb_db_query(c, NULL, "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, v1,
+                    &err, msg, cap);
     if (!r) return err;
-    k->status = PQntuples(r) != 1 ? 1 : atoi(PQgetvalue(r, 0, 0)) >= MAX_ACTIVE_KEYS ? 2 : 0;
+    bool exists = PQntuples(r) == 1;
+    PQclear(r);
+    if (!exists) {
+        k->status = 1;
+        return FB_OK;
+    }
+    r = fb_db_query(c, NULL,
+                    "SELECT count(*) FROM api_keys WHERE tenant_id = $1::uuid"
+                    " AND revoked_at IS NULL",
+                    1, v1, &err, msg, cap);
+    if (!r) return err;
+    k->status = atoi(PQgetvalue(r, 0, 0)) >= MAX_ACTIVE_KEYS ? 2 : 0;
     PQclear(r);
     if (k->status) return FB_OK;
     char key_id[FB_KEY_ID_LEN + 1], hash_hex[2 * FB_KEY_HASH_BYTES + 3];
