@@ -46,6 +46,9 @@ static const char *const type_names[FB_WIRE_TYPE_COUNT] = {
     [FB_WIRE_HEARTBEAT] = "heartbeat", [FB_WIRE_DRAIN] = "drain",
 };
 
+static const char *const fault_names[FB_FAULT_COUNT] = {[FB_FAULT_JOB] = "job",
+                                                        [FB_FAULT_SPEC] = "spec"};
+
 static const char *const event_names[FB_EV_KIND_COUNT] = {
     [FB_EV_STARTED] = "started",
     [FB_EV_EVALUATED] = "evaluated",
@@ -1005,6 +1008,15 @@ static int decode_event(dec *d, json_t *root, fb_wire_msg *m)
     if ((err = get_text(d, root, "", "text", m->text, sizeof m->text))) return err;
     if (kind == FB_EV_FAILED && !m->text[0])
         return bad(d, "", "text", "a failed event must say why");
+    m->fault = FB_FAULT_JOB;
+    if (json_object_get(root, "fault")) {
+        if (kind != FB_EV_FAILED)
+            return bad(d, "", "fault", "only a failed event names a fault, not a %s one",
+                       event_names[kind]);
+        int f;
+        if ((err = get_enum(d, root, "", "fault", fault_names, FB_FAULT_COUNT, &f))) return err;
+        m->fault = (fb_wire_fault)f;
+    }
     return FB_OK;
 }
 
@@ -1075,7 +1087,8 @@ static const struct {
                                                 "devices", "members", NULL}},
     [FB_WIRE_EVENT] = {decode_event, (const char *const[]){"v", "type", "group_id", "generation",
                                                            "seq", "event", "job_id", "step", "loss",
-                                                           "accuracy", "blob", "text", NULL}},
+                                                           "accuracy", "blob", "text", "fault",
+                                                           NULL}},
     [FB_WIRE_ACK] = {decode_ack, (const char *const[]){"v", "type", "seq", "group_id", NULL}},
     [FB_WIRE_DETACH] = {decode_detach, (const char *const[]){"v", "type", "group_id", "generation",
                                                              "job_id", "text", "keep_state", NULL}},
@@ -1542,6 +1555,15 @@ static void encode_event(enc *e, json_t *o, const fb_wire_msg *m)
     put_num(e, o, "", "accuracy", m->accuracy, true);
     if (m->blob) put_int(e, o, "blob", m->blob);
     put_opt_str(e, o, "text", m->text, sizeof m->text);
+    /* written only when it is not the default: a server from before the field refuses it */
+    if (m->fault != FB_FAULT_JOB) {
+        if (m->event != FB_EV_FAILED)
+            enc_fail(e, "fault", "only a failed event names a fault");
+        else if (m->fault < 0 || m->fault >= FB_FAULT_COUNT)
+            enc_fail(e, "fault", "%d is not a fault", (int)m->fault);
+        else
+            put(e, o, "fault", json_string(fault_names[m->fault]));
+    }
 }
 
 static void encode_body(enc *e, json_t *o, const fb_wire_msg *m)

@@ -68,6 +68,16 @@ typedef enum fb_wire_event_kind {
     FB_EV_KIND_COUNT
 } fb_wire_event_kind;
 
+/* Whose fault a member's failure is (EVENT failed; docs/scheduling.md, "Fault classes"):
+ * the array's own error on the worker (out of memory, numerics, bad data, a checkpoint that
+ * does not restore), which uses up one of the job's max_restarts, or the member's spec,
+ * which cannot train anywhere and fails the job at once. */
+typedef enum fb_wire_fault {
+    FB_FAULT_JOB,  /* "job", also when the field is absent */
+    FB_FAULT_SPEC, /* "spec" */
+    FB_FAULT_COUNT
+} fb_wire_fault;
+
 typedef struct fb_wire_device {
     int idx;                            /* the worker's device index, 0.. */
     char kind[FB_WIRE_NAME_MAX + 1];    /* "cpu" or "cuda" */
@@ -210,6 +220,7 @@ typedef struct fb_wire_msg {
     double loss, accuracy;    /* EVENT: evaluated/finished (NaN = unknown) */
     int blob;                 /* EVENT: blob index of the file, 0 = none */
     char text[FB_WIRE_TEXT_MAX + 1]; /* EVENT failed, DETACH, DRAIN: why */
+    fb_wire_fault fault;             /* EVENT failed: whose fault (FB_FAULT_JOB when absent) */
     /* DETACH of one member: it leaves with its full training state (the blob of its
      * DETACHED event), so that it resumes elsewhere without losing a step */
     bool keep_state;

@@ -71,6 +71,131 @@
 #define SETTLE_TURNS 16
 /* slots of the census: a power of two, twice the reads it can count */
 #define CENSUS_SLOTS (2 * SETTLE_READS)
+/* a job whose arrays were lost on this many different workers in a row, without progress
+ * in between, is a poison array: each further such loss is a job fault (docs/scheduling.md) */
+#define POISON_WORKERS 3
+/* the stale-state check runs every this many ticks, and judges a job stale once it has been
+ * scheduled or running outside every array the loop follows for STALE_GRACE_TIMEOUTS
+ * heartbeat timeouts (its updated_at): longer than any requeue the loop makes itself */
+#define STALE_EVERY_TICKS 10
+#define STALE_GRACE_TIMEOUTS 2
+
+/*
+ * The streak of losses of the arrays that train a job (schema 009): a loss with no
+ * progress since the previous one (the job's highest step, $2 the array's latest report,
+ * not past the step of the previous loss) adds the worker $3 to the job's lost_workers; a
+ * loss after progress starts the streak again with that worker alone.
+ */
+static const char sql_loss_streak[] =
+    "UPDATE jobs SET lost_workers = CASE WHEN lost_step IS NULL"
+    "   OR GREATEST(step, $2::bigint) > lost_step THEN ARRAY[$3::text]"
+    "  WHEN $3::text = ANY(lost_workers) THEN lost_workers ELSE lost_workers || $3::text END,"
+    " lost_step = GREATEST(coalesce(lost_step, 0), step, $2::bigint)"
+    " WHERE group_id = $1::uuid AND in_group AND state IN ('scheduled', 'running')";
+
+/*
+ * Returns an array's jobs to the queue from their resume points ($2 says why), except a
+ * poison array's ($3: the loss counts toward the streak, $4 = POISON_WORKERS): a job lost on
+ * that many different workers in a row uses up one restart, or fails once it has none left.
+ * Each job gets a requeued (or failed) event; the counts come back as (queued, failed).
+ */
+static const char sql_requeue_group[] =
+    "WITH v AS (SELECT id, CASE WHEN state NOT IN ('scheduled', 'running') THEN 'keep'"
+    "   WHEN NOT ($3::bool AND cardinality(lost_workers) >= $4::int) THEN 'requeue'"
+    "   WHEN restarts < max_restarts THEN 'restart' ELSE 'fail' END AS verdict,"
+    "  'its array was lost on ' || cardinality(lost_workers) || ' different workers in a row"
+    " without progress (' || array_to_string(lost_workers, ', ') || '), last: ' || $2 AS poison"
+    "  FROM jobs WHERE group_id = $1::uuid AND in_group FOR UPDATE),"
+    " upd AS (UPDATE jobs j SET"
+    "  state = CASE v.verdict WHEN 'keep' THEN j.state WHEN 'fail' THEN 'failed' ELSE 'queued' END,"
+    "  restarts = j.restarts + (v.verdict = 'restart')::int,"
+    "  step = CASE WHEN v.verdict IN ('requeue', 'restart') THEN j.resume_step ELSE j.step END,"
+    "  queue_reason = CASE v.verdict"
+    "   WHEN 'requeue' THEN $2 || '; resumes from step ' || j.resume_step"
+    "   WHEN 'restart' THEN v.poison || '; restart ' || (j.restarts + 1) || ' of '"
+    "    || j.max_restarts || ', resumes from step ' || j.resume_step"
+    "   ELSE j.queue_reason END,"
+    "  error = CASE WHEN v.verdict = 'fail' THEN v.poison ELSE j.error END,"
+    "  finished_at = CASE WHEN v.verdict = 'fail' THEN coalesce(j.finished_at, now())"
+    "   ELSE j.finished_at END,"
+    "  in_group = false, updated_at = now()"
+    "  FROM v WHERE j.id = v.id"
+    "  RETURNING j.id, v.verdict, j.resume_step, j.restarts, j.max_restarts, j.lost_workers,"
+    "  j.error, j.queue_reason),"
+    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
+    "  SELECT id, CASE verdict WHEN 'fail' THEN 'failed' ELSE 'requeued' END,"
+    "  CASE verdict WHEN 'fail' THEN error ELSE queue_reason END,"
+    "  jsonb_build_object('group_id', $1::text, 'resume_step', resume_step, 'fault',"
+    "   CASE verdict WHEN 'requeue' THEN 'infrastructure' ELSE 'job' END, 'restarts', restarts,"
+    "   'max_restarts', max_restarts, 'lost_workers', to_jsonb(lost_workers))"
+    "  FROM upd WHERE verdict <> 'keep')"
+    " SELECT count(*) FILTER (WHERE verdict IN ('requeue', 'restart')),"
+    " count(*) FILTER (WHERE verdict = 'fail') FROM upd";
+
+/*
+ * A member that failed on its worker ($4 the worker's message, $6 the worker): a spec fault
+ * ($5) fails the job now; a job fault uses up one of its max_restarts and returns it to the
+ * queue from its resume point, or fails it with this last error when none is left.  A job no
+ * longer scheduled or running (cancelled meanwhile) keeps its state.  Event failed or
+ * requeued, with the fault and the counts in its data.
+ */
+static const char sql_member_failed[] =
+    "WITH v AS (SELECT id, CASE WHEN state NOT IN ('scheduled', 'running') THEN 'keep'"
+    "   WHEN $5::bool OR restarts >= max_restarts THEN 'fail' ELSE 'restart' END AS verdict"
+    "  FROM jobs WHERE id = $1::uuid),"
+    " upd AS (UPDATE jobs j SET"
+    "  state = CASE v.verdict WHEN 'fail' THEN 'failed' WHEN 'restart' THEN 'queued'"
+    "   ELSE j.state END,"
+    "  error = CASE WHEN v.verdict = 'restart' THEN j.error ELSE $4 END,"
+    "  restarts = j.restarts + (v.verdict = 'restart')::int,"
+    "  step = CASE WHEN v.verdict = 'restart' THEN j.resume_step ELSE j.step END,"
+    "  queue_reason = CASE WHEN v.verdict = 'restart' THEN 'failed on worker ' || $6 || ': '"
+    "   || $4 || '; restart ' || (j.restarts + 1) || ' of ' || j.max_restarts"
+    "   || ', resumes from step ' || j.resume_step ELSE j.queue_reason END,"
+    "  finished_at = CASE WHEN v.verdict = 'restart' THEN j.finished_at"
+    "   ELSE coalesce(j.finished_at, now()) END,"
+    "  in_group = false, updated_at = now()"
+    "  FROM v WHERE j.id = v.id"
+    "  RETURNING j.id, v.verdict, j.restarts, j.max_restarts, j.resume_step, j.queue_reason)"
+    " INSERT INTO job_events (job_id, kind, message, data)"
+    " SELECT id, CASE verdict WHEN 'restart' THEN 'requeued' ELSE 'failed' END,"
+    " CASE verdict WHEN 'restart' THEN queue_reason ELSE $4 END,"
+    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'worker', $6::text,"
+    "  'fault', CASE WHEN $5::bool THEN 'spec' ELSE 'job' END, 'error', $4::text,"
+    "  'restarts', restarts, 'max_restarts', max_restarts, 'resume_step', resume_step)"
+    " FROM upd";
+
+/*
+ * The stale-state check: jobs scheduled or running for longer than the grace ($2 ms)
+ * outside every array the loop follows ($1, its groups) go back to the queue from their
+ * resume points, each with a requeued event (an infrastructure fault: nothing counted).
+ */
+static const char sql_stale_jobs[] =
+    "WITH s AS (SELECT j.id, j.group_id, j.state FROM jobs j LEFT JOIN groups g ON g.id = j.group_id"
+    "  WHERE j.state IN ('scheduled', 'running')"
+    "  AND j.updated_at < now() - $2::bigint * interval '1 millisecond'"
+    "  AND (j.group_id IS NULL OR NOT j.in_group OR g.state = 'finished'"
+    "   OR NOT (j.group_id = ANY($1::uuid[])))"
+    "  FOR UPDATE OF j SKIP LOCKED),"
+    " upd AS (UPDATE jobs j SET state = 'queued', in_group = false, step = j.resume_step,"
+    "  queue_reason = 'found ' || s.state || ' without a live array; resumes from step '"
+    "   || j.resume_step, updated_at = now()"
+    "  FROM s WHERE j.id = s.id RETURNING j.id, s.group_id, s.state, j.resume_step,"
+    "  j.queue_reason),"
+    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
+    "  SELECT id, 'requeued', queue_reason, jsonb_build_object('group_id', group_id::text,"
+    "  'resume_step', resume_step, 'fault', 'infrastructure', 'stale', state) FROM upd)"
+    " SELECT id::text, coalesce(group_id::text, ''), state FROM upd";
+
+/* And arrays the database holds unfinished that the loop does not follow (they would keep
+ * their devices' time share on the cluster view): finished, their devices freed. */
+static const char sql_stale_groups[] =
+    "WITH f AS (UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
+    "  updated_at = now() WHERE state <> 'finished' AND NOT (id = ANY($1::uuid[]))"
+    "  AND updated_at < now() - $2::bigint * interval '1 millisecond' RETURNING id),"
+    " dev AS (UPDATE devices SET group_id = NULL, tenant_id = NULL"
+    "  WHERE group_id IN (SELECT id FROM f))"
+    " SELECT id::text FROM f";
 
 typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
@@ -124,6 +249,13 @@ typedef struct group {
     int64_t missing_since_ms;
     /* "the requeue waits for the array's events" logged (once per group) */
     bool requeue_wait_said;
+    /* its worker has listed it as running since it was assigned (or found at start), and
+     * when that was: a worker that stops listing it, or never does within a heartbeat
+     * timeout, no longer runs it (reconcile), whether it says so in a HELLO or a heartbeat */
+    bool listed;
+    int64_t assigned_ms;
+    /* the furthest step its members reported: whether a loss came after progress */
+    int64_t high_step;
     /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
     span *span;
     /* its step time and the busy part of it (compute, communication, I/O: waiting for its
@@ -390,6 +522,9 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     snprintf(g->worker, sizeof g->worker, "%s", worker_name);
     g->missing_since_ms = 0;
     g->requeue_wait_said = false;
+    g->listed = false;
+    g->assigned_ms = now_ms();
+    g->high_step = 0;
     g->split_periods = 0;
     g->split_toward = 0;
     g->split_gain = 0;
@@ -646,29 +781,28 @@ static void *read_tenant_artifact(fb_dispatch_t *d, const char *tenant, const ch
 /* ---- requeueing ---------------------------------------------------------- */
 
 /*
- * Returns a group's members to the queue (an infrastructure fault: restarts
- * are not counted), each from its last checkpoint, and finishes the group.
+ * Returns a group's members to the queue, each from its last checkpoint, and
+ * finishes the group.  An infrastructure fault: no restart is counted, unless
+ * lost_on (the worker that was lost, or that dropped the array; NULL when the
+ * fault is not a loss of the array's worker) makes the job's losses without
+ * progress reach POISON_WORKERS different workers in a row: then it is a job
+ * fault (sql_requeue_group).
  */
-static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *why)
+static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *why,
+                          const char *lost_on)
 {
+    const group *g = find_group(d, group_id);
+    char high[24], poison[16];
+    snprintf(high, sizeof high, "%lld", (long long)(g ? g->high_step : 0));
+    snprintf(poison, sizeof poison, "%d", POISON_WORKERS);
     if (!db_ok(d) || !begin(d)) return false;
-    const char *v[2] = {group_id, why};
-    PGresult *r = q(d,
-                    "WITH upd AS (UPDATE jobs SET"
-                    " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
-                    " queue_reason = CASE WHEN state IN ('scheduled', 'running')"
-                    "   THEN $2 || '; resumes from step ' || resume_step ELSE queue_reason END,"
-                    " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END,"
-                    " in_group = false, updated_at = now()"
-                    " WHERE group_id = $1::uuid AND in_group RETURNING id, state, resume_step),"
-                    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
-                    "  SELECT id, 'requeued', $2 || '; resumes from step ' || resume_step,"
-                    "  jsonb_build_object('group_id', $1::text, 'resume_step', resume_step)"
-                    "  FROM upd WHERE state = 'queued')"
-                    " SELECT count(*) FILTER (WHERE state = 'queued') FROM upd",
-                    2, v);
+    const char *vl[3] = {group_id, high, lost_on};
+    if (lost_on && !exec1(d, sql_loss_streak, 3, vl)) goto fail;
+    const char *v[4] = {group_id, why, lost_on ? "true" : "false", poison};
+    PGresult *r = q(d, sql_requeue_group, 4, v);
     if (!r) goto fail;
     long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    long failed = strtol(PQgetvalue(r, 0, 1), NULL, 10);
     PQclear(r);
     if (!exec1(d,
                "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
@@ -679,7 +813,12 @@ static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *wh
         !update_utilization(d, group_id) || !commit(d))
         goto fail;
     fb_log_json(FB_LOG_INFO, "requeued an array's jobs",
-                json_pack("{s:s, s:s, s:i}", "group_id", group_id, "why", why, "jobs", (int)n));
+                json_pack("{s:s, s:s, s:i, s:i}", "group_id", group_id, "why", why, "jobs", (int)n,
+                          "failed", (int)failed));
+    if (failed)
+        fb_log_json(FB_LOG_WARN, "a poison array: jobs lost on too many workers in a row failed",
+                    json_pack("{s:s, s:i, s:i}", "group_id", group_id, "jobs", (int)failed,
+                              "workers", POISON_WORKERS));
     drop_group(d, group_id);
     d->plan_due = true;
     return true;
@@ -694,14 +833,14 @@ fail:
  * since one worker's fault stops the whole group.  g is gone afterwards
  * when this returns true.
  */
-static bool requeue_spanning(fb_dispatch_t *d, group *g, const char *why)
+static bool requeue_spanning(fb_dispatch_t *d, group *g, const char *why, const char *lost_on)
 {
     char id[FB_WIRE_ID_LEN + 1];
     snprintf(id, sizeof id, "%s", g->id);
     int64_t gen = g->generation;
     span *sp = g->span;
     g->span = NULL; /* kept past drop_group, for the DETACHes */
-    if (!requeue_group(d, id, why)) {
+    if (!requeue_group(d, id, why, lost_on)) {
         g = find_group(d, id);
         if (g) g->span = sp;
         else free(sp);
@@ -1196,20 +1335,12 @@ static int apply_event(fb_dispatch_t *d, pending *e)
         break;
     }
     case FB_EV_FAILED: {
+        /* a job fault uses up a restart (the job goes back to the queue), a spec fault or
+         * the last restart fails it (sql_member_failed) */
         leaves = true;
-        const char *v2[2] = {m->job_id, m->text};
-        const char *v4[4] = {m->job_id, m->group_id, step, m->text};
-        if (!exec1(d,
-                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
-                   " THEN 'failed' ELSE state END, error = $2, in_group = false,"
-                   " finished_at = coalesce(finished_at, now()), updated_at = now()"
-                   " WHERE id = $1::uuid",
-                   2, v2) ||
-            !exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'failed', $4, jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
-                   4, v4))
-            goto fail;
+        const char *v6[6] = {m->job_id, m->group_id, step, m->text,
+                             m->fault == FB_FAULT_SPEC ? "true" : "false", e->worker};
+        if (!exec1(d, sql_member_failed, 6, v6)) goto fail;
         break;
     }
     case FB_EV_DETACHED: {
@@ -1669,12 +1800,15 @@ static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg 
 
 /*
  * Compares the groups a worker says it runs with the ones assigned to it:
- * any it should not run are stopped; with full (a HELLO) the ones it no
- * longer runs are marked missing (the tick re-queues them if they stay so).
- * A worker of a group that spans workers stops listing it when the group's
- * communication fails (a peer died, the rendezvous timed out): that group
- * is marked missing from a heartbeat too, once the worker has listed it or
- * a heartbeat timeout after it was assigned.
+ * any it should not run are stopped, and the ones it no longer runs are
+ * marked missing (the tick re-queues them if they stay so).  A HELLO judges
+ * at once; a heartbeat only a group the worker has listed before, or one a
+ * heartbeat timeout after it was assigned (a heartbeat may have left before
+ * the ASSIGN arrived).  A worker stops listing a group when the group's
+ * thread ended without its members' events (a spanning group's
+ * communication failed, or a failure that no event reported), and one that
+ * never lists it did not start it: either way no job may stay scheduled or
+ * running in it.
  */
 static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full)
 {
@@ -1687,6 +1821,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
                 sm->listed = true;
                 sm->missing_since_ms = 0;
             } else {
+                g->listed = true;
                 g->missing_since_ms = 0;
             }
         } else if (!detach_recent(d, r->group_id, now_ms())) {
@@ -1701,12 +1836,13 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
     for (int i = 0; i < d->n_groups; i++) {
         group *g = &d->groups[i];
         span_member *sm = span_find(g, name);
-        if (!sm && (!full || g->span || strcmp(g->worker, name) != 0)) continue;
+        if (!sm && (g->span || strcmp(g->worker, name) != 0)) continue;
         /* a heartbeat may have left before the ASSIGN arrived; but a worker that never lists
-         * the group (its leader could not bind the port) must not hold it for ever */
-        if (sm && !full && !sm->listed &&
-            now_ms() - sm->assigned_ms <= d->cfg.heartbeat_timeout_ms)
-            continue;
+         * the group (its leader could not bind the port, or it did not start) must not hold
+         * it for ever */
+        bool listed = sm ? sm->listed : g->listed;
+        int64_t assigned = sm ? sm->assigned_ms : g->assigned_ms;
+        if (!full && !listed && now_ms() - assigned <= d->cfg.heartbeat_timeout_ms) continue;
         bool runs = false;
         for (int k = 0; k < m->n_running; k++)
             runs |= strcmp(m->running[k].group_id, g->id) == 0 &&
@@ -2154,13 +2290,15 @@ static void on_message(fb_dispatch_t *d)
             fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
         }
         {
-            const group *g = find_group(d, m.group_id);
+            group *g = find_group(d, m.group_id);
             if (g->span && strcmp(g->worker, name) != 0) {
                 /* a follower reports only its own devices' breakdown, written with the
                  * leader's next report */
                 note_device_steps(d, name, &m);
                 break;
             }
+            for (int k = 0; k < m.n_progress; k++)
+                if (m.progress[k].step > g->high_step) g->high_step = m.progress[k].step;
             double step_ms, busy_ms;
             note_step_time(d, &m, &step_ms, &busy_ms);
             note_device_steps(d, name, &m);
@@ -3562,6 +3700,49 @@ static bool events_waiting(const fb_dispatch_t *d, const char *group_id)
     return false;
 }
 
+/*
+ * The stale-state check (docs/scheduling.md, "No job in limbo"): the loop's
+ * own rules re-queue every array it follows whose worker is lost or no
+ * longer runs it; this finds what they cannot see, whatever left it so (a
+ * bug, a write that half happened, a row changed by hand): jobs scheduled
+ * or running outside every array the loop follows, and arrays unfinished in
+ * the database that it does not follow, past a grace of a few heartbeat
+ * timeouts.  The jobs go back to the queue with a reason and an event, the
+ * arrays are finished and their devices freed, and each is logged.
+ */
+static void check_stale(fb_dispatch_t *d)
+{
+    const char **ids = malloc((size_t)(d->n_groups ? d->n_groups : 1) * sizeof *ids);
+    if (!ids) return;
+    for (int i = 0; i < d->n_groups; i++) ids[i] = d->groups[i].id;
+    char *live = fb_db_text_array(ids, d->n_groups);
+    free(ids);
+    if (!live) return;
+    char grace[24];
+    snprintf(grace, sizeof grace, "%lld",
+             (long long)STALE_GRACE_TIMEOUTS * (long long)d->cfg.heartbeat_timeout_ms);
+    const char *v[2] = {live, grace};
+    PGresult *rj = NULL, *rg = NULL;
+    bool ok = begin(d) && (rj = q(d, sql_stale_jobs, 2, v)) && (rg = q(d, sql_stale_groups, 2, v));
+    for (int i = 0; ok && rg && i < PQntuples(rg); i++)
+        ok = update_utilization(d, PQgetvalue(rg, i, 0));
+    if (ok && commit(d)) {
+        for (int i = 0; i < PQntuples(rj); i++)
+            fb_log_json(FB_LOG_WARN, "a job was found without a live array; requeued",
+                        json_pack("{s:s, s:s, s:s}", "job_id", PQgetvalue(rj, i, 0), "group_id",
+                                  PQgetvalue(rj, i, 1), "state", PQgetvalue(rj, i, 2)));
+        for (int i = 0; i < PQntuples(rg); i++)
+            fb_log_json(FB_LOG_WARN, "an unfinished array no worker runs was finished",
+                        json_pack("{s:s}", "group_id", PQgetvalue(rg, i, 0)));
+        if (PQntuples(rj) || PQntuples(rg)) d->plan_due = true;
+    } else {
+        rollback(d);
+    }
+    PQclear(rj);
+    PQclear(rg);
+    free(live);
+}
+
 static void tick(fb_dispatch_t *d)
 {
     int64_t t = now_ms();
@@ -3596,18 +3777,29 @@ static void tick(fb_dispatch_t *d)
         for (int i = 0; i < d->n_groups; i++) {
             group *g = &d->groups[i];
             const char *why = NULL, *who = g->worker;
-            if (!find_worker(d, g->worker))
+            /* whether the loss counts toward the poison streak (sql_loss_streak): a worker
+             * that died or dropped the array does; a draining worker and a spanning
+             * array's broken communication (its rendezvous port taken, a partition between
+             * its workers) are the infrastructure's alone */
+            bool lossy = true;
+            const worker *gw = find_worker(d, g->worker);
+            if (!gw) {
                 why = "worker lost";
-            else if (g->missing_since_ms && t - g->missing_since_ms > d->cfg.heartbeat_timeout_ms)
+            } else if (g->missing_since_ms &&
+                       t - g->missing_since_ms > d->cfg.heartbeat_timeout_ms) {
                 why = "the worker no longer runs the array";
+                lossy = !gw->draining;
+            }
             for (int k = 0; !why && g->span && k < g->span->n; k++) {
                 const span_member *sm = &g->span->m[k];
                 who = sm->worker;
-                if (!find_worker(d, sm->worker))
+                if (!find_worker(d, sm->worker)) {
                     why = "a worker of the array was lost";
-                else if (sm->missing_since_ms &&
-                         t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms)
+                } else if (sm->missing_since_ms &&
+                           t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms) {
                     why = "a worker of the array no longer runs it";
+                    lossy = false;
+                }
             }
             /* the array's events come from its worker (of a spanning one: its leader), and a
              * heartbeat of the worker it is missing from may list it again: neither may wait
@@ -3622,13 +3814,20 @@ static void tick(fb_dispatch_t *d)
                 g->requeue_wait_said = true;
                 continue;
             }
-            if (!requeue_spanning(d, g, why)) break;
+            char lost_on[FB_WIRE_NAME_MAX + 1];
+            snprintf(lost_on, sizeof lost_on, "%s", who);
+            if (!requeue_spanning(d, g, why, lossy ? lost_on : NULL)) break;
             i--;
         }
     }
     flush_progress(d);
     if (db_ok(d)) {
         detach_cancelled(d);
+        /* after the same grace at start as the requeues: the groups are loaded, and the
+         * workers had their chance to list theirs */
+        if (d->groups_loaded && t - d->start_ms > d->cfg.heartbeat_timeout_ms &&
+            d->ticks % STALE_EVERY_TICKS == 0)
+            check_stale(d);
         if (d->n_workers) {
             const char **names = malloc((size_t)d->n_workers * sizeof *names);
             if (names) {

@@ -779,8 +779,9 @@ static int64_t steps_done(const runner *r)
     return r->s ? fb_session_steps_done(r->s) : r->g->start_step;
 }
 
-/* A FAILED event for every member still alive, and they leave. */
-static void fail_all(runner *r, const char *text)
+/* A FAILED event for every member still alive, and they leave; fault says whose fault it is
+ * (docs/scheduling.md, "Fault classes"). */
+static void fail_all(runner *r, fb_wire_fault fault, const char *text)
 {
     group *g = r->g;
     for (int i = 0; i < g->n_members; i++) {
@@ -789,6 +790,7 @@ static void fail_all(runner *r, const char *text)
         set_alive(g, mb, false);
         outmsg *o = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, steps_done(r));
         event_text(o, "%s", text);
+        if (o) o->w.fault = fault;
         pend(r, o);
     }
     agent_log("group %s: every member failed: %s", g->id, text);
@@ -1018,6 +1020,17 @@ static void send_progress(runner *r, double now)
     push_out(g, o);
 }
 
+/* Whose fault a session that cannot open is: a weights file that is corrupt or does not fit
+ * the model, or a spec this runtime refuses, fails the same way anywhere (the spec's); out of
+ * memory, an unreadable file or anything else is this run's (the job's), which a restart
+ * elsewhere may not meet. */
+static fb_wire_fault session_fault(int err)
+{
+    return err == FB_ERR_CHECKPOINT || (err <= FB_ERR_JSON_SYNTAX && err >= FB_ERR_NOT_FUSIBLE)
+               ? FB_FAULT_SPEC
+               : FB_FAULT_JOB;
+}
+
 /* Opens the session and restores the members that resume; false when nothing can train. */
 static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb_loader *loader)
 {
@@ -1026,7 +1039,8 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
     char msg[1024];
     const fb_job_spec **specs = calloc((size_t)g->n_sess, sizeof *specs);
     if (!specs) {
-        fail_all(r, "out of memory");
+        fail_all(r, FB_FAULT_JOB, "out of memory");
+        flush_pending(r);
         return false;
     }
     for (int k = 0; k < g->n_sess; k++)
@@ -1075,7 +1089,10 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
                              ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
     free(specs);
     if (err) {
-        fail_all(r, msg);
+        /* the events must leave with the failure: without them the server would hold the
+         * jobs scheduled in an array that no longer runs */
+        fail_all(r, session_fault(err), msg);
+        flush_pending(r);
         return false;
     }
     for (int i = 0; i < g->n_members; i++) {
@@ -1355,7 +1372,7 @@ static void train_loop(runner *r)
         int n_split = 0;
         apply_split(r, split, &n_split);
         if (train_step(r, first, t1, msg, sizeof msg)) {
-            fail_all(r, msg);
+            fail_all(r, FB_FAULT_JOB, msg);
             flush_pending(r);
             return;
         }
@@ -1408,7 +1425,7 @@ static void span_loop(runner *r)
             if (err == FB_ERR_IO || g->follower) {
                 span_fault(r, "a training step", msg);
             } else {
-                fail_all(r, msg);
+                fail_all(r, FB_FAULT_JOB, msg);
                 flush_pending(r);
             }
             return;
@@ -1501,7 +1518,7 @@ static void *group_thread(void *arg)
     if (!joined) {
         /* span_fault said why */
     } else if (!ready) {
-        fail_all(&r, msg);
+        fail_all(&r, FB_FAULT_JOB, msg);
         flush_pending(&r);
     } else if (open_session(&r, ds, ds->shard ? &shard_train : &ds->train, loader)) {
         dev_register(g);
@@ -1770,11 +1787,14 @@ static void stop_group(fb_agent *a, group *g)
     turns_wake(a);
 }
 
-/* A FAILED event from the main thread, for a member that never reached a group thread. */
-static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
-                        const char *fmt, ...)
+/* A FAILED event from the main thread, for a member that never reached a group thread:
+ * fault_member names whose fault it is, fail_member (the array's own: out of memory, the
+ * worker's state) and fail_spec (the spec cannot train anywhere) say it for the caller. */
+static void fault_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                         fb_wire_fault fault, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+static void fault_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                         fb_wire_fault fault, const char *fmt, va_list ap)
 {
     if (m->world && m->rank_base > 0) {
         /* a follower of a spanning group: the leader, which checks the same, reports it */
@@ -1786,14 +1806,35 @@ static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member 
         event_new(NULL, m->group_id, m->generation, FB_EV_FAILED, wm->job_id, wm->start_step);
     if (o) {
         char text[FB_WIRE_TEXT_MAX + 1];
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(text, sizeof text, fmt, ap);
-        va_end(ap);
         event_text(o, "%s", text);
-        agent_log("group %s: %s failed: %s", m->group_id, wm->job_id, o->w.text);
+        o->w.fault = fault;
+        agent_log("group %s: %s failed (%s fault): %s", m->group_id, wm->job_id,
+                  fault == FB_FAULT_SPEC ? "spec" : "job", o->w.text);
     }
     outbox_add(a, o);
+}
+
+static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fault_member(a, m, wm, FB_FAULT_JOB, fmt, ap);
+    va_end(ap);
+}
+
+static void fail_spec(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail_spec(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *wm,
+                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fault_member(a, m, wm, FB_FAULT_SPEC, fmt, ap);
+    va_end(ap);
 }
 
 /* Checks one member of an ASSIGN; false (with a FAILED event sent) when it cannot train. */
@@ -1803,13 +1844,13 @@ static bool member_ok(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *w
     char msg[1024];
     int err = fb_job_spec_parse(wm->spec, strlen(wm->spec), NULL, &mb->spec, msg, sizeof msg);
     if (err) {
-        fail_member(a, m, wm, "the spec does not parse: %s (%s)", msg, fb_err_code(err));
+        fail_spec(a, m, wm, "the spec does not parse: %s (%s)", msg, fb_err_code(err));
         return false;
     }
     mb->parsed = true;
     if (strcmp(mb->spec.fusion_key, m->fusion_key) != 0) {
-        fail_member(a, m, wm, "the spec's fusion key %s is not the group's %s", mb->spec.fusion_key,
-                    m->fusion_key);
+        fail_spec(a, m, wm, "the spec's fusion key %s is not the group's %s", mb->spec.fusion_key,
+                  m->fusion_key);
         return false;
     }
     if (strcmp(mb->spec.dataset, m->dataset) != 0) {
@@ -1893,10 +1934,32 @@ static bool span_assign_ok(fb_agent *a, const fb_wire_msg *m)
     return false;
 }
 
+/* DETACHED events for every member of an ASSIGN this worker will not start, through no
+ * fault of theirs: the server re-queues them at once, as for a drain, instead of holding
+ * them scheduled until it notices that the array does not run.  A follower of a spanning
+ * group sends none (the leader speaks for the members). */
+static void refuse_members(fb_agent *a, const fb_wire_msg *m, const char *why)
+{
+    if (m->world && m->rank_base > 0) return;
+    for (int i = 0; i < m->n_members; i++) {
+        outmsg *o = event_new(NULL, m->group_id, m->generation, FB_EV_DETACHED,
+                              m->members[i].job_id, m->members[i].start_step);
+        event_text(o, "%s", why);
+        outbox_add(a, o);
+    }
+}
+
+/* FAILED events (the array's own fault) for every member of an ASSIGN that cannot start. */
+static void fail_members(fb_agent *a, const fb_wire_msg *m, const char *why)
+{
+    for (int i = 0; i < m->n_members; i++) fail_member(a, m, &m->members[i], "%s", why);
+}
+
 static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
 {
     if (a->draining) {
         agent_log("group %s: assignment refused, the worker is draining", m->group_id);
+        refuse_members(a, m, "the worker is draining");
         return;
     }
     group *old = find_group(a, m->group_id);
@@ -1930,6 +1993,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
         free(g);
         agent_log("group %s: out of memory", m->group_id);
+        fail_members(a, m, "out of memory on the worker");
         return;
     }
     g->a = a;
@@ -1995,6 +2059,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     if (!g->m || !g->by_sidx) {
         agent_log("group %s: out of memory", m->group_id);
         group_free(g);
+        fail_members(a, m, "out of memory on the worker");
         return;
     }
     g->n_members = m->n_members;

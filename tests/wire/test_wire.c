@@ -85,6 +85,7 @@ static void check_same(const fb_wire_msg *a, const fb_wire_msg *b)
     CHECK_INT_EQ(a->reply, b->reply);
     CHECK_INT_EQ(a->known, b->known);
     CHECK_INT_EQ(a->keep_state, b->keep_state);
+    CHECK_INT_EQ(a->fault, b->fault);
     CHECK_STR_EQ(a->fusion_key, b->fusion_key);
     CHECK_STR_EQ(a->dataset, b->dataset);
     CHECK_STR_EQ(a->dataset_tenant, b->dataset_tenant);
@@ -409,6 +410,8 @@ static void test_round_trips(void)
     m = make_event(FB_EV_DETACHED, 0, "", NAN);
     round_trip(&m, 0);
     m = make_event(FB_EV_FAILED, 0, "loss is not finite at step 40: \"nan\"\n\ttab", NAN);
+    round_trip(&m, 0);
+    m.fault = FB_FAULT_SPEC; /* the spec cannot train anywhere */
     round_trip(&m, 0);
     m = make_event(FB_EV_STARTED, 0, "", NAN);
     round_trip(&m, 0);
@@ -979,6 +982,13 @@ static const bad_case bad_cases[] = {
     {"started with blob", EVENT("started", ",'blob':1"), 1,
      "blob: a started event carries no blob"},
     {"failed without text", EVENT("failed", ""), 0, "text: a failed event must say why"},
+    {"failed with a job fault", EVENT("failed", ",'text':'oom','fault':'job'"), 0, NULL},
+    {"failed with an unknown fault", EVENT("failed", ",'text':'oom','fault':'worker'"), 0,
+     "fault: \"worker\" is not one of: job, spec"},
+    {"fault not a string", EVENT("failed", ",'text':'oom','fault':1"), 0,
+     "fault: expected a string"},
+    {"fault of a finished event", EVENT("finished", ",'fault':'job'"), 0,
+     "fault: only a failed event names a fault, not a finished one"},
     {"event job missing", HDR("event") GRP "'seq':1,'event':'started','step':0}", 0,
      "job_id: required field missing"},
     {"event accuracy negative", EVENT("evaluated", ",'accuracy':-0.5"), 0,
@@ -1251,6 +1261,9 @@ static void test_encode_refuses(void)
     m.text[0] = '\0';
     m.keep_state = true;
     expect_encode_fails(&m, "keep_state: only a member's DETACH keeps state");
+    m = make_event(FB_EV_STARTED, 0, "", NAN);
+    m.fault = FB_FAULT_SPEC;
+    expect_encode_fails(&m, "fault: only a failed event names a fault");
 
     m = blank(FB_WIRE_HEARTBEAT);
     m.known = true;
