@@ -1108,6 +1108,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
                 event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
             event_text(ev, "init: the weights of job %s do not fit this model: %s",
                        mb->spec.init_job, msg);
+            ev->w.fault = FB_FAULT_SPEC; /* the same weights never fit: no restart */
             pend(r, ev);
             agent_log("group %s: %s: the init weights do not load: %s", g->id, mb->job_id, msg);
         }
@@ -1872,7 +1873,7 @@ static bool member_ok(fb_agent *a, const fb_wire_msg *m, const fb_wire_member *w
     }
     /* a worker opens no path a spec names: initial weights come from the server */
     if (mb->spec.init[0]) {
-        fail_member(a, m, wm,
+        fail_spec(a, m, wm,
                     "init: a worker takes initial weights only as the server sends them, "
                     "never from a path in the spec");
         return false;
