@@ -288,7 +288,7 @@ static const struct {
  * without a row must not occur: with --no-eval, "eval"); returns how many kinds were seen. */
 static int check_event_keys(const events *ev, bool evaluated, bool weights)
 {
-    static const char *const common[] = {"event", "job", "member", "group",
+    static const char *const common[] = {"event",      "job",  "member", "group",
                                          "array_size", "step", "steps"};
     const size_t n_common = sizeof common / sizeof *common;
     bool seen[sizeof event_keys / sizeof *event_keys] = {false};
@@ -318,8 +318,8 @@ static int check_event_keys(const events *ev, bool evaluated, bool weights)
         for (size_t k = 0; k < n_common; k++)
             CHECK(json_object_get(ev->e[i], common[k]) != NULL);
         if (json_object_size(ev->e[i]) != n_want) {
-            fprintf(stderr, "\"%s\" event has keys beyond the documented %zu: %s\n", kind,
-                    n_want, line);
+            fprintf(stderr, "\"%s\" event has keys beyond the documented %zu: %s\n", kind, n_want,
+                    line);
             abort();
         }
         /* the names before one vocabulary, and evaluation names without an evaluation */
@@ -330,8 +330,7 @@ static int check_event_keys(const events *ev, bool evaluated, bool weights)
             bool old = strncmp(key, "test_", 5) == 0 || strcmp(key, "train_accuracy") == 0 ||
                        strcmp(key, "io_wait_ms") == 0;
             if (old || (!evaluated && strncmp(key, "eval_", 5) == 0)) {
-                fprintf(stderr, "key \"%s\" is not in the vocabulary of this run: %s\n", key,
-                        line);
+                fprintf(stderr, "key \"%s\" is not in the vocabulary of this run: %s\n", key, line);
                 abort();
             }
             if (strcmp(key, "event") && strcmp(key, "job") && strcmp(key, "weights") &&
@@ -490,19 +489,19 @@ static void test_metric_names(void)
         bool eval, write;
         int kinds; /* event kinds the run must show */
     } runs[] = {
-        {true, true, 4},   /* step, eval, checkpoint, done */
-        {true, false, 4},  /* the same without weights */
-        {false, true, 3},  /* step, checkpoint, done: no eval */
+        {true, true, 4},  /* step, eval, checkpoint, done */
+        {true, false, 4}, /* the same without weights */
+        {false, true, 3}, /* step, checkpoint, done: no eval */
         {false, false, 3},
     };
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
-        result r = runs[k].eval
-                       ? (runs[k].write ? run(data_dir, "--out", out, "--log-every", "2", a, b, NULL)
-                                        : run(data_dir, "--no-out", "--log-every", "2", a, b, NULL))
-                       : (runs[k].write ? run(data_dir, "--out", out, "--log-every", "2",
-                                              "--no-eval", a, b, NULL)
-                                        : run(data_dir, "--no-out", "--log-every", "2",
-                                              "--no-eval", a, b, NULL));
+        result r =
+            runs[k].eval
+                ? (runs[k].write ? run(data_dir, "--out", out, "--log-every", "2", a, b, NULL)
+                                 : run(data_dir, "--no-out", "--log-every", "2", a, b, NULL))
+                : (runs[k].write
+                       ? run(data_dir, "--out", out, "--log-every", "2", "--no-eval", a, b, NULL)
+                       : run(data_dir, "--no-out", "--log-every", "2", "--no-eval", a, b, NULL));
         if (r.rc != 0) fprintf(stderr, "stderr:\n%s\n", r.err);
         CHECK_INT_EQ(r.rc, 0);
         events ev = parse_events(r.out);
