@@ -262,7 +262,7 @@ function jobsView(params) {
         stateSel, sweepSel),
       h('div', { class: 'scroll' }, h('table', { id: 'jobs' },
         h('thead', {}, h('tr', {}, ['Job', 'State', 'Tenant', 'Sweep', 'Array', 'Progress', 'Loss',
-          'Test acc.', 'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
+          'Eval acc.', 'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
 
   v.poll(async () => {
     const sweeps = await loadSweepNames();
@@ -293,7 +293,7 @@ function jobsView(params) {
       h('td', { class: 'array' }, arrayCell(j.group_id, arrays.get(j.group_id))),
       h('td', {}, progress(j.step, j.steps)),
       h('td', { class: 'num' }, fmt(metricOf(j, 'loss'))),
-      h('td', { class: 'num test-acc' }, fmt(metricOf(j, 'eval_accuracy'))),
+      h('td', { class: 'num eval-acc' }, fmt(metricOf(j, 'eval_accuracy'))),
       h('td', { class: 'num' }, fmt(metricOf(j, 'samples_per_s'))),
       h('td', { class: 'num slowdown' }, fmt(j.slowdown, 3)))));
     if (!r.jobs.length)

@@ -23,6 +23,7 @@
 
 typedef struct cli {
     bool json;
+    bool eval; /* a test split is evaluated: only then are eval_* metrics reported */
     int group, n_groups;
 } cli;
 
@@ -50,7 +51,7 @@ static void usage(FILE *f)
             "  --threads N     CPU threads for the math (default 1)\n"
             "  --backend NAME  cpu (default) or cpu-ref (the plain-C reference)\n"
             "  --json          JSON lines even on a terminal\n"
-            "  --no-eval       skip evaluation on the test split\n"
+            "  --no-eval       skip evaluation on the test split (no eval_* metrics)\n"
             "  -h, --help      this text\n");
 }
 
@@ -80,12 +81,15 @@ static void on_event(const fb_train_event *ev, void *user)
         json_str(ev->spec->name);
         printf(",\"member\":%d,\"group\":%d,\"array_size\":%d,\"step\":%lld,\"steps\":%lld",
                ev->member, c->group, ev->array_size, (long long)ev->step, (long long)ev->steps);
+        /* the names of the metrics series (docs/jobspec.md, "Metrics"); without a test
+         * split a done event carries no metric: its last step event has the training
+         * values, and they must never pass for an evaluation */
         if (ev->kind == FB_TRAIN_STEP)
-            printf(",\"loss\":%.9g,\"train_accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
-                   ",\"io_wait_ms\":%.4f",
+            printf(",\"loss\":%.9g,\"accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
+                   ",\"io_ms\":%.4f",
                    ev->loss, ev->accuracy, ev->lr, ev->samples_per_s, ev->io_wait_ms);
-        else if (ev->kind == FB_TRAIN_EVAL || ev->kind == FB_TRAIN_DONE)
-            printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->loss, ev->accuracy);
+        else if (ev->kind == FB_TRAIN_EVAL || (ev->kind == FB_TRAIN_DONE && c->eval))
+            printf(",\"eval_loss\":%.9g,\"eval_accuracy\":%.6g", ev->loss, ev->accuracy);
         if (ev->kind == FB_TRAIN_FAILED) {
             printf(",\"error\":\"%s\",\"message\":", fb_err_code(ev->err));
             json_str(ev->text ? ev->text : "");
@@ -109,7 +113,7 @@ static void on_event(const fb_train_event *ev, void *user)
                (long long)ev->step, (long long)ev->steps, ev->loss, ev->lr, ev->array_size,
                ev->samples_per_s, ev->io_wait_ms);
     } else if (ev->kind == FB_TRAIN_EVAL) {
-        printf("%-20.20s eval at step %lld: test loss %.4f, test accuracy %.4f\n",
+        printf("%-20.20s eval at step %lld: eval_loss %.4f, eval_accuracy %.4f\n",
                ev->spec->name, (long long)ev->step, ev->loss, ev->accuracy);
     } else if (ev->kind == FB_TRAIN_CHECKPOINT) {
         printf("%-20.20s checkpoint at step %lld%s%s\n", ev->spec->name, (long long)ev->step,
@@ -248,7 +252,7 @@ int main(int argc, char **argv)
         if (group_of[i] < 0) group_of[i] = n_groups++;
     }
     bool json = force_json || !isatty(STDOUT_FILENO);
-    cli c = {.json = json, .n_groups = n_groups};
+    cli c = {.json = json, .eval = eval, .n_groups = n_groups};
     fb_train_opts o = {.log_every = log_every, .out_dir = out_dir, .cb = on_event, .user = &c};
     for (int g = 0; g < n_groups; g++) {
         int B = 0;
@@ -293,7 +297,7 @@ int main(int argc, char **argv)
         }
     }
     if (!json && eval) {
-        printf("\n%-24s %12s %14s\n", "job", "test loss", "test accuracy");
+        printf("\n%-24s %12s %14s\n", "job", "eval_loss", "eval_accuracy");
         for (int i = 0; i < n; i++)
             printf("%-24.24s %12.4f %14.4f\n", specs[i].name, all_loss[i], all_acc[i]);
     }

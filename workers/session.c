@@ -1255,8 +1255,10 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
                              .step = done_steps,
                              .steps = s->total[i],
                              .array_size = fb_array_size(a),
-                             .loss = s->test ? s->eloss[b] : s->loss[b],
-                             .accuracy = s->test ? s->eacc[b] : s->correct[b] / (double)s->bs,
+                             /* the final evaluation; without a test split none, never the
+                              * last step's training values under its name */
+                             .loss = s->test ? s->eloss[b] : NAN,
+                             .accuracy = s->test ? s->eacc[b] : NAN,
                              .weights_path = path[0] ? path : NULL,
                              .blob = blob,
                              .blob_len = blob_len};

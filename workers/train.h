@@ -41,8 +41,9 @@ typedef struct fb_train_event {
     const fb_job_spec *spec;
     int64_t step, steps;      /* updates done, updates in total */
     int array_size;           /* members in the array at this moment */
-    double loss;              /* training loss of this step, or eval loss */
-    double accuracy;          /* eval (and done, when evaluated): test accuracy; else train */
+    double loss;              /* step, checkpoint, failed: the training loss; eval and done:
+                               * the evaluation's (done without a test split: NaN) */
+    double accuracy;          /* the accuracy that goes with loss */
     double lr;
     double samples_per_s;     /* array throughput since the last log (samples x members) */
     double io_wait_ms;        /* step: mean wait per step for the minibatch since the last log */

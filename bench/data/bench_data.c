@@ -414,7 +414,7 @@ static train_run train_wait(const char *bin, const char *work, const char *root,
         if (ev && !strcmp(ev, "step") && json_integer_value(json_object_get(j, "member")) == 0) {
             int64_t step = json_integer_value(json_object_get(j, "step"));
             double rate = json_number_value(json_object_get(j, "samples_per_s"));
-            double w = json_number_value(json_object_get(j, "io_wait_ms"));
+            double w = json_number_value(json_object_get(j, "io_ms"));
             int B = (int)json_integer_value(json_object_get(j, "array_size"));
             double step_ms = 1e3 * BATCH * B / rate, k = (double)(step - last);
             io += w * k;

@@ -8,7 +8,7 @@
  *     1 and 3 reader threads and with staging, different for another seed;
  *   - every step event carries a finite, non-negative io_wait_ms;
  *   - fusebox-train trains a spec whose dataset names the shard directory,
- *     prints io_wait_ms in its JSON lines, and stages with --stage.
+ *     prints io_ms in its JSON lines, and stages with --stage.
  */
 #include "data_util.h"
 
@@ -232,12 +232,12 @@ int main(void)
         du_write(specf, json, strlen(json));
         char *out = NULL, stage2[1300];
         run_cli(bin, g_shard_root, specf, NULL, &out);
-        CHECK_CONTAINS(out, "\"io_wait_ms\":");
+        CHECK_CONTAINS(out, "\"io_ms\":");
         CHECK_CONTAINS(out, "\"event\":\"done\"");
         free(out);
         snprintf(stage2, sizeof stage2, "%s/stage2", g_dir);
         run_cli(bin, g_shard_root, specf, stage2, &out);
-        CHECK_CONTAINS(out, "\"io_wait_ms\":");
+        CHECK_CONTAINS(out, "\"io_ms\":");
         CHECK(fb_stage_cache_bytes(stage2) > 0);
         free(out);
     } else {

@@ -100,8 +100,8 @@ static double reference_loss(void)
     CHECK(f != NULL);
     double loss = NAN;
     while (fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"test_loss\":") : NULL;
-        if (at) loss = strtod(at + strlen("\"test_loss\":"), NULL);
+        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"eval_loss\":") : NULL;
+        if (at) loss = strtod(at + strlen("\"eval_loss\":"), NULL);
     }
     fclose(f);
     return loss;

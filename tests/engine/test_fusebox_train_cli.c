@@ -8,6 +8,9 @@
  *     a terminal) is JSON lines only, with the step, eval and done events each
  *     spec's cadence implies; each member's weights file lands in --out with
  *     PyTorch state-dict names and shapes;
+ *   - the metric names are docs/jobspec.md's: every line of every event kind
+ *     has exactly its documented keys (a table), evaluated or not, with or
+ *     without --out; with --no-eval no eval event and no eval_* key;
  *   - "init" is honoured: one update at lr 1e-6 stays within 2e-6 of the init
  *     file (Adam's first step moves a parameter by at most lr), far from the
  *     seeded initialisation;
@@ -261,6 +264,87 @@ static double ev_num(const json_t *o, const char *key)
     return json_number_value(v);
 }
 
+/*
+ * The keys of each event kind beyond the common ones: docs/jobspec.md's
+ * "Metrics" tables, the one vocabulary of the CLI, the API and the dashboard.
+ * evaluated: the run has a test split (no --no-eval); weights: the kind also
+ * carries "weights" when the run writes them (--out).
+ */
+static const struct {
+    const char *event;
+    bool evaluated, weights;
+    const char *const keys[8];
+} event_keys[] = {
+    {"step", true, false, {"loss", "accuracy", "lr", "samples_per_s", "io_ms"}},
+    {"step", false, false, {"loss", "accuracy", "lr", "samples_per_s", "io_ms"}},
+    {"eval", true, false, {"eval_loss", "eval_accuracy"}},
+    {"done", true, true, {"eval_loss", "eval_accuracy"}},
+    {"done", false, true, {NULL}}, /* never a training value under an evaluation name */
+    {"checkpoint", true, true, {NULL}},
+    {"checkpoint", false, true, {NULL}},
+};
+
+/* Every line's keys are exactly the common ones plus its kind's row of event_keys (a kind
+ * without a row must not occur: with --no-eval, "eval"); returns how many kinds were seen. */
+static int check_event_keys(const events *ev, bool evaluated, bool weights)
+{
+    static const char *const common[] = {"event",      "job",  "member", "group",
+                                         "array_size", "step", "steps"};
+    const size_t n_common = sizeof common / sizeof *common;
+    bool seen[sizeof event_keys / sizeof *event_keys] = {false};
+    for (int i = 0; i < ev->n; i++) {
+        const char *kind = ev_str(ev->e[i], "event");
+        int row = -1;
+        for (size_t r = 0; r < sizeof event_keys / sizeof *event_keys; r++)
+            if (strcmp(event_keys[r].event, kind) == 0 && event_keys[r].evaluated == evaluated)
+                row = (int)r;
+        char *line = json_dumps(ev->e[i], JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (row < 0) {
+            fprintf(stderr, "a \"%s\" event where none belongs (evaluated %d): %s\n", kind,
+                    evaluated, line);
+            abort();
+        }
+        seen[row] = true;
+        size_t n_want = n_common;
+        if (weights && event_keys[row].weights) {
+            CHECK(json_is_string(json_object_get(ev->e[i], "weights")));
+            n_want++;
+        }
+        for (const char *const *k = event_keys[row].keys; *k; k++, n_want++)
+            if (!json_object_get(ev->e[i], *k)) {
+                fprintf(stderr, "\"%s\" event lacks \"%s\": %s\n", kind, *k, line);
+                abort();
+            }
+        for (size_t k = 0; k < n_common; k++)
+            CHECK(json_object_get(ev->e[i], common[k]) != NULL);
+        if (json_object_size(ev->e[i]) != n_want) {
+            fprintf(stderr, "\"%s\" event has keys beyond the documented %zu: %s\n", kind, n_want,
+                    line);
+            abort();
+        }
+        /* the names before one vocabulary, and evaluation names without an evaluation */
+        const char *key;
+        json_t *val;
+        json_object_foreach(ev->e[i], key, val)
+        {
+            bool old = strncmp(key, "test_", 5) == 0 || strcmp(key, "train_accuracy") == 0 ||
+                       strcmp(key, "io_wait_ms") == 0;
+            if (old || (!evaluated && strncmp(key, "eval_", 5) == 0)) {
+                fprintf(stderr, "key \"%s\" is not in the vocabulary of this run: %s\n", key, line);
+                abort();
+            }
+            if (strcmp(key, "event") && strcmp(key, "job") && strcmp(key, "weights") &&
+                strcmp(key, "error") && strcmp(key, "message"))
+                CHECK(json_is_number(val));
+        }
+        free(line);
+    }
+    int n = 0;
+    for (size_t r = 0; r < sizeof seen / sizeof *seen; r++)
+        n += seen[r];
+    return n;
+}
+
 /* The events of one job and kind, in order. */
 static int select_events(const events *ev, const char *job, const char *kind, json_t **out)
 {
@@ -346,7 +430,7 @@ static void test_good_run(void)
             CHECK_INT_EQ(ev_int(sel[i], "array_size"), group[j] == 1 ? 1 : step <= 8 ? 2 : 1);
             double loss = ev_num(sel[i], "loss");
             CHECK(isfinite(loss) && loss > 0);
-            double acc = ev_num(sel[i], "train_accuracy");
+            double acc = ev_num(sel[i], "accuracy");
             CHECK(acc >= 0 && acc <= 1);
             CHECK(ev_num(sel[i], "lr") > 0);
             CHECK(ev_num(sel[i], "samples_per_s") > 0);
@@ -355,12 +439,17 @@ static void test_good_run(void)
         CHECK_INT_EQ(n, n_evals[j]);
         for (int i = 0; i < n; i++) {
             CHECK_INT_EQ(ev_int(sel[i], "step"), j == 0 ? 6 * (i + 1) : last[j]);
-            double acc = ev_num(sel[i], "test_accuracy");
-            CHECK(acc >= 0 && acc <= 1 && isfinite(ev_num(sel[i], "test_loss")));
+            double acc = ev_num(sel[i], "eval_accuracy");
+            CHECK(acc >= 0 && acc <= 1 && isfinite(ev_num(sel[i], "eval_loss")));
         }
+        json_t *evals[MAX_LINES];
+        int n_ev = select_events(&ev, jobs[j], "eval", evals);
         n = select_events(&ev, jobs[j], "done", sel);
         CHECK_INT_EQ(n, 1);
         CHECK_INT_EQ(ev_int(sel[0], "step"), last[j]);
+        /* done carries the final evaluation: the last eval event's values */
+        CHECK(ev_num(sel[0], "eval_loss") == ev_num(evals[n_ev - 1], "eval_loss"));
+        CHECK(ev_num(sel[0], "eval_accuracy") == ev_num(evals[n_ev - 1], "eval_accuracy"));
         char want[1300];
         snprintf(want, sizeof want, "%s/%s.safetensors", out, jobs[j]);
         CHECK_STR_EQ(ev_str(sel[0], "weights"), want);
@@ -375,6 +464,7 @@ static void test_good_run(void)
         CHECK_STR_EQ(fb_st_metadata_get(f, "step"), step);
         fb_st_close(f);
     }
+    CHECK_INT_EQ(check_event_keys(&ev, true, true), 3); /* step, eval, done */
     /* the arrays run one after the other */
     for (int i = 1; i < ev.n; i++)
         CHECK(ev_int(ev.e[i], "group") >= ev_int(ev.e[i - 1], "group"));
@@ -382,6 +472,51 @@ static void test_good_run(void)
     printf("good run: %d JSON lines, 2 arrays, 3 weights files\n", ev.n);
     events_free(&ev);
     result_free(&r);
+}
+
+/* The same vocabulary with and without evaluation, with and without --out: each line's keys
+ * are exactly its kind's (event_keys); with --no-eval no eval event and no eval_* key. */
+static void test_metric_names(void)
+{
+    char a[1200], b[1200], out[1200];
+    const char *fmt = "{\"name\":\"%s\",\"dataset\":\"fashion-mnist\",\"model\":%s,"
+                      "\"batch_size\":8,\"steps\":%d,\"eval_every\":4,\"checkpoint_every\":3,"
+                      "\"optimizer\":{\"type\":\"adam\",\"lr\":0.01},\"seed\":%d}";
+    write_spec(a, sizeof a, "names-a.json", fmt, "names-a", mlp, 9, 1);
+    write_spec(b, sizeof b, "names-b.json", fmt, "names-b", mlp, 6, 2);
+    snprintf(out, sizeof out, "%s/out-names", root);
+    const struct {
+        bool eval, write;
+        int kinds; /* event kinds the run must show */
+    } runs[] = {
+        {true, true, 4},  /* step, eval, checkpoint, done */
+        {true, false, 4}, /* the same without weights */
+        {false, true, 3}, /* step, checkpoint, done: no eval */
+        {false, false, 3},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        result r =
+            runs[k].eval
+                ? (runs[k].write ? run(data_dir, "--out", out, "--log-every", "2", a, b, NULL)
+                                 : run(data_dir, "--no-out", "--log-every", "2", a, b, NULL))
+                : (runs[k].write
+                       ? run(data_dir, "--out", out, "--log-every", "2", "--no-eval", a, b, NULL)
+                       : run(data_dir, "--no-out", "--log-every", "2", "--no-eval", a, b, NULL));
+        if (r.rc != 0) fprintf(stderr, "stderr:\n%s\n", r.err);
+        CHECK_INT_EQ(r.rc, 0);
+        events ev = parse_events(r.out);
+        CHECK_INT_EQ(check_event_keys(&ev, runs[k].eval, runs[k].write), runs[k].kinds);
+        json_t *sel[MAX_LINES];
+        CHECK_INT_EQ(select_events(&ev, "names-a", "done", sel), 1);
+        CHECK_INT_EQ(select_events(&ev, "names-b", "done", sel), 1);
+        CHECK_INT_EQ(select_events(&ev, "names-a", "eval", sel), runs[k].eval ? 3 : 0);
+        printf("metric names: %s, %s: %d JSON lines, each with exactly its documented keys\n",
+               runs[k].eval ? "evaluated" : "--no-eval", runs[k].write ? "--out" : "--no-out",
+               ev.n);
+        events_free(&ev);
+        result_free(&r);
+        if (runs[k].write) et_rmtree(out);
+    }
 }
 
 /* Largest |a - b| over the tensors of file a (which b must hold with the same shapes). */
@@ -690,6 +825,7 @@ int main(int argc, char **argv)
     CHECK(chdir(root) == 0);
 
     test_good_run();
+    test_metric_names();
     test_init();
     test_bf16_run();
     test_determinism();

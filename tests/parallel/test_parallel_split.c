@@ -353,8 +353,8 @@ int main(void)
     FILE *f = fopen(log, "r");
     CHECK(f != NULL);
     while (fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"test_loss\":") : NULL;
-        if (at) ref_loss = strtod(at + strlen("\"test_loss\":"), NULL);
+        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"eval_loss\":") : NULL;
+        if (at) ref_loss = strtod(at + strlen("\"eval_loss\":"), NULL);
     }
     fclose(f);
     double rel = fabs(loss - ref_loss) / fabs(ref_loss);

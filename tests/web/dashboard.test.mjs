@@ -385,7 +385,7 @@ try {
       const acc = j.latest_metrics.eval_accuracy;
       expect(acc > 0.5, `${j.name}: test accuracy ${acc} is not above chance (0.25)`);
       const cell = await until(`${j.name}'s accuracy`, async () =>
-        (await page.locator(`#jobs tr[data-job="${j.id}"] td.test-acc`).innerText()).trim());
+        (await page.locator(`#jobs tr[data-job="${j.id}"] td.eval-acc`).innerText()).trim());
       expect(cell === fmt(acc), `${j.name}: shows ${cell}, the API says ${acc}`);
     }
     await shot('06-jobs-completed');
