@@ -236,8 +236,8 @@ int main(int argc, char **argv)
             loaded++;
             fprintf(stderr,
                     "fusebox-train: %s: init names job %s of the service; fusebox-train starts "
-                    "from a local file: \"init\": \"PATH.safetensors\" (download the job's "
-                    "model with GET /v1/jobs/%s/model)\n",
+                    "from a local file, the path of a safetensors file as init (download the "
+                    "job's model with GET /v1/jobs/%s/model)\n",
                     argv[optind + i], specs[i].init_job, specs[i].init_job);
             rc = EXIT_USAGE;
             goto done;

@@ -38,12 +38,11 @@ static const spec_case cases[] = {
      "'schedule':{'type':'cosine','warmup_steps':100},'seed':7,'data_seed':0,'eval_every':500,"
      "'checkpoint_every':1000,'parallel':{'data':1,'pipeline':1},'priority':50,'max_restarts':3}",
      FB_OK, NULL},
-    {"cnn",
-     WITH_MODEL("{'type':'conv2d','out':8,'kernel':3,'padding':1},{'type':'batchnorm'},"
-                "{'type':'relu'},{'type':'maxpool2d','kernel':2},"
-                "{'type':'conv2d','out':16,'kernel':3},{'type':'batchnorm','momentum':0.2},"
-                "{'type':'relu'},{'type':'avgpool2d','kernel':2},{'type':'flatten'},"
-                "{'type':'dropout','p':0.0},{'type':'linear','out':10}"),
+    {"cnn", WITH_MODEL("{'type':'conv2d','out':8,'kernel':3,'padding':1},{'type':'batchnorm'},"
+                       "{'type':'relu'},{'type':'maxpool2d','kernel':2},"
+                       "{'type':'conv2d','out':16,'kernel':3},{'type':'batchnorm','momentum':0.2},"
+                       "{'type':'relu'},{'type':'avgpool2d','kernel':2},{'type':'flatten'},"
+                       "{'type':'dropout','p':0.0},{'type':'linear','out':10}"),
      FB_OK, NULL},
     {"residual identity",
      WITH_MODEL("{'type':'conv2d','out':4,'kernel':3,'padding':1},{'type':'residual','body':["
@@ -57,18 +56,15 @@ static const spec_case cases[] = {
                 "{'type':'linear','out':10}"),
      FB_OK, NULL},
     {"activations and layernorm",
-     WITH_MODEL(
-         "{'type':'flatten'},{'type':'linear','out':16},{'type':'gelu','approximate':'tanh'},"
-         "{'type':'layernorm'},{'type':'gelu'},{'type':'tanh'},{'type':'sigmoid'},"
-         "{'type':'linear','out':10}"),
+     WITH_MODEL("{'type':'flatten'},{'type':'linear','out':16},{'type':'gelu','approximate':'tanh'},"
+                "{'type':'layernorm'},{'type':'gelu'},{'type':'tanh'},{'type':'sigmoid'},"
+                "{'type':'linear','out':10}"),
      FB_OK, NULL},
-    {"layernorm on images",
-     WITH_MODEL("{'type':'layernorm','eps':1e-6,'affine':false},"
-                "{'type':'flatten'},{'type':'linear','out':10}"),
+    {"layernorm on images", WITH_MODEL("{'type':'layernorm','eps':1e-6,'affine':false},"
+                                       "{'type':'flatten'},{'type':'linear','out':10}"),
      FB_OK, NULL},
-    {"avgpool padded",
-     WITH_MODEL("{'type':'avgpool2d','kernel':3,'stride':2,'padding':1},"
-                "{'type':'flatten'},{'type':'linear','out':10}"),
+    {"avgpool padded", WITH_MODEL("{'type':'avgpool2d','kernel':3,'stride':2,'padding':1},"
+                                  "{'type':'flatten'},{'type':'linear','out':10}"),
      FB_OK, NULL},
     {"epochs", "{" DS "," MLP ",'batch_size':64,'epochs':2,'optimizer':{'type':'sgd','lr':0.1}}",
      FB_OK, NULL},
@@ -83,34 +79,26 @@ static const spec_case cases[] = {
      "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'sgd','lr':0.1,"
      "'momentum':0.9,'nesterov':true,'weight_decay':5e-4}}",
      FB_OK, NULL},
-    {"kernel pair",
-     WITH_MODEL("{'type':'conv2d','out':2,'kernel':[3,5],'stride':[1,2]},"
-                "{'type':'flatten'},{'type':'linear','out':10}"),
+    {"kernel pair", WITH_MODEL("{'type':'conv2d','out':2,'kernel':[3,5],'stride':[1,2]},"
+                               "{'type':'flatten'},{'type':'linear','out':10}"),
      FB_OK, NULL},
     {"feature input",
      "{'dataset':'tabular','model':{'input':[10],'layers':[{'type':'linear','out':4},"
      "{'type':'batchnorm'},{'type':'relu'},{'type':'linear','out':3}]}," REST "}",
      FB_OK, NULL},
-    {"options",
-     SPEC(",'data':{'shuffle':false},'precision':'tf32','parallel':{'data':2,"
-          "'pipeline':2},'priority':0,'max_restarts':0,'name':'A-b_c.1'"),
+    {"options", SPEC(",'data':{'shuffle':false},'precision':'tf32','parallel':{'data':2,"
+                     "'pipeline':2},'priority':0,'max_restarts':0,'name':'A-b_c.1'"),
      FB_OK, NULL},
     {"bf16", SPEC(",'precision':'bf16','parallel':{'data':2}"), FB_OK, NULL},
     {"bf16 pipeline", SPEC(",'precision':'bf16','parallel':{'pipeline':2}"), FB_OK, NULL},
     {"init", SPEC(",'init':'weights/start.safetensors'"), FB_OK, NULL},
     {"init job", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b'}"), FB_OK, NULL},
-    {"init job final",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':'final'}"),
-     FB_OK, NULL},
-    {"init job latest",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':'latest'}"),
-     FB_OK, NULL},
-    {"init job step",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':200}"),
-     FB_OK, NULL},
+    {"init job final", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                            "'checkpoint':'final'}"), FB_OK, NULL},
+    {"init job latest", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                             "'checkpoint':'latest'}"), FB_OK, NULL},
+    {"init job step", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                           "'checkpoint':200}"), FB_OK, NULL},
 
     /* ---- init: the service's form ---- */
     {"init number", SPEC(",'init':7"), FB_ERR_WRONG_TYPE, "init"},
@@ -122,26 +110,17 @@ static const spec_case cases[] = {
     {"init job path", SPEC(",'init':{'job':'../other-tenant/job/model.safetensors'}"),
      FB_ERR_BAD_NAME, "init.job"},
     {"init job number", SPEC(",'init':{'job':5}"), FB_ERR_WRONG_TYPE, "init.job"},
-    {"init unknown field",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'path':'x'}"),
-     FB_ERR_UNKNOWN_FIELD, "path"},
-    {"init checkpoint word",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':'best'}"),
-     FB_ERR_BAD_ENUM, "init.checkpoint"},
-    {"init checkpoint negative",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':-1}"),
-     FB_ERR_OUT_OF_RANGE, "init.checkpoint"},
-    {"init checkpoint real",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':1.5}"),
-     FB_ERR_WRONG_TYPE, "init.checkpoint"},
-    {"init checkpoint huge",
-     SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
-          "'checkpoint':99999999999999}"),
-     FB_ERR_OUT_OF_RANGE, "init.checkpoint"},
+    {"init unknown field", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                                "'path':'x'}"), FB_ERR_UNKNOWN_FIELD, "path"},
+    {"init checkpoint word", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                                  "'checkpoint':'best'}"), FB_ERR_BAD_ENUM, "init.checkpoint"},
+    {"init checkpoint negative", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                                      "'checkpoint':-1}"), FB_ERR_OUT_OF_RANGE, "init.checkpoint"},
+    {"init checkpoint real", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                                  "'checkpoint':1.5}"), FB_ERR_WRONG_TYPE, "init.checkpoint"},
+    {"init checkpoint huge", SPEC(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b',"
+                                  "'checkpoint':99999999999999}"), FB_ERR_OUT_OF_RANGE,
+     "init.checkpoint"},
 
     /* ---- syntax and structure ---- */
     {"not json", "{'dataset':", FB_ERR_JSON_SYNTAX, "invalid JSON"},
@@ -165,22 +144,19 @@ static const spec_case cases[] = {
      "step_size"},
 
     /* ---- types ---- */
-    {"batch string",
-     "{" DS "," MLP ",'batch_size':'64','steps':1,"
-     "'optimizer':{'type':'sgd','lr':0.1}}",
+    {"batch string", "{" DS "," MLP ",'batch_size':'64','steps':1,"
+                     "'optimizer':{'type':'sgd','lr':0.1}}",
      FB_ERR_WRONG_TYPE, "batch_size"},
-    {"batch real",
-     "{" DS "," MLP ",'batch_size':12.5,'steps':1,"
-     "'optimizer':{'type':'sgd','lr':0.1}}",
+    {"batch real", "{" DS "," MLP ",'batch_size':12.5,'steps':1,"
+                   "'optimizer':{'type':'sgd','lr':0.1}}",
      FB_ERR_WRONG_TYPE, NULL},
     {"seed real", SPEC(",'seed':1e30"), FB_ERR_WRONG_TYPE, "seed"},
     {"layer not object", WITH_MODEL("'relu'"), FB_ERR_WRONG_TYPE, NULL},
     {"layers not array", "{" DS ",'model':{'input':[1,28,28],'layers':{}}," REST "}",
      FB_ERR_WRONG_TYPE, NULL},
     {"shuffle not bool", SPEC(",'data':{'shuffle':1}"), FB_ERR_WRONG_TYPE, NULL},
-    {"betas wrong",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'adam',"
-     "'lr':0.1,'betas':0.9}}",
+    {"betas wrong", "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'adam',"
+                    "'lr':0.1,'betas':0.9}}",
      FB_ERR_WRONG_TYPE, "betas"},
     {"kernel triple", WITH_MODEL("{'type':'conv2d','out':2,'kernel':[3,3,3]}"), FB_ERR_WRONG_TYPE,
      NULL},
@@ -188,23 +164,19 @@ static const spec_case cases[] = {
     /* ---- ranges ---- */
     {"batch zero", "{" DS "," MLP ",'batch_size':0,'steps':1,'optimizer':{'type':'sgd','lr':0.1}}",
      FB_ERR_OUT_OF_RANGE, "batch_size"},
-    {"batch huge",
-     "{" DS "," MLP ",'batch_size':1000000,'steps':1,"
-     "'optimizer':{'type':'sgd','lr':0.1}}",
+    {"batch huge", "{" DS "," MLP ",'batch_size':1000000,'steps':1,"
+                   "'optimizer':{'type':'sgd','lr':0.1}}",
      FB_ERR_OUT_OF_RANGE, NULL},
-    {"negative lr",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,"
-     "'optimizer':{'type':'sgd','lr':-0.1}}",
+    {"negative lr", "{" DS "," MLP ",'batch_size':64,'steps':100,"
+                    "'optimizer':{'type':'sgd','lr':-0.1}}",
      FB_ERR_OUT_OF_RANGE, "optimizer.lr"},
     {"zero lr", "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'sgd','lr':0}}",
      FB_ERR_OUT_OF_RANGE, NULL},
-    {"beta one",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'adam',"
-     "'lr':0.1,'betas':[0.9,1.0]}}",
+    {"beta one", "{" DS "," MLP ",'batch_size':64,'steps':100,'optimizer':{'type':'adam',"
+                 "'lr':0.1,'betas':[0.9,1.0]}}",
      FB_ERR_OUT_OF_RANGE, NULL},
-    {"dropout one",
-     WITH_MODEL("{'type':'dropout','p':1.0},{'type':'flatten'},"
-                "{'type':'linear','out':10}"),
+    {"dropout one", WITH_MODEL("{'type':'dropout','p':1.0},{'type':'flatten'},"
+                               "{'type':'linear','out':10}"),
      FB_ERR_OUT_OF_RANGE, NULL},
     {"priority 101", SPEC(",'priority':101"), FB_ERR_OUT_OF_RANGE, NULL},
     {"negative seed", SPEC(",'seed':-1"), FB_ERR_OUT_OF_RANGE, NULL},
@@ -214,16 +186,15 @@ static const spec_case cases[] = {
      FB_ERR_OUT_OF_RANGE, "model.input"},
     {"input zero", "{" DS ",'model':{'input':[0],'layers':[{'type':'linear','out':2}]}," REST "}",
      FB_ERR_OUT_OF_RANGE, NULL},
-    {"pool padding", WITH_MODEL("{'type':'maxpool2d','kernel':2,'padding':2}"), FB_ERR_OUT_OF_RANGE,
-     "padding"},
+    {"pool padding", WITH_MODEL("{'type':'maxpool2d','kernel':2,'padding':2}"),
+     FB_ERR_OUT_OF_RANGE, "padding"},
     {"stride zero", WITH_MODEL("{'type':'conv2d','out':2,'kernel':3,'stride':0}"),
      FB_ERR_OUT_OF_RANGE, NULL},
     {"parallel data zero", SPEC(",'parallel':{'data':0}"), FB_ERR_OUT_OF_RANGE, NULL},
 
     /* ---- enums and names ---- */
-    {"optimizer rmsprop",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,"
-     "'optimizer':{'type':'rmsprop','lr':0.1}}",
+    {"optimizer rmsprop", "{" DS "," MLP ",'batch_size':64,'steps':100,"
+                          "'optimizer':{'type':'rmsprop','lr':0.1}}",
      FB_ERR_BAD_ENUM, "rmsprop"},
     {"layer type", WITH_MODEL("{'type':'conv3d'}"), FB_ERR_BAD_ENUM, "conv3d"},
     {"loss hinge", SPEC(",'loss':'hinge'"), FB_ERR_BAD_ENUM, NULL},
@@ -241,47 +212,42 @@ static const spec_case cases[] = {
     {"dataset dash first", "{'dataset':'-x'," MLP "," REST "}", FB_ERR_BAD_NAME, "dataset"},
 
     /* ---- conflicts ---- */
-    {"unknown field for type",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,"
-     "'optimizer':{'type':'sgd','lr':0.1,'betas':[0.9,0.99]}}",
+    {"unknown field for type", "{" DS "," MLP ",'batch_size':64,'steps':100,"
+                               "'optimizer':{'type':'sgd','lr':0.1,'betas':[0.9,0.99]}}",
      FB_ERR_UNKNOWN_FIELD, "betas"},
     {"steps and epochs", SPEC(",'epochs':1"), FB_ERR_CONFLICT, NULL},
-    {"nesterov no momentum",
-     "{" DS "," MLP ",'batch_size':64,'steps':100,"
-     "'optimizer':{'type':'sgd','lr':0.1,'nesterov':true}}",
+    {"nesterov no momentum", "{" DS "," MLP ",'batch_size':64,'steps':100,"
+                             "'optimizer':{'type':'sgd','lr':0.1,'nesterov':true}}",
      FB_ERR_CONFLICT, "nesterov"},
     {"warmup too long", SPEC(",'schedule':{'type':'cosine','warmup_steps':100}"), FB_ERR_CONFLICT,
      "warmup_steps"},
     {"pipeline too deep", SPEC(",'parallel':{'pipeline':5}"), FB_ERR_CONFLICT, NULL},
 
     /* ---- shapes ---- */
-    {"linear after conv",
-     WITH_MODEL("{'type':'conv2d','out':8,'kernel':3,'padding':1},"
-                "{'type':'linear','out':10}"),
+    {"linear after conv", WITH_MODEL("{'type':'conv2d','out':8,'kernel':3,'padding':1},"
+                                     "{'type':'linear','out':10}"),
      FB_ERR_SHAPE_MISMATCH, "model.layers[1] (linear): needs a feature input (F), got (8, 28, 28)"},
     {"conv on features", WITH_MODEL("{'type':'flatten'},{'type':'conv2d','out':2,'kernel':3}"),
      FB_ERR_SHAPE_MISMATCH, "model.layers[1]"},
-    {"residual mismatch",
-     WITH_MODEL("{'type':'residual','body':[{'type':'conv2d','out':4,"
-                "'kernel':3}]}"),
+    {"residual mismatch", WITH_MODEL("{'type':'residual','body':[{'type':'conv2d','out':4,"
+                                     "'kernel':3}]}"),
      FB_ERR_SHAPE_MISMATCH, "(4, 26, 26)"},
     {"kernel too large", WITH_MODEL("{'type':'conv2d','out':2,'kernel':29}"),
      FB_ERR_KERNEL_TOO_LARGE, "model.layers[0]"},
-    {"pool too large", WITH_MODEL("{'type':'maxpool2d','kernel':[2,30]}"), FB_ERR_KERNEL_TOO_LARGE,
-     NULL},
+    {"pool too large", WITH_MODEL("{'type':'maxpool2d','kernel':[2,30]}"),
+     FB_ERR_KERNEL_TOO_LARGE, NULL},
     {"ce on images", WITH_MODEL("{'type':'relu'}"), FB_ERR_BAD_LOSS, "(1, 28, 28)"},
     {"ce one class", WITH_MODEL("{'type':'flatten'},{'type':'linear','out':1}"), FB_ERR_BAD_LOSS,
      NULL},
     {"dim too large", WITH_MODEL("{'type':'flatten'},{'type':'linear','out':1048577}"),
      FB_ERR_DIM_TOO_LARGE, NULL},
-    {"input too large",
-     "{" DS ",'model':{'input':[2097152],'layers':[{'type':'linear','out':2}]}," REST "}",
+    {"input too large", "{" DS ",'model':{'input':[2097152],'layers':[{'type':'linear','out':2}]},"
+                        REST "}",
      FB_ERR_DIM_TOO_LARGE, NULL},
     {"activation too large", WITH_MODEL("{'type':'conv2d','out':1048576,'kernel':1}"),
      FB_ERR_DIM_TOO_LARGE, "elements"},
-    {"too many params",
-     WITH_MODEL("{'type':'flatten'},{'type':'linear','out':1048576},"
-                "{'type':'linear','out':10}"),
+    {"too many params", WITH_MODEL("{'type':'flatten'},{'type':'linear','out':1048576},"
+                                   "{'type':'linear','out':10}"),
      FB_ERR_TOO_MANY_PARAMS, NULL},
     {"nesting too deep",
      WITH_MODEL("{'type':'residual','body':[{'type':'residual','body':[{'type':'residual','body':"
