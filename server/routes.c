@@ -170,6 +170,15 @@ int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out)
     return FB_OK;
 }
 
+bool fb_cursor_seq_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 18) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
 /* ---- what a spec names beyond itself ---- */
 
 /* Whether the tenant has a dataset of this name (in any state). */

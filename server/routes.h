@@ -117,6 +117,17 @@ int fb_query_parse_int(const char *v, long long lo, long long hi, long long *out
 /* Stores text of at most cap-1 bytes, else fails with FB_ERR_BAD_QUERY. */
 int fb_query_str(fb_req *req, const char *name, char *out, size_t cap);
 
+/* A list cursor of jobs or sweeps: the seq of the last item, 1..18 decimal digits. */
+bool fb_cursor_seq_ok(const char *s);
+
+/* The metric series of GET /v1/jobs/{id}/metrics (routes_jobs.c): their count, the name of
+ * series i (NULL out of range), and ?fields= parsed: a comma-separated list of names, each
+ * known, repeats kept once, into sel[0..*n_sel) in order of first mention; false (sel and
+ * *n_sel unspecified) when any name is unknown or empty. */
+#define FB_METRIC_FIELDS 10
+const char *fb_metric_field_name(int i);
+bool fb_metric_fields_parse(const char *list, int sel[FB_METRIC_FIELDS], int *n_sel);
+
 /* Idempotency-Key header: NULL when absent, else validated into buf (1-128
  * bytes of [A-Za-z0-9._:-]); FB_ERR_BAD_HEADER when malformed. */
 int fb_idempotency_key(fb_req *req, char *buf, size_t cap, const char **out);

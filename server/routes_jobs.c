@@ -275,11 +275,7 @@ static int parse_cursor(fb_req *req, const char *name, char *out, size_t cap)
 {
     int err = fb_query_str(req, name, out, cap);
     if (err || !out[0]) return err;
-    size_t n = strlen(out);
-    bool ok = n <= 18;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = out[i] >= '0' && out[i] <= '9';
-    if (!ok) return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: not a cursor of this list", name);
+    if (!fb_cursor_seq_ok(out)) return fb_req_fail(req, FB_ERR_BAD_QUERY, name, "%s: not a cursor of this list", name);
     return FB_OK;
 }
 
@@ -392,6 +388,34 @@ static const char *const metric_fields[] = {
     "loss",     "accuracy",   "eval_loss", "eval_accuracy", "samples_per_s",
     "slowdown", "compute_ms", "comm_ms",   "io_ms",         "wait_ms"};
 #define N_METRIC_FIELDS ((int)(sizeof metric_fields / sizeof metric_fields[0]))
+_Static_assert(N_METRIC_FIELDS == FB_METRIC_FIELDS, "routes.h counts the metric series");
+
+const char *fb_metric_field_name(int i)
+{
+    return i >= 0 && i < N_METRIC_FIELDS ? metric_fields[i] : NULL;
+}
+
+bool fb_metric_fields_parse(const char *list, int sel[FB_METRIC_FIELDS], int *n_sel)
+{
+    int n = 0;
+    for (const char *p = list;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        int found = -1;
+        for (int i = 0; i < N_METRIC_FIELDS; i++)
+            if (strlen(metric_fields[i]) == len && strncmp(metric_fields[i], p, len) == 0)
+                found = i;
+        if (found < 0) return false;
+        bool dup = false;
+        for (int i = 0; i < n; i++)
+            if (sel[i] == found) dup = true;
+        if (!dup) sel[n++] = found;
+        if (!end) break;
+        p = end + 1;
+    }
+    *n_sel = n;
+    return true;
+}
 
 /* Does the tenant own the job? */
 static int job_owned(fb_db_conn *c, const char *id, const char *tenant_id, bool *owned, char *msg,
@@ -412,7 +436,7 @@ typedef struct job_series {
     const char *id, *tenant_id;
     bool owned;
     int n_sel;
-    int sel[N_METRIC_FIELDS];
+    int sel[FB_METRIC_FIELDS];
     long long since, limit, after;
     json_t *items;
     bool more;
@@ -473,26 +497,11 @@ static int parse_fields(fb_req *req, job_series *x)
             x->sel[x->n_sel++] = i;
         return FB_OK;
     }
-    const char *p = v;
-    while (1) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        int found = -1;
-        for (int i = 0; i < N_METRIC_FIELDS; i++)
-            if (strlen(metric_fields[i]) == len && strncmp(metric_fields[i], p, len) == 0)
-                found = i;
-        if (found < 0)
-            return fb_req_fail(req, FB_ERR_BAD_QUERY, "fields",
-                               "fields: a comma-separated list of loss, accuracy, eval_loss, "
-                               "eval_accuracy, samples_per_s, slowdown, compute_ms, comm_ms, "
-                               "io_ms, wait_ms");
-        bool dup = false;
-        for (int i = 0; i < x->n_sel; i++)
-            if (x->sel[i] == found) dup = true;
-        if (!dup) x->sel[x->n_sel++] = found;
-        if (!end) break;
-        p = end + 1;
-    }
+    if (!fb_metric_fields_parse(v, x->sel, &x->n_sel))
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, "fields",
+                           "fields: a comma-separated list of loss, accuracy, eval_loss, "
+                           "eval_accuracy, samples_per_s, slowdown, compute_ms, comm_ms, "
+                           "io_ms, wait_ms");
     return FB_OK;
 }
 

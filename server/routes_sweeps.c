@@ -367,10 +367,8 @@ int fb_route_sweep_list(fb_req *req)
         (err = fb_query_int(req, "limit", 50, 1, 200, &x.limit)) ||
         (err = fb_query_str(req, "cursor", cursor, sizeof cursor)))
         return err;
-    for (size_t i = 0; cursor[i]; i++)
-        if (cursor[i] < '0' || cursor[i] > '9' || i >= 18)
-            return fb_req_fail(req, FB_ERR_BAD_QUERY, "cursor",
-                               "cursor: not a cursor of this list");
+    if (cursor[0] && !fb_cursor_seq_ok(cursor))
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, "cursor", "cursor: not a cursor of this list");
     snprintf(limit_s, sizeof limit_s, "%lld", x.limit + 1);
     x.vals[0] = req->key.tenant_id;
     x.vals[1] = cursor[0] ? cursor : NULL;
