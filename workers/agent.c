@@ -55,10 +55,12 @@
 #define DEALER_LINGER_MS 2000 /* what close may spend sending what is still queued */
 #define OUTBOX_WARN_EVERY_MS 10000
 #define LEADER_WAIT_MS 5 /* device turns: how long a group keeps its place in line */
+#define HOOK_POLL_MS 2   /* the test step hook: how often a held group looks again */
 
 /* The control vector a spanning group's leader broadcasts before each step (span_exchange). */
 #define SPAN_MAGIC 0x66627370616e0001LL /* "fbspan", version 1 */
-enum { SPAN_GO, SPAN_STOP, SPAN_DRAIN };
+/* SPAN_HOLD: the leader is held by the test step hook; every rank stays at the step */
+enum { SPAN_GO, SPAN_STOP, SPAN_DRAIN, SPAN_HOLD };
 enum { CV_MAGIC, CV_STEP, CV_MEMBERS, CV_CMD, CV_SHARE, CV_HAS_SPLIT, CV_SPLIT };
 
 /* ---- logging and time ------------------------------------------------------------------ */
@@ -349,6 +351,7 @@ struct fb_agent {
     char comm_host[FB_WIRE_NAME_MAX + 1];
     int comm_port_lo, comm_port_hi, comm_timeout_ms;
     int device_turns; /* FB_AGENT_TURNS_* */
+    char hook_dir[1024]; /* --test-step-hook, "" = none (tests only) */
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -714,6 +717,9 @@ typedef struct runner {
     outmsg *pending, *pending_tail; /* events of the step in progress */
     double last_progress, samples, idle_ms;
     uint64_t split_gen; /* the REBALANCE split the session trains with */
+    /* the test step hook's hold it is in: the key of its files ("" = not held), the step */
+    char hold_key[FB_SPEC_NAME_MAX + 1];
+    int64_t hold_step;
 } runner;
 
 /* Hands a message to the main thread; it owns it from then on. */
@@ -1221,10 +1227,12 @@ static void span_fault(runner *r, const char *what, const char *why)
  * follower applies what it receives.  Members that finish or fail do so at the same step
  * everywhere by themselves (the losses are the world's), and the broadcast checks that
  * too: each member's presence is compared, as are the step and the members' ids.
- * *cmd receives SPAN_GO, SPAN_STOP or SPAN_DRAIN.  Returns FB_OK, or an error (msg says
+ * A leader that the test step hook holds (hold) sends SPAN_HOLD: members still leave, no
+ * split or share changes, and no rank steps.
+ * *cmd receives SPAN_GO, SPAN_STOP, SPAN_DRAIN or SPAN_HOLD.  Returns FB_OK, or an error (msg says
  * why) after which the group must stop: a broken communicator or a disagreement.
  */
-static int span_exchange(runner *r, int *cmd, char *msg, size_t cap)
+static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
 {
     group *g = r->g;
     int words = (g->n_members + 63) / 64;
@@ -1235,7 +1243,8 @@ static int span_exchange(runner *r, int *cmd, char *msg, size_t cap)
     double share = 1;
     if (!g->follower) {
         int c = atomic_load(&g->stop) ? SPAN_STOP : atomic_load(&g->drain) ? SPAN_DRAIN : SPAN_GO;
-        if (c == SPAN_GO) apply_detaches(r);
+        if (c == SPAN_GO && hold) c = SPAN_HOLD;
+        if (c == SPAN_GO || c == SPAN_HOLD) apply_detaches(r);
         int64_t split[FB_WIRE_MAX_DEVICES];
         int n_split = 0;
         if (c == SPAN_GO && apply_split(r, split, &n_split) && n_split == g->world) {
@@ -1267,9 +1276,9 @@ static int span_exchange(runner *r, int *cmd, char *msg, size_t cap)
         return fb_errf(msg, cap, FB_ERR_IO,
                        "the leader's assignment lists other members than this worker's");
     *cmd = (int)v[CV_CMD];
-    if (!g->follower || *cmd != SPAN_GO) return FB_OK;
+    if (!g->follower || (*cmd != SPAN_GO && *cmd != SPAN_HOLD)) return FB_OK;
     memcpy(&share, &v[CV_SHARE], sizeof share);
-    if (share > 0 && share <= 1) {
+    if (*cmd == SPAN_GO && share > 0 && share <= 1) {
         pthread_mutex_lock(&g->a->turn_mu);
         g->time_share = share;
         pthread_mutex_unlock(&g->a->turn_mu);
@@ -1294,6 +1303,109 @@ static int span_exchange(runner *r, int *cmd, char *msg, size_t cap)
         }
     }
     return FB_OK;
+}
+
+/* ---- the test step hook (tests only) --------------------------------------------------- */
+
+/*
+ * A test holds an array at a step boundary with a file DIR/hold-KEY holding a step N, KEY a
+ * member's job id or name (a name lets a test place the hold before it submits, so that no
+ * array can pass N first): when the array has done N steps it stays there, writes
+ * DIR/held-KEY with N (a temporary file renamed, so a reader sees all of it or nothing)
+ * and looks again every HOOK_POLL_MS until the hold file is gone or names another step,
+ * reporting its progress (the held step) as often as it would while training.
+ * Only the group thread waits: the main thread goes on heartbeating and receiving, and
+ * a held array still obeys what it is told at a step boundary (detaches, a drain, a
+ * stop), so "drain while running" or "kill after a checkpoint" happen at the held step.
+ */
+
+/* The step DIR/hold-key names, or -1 when there is no such file or it names none. */
+static int64_t hook_hold_step(const fb_agent *a, const char *key)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/hold-%s", a->hook_dir, key);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long long n = -1;
+    if (fscanf(f, "%lld", &n) != 1 || n < 0) n = -1;
+    fclose(f);
+    return n;
+}
+
+/* Leaves the hold: DIR/held-KEY goes, so a test never reads a hold that ended. */
+static void hook_unhold(runner *r)
+{
+    if (!r->hold_key[0]) return;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/held-%s", r->g->a->hook_dir, r->hold_key);
+    if (unlink(path) != 0 && errno != ENOENT)
+        agent_log("group %s: test step hook: cannot remove %s: %s", r->g->id, path,
+                  strerror(errno));
+    agent_log("group %s: test step hook: the hold at step %lld ends", r->g->id,
+              (long long)r->hold_step);
+    r->hold_key[0] = '\0';
+}
+
+/* Writes DIR/held-KEY with the step, through a temporary file renamed over it. */
+static void hook_write_held(runner *r)
+{
+    const char *dir = r->g->a->hook_dir;
+    char tmp[1200], path[1200];
+    snprintf(tmp, sizeof tmp, "%s/.held-%s.tmp", dir, r->hold_key);
+    snprintf(path, sizeof path, "%s/held-%s", dir, r->hold_key);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fprintf(f, "%lld\n", (long long)r->hold_step) > 0;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok || rename(tmp, path) != 0) {
+        agent_log("group %s: test step hook: cannot write %s: %s", r->g->id, path,
+                  strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/*
+ * Whether the test step hook holds the array at this step boundary: a hold file of a
+ * member still in it names the steps done.  Entering a hold writes its held file; leaving
+ * one (released, or a hold file naming another step) removes it.
+ */
+static bool hook_holds(runner *r)
+{
+    group *g = r->g;
+    if (!g->a->hook_dir[0] || !r->s) return false;
+    int64_t step = fb_session_steps_done(r->s);
+    const char *key = NULL;
+    for (int i = 0; i < g->n_members && !key; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !fb_session_has(r->s, mb->sidx)) continue;
+        if (hook_hold_step(g->a, mb->job_id) == step)
+            key = mb->job_id;
+        else if (mb->spec.name[0] && hook_hold_step(g->a, mb->spec.name) == step)
+            key = mb->spec.name;
+    }
+    if (r->hold_key[0] && (!key || strcmp(key, r->hold_key) != 0 || step != r->hold_step))
+        hook_unhold(r);
+    if (!key) return false;
+    bool entering = !r->hold_key[0];
+    if (entering) {
+        snprintf(r->hold_key, sizeof r->hold_key, "%s", key);
+        r->hold_step = step;
+    }
+    /* the server hears of the held step, and a server that comes back hears it again */
+    double now = now_ms();
+    if (entering || now - r->last_progress >= g->a->progress_ms) send_progress(r, now);
+    if (entering) {
+        /* after that report is on its way to the server */
+        hook_write_held(r);
+        agent_log("group %s: test step hook: held at step %lld by hold-%s", g->id,
+                  (long long)step, key);
+    }
+    return true;
+}
+
+static void hook_sleep(void)
+{
+    struct timespec ts = {0, HOOK_POLL_MS * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 /* One step of the session on the turn the group holds since t1 (ms), then its events and
@@ -1350,6 +1462,19 @@ static void train_loop(runner *r)
             drain_members(r);
             return;
         }
+        if (hook_holds(r)) {
+            /* members the server sends away leave at the held step, on the group's turn
+             * (leaving touches the device) */
+            pthread_mutex_lock(&g->mu);
+            bool detach = g->detach_pending;
+            pthread_mutex_unlock(&g->mu);
+            if (detach && turns_acquire(g)) {
+                apply_detaches(r);
+                turns_release(g, 0);
+            }
+            if (!fb_session_done(r->s)) hook_sleep();
+            continue;
+        }
         double t0 = now_ms();
         bool turn = turns_acquire(g);
         double t1 = now_ms();
@@ -1387,6 +1512,8 @@ static void span_loop(runner *r)
     fb_session_take_times(r->s);
     while (!fb_session_done(r->s)) {
         if (g->follower && atomic_load(&g->stop)) return;
+        /* the leader alone reads the test step hook and holds every rank with it */
+        bool hold = !g->follower && !interrupted(g) && hook_holds(r);
         /* a leader asked to stop or drain still tells the others, without its turn */
         bool turn = false;
         double t0 = now_ms();
@@ -1394,7 +1521,13 @@ static void span_loop(runner *r)
         double t1 = now_ms();
         r->idle_ms += t1 - t0;
         int cmd = SPAN_GO;
-        int err = span_exchange(r, &cmd, msg, sizeof msg);
+        int err = span_exchange(r, hold, &cmd, msg, sizeof msg);
+        if (!err && cmd == SPAN_HOLD) {
+            /* no step: members may have left; the followers wait in the next exchange */
+            if (turn) turns_release(g, 0);
+            if (!g->follower && !fb_session_done(r->s)) hook_sleep();
+            continue;
+        }
         if (err || cmd != SPAN_GO || fb_session_done(r->s)) {
             if (turn) turns_release(g, now_ms() - t1);
             if (err) {
@@ -1520,6 +1653,7 @@ static void *group_thread(void *arg)
             train_loop(&r);
         dev_unregister(g);
     }
+    hook_unhold(&r);
     if (atomic_load(&g->stop))
         agent_log("group %s generation %lld stopped", g->id, (long long)g->generation);
     else
@@ -2646,6 +2780,24 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     if (ct < 1 || ct > 3600000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                        "the comm timeout must be in [1, 3600000] ms, not %d", o->comm_timeout_ms);
+    if (o->test_step_hook) {
+        /* a hook holds training at a file's word: only where a test says it is one */
+        const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
+        if (!on || strcmp(on, "1") != 0)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "the test step hook is for tests only: it needs %s=1 in the "
+                           "environment",
+                           FB_AGENT_TEST_HOOKS_ENV);
+        struct stat st;
+        if (!o->test_step_hook[0] || strlen(o->test_step_hook) >= sizeof((fb_agent *)0)->hook_dir)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "the test step hook's directory: 1..%zu bytes",
+                           sizeof((fb_agent *)0)->hook_dir - 1);
+        if (stat(o->test_step_hook, &st) != 0 || !S_ISDIR(st.st_mode))
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "the test step hook's directory %s is not a directory",
+                           o->test_step_hook);
+    }
     const char *dd = o->data_dir;
     if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
     if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
@@ -2669,6 +2821,11 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->progress_ms = pr;
     a->comm_timeout_ms = ct;
     a->device_turns = o->device_turns;
+    if (o->test_step_hook) {
+        snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
+        agent_log("the test step hook is on (%s): arrays hold at the steps its files name",
+                  a->hook_dir);
+    }
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
         a->comm_port_lo = o->comm_port_lo;

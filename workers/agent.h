@@ -69,7 +69,15 @@ typedef struct fb_agent_opts {
      * at a time), the first on CPU devices (the others shared at the same time, so that a
      * shard on a shared device is slower and the batch split follows); _ALL, _FIRST */
     int device_turns;
+    /* tests only: a directory of step holds (docs/worker.md, "Test step hook"), which lets a
+     * test stop an array at an exact step boundary and let it go on; refused unless the
+     * environment has FB_AGENT_TEST_HOOKS_ENV=1.  NULL = none */
+    const char *test_step_hook;
 } fb_agent_opts;
+
+/* The variable that must be "1" for a test step hook to be accepted, so that a stray flag
+ * or variable cannot switch it on in a deployment. */
+#define FB_AGENT_TEST_HOOKS_ENV "FUSEBOX_TEST_HOOKS"
 
 enum { FB_AGENT_TURNS_AUTO = 0, FB_AGENT_TURNS_ALL = 1, FB_AGENT_TURNS_FIRST = 2 };
 

@@ -67,6 +67,10 @@ static void usage(FILE *f)
                "                        a time), or the first, sharing the others (default\n"
                "                        auto: all on CUDA devices, the first on CPU devices)\n"
                "                        [FUSEBOX_WORKER_DEVICE_TURNS]\n"
+               "  --test-step-hook DIR  for tests only: hold arrays at the steps that files in\n"
+               "                        DIR name (docs/worker.md); refused unless the\n"
+               "                        environment has FUSEBOX_TEST_HOOKS=1\n"
+               "                        [FUSEBOX_WORKER_TEST_STEP_HOOK]\n"
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
@@ -129,6 +133,7 @@ enum {
     OPT_COMM_ADDR,
     OPT_COMM_TIMEOUT,
     OPT_DEVICE_TURNS,
+    OPT_TEST_STEP_HOOK,
     OPT_COUNT
 };
 
@@ -152,6 +157,7 @@ static const struct {
     {"comm-addr", "FUSEBOX_WORKER_COMM_ADDR"},
     {"comm-timeout-ms", "FUSEBOX_WORKER_COMM_TIMEOUT_MS"},
     {"device-turns", "FUSEBOX_WORKER_DEVICE_TURNS"},
+    {"test-step-hook", "FUSEBOX_WORKER_TEST_STEP_HOOK"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -200,6 +206,7 @@ int main(int argc, char **argv)
         {"comm-addr", required_argument, NULL, OPT_COMM_ADDR},
         {"comm-timeout-ms", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"device-turns", required_argument, NULL, OPT_DEVICE_TURNS},
+        {"test-step-hook", required_argument, NULL, OPT_TEST_STEP_HOOK},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -314,6 +321,19 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         o.comm_host = comm_host;
+    }
+    if (val[OPT_TEST_STEP_HOOK]) {
+        /* a hook that holds training must never be one stray flag away in a deployment */
+        const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
+        if (!on || strcmp(on, "1") != 0) {
+            origin(where, sizeof where, OPT_TEST_STEP_HOOK, from_env[OPT_TEST_STEP_HOOK]);
+            fprintf(stderr,
+                    "fusebox-worker: %s is for tests only and needs %s=1 in the environment; "
+                    "refusing to start\n",
+                    where, FB_AGENT_TEST_HOOKS_ENV);
+            return EXIT_USAGE;
+        }
+        o.test_step_hook = val[OPT_TEST_STEP_HOOK];
     }
     if (o.name && !fb_agent_name_valid(o.name)) {
         origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);

@@ -110,6 +110,8 @@ static void start(e2e *t, const char *db_url, const char *const *extra)
     CHECK(mkdtemp(t->root) != NULL);
     snprintf(t->data_dir, sizeof t->data_dir, "%s/data", t->root);
     CHECK(mkdir(t->data_dir, 0755) == 0);
+    snprintf(t->hook_dir, sizeof t->hook_dir, "%s/hooks", t->root);
+    CHECK(mkdir(t->hook_dir, 0755) == 0);
     char ds[400];
     snprintf(ds, sizeof ds, "%s/synth", t->data_dir);
     import_split(ds, "train", 2048, 11);
@@ -187,7 +189,8 @@ static pid_t spawn_worker(e2e *t, const char *name, const char *server,
                           t->server_pub, "--key",          t->worker_key, "--name",
                           name,        "--cpu-devices",    "1",          "--threads-per-device",
                           "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
-                          "200",       "--progress-ms",    "200",        NULL};
+                          "200",       "--progress-ms",    "200",        "--test-step-hook",
+                          t->hook_dir, NULL};
     for (int i = 0; args[i]; i++) argv[n++] = args[i];
     for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
     argv[n] = NULL;
@@ -195,6 +198,7 @@ static pid_t spawn_worker(e2e *t, const char *name, const char *server,
     CHECK(pid >= 0);
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
+        setenv("FUSEBOX_TEST_HOOKS", "1", 1); /* the worker refuses its hook without it */
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -410,6 +414,58 @@ double e2e_max_diff(const char *a, const char *b)
     fb_st_close(fa);
     fb_st_close(fb);
     return worst;
+}
+
+/* The path of the hook file kind-job ("hold" or "held") in path (cap bytes). */
+static void hook_path(const e2e *t, const char *kind, const char *job, char *path, size_t cap)
+{
+    CHECK(job != NULL && job[0] && !strchr(job, '/'));
+    CHECK((size_t)snprintf(path, cap, "%s/%s-%s", t->hook_dir, kind, job) < cap);
+}
+
+void e2e_hold(e2e *t, const char *job, long long step)
+{
+    CHECK(step >= 0);
+    char held[400], path[400], tmp[420], text[32];
+    hook_path(t, "held", job, held, sizeof held);
+    hook_path(t, "hold", job, path, sizeof path);
+    CHECK(unlink(held) == 0 || errno == ENOENT);
+    /* renamed into place: a worker reads the whole step or no file */
+    snprintf(tmp, sizeof tmp, "%s/.hold.tmp", t->hook_dir);
+    snprintf(text, sizeof text, "%lld\n", step);
+    e2e_write(tmp, text);
+    CHECK(rename(tmp, path) == 0);
+}
+
+long long e2e_wait_held(e2e *t, const char *job, int timeout_s)
+{
+    char held[400];
+    hook_path(t, "held", job, held, sizeof held);
+    double start = fbt_now_ms();
+    for (;;) {
+        FILE *f = fopen(held, "r");
+        long long step = -1;
+        if (f) {
+            if (fscanf(f, "%lld", &step) != 1) step = -1;
+            fclose(f);
+        }
+        if (step >= 0) return step;
+        if (fbt_now_ms() - start > timeout_s * 1000.0) break;
+        sleep_ms(5);
+    }
+    fprintf(stderr, "no worker held %s within %d s\n", job, timeout_s);
+    e2e_dump(t);
+    CHECK(0);
+    return -1;
+}
+
+void e2e_release(e2e *t, const char *job)
+{
+    char held[400], path[400];
+    hook_path(t, "hold", job, path, sizeof path);
+    hook_path(t, "held", job, held, sizeof held);
+    CHECK(unlink(path) == 0 || errno == ENOENT);
+    CHECK(unlink(held) == 0 || errno == ENOENT);
 }
 
 pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *const *wrapper)

@@ -20,6 +20,7 @@ typedef struct e2e {
     char data_dir[300];  /* datasets for workers and fusebox-train */
     char worker_key[300];
     char server_pub[300];
+    char hook_dir[300];  /* the workers' test step hook (e2e_hold) */
     int worker_port;
     char tenant[40], key[128]; /* a tenant of the test */
     bool own_database;         /* on a database of the test's own (e2e_start_on) */
@@ -44,7 +45,8 @@ void e2e_restart_server(e2e *t);
  * the scratch directory. */
 void e2e_finish(e2e *t);
 
-/* Starts a fusebox-worker named name (log in the scratch directory). */
+/* Starts a fusebox-worker named name (log in the scratch directory), with the test step
+ * hook on (--test-step-hook t->hook_dir and FUSEBOX_TEST_HOOKS=1), so e2e_hold works. */
 pid_t e2e_worker(e2e *t, const char *name);
 
 /* Like e2e_worker, with extra flags after the usual ones (NULL-terminated; NULL for
@@ -101,6 +103,21 @@ double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char 
  * shapes differ.
  */
 double e2e_max_diff(const char *a, const char *b);
+
+/*
+ * The workers' test step hook (docs/worker.md), which places a fault at an exact step
+ * instead of sizing a job from the machine's speed.  e2e_hold holds the array of job (a
+ * job id, or a job's name: a name may be held before its job is submitted, so that no
+ * array passes the step first) once it has done `step` steps; it writes the hold file
+ * (and removes a held file an earlier hold left behind, say by a worker killed while
+ * held).  A later e2e_hold of the same job moves the hold: a held array goes on to the
+ * new step.  e2e_wait_held waits up to timeout_s for a worker to hold job and returns
+ * the step it holds at (printing the logs and failing the test after timeout_s).
+ * e2e_release removes the hold: the array goes on (and a held file a dead worker left).
+ */
+void e2e_hold(e2e *t, const char *job, long long step);
+long long e2e_wait_held(e2e *t, const char *job, int timeout_s);
+void e2e_release(e2e *t, const char *job);
 
 /* Prints the server's and workers' logs. */
 void e2e_dump(e2e *t);

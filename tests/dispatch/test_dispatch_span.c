@@ -20,15 +20,19 @@
  * 4. The follower of another such job is killed (SIGKILL) mid-run: the job
  *    goes back to the queue with its last checkpoint, without using up a
  *    restart, waits while one worker cannot hold it, and completes once the
- *    follower is back.
+ *    follower is back, resuming at the step after that checkpoint.
  * 5. The follower of another such job drains (SIGTERM): the server moves the
  *    array, every member leaving with its full state through the leader, so
  *    the job is queued again at the very step it left (no checkpoint is
  *    written on the way), without a restart used, and completes once the
- *    follower is back.
+ *    follower is back, resuming at the step after it.
  * 6. A sweep of two trials with parallel.data 2 trains as one array across
  *    both workers; one trial is cancelled and leaves the array, the other
  *    completes in it.
+ *
+ * The workers' test step hook (e2e_hold) holds each fault's array at a step
+ * chosen in advance, so that every fault lands mid-run at that step on any
+ * machine, however fast or loaded: no job is sized from the machine's speed.
  */
 #include <math.h>
 #include <signal.h>
@@ -49,8 +53,7 @@ static e2e T;
 static char comm_addr[2][64];
 static int port_lo[2];
 
-/* A job spec on "synth" with two data-parallel shards; the hidden width sets how long a
- * step takes (faults must land mid-run). */
+/* A job spec on "synth" with two data-parallel shards. */
 static const char *span_spec(const char *name, double lr, int hidden, int steps,
                              int checkpoint_every)
 {
@@ -249,54 +252,33 @@ static void port_taken(void)
     close(held[1]);
 }
 
-/* Steps for a job that must still train when a scenario's fault has been noticed (fuseboxd
- * back after a restart, a killed follower found lost, a drained one gone), however fast
- * this machine is (a quiet one trained 6000 steps during the restart, and the whole of a
- * 6000-step job before a killed follower was noticed), sized from fusebox-train's speed on
- * the same spec, measured once.  Across two workers the array steps several times slower
- * than fusebox-train's (8.5 times here: a sum over TCP and the workers' per-step messages
- * for a step of a fraction of a millisecond), so 2.5 s of fusebox-train's steps last about
- * 20 s.  A multiple of 600, so that a run's sixths are whole steps.  The follower and
- * drain scenarios take a third (about 7 s, enough for a fault to be noticed): whole runs
- * of 20 s there loaded the machine enough to fail the timing of tests running beside. */
-static int sized_steps(void)
-{
-    static long long steps;
-    if (steps) return (int)steps;
-    char file[400];
-    snprintf(file, sizeof file, "%s/span-speed.json", T.root);
-    e2e_write(file, span_spec("speed", 0.002, 512, 1000000, 0));
-    const char *files[1] = {file};
-    double rate = e2e_train_speed(&T, files, 1, "speed", 50, 1500);
-    steps = (long long)(rate * 2.5) / 600 * 600;
-    if (steps < 6000) steps = 6000;
-    if (steps > 600000) steps = 600000;
-    printf("fusebox-train trains %.0f steps/s; the fault scenarios' jobs have %lld steps\n", rate,
-           steps);
-    return (int)steps;
-}
-
 static void server_restarted(void)
 {
     char id[64], sql[512], group[64];
-    int steps = sized_steps();
+    /* held at step 300 for the kill, then at 900: both workers train on while fuseboxd is
+     * away, and the array still runs, held, when it is back */
+    e2e_hold(&T, "restart", 300);
     snprintf(id, sizeof id, "%s",
-             e2e_submit(&T, T.key, span_spec("restart", 0.002, 512, steps, steps / 6)));
-    snprintf(sql, sizeof sql, "SELECT step >= 300 AND state = 'running' FROM jobs WHERE id = '%s'",
+             e2e_submit(&T, T.key, span_spec("restart", 0.002, 64, 1200, 200)));
+    CHECK_INT_EQ(e2e_wait_held(&T, "restart", 240), 300);
+    snprintf(sql, sizeof sql, "SELECT step = 300 AND state = 'running' FROM jobs WHERE id = '%s'",
              id);
-    e2e_wait_sql(&T, sql, 240, "training under way");
+    e2e_wait_sql(&T, sql, 60, "training under way, at the held step");
     snprintf(group, sizeof group, "%s", e2e_job_field(&T, T.key, id, "group_id"));
     kill(T.s.pid, SIGKILL);
     int st;
     CHECK(waitpid(T.s.pid, &st, 0) == T.s.pid);
+    e2e_hold(&T, "restart", 900);
     usleep(800 * 1000); /* both workers train on meanwhile */
     e2e_restart_server(&T);
-    /* followed again: progress goes on, and the view shows it on both workers */
-    int64_t at = strtoll(sqlf("SELECT step FROM jobs WHERE id = '%s'", id), NULL, 10);
-    snprintf(sql, sizeof sql, "SELECT step > %lld FROM jobs WHERE id = '%s'", (long long)at, id);
+    CHECK_INT_EQ(e2e_wait_held(&T, "restart", 240), 900);
+    /* followed again: the progress fuseboxd was away for reaches it, and the view shows the
+     * array on both workers */
+    snprintf(sql, sizeof sql, "SELECT step = 900 AND state = 'running' FROM jobs WHERE id = '%s'",
+             id);
     e2e_wait_sql(&T, sql, 60, "progress after the restart");
-    CHECK_STR_EQ(sqlf("SELECT state FROM jobs WHERE id = '%s'", id), "running");
     check_cluster_view(group);
+    e2e_release(&T, "restart");
     e2e_wait_state(&T, T.key, id, "completed", 600);
     CHECK_STR_EQ(e2e_job_field(&T, T.key, id, "group_id"), group);
     CHECK_STR_EQ(sqlf("SELECT generation FROM groups WHERE id = '%s'", group), "1");
@@ -312,12 +294,15 @@ static void server_restarted(void)
 static void follower_killed(pid_t *workers)
 {
     char id[64], sql[512], follower[64];
-    int steps = sized_steps() / 3 / 60 * 60, every = steps / 12;
+    const int steps = 600, every = 100;
+    /* held right after its first checkpoint: the follower dies there */
+    e2e_hold(&T, "killed", every);
     snprintf(id, sizeof id, "%s",
-             e2e_submit(&T, T.key, span_spec("killed", 0.002, 512, steps, every)));
+             e2e_submit(&T, T.key, span_spec("killed", 0.002, 64, steps, every)));
+    CHECK_INT_EQ(e2e_wait_held(&T, "killed", 240), every);
     snprintf(sql, sizeof sql,
-             "SELECT resume_step >= %d AND state = 'running' FROM jobs WHERE id = '%s'", every, id);
-    e2e_wait_sql(&T, sql, 240, "a first checkpoint");
+             "SELECT resume_step = %d AND state = 'running' FROM jobs WHERE id = '%s'", every, id);
+    e2e_wait_sql(&T, sql, 60, "the checkpoint of the held step");
     snprintf(follower, sizeof follower, "%s", follower_of(id));
     CHECK(strcmp(follower, "w1") == 0 || strcmp(follower, "w2") == 0);
     int k = strcmp(follower, "w1") == 0 ? 0 : 1;
@@ -328,6 +313,7 @@ static void follower_killed(pid_t *workers)
     e2e_wait_state(&T, T.key, id, "queued", 30);
     printf("killed: the job was re-queued %.0f ms after its follower %s was killed\n",
            fbt_now_ms() - t0, follower);
+    e2e_release(&T, "killed"); /* or the next array would stop at that step again */
     CHECK_STR_EQ(e2e_job_field(&T, T.key, id, "restarts"), "0");
     CHECK_STR_EQ(sqlf("SELECT state FROM groups WHERE id = '%s'", group), "finished");
     /* one worker cannot hold two data-parallel replicas of one device each */
@@ -338,11 +324,12 @@ static void follower_killed(pid_t *workers)
     CHECK_STR_EQ(e2e_job_field(&T, T.key, id, "restarts"), "0");
     CHECK_STR_EQ(
         sqlf("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'", id), "1");
-    /* it resumed from its checkpoint, in a new array across both workers again */
+    /* it resumed from its checkpoint, in a new array across both workers again (a start
+     * reports the first step it trains) */
     snprintf(sql, sizeof sql,
-             "SELECT max((data->>'step')::bigint) >= %d FROM job_events"
+             "SELECT max((data->>'step')::bigint) = %d FROM job_events"
              " WHERE job_id = '%s' AND kind = 'started'",
-             every, id);
+             every + 1, id);
     CHECK_STR_EQ(fbt_sql_value(&T.s, sql), "t");
     CHECK(strcmp(e2e_job_field(&T, T.key, id, "group_id"), group) != 0);
     CHECK_STR_EQ(sqlf("SELECT count(*) FROM group_workers gw JOIN jobs j ON j.group_id ="
@@ -351,45 +338,24 @@ static void follower_killed(pid_t *workers)
                  "2");
 }
 
-/* Waits up to timeout_s for job id to be queued again or to have completed; its state. */
-static const char *queued_or_completed(const char *id, int timeout_s)
-{
-    static char state[64];
-    for (double t0 = fbt_now_ms(); fbt_now_ms() - t0 < timeout_s * 1000.0; usleep(100 * 1000)) {
-        snprintf(state, sizeof state, "%s", e2e_job_field(&T, T.key, id, "state"));
-        if (strcmp(state, "queued") == 0 || strcmp(state, "completed") == 0) return state;
-    }
-    return state;
-}
-
 static void follower_drains(pid_t *workers)
 {
     char id[64], sql[512], follower[64];
-    int k = 0;
-    /* a machine loaded by the tests beside this one can let the job complete before the
-     * drain is noticed (the leader heard nothing from fuseboxd for 0.8 s at a time in one
-     * such run), which proves nothing either way: then once more, with a job twice as long */
-    for (int attempt = 0;; attempt++) {
-        /* no checkpoints: a resume point past 0 can only be the state the member left with */
-        snprintf(id, sizeof id, "%s",
-                 e2e_submit(&T, T.key,
-                            span_spec("drain", 0.002, 512, sized_steps() / 3 << attempt, 0)));
-        snprintf(sql, sizeof sql,
-                 "SELECT step >= 300 AND state = 'running' FROM jobs WHERE id = '%s'", id);
-        e2e_wait_sql(&T, sql, 240, "training under way");
-        snprintf(follower, sizeof follower, "%s", follower_of(id));
-        k = strcmp(follower, "w1") == 0 ? 0 : 1;
-        CHECK_INT_EQ(e2e_kill(workers[k], SIGTERM), 0);
-        const char *state = queued_or_completed(id, 30);
-        if (strcmp(state, "completed") != 0 || attempt == 1) break;
-        printf("drain: the job completed before the drain was noticed; again, twice as long\n");
-        workers[k] = start_worker(k);
-    }
-    e2e_wait_state(&T, T.key, id, "queued", 1);
+    /* held at step 300 while its follower drains; no checkpoints: a resume point past 0 can
+     * only be the state the member left with */
+    e2e_hold(&T, "drain", 300);
+    snprintf(id, sizeof id, "%s", e2e_submit(&T, T.key, span_spec("drain", 0.002, 64, 600, 0)));
+    CHECK_INT_EQ(e2e_wait_held(&T, "drain", 240), 300);
+    snprintf(follower, sizeof follower, "%s", follower_of(id));
+    CHECK(strcmp(follower, "w1") == 0 || strcmp(follower, "w2") == 0);
+    int k = strcmp(follower, "w1") == 0 ? 0 : 1;
+    CHECK_INT_EQ(e2e_kill(workers[k], SIGTERM), 0);
+    e2e_wait_state(&T, T.key, id, "queued", 30);
     int64_t resume = strtoll(sqlf("SELECT resume_step FROM jobs WHERE id = '%s'", id), NULL, 10);
     printf("drain: the job left its array with its state at step %lld\n", (long long)resume);
-    CHECK(resume >= 300);
+    CHECK_INT_EQ(resume, 300);
     CHECK_STR_EQ(e2e_job_field(&T, T.key, id, "restarts"), "0");
+    e2e_release(&T, "drain"); /* or the next array would stop at step 300 again */
     workers[k] = start_worker(k);
     e2e_wait_state(&T, T.key, id, "completed", 600);
     CHECK_STR_EQ(e2e_job_field(&T, T.key, id, "restarts"), "0");
@@ -407,12 +373,15 @@ static void member_cancelled(void)
              "{\"name\": \"pair\", \"base\": %s,"
              " \"search\": {\"type\": \"grid\", \"params\": {\"optimizer.lr\":"
              " {\"values\": [0.001, 0.004]}}}}",
-             span_spec(NULL, 0.001, 512, 4000, 1000));
+             span_spec(NULL, 0.001, 64, 600, 200));
+    /* held at step 100 by the trial that stays (pair-1): the other is cancelled there */
+    e2e_hold(&T, "pair-1", 100);
     e2e_submit_sweep(&T, T.key, body, 2, ids, NULL);
+    CHECK_INT_EQ(e2e_wait_held(&T, "pair-1", 120), 100);
     char sql[512];
     snprintf(sql, sizeof sql,
              "SELECT count(*) = 2 AND count(DISTINCT group_id) = 1 FROM jobs"
-             " WHERE id IN ('%s', '%s') AND state = 'running' AND step >= 100",
+             " WHERE id IN ('%s', '%s') AND state = 'running' AND step = 100",
              ids[0], ids[1]);
     e2e_wait_sql(&T, sql, 120, "both trials training in one array");
     char group[64];
@@ -426,6 +395,12 @@ static void member_cancelled(void)
     /* it left the array; the other trial trains on in it to the end */
     snprintf(sql, sizeof sql, "SELECT NOT in_group FROM jobs WHERE id = '%s'", ids[0]);
     e2e_wait_sql(&T, sql, 60, "the cancelled trial to leave its array");
+    /* it left at the held step */
+    CHECK_STR_EQ(sqlf("SELECT max((data->>'step')::bigint) FROM job_events"
+                      " WHERE job_id = '%s' AND kind = 'detached'",
+                      ids[0]),
+                 "100");
+    e2e_release(&T, "pair-1");
     e2e_wait_state(&T, T.key, ids[1], "completed", 600);
     CHECK_STR_EQ(e2e_job_field(&T, T.key, ids[1], "group_id"), group);
     CHECK_STR_EQ(

@@ -22,6 +22,11 @@
  *            answering; configured through FUSEBOX_WORKER_* variables
  *   auth     a worker whose key is not admitted gets no message through
  *   cli      --help, bad flags and variables (exit 2), --gen-key, names
+ *   hook     the test step hook: refused without FUSEBOX_TEST_HOOKS=1 (exit 2, by
+ *            the executable and by fb_agent_new); an array held at a step stays
+ *            there while the worker heartbeats, follows a moved hold, lets a
+ *            member detach and drains at the held step; resumed from there it
+ *            starts at the next step and ends bit-identical to the uninterrupted run
  */
 #include "worker_util.h"
 
@@ -1360,10 +1365,217 @@ static void scenario_init(void)
     scene_finish(&c, NULL);
 }
 
+/* ---- hook ------------------------------------------------------------------------------- */
+
+/* The step a hook file holds, or -1 when there is no such file. */
+static long long hook_file_step(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long long n = -1;
+    if (fscanf(f, "%lld", &n) != 1) n = -1;
+    fclose(f);
+    return n;
+}
+
+/* Writes the hold file path with step, renamed into place as a test must write it. */
+static void hook_hold(const char *dir, const char *path, long long step)
+{
+    char tmp[800], text[32];
+    snprintf(tmp, sizeof tmp, "%s/.hold.tmp", dir);
+    snprintf(text, sizeof text, "%lld\n", step);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    CHECK(fputs(text, f) >= 0);
+    CHECK(fclose(f) == 0);
+    CHECK(rename(tmp, path) == 0);
+}
+
+/* Serves the worker (recording into L) until the held file says step. */
+static void serve_until_held(scene *c, const char *held, long long step)
+{
+    double end = wu_now_ms() + 60000;
+    while (hook_file_step(held) != step) {
+        if (wu_now_ms() > end) {
+            fprintf(stderr, "%s never said %lld (it says %lld)\n", held, step,
+                    hook_file_step(held));
+            dump(&c->L);
+            abort();
+        }
+        wu_msg w;
+        if (!wu_next(&c->s, 20, true, &w)) continue;
+        record(&c->L, &w);
+        wu_msg_free(&w);
+    }
+}
+
+static bool member1_detached(const run_log *L) { return L->job[1].detached; }
+static bool member0_detached(const run_log *L) { return L->job[0].detached; }
+
+static void scenario_hook(void)
+{
+    /* without FUSEBOX_TEST_HOOKS=1 the hook is refused, whichever way it is asked for */
+    unsetenv(FB_AGENT_TEST_HOOKS_ENV);
+    wu_server s;
+    wu_server_start(&s, "hook-flags", true);
+    char dir[700], file[700];
+    snprintf(dir, sizeof dir, "%s/hooks", s.dir);
+    CHECK(mkdir(dir, 0755) == 0);
+    snprintf(file, sizeof file, "%s/server.key", s.dir);
+    char env_dir[800];
+    snprintf(env_dir, sizeof env_dir, "FUSEBOX_WORKER_TEST_STEP_HOOK=%s", dir);
+    /* keys that do not exist: a hook that is accepted gets past its check and fails on them;
+     * with the real keys a refused directory reaches the agent's own check */
+    static const char *const nokeys[] = {"--server", "tcp://127.0.0.1:1", "--server-key",
+                                         "/nonexistent/k", "--key", "/nonexistent/k"};
+    const char *keys[] = {"--server",         "tcp://127.0.0.1:1", "--server-key",
+                          s.server_key_file, "--key",             s.worker_key_file};
+    static const char refused[] = "is for tests only and needs FUSEBOX_TEST_HOOKS=1 in the "
+                                  "environment; refusing to start";
+    const struct {
+        bool real_keys;
+        const char *flag_value; /* --test-step-hook's, NULL: none */
+        const char *env[3];
+        int rc;
+        const char *has;
+    } cases[] = {
+        {false, dir, {NULL}, 2, "--test-step-hook is for tests only"},
+        {false, NULL, {env_dir, NULL}, 2, "FUSEBOX_WORKER_TEST_STEP_HOOK is for tests only"},
+        {false, dir, {"FUSEBOX_TEST_HOOKS=0", NULL}, 2, refused},
+        {false, dir, {"FUSEBOX_TEST_HOOKS=yes", NULL}, 2, refused},
+        {false, dir, {"FUSEBOX_TEST_HOOKS=", NULL}, 2, refused},
+        {false, dir, {"FUSEBOX_TEST_HOOKS=1 ", NULL}, 2, refused},
+        {true, "/nonexistent/hooks", {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "is not a directory"},
+        {true, file, {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "is not a directory"},
+        {false, dir, {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "server key"}, /* accepted */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[10];
+        int n = 0;
+        for (int k = 0; k < 6; k++) args[n++] = cases[i].real_keys ? keys[k] : nokeys[k];
+        if (cases[i].flag_value) {
+            args[n++] = "--test-step-hook";
+            args[n++] = cases[i].flag_value;
+        }
+        args[n] = NULL;
+        wu_expect_run(s.dir, args, cases[i].env, cases[i].rc, cases[i].has);
+    }
+    /* the agent's own check, for callers other than the executable */
+    char pub[41], sec[41], spub[41], ssec[41], msg[512];
+    CHECK(zmq_curve_keypair(pub, sec) == 0 && zmq_curve_keypair(spub, ssec) == 0);
+    fb_agent_opts ao = {.server = "tcp://127.0.0.1:1", .server_key = spub, .public_key = pub,
+                        .secret_key = sec, .test_step_hook = dir};
+    fb_agent *sentinel = (fb_agent *)&ao, *a = sentinel;
+    CHECK_INT_EQ(fb_agent_new(&a, &ao, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
+    CHECK(strstr(msg, "the test step hook is for tests only") != NULL);
+    CHECK(a == sentinel);
+    wu_server_stop(&s);
+
+    /* a held array: the hook directory outlives the scene's first worker */
+    CHECK(setenv(FB_AGENT_TEST_HOOKS_ENV, "1", 1) == 0);
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/fbworker-hookdir-XXXXXX", t && *t ? t : "/tmp");
+    CHECK(mkdtemp(dir) != NULL);
+    /* reports only at the first step, at a member's end and on entering a hold (each after
+     * steps, so with samples), not every --progress-ms while held */
+    const char *extra[] = {"--test-step-hook", dir, "--progress-ms", "3600000", NULL};
+    scene c;
+    scene_start(&c, "hook", 21, "w-hook", extra, NULL);
+    group_def *g = &c.g;
+    /* dropout and a cosine schedule: the held step must not change a thing */
+    mlp_job(g, 64, 0.1, 600, 0.01, 1, 0, 100);
+    mlp_job(g, 64, 0.1, 700, 0.003, 2, 0, 100);
+    char hold[800], held[800];
+    snprintf(hold, sizeof hold, "%s/hold-%s", dir, g->ids[0]);
+    snprintf(held, sizeof held, "%s/held-%s", dir, g->ids[0]);
+    hook_hold(dir, hold, 150); /* before the array exists: it cannot pass 150 first */
+    scene_assign(&c, 9, 0, 60000, all_started, "both members to start");
+    serve_until_held(&c, held, 150);
+    /* moved: it goes on to 250 and holds there */
+    hook_hold(dir, hold, 250);
+    serve_until_held(&c, held, 250);
+    /* held, the worker still heartbeats and answers: three heartbeats, and no event past
+     * the held step meanwhile */
+    int beats = 0;
+    double end = wu_now_ms() + 30000;
+    while (beats < 3) {
+        CHECK(wu_now_ms() < end);
+        wu_msg w;
+        if (!wu_recv(&c.s, 1000, &w)) continue;
+        wu_answer(&c.s, &w, true);
+        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply)
+            beats++;
+        else if (w.m.type != FB_WIRE_HELLO)
+            record(&c.L, &w);
+        wu_msg_free(&w);
+    }
+    CHECK_INT_EQ(hook_file_step(held), 250);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < c.L.job[i].n_ckpt; k++) CHECK(c.L.job[i].ckpt_step[k] <= 250);
+    /* a member sent away leaves at the held step, with its state */
+    fb_wire_msg d = {.type = FB_WIRE_DETACH, .generation = 1, .keep_state = true};
+    snprintf(d.group_id, sizeof d.group_id, "%s", c.gid);
+    snprintf(d.job_id, sizeof d.job_id, "%s", g->ids[1]);
+    snprintf(d.text, sizeof d.text, "migrated");
+    wu_send(&c.s, "w-hook", &d, NULL, NULL, 0);
+    pump(&c.s, &c.L, 30000, member1_detached, "member 1 to leave while held");
+    CHECK_INT_EQ(c.L.job[1].detached_step, 250);
+    CHECK(c.L.job[1].state != NULL);
+    /* a drain checkpoints the other at the held step and the worker exits 0 */
+    CHECK(kill(c.pid, SIGTERM) == 0);
+    pump(&c.s, &c.L, 30000, member0_detached, "member 0 to drain while held");
+    CHECK_STR_EQ(c.L.job[0].detached_text, "drained");
+    CHECK_INT_EQ(c.L.job[0].detached_step, 250);
+    CHECK(c.L.job[0].state != NULL);
+    end = wu_now_ms() + 20000;
+    while (!c.L.drain) {
+        wu_msg w;
+        CHECK(wu_now_ms() < end);
+        if (!wu_next(&c.s, 1000, true, &w)) continue;
+        record(&c.L, &w);
+        wu_msg_free(&w);
+    }
+    CHECK_INT_EQ(wu_wait(c.pid, 20000), 0);
+    CHECK_INT_EQ(hook_file_step(held), -1); /* the hold ended with the group */
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT_EQ(c.L.job[i].n_ckpt, 2);
+        CHECK(c.L.job[i].ckpt_step[0] == 100 && c.L.job[i].ckpt_step[1] == 200);
+        CHECK(!c.L.job[i].finished);
+    }
+    printf("held at 150, then 250: detached and drained there\n");
+
+    /* released, the states resume on a new worker at the step after the held one */
+    CHECK(unlink(hold) == 0);
+    scene_worker(&c, NULL);
+    run_log R;
+    log_init(&R, c.gid, 2, g->ids, g->n);
+    void *states[2] = {c.L.job[0].state, c.L.job[1].state};
+    size_t lens[2] = {c.L.job[0].state_len, c.L.job[1].state_len};
+    send_assign(&c.s, "w-hook", g, c.gid, 2, "synth", 0, 250, states, lens);
+    pump(&c.s, &R, 180000, all_done, "the resumed members to finish");
+    const fb_job_spec *specs[2] = {&g->spec[0], &g->spec[1]};
+    ref_run whole;
+    reference(&whole, specs, 2, c.s.data_dir);
+    for (int i = 0; i < 2; i++) {
+        CHECK(R.job[i].finished);
+        CHECK_INT_EQ(R.job[i].started_step, 251);
+        CHECK_INT_EQ(R.job[i].finished_step, g->spec[i].steps);
+        wu_models_compare(R.job[i].model, R.job[i].model_len, whole.model[i], whole.len[i], -1,
+                          "held, drained and resumed vs uninterrupted");
+        CHECK(R.job[i].loss == whole.loss[i]);
+    }
+    printf("resumed at step 251: bit-identical to the uninterrupted run\n");
+    ref_free(&whole);
+    scene_finish(&c, &R);
+    log_free(&R);
+    et_rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s train|detach|drain|share|outbox|bad|auth|cli|init\n", argv[0]);
+        fprintf(stderr, "usage: %s train|detach|drain|share|outbox|bad|auth|cli|init|hook\n",
+                argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -1386,6 +1598,8 @@ int main(int argc, char **argv)
         scenario_cli();
     else if (strcmp(argv[1], "init") == 0)
         scenario_init();
+    else if (strcmp(argv[1], "hook") == 0)
+        scenario_hook();
     else {
         fprintf(stderr, "unknown scenario %s\n", argv[1]);
         return 2;
