@@ -111,7 +111,7 @@ def parser():
     common.add_argument("--key", help="the tenant's API key (default $FUSEBOX_KEY)")
     common.add_argument("--json", action="store_true", help="print the API's answers as JSON")
     # the options go after the verb (one parser defines them, so they cannot shadow)
-    p = argparse.ArgumentParser(prog="python -m fusebox", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fusebox", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     s = sub.add_parser("submit", parents=[common], help="submit a job from a JSON file")
     s.add_argument("spec", help="the job spec, a JSON file")
