@@ -542,11 +542,11 @@ def _file_spec(meta, path):
         raise FileFormatError(path, "metadata spec has no model.input")
     spec.preprocess = Preprocess(info, model["input"])
     spec.metrics = _meta_json(meta, "metrics", path, dict) if "metrics" in meta else {}
-    try:
+    # a model or checkpoint has its step; a bare weights file (fb_array_save) may not
+    if "step" in meta:
+        if not meta["step"].isdigit():
+            raise FileFormatError(path, f"metadata step is {meta['step']!r}, expected a count")
         spec.step = int(meta["step"])
-    except (KeyError, ValueError):
-        raise FileFormatError(path, f"metadata step is {meta.get('step')!r}, expected a "
-                                    "count") from None
     spec.fusebox_version = meta.get("fusebox_version")
     spec.checkpoint = meta.get("format", "").startswith("fusebox-checkpoint")
     spec.path = path

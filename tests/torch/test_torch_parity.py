@@ -10,7 +10,9 @@ engine, see torch_driver.c) on them and compares:
   grad  one train-mode forward and backward: logits, loss, every parameter
         gradient, the batch-norm running statistics after the forward and an
         eval-mode forward that uses them, each by relative error
-        max|fusebox - torch| / max(max|torch|, 1e-6) <= 1e-4;
+        max|fusebox - torch| / max(max|torch|, 1e-6) <= 1e-4; and the weights
+        file fusebox saved describes itself: fusebox.load rebuilds the model
+        from its metadata (spec, preprocess, version) with its tensors;
   traj  50 optimizer updates on a fixed sequence of batches with SGD
         (momentum, dampening, Nesterov), Adam and AdamW under constant, step
         and cosine (with warmup) schedules: the loss before every update, with
@@ -469,6 +471,18 @@ def check_grad(args, rep, tmp, name, seed):
     # parameters survive the load/save round trip bit for bit
     worst = max(rel_err(saved.get(k, np.zeros(0)), init[k]) for k in params)
     rep.add("grad", f"{name} saved parameters", worst, 0.0)
+    # the saved file describes itself: fusebox.load rebuilds this model from its metadata
+    # alone, with the file's tensors
+    try:
+        loaded, fspec = fusebox.load(base + ".out.after.safetensors")
+        ok = (fspec["model"]["layers"] == json.loads(json.dumps(
+            fusebox.from_torch(model, in_shape)["layers"])) and
+            fspec.preprocess.uint8_scale == 1 / 255 and bool(fspec.fusebox_version) and
+            all(np.array_equal(v.numpy(), saved[k]) for k, v in loaded.state_dict().items()))
+        rep.add("grad", f"{name} file metadata", 0.0 if ok else 1.0, 0.0,
+                "fusebox.load: spec, preprocess, version, tensors")
+    except fusebox.FuseboxError as e:
+        rep.fail("grad", f"{name} file metadata", f"fusebox.load: {e}")
 
 
 def torch_trajectory(name, o, s, seed, x, y):
