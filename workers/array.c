@@ -27,6 +27,10 @@
 #include "rng.h"
 #include "safetensors.h"
 
+#ifndef FB_VERSION_STRING
+#define FB_VERSION_STRING "0.1.0"
+#endif
+
 #define MAX_PARAM_DIMS 4
 #define NAME_CAP 96
 /* The step after a pass: what the caller reads afterwards (logits, losses)
@@ -1541,6 +1545,18 @@ fail:
     return err;
 }
 
+int fb_array_add_description(const fb_array *a, int m, fb_st_writer *w, char *msg, size_t cap)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    char *spec = fb_job_spec_canonical(a->specs[m]);
+    if (!spec) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    int err = fb_st_writer_set_metadata(w, "spec", spec, msg, cap);
+    free(spec);
+    if (!err) err = fb_st_writer_set_metadata(w, "preprocess", FB_PREPROCESS_JSON, msg, cap);
+    if (!err) err = fb_st_writer_set_metadata(w, "fusebox_version", FB_VERSION_STRING, msg, cap);
+    return err;
+}
+
 int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const char *meta_key,
                   const char *meta_value, char *msg, size_t cap)
 {
@@ -1549,6 +1565,7 @@ int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const 
     fb_st_writer *w = fb_st_writer_new();
     if (!w) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     if ((err = fb_array_add_tensors(a, m, grads, w, &hold, msg, cap))) goto done;
+    if ((err = fb_array_add_description(a, m, w, msg, cap))) goto done;
     if (meta_key && (err = fb_st_writer_set_metadata(w, meta_key, meta_value, msg, cap)))
         goto done;
     err = fb_st_write(w, path, msg, cap);

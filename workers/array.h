@@ -137,7 +137,8 @@ void fb_array_remove(fb_array *a, int m);
  * Writes member m's parameters and batch-norm buffers as safetensors (what a
  * PyTorch user loads with load_state_dict), atomically.  With grads true,
  * writes the gradients of the last backward under the same names instead.
- * meta_key/meta_value (may be NULL) add one metadata entry.  A device failure
+ * The metadata describes the member (fb_array_add_description);
+ * meta_key/meta_value (may be NULL) add one more entry.  A device failure
  * on the CUDA backend fails the save before anything is written.
  */
 int fb_array_save(const fb_array *a, int m, const char *path, bool grads, const char *meta_key,
@@ -267,5 +268,20 @@ struct fb_st_writer; /* io/safetensors.h */
  */
 int fb_array_add_tensors(const fb_array *a, int m, bool grads, struct fb_st_writer *w,
                          void **hold, char *msg, size_t msg_cap);
+
+/* The preprocessing the loaders apply to uint8 samples (workers/io/idx.h,
+ * workers/data/loader.h: value / 255), as the JSON of the "preprocess" entry;
+ * float32 samples are used as stored. */
+#define FB_PREPROCESS_JSON "{\"uint8_scale\":0.00392156862745098}"
+
+/*
+ * Adds what describes member m's weights to w's metadata, so that a file
+ * explains itself without its job: "spec" (the member's canonical job spec,
+ * fb_job_spec_canonical), "preprocess" (FB_PREPROCESS_JSON) and
+ * "fusebox_version".  fb_array_save adds them to every file it writes; the
+ * session adds the step and the metrics.  Returns FB_OK or a negative fb_err.
+ */
+int fb_array_add_description(const fb_array *a, int m, struct fb_st_writer *w, char *msg,
+                             size_t msg_cap);
 
 #endif

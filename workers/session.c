@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "array.h"
 #include "loader.h"
 #include "rng.h"
@@ -33,6 +35,25 @@
 #define PATH_CAP 1024
 #define TEXT_CAP 128
 #define NAME_CAP 256
+#define METRICS_CAP 256
+
+/* The names of docs/jobspec.md's metric vocabulary ("Metrics") that the
+ * files' "metrics" entry uses; eval_step is the step of the evaluation, as a
+ * job's latest_metrics has it. */
+#define METRIC_LOSS "loss"
+#define METRIC_ACCURACY "accuracy"
+#define METRIC_EVAL_LOSS "eval_loss"
+#define METRIC_EVAL_ACCURACY "eval_accuracy"
+#define METRIC_EVAL_STEP "eval_step"
+
+/* The latest metrics known of a member, for its files' "metrics" entry. */
+typedef struct member_metrics {
+    bool trained;     /* loss and accuracy hold the step's training values */
+    float loss;       /* as the step reported it */
+    double accuracy;
+    int64_t eval_step; /* of the latest evaluation, or -1: none yet */
+    double eval_loss, eval_accuracy;
+} member_metrics;
 
 struct fb_session {
     fb_backend_t *be;
@@ -61,6 +82,9 @@ struct fb_session {
     float *fail_loss;           /* [n] by member: the loss it failed with */
     int *fail_list;             /* [n]: members that failed this step */
     float *tmp;                 /* [the largest parameter tensor]: finiteness checks */
+    /* [n] by member: what its files report; a restored member takes its checkpoint's, so
+     * a resumed member writes the bytes it would have written without the interruption */
+    member_metrics *known;
 
     int64_t in_numel, bs, per_epoch, epoch; /* epoch: the one perm holds, or -1 */
     int64_t step, max_total;
@@ -193,10 +217,38 @@ static int optim_slots(const fb_job_spec *spec, const char **names, fb_array_par
     return 2;
 }
 
+/* A number of the "metrics" entry: shortest round-trip digits (digits; 9
+ * for a float, 17 for a double), null where it is not finite (JSON has no
+ * NaN). */
+static size_t put_number(char *buf, size_t cap, const char *key, double v, int digits)
+{
+    if (!isfinite(v)) return (size_t)snprintf(buf, cap, "\"%s\":null,", key);
+    return (size_t)snprintf(buf, cap, "\"%s\":%.*g,", key, digits, v);
+}
+
+/* The "metrics" entry of a member's files: a JSON object with sorted keys of
+ * what is known of it, "{}" before its first step. */
+static void metrics_json(const member_metrics *k, char *buf, size_t cap)
+{
+    size_t at = (size_t)snprintf(buf, cap, "{");
+    if (k->trained) at += put_number(buf + at, cap - at, METRIC_ACCURACY, k->accuracy, 17);
+    if (k->eval_step >= 0) {
+        at += put_number(buf + at, cap - at, METRIC_EVAL_ACCURACY, k->eval_accuracy, 17);
+        at += put_number(buf + at, cap - at, METRIC_EVAL_LOSS, k->eval_loss, 17);
+        at += (size_t)snprintf(buf + at, cap - at, "\"%s\":%" PRId64 ",", METRIC_EVAL_STEP,
+                               k->eval_step);
+    }
+    if (k->trained) at += put_number(buf + at, cap - at, METRIC_LOSS, k->loss, 9);
+    FB_ASSERT(at < cap);
+    if (buf[at - 1] == ',') at--; /* the last entry's comma */
+    snprintf(buf + at, cap - at, "}");
+}
+
 /*
  * A writer holding slot b's model (parameters, buffers, counters; metadata
- * "step") or, with full, its whole training state (plus optimizer state and
- * the checkpoint metadata).  *hold1 and *hold2 keep the data the writer
+ * "step", the description of fb_array_add_description and "metrics") or,
+ * with full, its whole training state (plus optimizer state and the
+ * checkpoint metadata).  *hold1 and *hold2 keep the data the writer
  * references alive; the caller frees them after the writer.
  */
 static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **out, void **hold1,
@@ -213,6 +265,10 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
     char num[32];
     snprintf(num, sizeof num, "%" PRId64, s->step);
     if ((err = fb_st_writer_set_metadata(w, "step", num, msg, cap))) goto fail;
+    if ((err = fb_array_add_description(a, b, w, msg, cap))) goto fail;
+    char metrics[METRICS_CAP];
+    metrics_json(&s->known[s->member[b]], metrics, sizeof metrics);
+    if ((err = fb_st_writer_set_metadata(w, "metrics", metrics, msg, cap))) goto fail;
     if (full) {
         const char *names[2];
         fb_array_part parts[2];
@@ -389,15 +445,17 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->why = calloc(un, sizeof *s->why);
     s->fail_loss = malloc(un * sizeof *s->fail_loss);
     s->fail_list = malloc(un * sizeof *s->fail_list);
+    s->known = malloc(un * sizeof *s->known);
     if (!s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
         !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->hp || !s->failed ||
-        !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list) {
+        !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int i = 0; i < n; i++) {
         s->specs[i] = specs[i];
         s->member[i] = i;
+        s->known[i] = (member_metrics){.eval_step = -1};
         s->total[i] = fb_train_total_steps(specs[i], train->n);
         if (s->total[i] > s->max_total) s->max_total = s->total[i];
         /* two members of one name would overwrite each other's files */
@@ -544,6 +602,7 @@ void fb_session_free(fb_session *s)
     free(s->why);
     free(s->fail_loss);
     free(s->fail_list);
+    free(s->known);
     free(s->tmp);
     free(s);
 }
@@ -819,6 +878,86 @@ static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, cons
     return FB_OK;
 }
 
+/* A number of the metrics entry into *out: present with json null (NaN), or
+ * a number; *seen tells whether it was present. */
+static int metric_value(const json_t *o, const char *key, const char *who, double lo, double hi,
+                        bool *seen, double *out, char *msg, size_t cap)
+{
+    const json_t *v = json_object_get(o, key);
+    *seen = v != NULL;
+    if (!v) return FB_OK;
+    if (json_is_null(v)) {
+        *out = NAN;
+        return FB_OK;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                       "%s: metadata metrics.%s is not a number in [%g, %g]", who, key, lo, hi);
+    *out = json_number_value(v);
+    return FB_OK;
+}
+
+/*
+ * The metrics entry of a checkpoint at step `step` into *out: absent (a file
+ * from before the entry) means nothing known; present, it must be a JSON
+ * object whose loss and accuracy come together, as do eval_loss,
+ * eval_accuracy and eval_step (at most step); other keys are ignored, so a
+ * later vocabulary still loads.
+ */
+static int read_metrics(const fb_st_file *f, const char *who, int64_t step, member_metrics *out,
+                        char *msg, size_t cap)
+{
+    member_metrics k = {.eval_step = -1};
+    const char *text = fb_st_metadata_get(f, "metrics");
+    if (!text) {
+        *out = k;
+        return FB_OK;
+    }
+    json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
+    int err = FB_OK;
+    if (!json_is_object(o)) {
+        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics is not a JSON object",
+                      who);
+        goto done;
+    }
+    bool has_loss, has_acc, has_eloss, has_eacc;
+    double loss = 0;
+    if ((err = metric_value(o, METRIC_LOSS, who, 0, HUGE_VAL, &has_loss, &loss, msg, cap)) ||
+        (err = metric_value(o, METRIC_ACCURACY, who, 0, 1, &has_acc, &k.accuracy, msg, cap)) ||
+        (err = metric_value(o, METRIC_EVAL_LOSS, who, 0, HUGE_VAL, &has_eloss, &k.eval_loss, msg,
+                            cap)) ||
+        (err = metric_value(o, METRIC_EVAL_ACCURACY, who, 0, 1, &has_eacc, &k.eval_accuracy, msg,
+                            cap)))
+        goto done;
+    if (has_loss != has_acc) {
+        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s", who,
+                      has_loss ? METRIC_LOSS : METRIC_ACCURACY,
+                      has_loss ? METRIC_ACCURACY : METRIC_LOSS);
+        goto done;
+    }
+    k.trained = has_loss;
+    k.loss = (float)loss;
+    const json_t *es = json_object_get(o, METRIC_EVAL_STEP);
+    if (es && (!json_is_integer(es) || json_integer_value(es) < 1 ||
+               json_integer_value(es) > step)) {
+        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                      "%s: metadata metrics.%s is not a step in [1, %" PRId64 "]", who,
+                      METRIC_EVAL_STEP, step);
+        goto done;
+    }
+    if (has_eloss != has_eacc || has_eloss != (es != NULL)) {
+        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                      "%s: metadata metrics needs %s, %s and %s together", who, METRIC_EVAL_LOSS,
+                      METRIC_EVAL_ACCURACY, METRIC_EVAL_STEP);
+        goto done;
+    }
+    if (es) k.eval_step = (int64_t)json_integer_value(es);
+    *out = k;
+done:
+    json_decref(o);
+    return err;
+}
+
 int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, char *msg,
                        size_t cap)
 {
@@ -895,6 +1034,8 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
         }
     }
 
+    member_metrics known;
+    if ((err = read_metrics(f, who, s->step, &known, msg, cap))) goto done;
     float scale = FB_LOSS_SCALE_INIT;
     int64_t good = 0;
     if ((err = read_loss_scale(s, b, f, who, &scale, &good, msg, cap))) goto done;
@@ -937,6 +1078,7 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
         }
     }
     if (s->pp) fb_pp_scatter(s->pp, a, b);
+    s->known[member] = known;
     err = FB_OK;
 done:
     free(scratch);
@@ -1085,6 +1227,10 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
             continue;
         }
         fb_array_hparams(a, b, done_steps, s->total[s->member[b]], &s->hp[b]);
+        member_metrics *k = &s->known[s->member[b]];
+        k->trained = true;
+        k->loss = s->loss[b];
+        k->accuracy = s->correct[b] / (double)s->bs;
     }
     if (s->pp)
         fb_pp_gather(s->pp, a); /* the whole model's view, for what follows the step */
@@ -1199,6 +1345,9 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
                 (!s->last[b] && !(spec->eval_every && done_steps % spec->eval_every == 0)))
                 continue;
             int i = s->member[b];
+            s->known[i].eval_step = done_steps;
+            s->known[i].eval_loss = s->eloss[b];
+            s->known[i].eval_accuracy = s->eacc[b];
             fb_train_event ev = {.kind = FB_TRAIN_EVAL,
                                  .member = i,
                                  .spec = spec,

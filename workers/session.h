@@ -91,7 +91,9 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
  * dtype (F32; I64 for num_batches_tracked) and no other tensor may appear;
  * a bf16 member's loss scale, when present, must be a power of two in
  * [FB_LOSS_SCALE_MIN, FB_LOSS_SCALE_MAX] with a good-step count below the
- * growth interval (absent: it starts at FB_LOSS_SCALE_INIT).
+ * growth interval (absent: it starts at FB_LOSS_SCALE_INIT); its "metrics",
+ * when present, must be well formed (docs/checkpoints.md) and become the
+ * member's latest known metrics, which its later files report.
  * FB_ERR_CHECKPOINT with a message naming the tensor or field (truncated or
  * garbage bytes: the parser's reason), FB_ERR_NOT_FOUND when member i has
  * left, FB_ERR_NOMEM; on failure member i (and every other) is unchanged,

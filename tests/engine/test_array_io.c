@@ -241,6 +241,14 @@ int main(void)
     CHECK_INT_EQ(fb_st_get_f32(f, "6.running_var", shape5, 1, rv, msg, sizeof msg), 0);
     CHECK(rv[0] != 1.0f); /* the statistics moved */
     CHECK_STR_EQ(fb_st_metadata_get(f, "note"), "engine test");
+    /* the file describes its member: spec, preprocessing, version */
+    char *canon = fb_job_spec_canonical(specs[1]);
+    CHECK(canon != NULL);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "spec"), canon);
+    free(canon);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "preprocess"), FB_PREPROCESS_JSON);
+    CHECK(fb_st_metadata_get(f, "fusebox_version") != NULL);
+    CHECK_INT_EQ(fb_st_metadata_count(f), 4);
     fb_st_close(f);
 
     /* gradients of the last backward, under the same names, no buffers */

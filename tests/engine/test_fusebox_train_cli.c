@@ -462,6 +462,24 @@ static void test_good_run(void)
         char step[32];
         snprintf(step, sizeof step, "%lld", (long long)last[j]);
         CHECK_STR_EQ(fb_st_metadata_get(f, "step"), step);
+        /* the file describes itself: the job, the preprocessing, the final metrics */
+        json_t *spec = json_loads(fb_st_metadata_get(f, "spec"), 0, NULL);
+        CHECK(json_is_object(spec));
+        CHECK_STR_EQ(json_string_value(json_object_get(spec, "name")), jobs[j]);
+        CHECK(json_is_array(json_object_get(json_object_get(spec, "model"), "layers")));
+        json_decref(spec);
+        CHECK_STR_EQ(fb_st_metadata_get(f, "preprocess"), "{\"uint8_scale\":0.00392156862745098}");
+        CHECK(fb_st_metadata_get(f, "fusebox_version") != NULL);
+        json_t *m = json_loads(fb_st_metadata_get(f, "metrics"), 0, NULL);
+        CHECK(json_is_object(m));
+        CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), last[j]);
+        CHECK_NEAR(json_number_value(json_object_get(m, "eval_loss")), ev_num(sel[0], "eval_loss"),
+                   1e-6 * ev_num(sel[0], "eval_loss"));
+        CHECK_NEAR(json_number_value(json_object_get(m, "eval_accuracy")),
+                   ev_num(sel[0], "eval_accuracy"), 1e-5); /* printed in 6 digits */
+        CHECK(json_is_number(json_object_get(m, "loss")) &&
+              json_is_number(json_object_get(m, "accuracy")));
+        json_decref(m);
         fb_st_close(f);
     }
     CHECK_INT_EQ(check_event_keys(&ev, true, true), 3); /* step, eval, done */
@@ -510,6 +528,32 @@ static void test_metric_names(void)
         CHECK_INT_EQ(select_events(&ev, "names-a", "done", sel), 1);
         CHECK_INT_EQ(select_events(&ev, "names-b", "done", sel), 1);
         CHECK_INT_EQ(select_events(&ev, "names-a", "eval", sel), runs[k].eval ? 3 : 0);
+        if (runs[k].write) {
+            /* the files' metrics use the same names: the checkpoint of step 6 has the
+             * evaluation of step 4, the model the final one; without evaluation none */
+            const char *files[] = {"names-a.checkpoint.safetensors", "names-a.safetensors"};
+            const int eval_step[] = {4, 9};
+            for (int i = 0; i < 2; i++) {
+                char path[1300];
+                snprintf(path, sizeof path, "%s/%s", out, files[i]);
+                fb_st_file *f = et_st_open(path);
+                json_t *m = json_loads(fb_st_metadata_get(f, "metrics"), 0, NULL);
+                CHECK(json_is_object(m));
+                CHECK(json_is_number(json_object_get(m, "loss")));
+                CHECK(json_is_number(json_object_get(m, "accuracy")));
+                if (runs[k].eval) {
+                    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")),
+                                 eval_step[i]);
+                    CHECK(json_is_number(json_object_get(m, "eval_loss")));
+                    CHECK(json_is_number(json_object_get(m, "eval_accuracy")));
+                    CHECK_INT_EQ(json_object_size(m), 5);
+                } else {
+                    CHECK_INT_EQ(json_object_size(m), 2); /* no eval_* key at all */
+                }
+                json_decref(m);
+                fb_st_close(f);
+            }
+        }
         printf("metric names: %s, %s: %d JSON lines, each with exactly its documented keys\n",
                runs[k].eval ? "evaluated" : "--no-eval", runs[k].write ? "--out" : "--no-out",
                ev.n);

@@ -7,7 +7,12 @@
  *     without out_dir and blobs; with out_dir the file
  *     <name>.checkpoint.safetensors holds exactly the event's blob bytes (one
  *     serializer for files and buffers); blobs parse back with the expected
- *     tensors and metadata; the done event's blob is the model only;
+ *     tensors and metadata; the done event's blob is the model only; both
+ *     describe themselves: the member's canonical spec, the preprocessing,
+ *     fusebox's version, the step and the metrics known at that step;
+ *   - metrics in checkpoints: the latest evaluation rides along, also
+ *     between evaluations, and a restored member carries its checkpoint's
+ *     metrics on, so it writes the bytes the uninterrupted run writes;
  *   - a full checkpoint file serves as a spec's init file (its model part);
  *   - bad checkpoints: a wrong step, fusion key, seed, format or step text,
  *     a missing parameter, optimizer tensor or batch-norm counter, an unknown
@@ -15,10 +20,14 @@
  *     model file, another member's checkpoint: each is FB_ERR_CHECKPOINT
  *     with a message naming the tensor or field, and neither the member nor
  *     its neighbour changes (their checkpoint bytes before and after are
- *     equal); then the good checkpoint restores and round-trips byte for
- *     byte.
+ *     equal); so is a malformed "metrics" entry (not an object, a value of
+ *     the wrong type or range, halves of a pair); a checkpoint from before
+ *     the description (no spec, preprocess, version or metrics) restores;
+ *     then the good checkpoint restores and round-trips byte for byte.
  */
 #include "session_util.h"
+
+#include <jansson.h>
 
 #include "array.h"
 
@@ -50,6 +59,36 @@ static fb_job_spec *spec(const char *name, const char *layers, const char *optim
 
 /* ---- events, files and blobs --------------------------------------------------- */
 
+/* The description every file of s carries: its canonical spec, the preprocessing of uint8
+ * samples, the version; its "metrics" parsed (the caller json_decref's it). */
+static json_t *check_description(const fb_st_file *f, const fb_job_spec *s)
+{
+    char *canon = fb_job_spec_canonical(s);
+    CHECK(canon != NULL);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "spec"), canon);
+    free(canon);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "preprocess"), "{\"uint8_scale\":0.00392156862745098}");
+    CHECK(fb_st_metadata_get(f, "fusebox_version") != NULL);
+    CHECK(strlen(fb_st_metadata_get(f, "fusebox_version")) > 0);
+    const char *text = fb_st_metadata_get(f, "metrics");
+    CHECK(text != NULL);
+    json_t *m = json_loads(text, 0, NULL);
+    CHECK(json_is_object(m));
+    return m;
+}
+
+/* A metrics object with training values and, without a test split, no evaluation. */
+static void check_train_metrics(json_t *m)
+{
+    CHECK(json_is_number(json_object_get(m, "loss")));
+    CHECK(json_number_value(json_object_get(m, "loss")) > 0);
+    double acc = json_number_value(json_object_get(m, "accuracy"));
+    CHECK(json_is_number(json_object_get(m, "accuracy")) && acc >= 0 && acc <= 1);
+    CHECK(json_object_get(m, "eval_loss") == NULL && json_object_get(m, "eval_step") == NULL);
+    CHECK_INT_EQ(json_object_size(m), 2);
+    json_decref(m);
+}
+
 static void check_ckpt_blob(const su_blob *b, const fb_job_spec *s)
 {
     fb_st_file *f = su_parse(b->data, b->len);
@@ -62,7 +101,8 @@ static void check_ckpt_blob(const su_blob *b, const fb_job_spec *s)
     snprintf(num, sizeof num, "%llu", (unsigned long long)s->seed);
     CHECK_STR_EQ(fb_st_metadata_get(f, "seed"), num);
     CHECK_STR_EQ(fb_st_metadata_get(f, "data_seed"), "2");
-    CHECK_INT_EQ(fb_st_metadata_count(f), 6);
+    check_train_metrics(check_description(f, s));
+    CHECK_INT_EQ(fb_st_metadata_count(f), 10);
     /* 4 parameters, each with Adam's two moments */
     CHECK_INT_EQ(fb_st_count(f), 12);
     const char *names[] = {"1.weight", "optim.exp_avg.1.weight", "optim.exp_avg_sq.3.bias"};
@@ -130,7 +170,8 @@ static void test_events(void)
             fb_st_file *f = su_parse(d->data, d->len);
             CHECK_INT_EQ(fb_st_count(f), 4);
             CHECK(fb_st_find(f, "3.bias") != NULL);
-            CHECK_INT_EQ(fb_st_metadata_count(f), 1);
+            check_train_metrics(check_description(f, specs[m]));
+            CHECK_INT_EQ(fb_st_metadata_count(f), 5);
             char num[32];
             snprintf(num, sizeof num, "%lld", (long long)d->step);
             CHECK_STR_EQ(fb_st_metadata_get(f, "step"), num);
@@ -319,6 +360,50 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
                     "missing running_var");
     }
 
+    /* the metrics entry, when there, is read strictly */
+    static const struct {
+        const char *value, *names, *what;
+    } bad_metrics[] = {
+        {"[1, 2]", "metrics is not a JSON object", "metrics an array"},
+        {"{\"loss\": 0.5", "metrics is not a JSON object", "metrics not JSON"},
+        {"{\"loss\": \"low\", \"accuracy\": 0.5}", "metrics.loss is not a number",
+         "loss a string"},
+        {"{\"loss\": -1, \"accuracy\": 0.5}", "metrics.loss is not a number", "negative loss"},
+        {"{\"loss\": 0.5, \"accuracy\": 1.5}", "metrics.accuracy is not a number in [0, 1]",
+         "accuracy above 1"},
+        {"{\"loss\": 0.5}", "metrics has loss without accuracy", "loss alone"},
+        {"{\"accuracy\": 0.5}", "metrics has accuracy without loss", "accuracy alone"},
+        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5, \"eval_step\": 13}",
+         "metrics.eval_step is not a step in [1, 12]", "evaluation after the step"},
+        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5, \"eval_step\": 1.5}",
+         "metrics.eval_step is not a step", "eval_step a fraction"},
+        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5}", "needs eval_loss, eval_accuracy and eval_step",
+         "evaluation without its step"},
+        {"{\"eval_step\": 4}", "needs eval_loss, eval_accuracy and eval_step",
+         "a step without its evaluation"},
+    };
+    for (size_t k = 0; k < sizeof bad_metrics / sizeof bad_metrics[0]; k++)
+        refuse_edit(s, good, good_len,
+                    (edit){.meta_key = "metrics", .meta_value = bad_metrics[k].value},
+                    bad_metrics[k].names, bad_metrics[k].what);
+
+    /* a checkpoint from before the files described themselves still restores */
+    static const char *const added[] = {"spec", "preprocess", "fusebox_version", "metrics"};
+    size_t old_len = good_len;
+    void *old = malloc(good_len);
+    CHECK(old != NULL);
+    memcpy(old, good, good_len);
+    for (size_t k = 0; k < sizeof added / sizeof added[0]; k++) {
+        size_t n;
+        void *next = rewrite(old, old_len, &(edit){.meta_key = added[k]}, &n);
+        free(old);
+        old = next;
+        old_len = n;
+    }
+    su_restore(s, 0, old, old_len);
+    free(old);
+    printf("  %-34s -> ok\n", "a checkpoint without a description");
+
     /* the good one restores, and the member then is exactly the checkpoint */
     su_restore(s, 0, good, good_len);
     size_t back_len;
@@ -338,6 +423,73 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
     su_log_free(&log);
     for (int i = 0; i < 2; i++)
         et_spec_free(specs[i]);
+}
+
+/*
+ * The metrics of checkpoints with a test split: the latest evaluation (step 5) rides along in
+ * the checkpoint at step 7, between evaluations; a session resumed from it at step 7 writes the
+ * uninterrupted run's bytes at step 8 (its evaluation known only from the checkpoint) and the
+ * same final model, whose metrics are the last step's training values and final evaluation.
+ */
+static void test_metrics(void)
+{
+    fb_job_spec *sp = et_spec("{\"name\":\"m\",\"dataset\":\"synthetic\",\"model\":{\"input\":"
+                              "[1,%d,%d],\"layers\":%s},\"batch_size\":%d,\"steps\":12,"
+                              "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"eval_every\":5}",
+                              SIDE, SIDE, mlp, BS);
+    static su_log whole, resumed;
+    su_log_init(&whole);
+    fb_session *s = su_open(&sp, 1, &train, &train, 0, NULL, true, &whole);
+    su_step_to(s, 7);
+    size_t at7_len, at8_len;
+    void *at7 = su_checkpoint(s, 0, &at7_len);
+    su_step_to(s, 8);
+    void *at8 = su_checkpoint(s, 0, &at8_len);
+    su_step_to(s, -1);
+    fb_session_free(s);
+
+    fb_st_file *f = su_parse(at7, at7_len);
+    json_t *m = check_description(f, sp);
+    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), 5);
+    CHECK(json_is_number(json_object_get(m, "eval_loss")));
+    CHECK(json_is_number(json_object_get(m, "eval_accuracy")));
+    CHECK(json_is_number(json_object_get(m, "loss")));
+    CHECK(json_is_number(json_object_get(m, "accuracy")));
+    CHECK_INT_EQ(json_object_size(m), 5);
+    json_decref(m);
+    fb_st_close(f);
+
+    su_log_init(&resumed);
+    s = su_open(&sp, 1, &train, &train, 7, NULL, true, &resumed);
+    su_restore(s, 0, at7, at7_len);
+    su_step_to(s, 8);
+    size_t again_len;
+    void *again = su_checkpoint(s, 0, &again_len);
+    CHECK(again_len == at8_len && memcmp(again, at8, at8_len) == 0);
+    su_step_to(s, -1);
+    fb_session_free(s);
+    CHECK_INT_EQ(resumed.dones[0], 1);
+    CHECK(resumed.done[0].len == whole.done[0].len &&
+          memcmp(resumed.done[0].data, whole.done[0].data, whole.done[0].len) == 0);
+
+    /* the final model: the last step's training values and the final evaluation */
+    f = su_parse(whole.done[0].data, whole.done[0].len);
+    CHECK_STR_EQ(fb_st_metadata_get(f, "step"), "12");
+    m = check_description(f, sp);
+    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), 12);
+    CHECK_INT_EQ(json_object_size(m), 5);
+    /* the float loss in 9 digits: the same float */
+    CHECK((float)json_number_value(json_object_get(m, "loss")) == (float)whole.loss[0][12]);
+    json_decref(m);
+    fb_st_close(f);
+    printf("metrics: the evaluation of step 5 in the checkpoint of step 7; resumed from it, the "
+           "same bytes at step 8 and at the end\n");
+    free(at7);
+    free(at8);
+    free(again);
+    su_log_free(&whole);
+    su_log_free(&resumed);
+    et_spec_free(sp);
 }
 
 /* fb_session_new refuses a start at or past a member's end, and a negative one. */
@@ -364,6 +516,7 @@ int main(void)
     test_events();
     test_bad_checkpoints(mlp, false);
     test_bad_checkpoints(cnn, true);
+    test_metrics();
     test_bad_start();
     fb_dataset_free(&train);
     return 0;

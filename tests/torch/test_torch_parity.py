@@ -3,14 +3,16 @@
 
 For each model below this script builds the PyTorch module that a fusebox job
 spec describes (the spec's layer list is the one source of truth; the module is
-built from it with torch.nn), draws seeded initial weights and random batches,
+built from it by the fusebox package's to_torch, python/fusebox), draws seeded initial weights and random batches,
 writes the spec, the weights and the batches to files, runs torch_driver (the
 engine, see torch_driver.c) on them and compares:
 
   grad  one train-mode forward and backward: logits, loss, every parameter
         gradient, the batch-norm running statistics after the forward and an
         eval-mode forward that uses them, each by relative error
-        max|fusebox - torch| / max(max|torch|, 1e-6) <= 1e-4;
+        max|fusebox - torch| / max(max|torch|, 1e-6) <= 1e-4; and the weights
+        file fusebox saved describes itself: fusebox.load rebuilds the model
+        from its metadata (spec, preprocess, version) with its tensors;
   traj  50 optimizer updates on a fixed sequence of batches with SGD
         (momentum, dampening, Nesterov), Adam and AdamW under constant, step
         and cosine (with warmup) schedules: the loss before every update, with
@@ -46,11 +48,16 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.environ.get("FB_SOURCE_DIR") or
+                                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."),
+                                "python"))
 try:
     import numpy as np
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
+    import fusebox
 except ImportError as e:  # pragma: no cover - depends on the machine
     print(f"SKIPPED: PyTorch/numpy not importable ({e})")
     sys.exit(77)
@@ -130,83 +137,11 @@ def st_read(path):
 
 # ------------------------------------------------------- spec -> torch module
 
-class Residual(nn.Module):
-    """body(x) + shortcut(x); an empty shortcut is the identity."""
-
-    def __init__(self, body, shortcut):
-        super().__init__()
-        self.body = body
-        self.shortcut = shortcut
-
-    def forward(self, x):
-        return self.body(x) + self.shortcut(x)
-
-
-class GlobalAvgPool(nn.Module):
-    """Mean over H and W: (N, C, H, W) -> (N, C); no parameters."""
-
-    def forward(self, x):
-        return x.mean(dim=(2, 3))
-
-
-def pair(v, default=None):
-    if v is None:
-        return default
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 def build_torch(layers, shape):
-    """The nn.Sequential a fusebox layer list describes, and its output shape."""
-    mods = []
-    for L in layers:
-        t = L["type"]
-        if t == "linear":
-            m = nn.Linear(shape[0], L["out"], bias=L.get("bias", True))
-            shape = [L["out"]]
-        elif t == "conv2d":
-            k, s, p = pair(L["kernel"]), pair(L.get("stride"), (1, 1)), pair(L.get("padding"), (0, 0))
-            m = nn.Conv2d(shape[0], L["out"], k, s, p, bias=L.get("bias", True))
-            shape = [L["out"]] + [(shape[1 + i] + 2 * p[i] - k[i]) // s[i] + 1 for i in range(2)]
-        elif t in ("maxpool2d", "avgpool2d"):
-            k = pair(L["kernel"])
-            s, p = pair(L.get("stride"), k), pair(L.get("padding"), (0, 0))
-            if t == "maxpool2d":
-                m = nn.MaxPool2d(k, s, p)
-            else:
-                m = nn.AvgPool2d(k, s, p, count_include_pad=True)
-            shape = [shape[0]] + [(shape[1 + i] + 2 * p[i] - k[i]) // s[i] + 1 for i in range(2)]
-        elif t == "global_avgpool":
-            m = GlobalAvgPool()
-            shape = [shape[0]]
-        elif t == "flatten":
-            m = nn.Flatten()
-            shape = [int(np.prod(shape))]
-        elif t == "relu":
-            m = nn.ReLU()
-        elif t == "tanh":
-            m = nn.Tanh()
-        elif t == "sigmoid":
-            m = nn.Sigmoid()
-        elif t == "gelu":
-            m = nn.GELU(approximate=L.get("approximate", "none"))
-        elif t == "dropout":
-            m = nn.Dropout(L.get("p", 0.5))
-        elif t == "batchnorm":
-            cls = nn.BatchNorm1d if len(shape) == 1 else nn.BatchNorm2d
-            m = cls(shape[0], eps=L.get("eps", 1e-5), momentum=L.get("momentum", 0.1),
-                    affine=L.get("affine", True))
-        elif t == "layernorm":
-            m = nn.LayerNorm(list(shape), eps=L.get("eps", 1e-5),
-                             elementwise_affine=L.get("affine", True))
-        elif t == "residual":
-            body, out = build_torch(L["body"], shape)
-            sc, _ = build_torch(L.get("shortcut", []), shape)
-            m = Residual(body, sc)
-            shape = out
-        else:
-            raise ValueError(f"layer type {t} not handled here")
-        mods.append(m)
-    return nn.Sequential(*mods), shape
+    """The nn.Sequential a fusebox layer list describes, and its output shape:
+    the fusebox package's to_torch, the one translation of specs to torch."""
+    model = {"input": list(shape), "layers": layers}
+    return fusebox.to_torch(model), fusebox.output_shape(model)
 
 
 def init_model(layers, in_shape, seed):
@@ -536,6 +471,18 @@ def check_grad(args, rep, tmp, name, seed):
     # parameters survive the load/save round trip bit for bit
     worst = max(rel_err(saved.get(k, np.zeros(0)), init[k]) for k in params)
     rep.add("grad", f"{name} saved parameters", worst, 0.0)
+    # the saved file describes itself: fusebox.load rebuilds this model from its metadata
+    # alone, with the file's tensors
+    try:
+        loaded, fspec = fusebox.load(base + ".out.after.safetensors")
+        ok = (fspec["model"]["layers"] == json.loads(json.dumps(
+            fusebox.from_torch(model, in_shape)["layers"])) and
+            fspec.preprocess.uint8_scale == 1 / 255 and bool(fspec.fusebox_version) and
+            all(np.array_equal(v.numpy(), saved[k]) for k, v in loaded.state_dict().items()))
+        rep.add("grad", f"{name} file metadata", 0.0 if ok else 1.0, 0.0,
+                "fusebox.load: spec, preprocess, version, tensors")
+    except fusebox.FuseboxError as e:
+        rep.fail("grad", f"{name} file metadata", f"fusebox.load: {e}")
 
 
 def torch_trajectory(name, o, s, seed, x, y):
