@@ -1095,38 +1095,29 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         flush_pending(r);
         return false;
     }
+    /* each member's starting weights, the tenant's (init) or its own state (a resume); one
+     * that does not load fails that member alone */
     for (int i = 0; i < g->n_members; i++) {
         member *mb = &g->m[i];
-        if (mb->sidx < 0 || !mb->has_init) continue;
-        /* one member's weights that do not fit its model fail that member alone */
-        err = fb_session_load_weights(r->s, mb->sidx, zmq_msg_data(&mb->init),
-                                      zmq_msg_size(&mb->init), msg, sizeof msg);
-        if (err) {
-            fb_session_detach(r->s, mb->sidx);
-            set_alive(g, mb, false);
-            outmsg *ev =
-                event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
+        if (mb->sidx < 0 || !(mb->has_init || mb->has_resume)) continue;
+        zmq_msg_t *bytes = mb->has_resume ? &mb->resume : &mb->init;
+        err = mb->has_resume ? fb_session_restore(r->s, mb->sidx, zmq_msg_data(bytes),
+                                                  zmq_msg_size(bytes), msg, sizeof msg)
+                             : fb_session_load_weights(r->s, mb->sidx, zmq_msg_data(bytes),
+                                                       zmq_msg_size(bytes), msg, sizeof msg);
+        if (!err) continue;
+        fb_session_detach(r->s, mb->sidx);
+        set_alive(g, mb, false);
+        outmsg *ev = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
+        if (mb->has_resume) {
+            event_text(ev, "the checkpoint does not restore: %s", msg);
+        } else {
             event_text(ev, "init: the weights of job %s do not fit this model: %s",
                        mb->spec.init_job, msg);
-            ev->w.fault = FB_FAULT_SPEC; /* the same weights never fit: no restart */
-            pend(r, ev);
-            agent_log("group %s: %s: the init weights do not load: %s", g->id, mb->job_id, msg);
+            if (ev) ev->w.fault = FB_FAULT_SPEC; /* the same weights never fit: no restart */
         }
-    }
-    for (int i = 0; i < g->n_members; i++) {
-        member *mb = &g->m[i];
-        if (mb->sidx < 0 || !mb->has_resume) continue;
-        err = fb_session_restore(r->s, mb->sidx, zmq_msg_data(&mb->resume),
-                                 zmq_msg_size(&mb->resume), msg, sizeof msg);
-        if (err) {
-            fb_session_detach(r->s, mb->sidx);
-            set_alive(g, mb, false);
-            outmsg *ev =
-                event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
-            event_text(ev, "the checkpoint does not restore: %s", msg);
-            pend(r, ev);
-            agent_log("group %s: %s: the checkpoint does not restore: %s", g->id, mb->job_id, msg);
-        }
+        agent_log("group %s: %s: %s", g->id, mb->job_id, ev ? ev->w.text : msg);
+        pend(r, ev);
     }
     for (int i = 0; i < g->n_members; i++) {
         if (g->m[i].has_resume) {

@@ -587,3 +587,20 @@ const char *fbt_job(fbt_server *s, const char *key, const char *name)
     fbt_resp_free(&r);
     return id;
 }
+
+void fbt_fill(const char *in, char *out, size_t cap, const char *keys, const char *const *vals)
+{
+    size_t o = 0;
+    for (const char *p = in; *p && o + 64 < cap; p++) {
+        const char *rep = NULL;
+        const char *k = p[0] == '{' && p[1] && p[2] == '}' ? strchr(keys, p[1]) : NULL;
+        if (k) rep = vals[k - keys];
+        if (rep) {
+            o += (size_t)snprintf(out + o, cap - o, "%s", rep);
+            p += 2;
+        } else {
+            out[o++] = *p;
+        }
+    }
+    out[o] = '\0';
+}

@@ -137,6 +137,10 @@ const char *fbt_job(fbt_server *s, const char *key, const char *name);
 /* A valid small job spec named name (static buffer). */
 const char *fbt_spec(const char *name, double lr);
 
+/* Copies in into out[cap], each "{X}" whose letter X is keys[i] replaced by vals[i] (a test's
+ * ids in its table of paths and bodies). */
+void fbt_fill(const char *in, char *out, size_t cap, const char *keys, const char *const *vals);
+
 /* Milliseconds since an arbitrary start. */
 double fbt_now_ms(void);
 

@@ -283,23 +283,8 @@ static char job_id[64], done_id[64], sweep_id[64];
 /* Replaces {J}, {C}, {A}, {S} in a path. */
 static void fill_path(const char *in, char *out, size_t cap)
 {
-    size_t o = 0;
-    for (const char *p = in; *p && o + 64 < cap; p++) {
-        const char *rep = NULL;
-        if (p[0] == '{' && p[2] == '}') {
-            if (p[1] == 'J') rep = job_id;
-            if (p[1] == 'C') rep = done_id;
-            if (p[1] == 'A') rep = alice_id;
-            if (p[1] == 'S') rep = sweep_id;
-        }
-        if (rep) {
-            o += (size_t)snprintf(out + o, cap - o, "%s", rep);
-            p += 2;
-        } else {
-            out[o++] = *p;
-        }
-    }
-    out[o] = '\0';
+    const char *const vals[] = {job_id, done_id, alice_id, sweep_id};
+    fbt_fill(in, out, cap, "JCAS", vals);
 }
 
 static char *make_body(const bad_case *c, size_t *len)

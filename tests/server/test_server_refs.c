@@ -40,23 +40,8 @@ static const char *spec(const char *ds, const char *extra)
  * checkpoint row was tampered with), {B} (bob's completed job). */
 static void fill(const char *in, char *out, size_t cap)
 {
-    size_t o = 0;
-    for (const char *p = in; *p && o + 64 < cap; p++) {
-        const char *rep = NULL;
-        if (p[0] == '{' && p[1] && p[2] == '}') {
-            if (p[1] == 'D') rep = a_done;
-            if (p[1] == 'Q') rep = a_queued;
-            if (p[1] == 'T') rep = a_tampered;
-            if (p[1] == 'B') rep = b_done;
-        }
-        if (rep) {
-            o += (size_t)snprintf(out + o, cap - o, "%s", rep);
-            p += 2;
-        } else {
-            out[o++] = *p;
-        }
-    }
-    out[o] = '\0';
+    const char *const vals[] = {a_done, a_queued, a_tampered, b_done};
+    fbt_fill(in, out, cap, "DQTB", vals);
 }
 
 typedef struct ref_case {

@@ -142,7 +142,9 @@ async function startServer() {
   server = spawn(exe.server, ['--database-url', dbUrl.toString(), '--data-dir', dataDir,
     '--port', '0', '--port-file', portFile, '--listen', '127.0.0.1',
     '--worker-listen', 'tcp://127.0.0.1:0', '--worker-port-file', workerPortFile,
-    '--heartbeat-ms', '200', '--heartbeat-timeout-ms', '30000', '--tick-ms', '100'],
+    '--heartbeat-ms', '200', '--heartbeat-timeout-ms', '30000', '--tick-ms', '100',
+    // the worker's synthetic dataset, public to every tenant like a built-in
+    '--public-datasets', 'synth'],
   { stdio: ['ignore', log, log] });
   await until('the port file', () => fs.existsSync(portFile) &&
     (port = Number(fs.readFileSync(portFile, 'utf8'))) > 0, 30000);
