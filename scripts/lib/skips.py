@@ -33,9 +33,10 @@ def labels_by_test(path):
 
 
 def reason(case):
-    """The test's own words: its "SKIPPED:" lines, else ctest's message."""
+    """The test's own words: its "SKIPPED: why" (or "SKIP: why") lines, else
+    ctest's message."""
     text = case.findtext("system-out") or ""
-    lines = [ln.strip() for ln in text.splitlines() if "SKIPPED" in ln]
+    lines = [ln.strip() for ln in text.splitlines() if "SKIP" in ln]
     if lines:
         return " / ".join(lines)
     sk = case.find("skipped")
