@@ -141,7 +141,8 @@ static void sweep_is_one_array(void)
     r = fbt_call(&T.s, "GET", path, T.key, NULL);
     fbt_expect(&r, 200, NULL, "get trial 0");
     json_t *latest = json_object_get(r.json, "latest_metrics");
-    json_t *acc = json_object_get(latest, "eval_accuracy"), *loss = json_object_get(latest, "eval_loss");
+    json_t *acc = json_object_get(latest, "eval_accuracy"),
+           *loss = json_object_get(latest, "eval_loss");
     CHECK(json_is_number(acc) && json_is_number(loss));
     CHECK_INT_EQ(json_integer_value(json_object_get(latest, "eval_step")), 200);
     char cmd[1024], model0[400];

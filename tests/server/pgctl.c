@@ -108,7 +108,8 @@ void fbt_pg_create(fbt_pg *pg)
         exit(fb_test_missing("%s not found (apt-get install postgresql)", path));
     }
     if (geteuid() == 0 && fbt_run("id postgres > /dev/null 2>&1") != 0) {
-        exit(fb_test_missing("running as root without a postgres user (apt-get install postgresql)"));
+        exit(fb_test_missing(
+            "running as root without a postgres user (apt-get install postgresql)"));
     }
     snprintf(pg->dir, sizeof pg->dir, "/tmp/fbt-pg-XXXXXX");
     CHECK(mkdtemp(pg->dir) != NULL);
