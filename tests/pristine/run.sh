@@ -98,6 +98,7 @@ fi
 
 # A clean clone of the committed tree: nothing untracked, no build trees.
 work=$(mktemp -d "$cache/run.XXXXXX")
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
     if [[ ${FUSEBOX_PRISTINE_KEEP:-0} == 1 ]]; then
         echo "kept: $work/src"
