@@ -2,18 +2,54 @@
  * Minimal assertions for fusebox tests: never compiled out, and every failure
  * prints both operands, the expression, file and line, then aborts the test
  * process.  A test that cannot run here exits with FB_TEST_SKIP (77), which
- * ctest reports as skipped.
+ * ctest reports as skipped; fb_test_missing() decides whether a missing
+ * prerequisite is such a skip or a failure.
  */
 #ifndef FB_TESTS_CHECK_H
 #define FB_TESTS_CHECK_H
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define FB_TEST_SKIP 77
+
+/* True under FUSEBOX_TEST_STRICT=1, which scripts/test (and so CI) sets: it
+ * installs every prerequisite a test needs, so none may be missing. */
+static inline bool fb_test_strict(void)
+{
+    const char *v = getenv("FUSEBOX_TEST_STRICT");
+    return v && strcmp(v, "1") == 0;
+}
+
+/*
+ * A prerequisite of the test, or of a part of it, is missing: PyTorch, the
+ * test database, the npm modules, a data set.  why (printf format) says what
+ * and how to get it.  Prints "SKIPPED: why" and returns FB_TEST_SKIP, for the
+ * caller to skip that part or to exit with it; a developer running one test
+ * by hand without the prerequisite gets a skip.  Under FUSEBOX_TEST_STRICT=1
+ * a missing prerequisite is a failure: prints "FAILED: ..." and exits 1.
+ */
+__attribute__((format(printf, 1, 2))) static inline int fb_test_missing(const char *why, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, why);
+    vsnprintf(msg, sizeof msg, why, ap);
+    va_end(ap);
+    fflush(stdout);
+    if (fb_test_strict()) {
+        printf("FAILED: a prerequisite is missing under FUSEBOX_TEST_STRICT=1: %s\n", msg);
+        fflush(stdout);
+        exit(1);
+    }
+    printf("SKIPPED: %s\n", msg);
+    return FB_TEST_SKIP;
+}
 
 #define CHECK(expr)                                                                                \
     do {                                                                                           \

@@ -94,8 +94,8 @@ static int test_fashion_mnist(void)
     snprintf(vl, sizeof vl, "%s/t10k-labels-idx1-ubyte.gz", src);
     struct stat st;
     if (stat(ti, &st) != 0 || stat(tl, &st) != 0 || stat(vi, &st) != 0 || stat(vl, &st) != 0) {
-        printf("SKIPPED: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)\n");
-        return FB_TEST_SKIP;
+        return fb_test_missing(
+            "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)");
     }
     path_in(out, sizeof out, "fmnist");
     expect(run("import", "idx", "--images", ti, "--labels", tl, "--out", out, "--name",

@@ -71,8 +71,7 @@ int main(void)
     PQfinish(bad);
 
     if (!url || !url[0]) {
-        printf("SKIPPED: FUSEBOX_TEST_DATABASE_URL is not set (scripts/test sets it)\n");
-        return FB_TEST_SKIP;
+        return fb_test_missing("FUSEBOX_TEST_DATABASE_URL is not set (scripts/test sets it)");
     }
 
     PGconn *conn = PQconnectdb(url);

@@ -135,15 +135,25 @@ static void sweep_is_one_array(void)
         CHECK(d_array == 0);
         CHECK(d_solo >= 0 && d_solo < 1e-3);
     }
-    /* the downloaded model loads into the equivalent PyTorch module, strictly */
+    /* the downloaded model loads into the equivalent PyTorch module, strictly, and
+     * classifies the test split as fuseboxd's final evaluation of the job said */
+    snprintf(path, sizeof path, "/v1/jobs/%s", ids[0]);
+    r = fbt_call(&T.s, "GET", path, T.key, NULL);
+    fbt_expect(&r, 200, NULL, "get trial 0");
+    json_t *latest = json_object_get(r.json, "latest_metrics");
+    json_t *acc = json_object_get(latest, "eval_accuracy"),
+           *loss = json_object_get(latest, "eval_loss");
+    CHECK(json_is_number(acc) && json_is_number(loss));
+    CHECK_INT_EQ(json_integer_value(json_object_get(latest, "eval_step")), 200);
     char cmd[1024], model0[400];
     snprintf(model0, sizeof model0, "%s/model-0.safetensors", T.root);
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/dispatch/load_model.py' '%s'",
-             getenv("FB_SOURCE_DIR"), model0);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/dispatch/load_model.py' '%s' %.17g %.17g",
+             getenv("FB_SOURCE_DIR"), model0, json_number_value(acc), json_number_value(loss));
+    fbt_resp_free(&r);
     int rc = system(cmd);
     CHECK(rc != -1 && WIFEXITED(rc));
     if (WEXITSTATUS(rc) == 77)
-        printf("PyTorch is not installed: the model's PyTorch load was not checked\n");
+        fb_test_missing("PyTorch is not installed: the model's PyTorch load was not checked");
     else
         CHECK_INT_EQ(WEXITSTATUS(rc), 0);
 }

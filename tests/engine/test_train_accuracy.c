@@ -80,9 +80,9 @@ int main(void)
     char ds_dir[1024];
     snprintf(ds_dir, sizeof ds_dir, "%s/fashion-mnist", dir);
     if (!et_exists(ds_dir)) {
-        printf("SKIPPED: Fashion-MNIST not found at %s (install dataset-fashion-mnist or set %s)\n",
-               ds_dir, FB_DATASET_DIR_ENV);
-        return FB_TEST_SKIP;
+        return fb_test_missing(
+            "Fashion-MNIST not found at %s (install dataset-fashion-mnist or set %s)", ds_dir,
+            FB_DATASET_DIR_ENV);
     }
     char msg[1024];
     fb_dataset train = {0}, test = {0};

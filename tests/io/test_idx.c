@@ -476,9 +476,9 @@ static int test_real_fashion_mnist(void)
 {
     struct stat st;
     if (stat(FB_DATASET_DEFAULT_DIR "/fashion-mnist", &st) != 0 || !S_ISDIR(st.st_mode)) {
-        printf("real Fashion-MNIST: SKIPPED (%s/fashion-mnist not installed; "
-               "apt-get install dataset-fashion-mnist)\n",
-               FB_DATASET_DEFAULT_DIR);
+        fb_test_missing("real Fashion-MNIST: %s/fashion-mnist not installed "
+                        "(apt-get install dataset-fashion-mnist)",
+                        FB_DATASET_DEFAULT_DIR);
         return 0;
     }
     static const struct {

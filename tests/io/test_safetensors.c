@@ -330,7 +330,7 @@ static void check_foreign_file(const char *path)
 static int test_python(const char *path)
 {
     if (access("/usr/bin/python3", X_OK) != 0) {
-        printf("python check: SKIPPED (/usr/bin/python3 not found)\n");
+        fb_test_missing("python check: /usr/bin/python3 not found (apt-get install python3)");
         return 0;
     }
     char script[300], foreign[300], cmd[1024];

@@ -46,8 +46,7 @@ const char *fbt_require_database(void)
 {
     const char *url = getenv("FUSEBOX_TEST_DATABASE_URL");
     if (!url || !url[0]) {
-        printf("SKIPPED: FUSEBOX_TEST_DATABASE_URL is not set (scripts/test sets it)\n");
-        exit(77);
+        exit(fb_test_missing("FUSEBOX_TEST_DATABASE_URL is not set (scripts/test sets it)"));
     }
     return url;
 }
@@ -495,10 +494,9 @@ int fbt_validate_recorded(void)
     CHECK(src != NULL);
     snprintf(mod, sizeof mod, "%s/tests/server/node_modules/ajv/package.json", src);
     record_path(file, sizeof file);
-    if (access(mod, R_OK) != 0 || system("node --version > /dev/null 2>&1") != 0) {
-        printf("OpenAPI validation SKIPPED: run `npm ci` in %s/tests/server (needs node)\n", src);
-        return 77;
-    }
+    if (access(mod, R_OK) != 0 || system("node --version > /dev/null 2>&1") != 0)
+        return fb_test_missing("OpenAPI validation: run `npm ci` in %s/tests/server (needs node)",
+                               src);
     snprintf(cmd, sizeof cmd,
              "node '%s/tests/server/openapi/validate.mjs' '%s/api/openapi.yaml' '%s'", src, src,
              file);

@@ -37,7 +37,8 @@ typedef struct fbt_server {
     PGconn *sql; /* the test's own connection to the test database */
 } fbt_server;
 
-/* Skips the test (exit 77) unless FUSEBOX_TEST_DATABASE_URL is set. */
+/* Skips the test (exit 77; under FUSEBOX_TEST_STRICT=1 fails it) unless
+ * FUSEBOX_TEST_DATABASE_URL is set. */
 const char *fbt_require_database(void);
 
 /* Creates a database with a random name on the test server and fills
@@ -120,7 +121,8 @@ void fbt_expect(const fbt_resp *r, int status, const char *code, const char *wha
 /*
  * Validates every recorded response against api/openapi.yaml with the node
  * validator.  Returns 0 when all are valid, 1 when some are not, 77 when
- * node or tests/server/node_modules is missing.
+ * node or tests/server/node_modules is missing (fb_test_missing: under
+ * FUSEBOX_TEST_STRICT=1 that fails the test instead).
  */
 int fbt_validate_recorded(void);
 

@@ -105,12 +105,11 @@ void fbt_pg_create(fbt_pg *pg)
     char path[400];
     snprintf(path, sizeof path, "%s/initdb", pg->bin);
     if (access(path, X_OK) != 0) {
-        printf("SKIPPED: %s not found\n", path);
-        exit(77);
+        exit(fb_test_missing("%s not found (apt-get install postgresql)", path));
     }
     if (geteuid() == 0 && fbt_run("id postgres > /dev/null 2>&1") != 0) {
-        printf("SKIPPED: running as root without a postgres user\n");
-        exit(77);
+        exit(fb_test_missing(
+            "running as root without a postgres user (apt-get install postgresql)"));
     }
     snprintf(pg->dir, sizeof pg->dir, "/tmp/fbt-pg-XXXXXX");
     CHECK(mkdtemp(pg->dir) != NULL);

@@ -20,10 +20,8 @@ int main(void)
     CHECK(src != NULL);
     char path[1024], cmd[4096];
     snprintf(path, sizeof path, "%s/tests/server/node_modules/.bin/redocly", src);
-    if (access(path, X_OK) != 0 || system("node --version > /dev/null 2>&1") != 0) {
-        printf("SKIPPED: run `npm ci` in %s/tests/server (needs node)\n", src);
-        return 77;
-    }
+    if (access(path, X_OK) != 0 || system("node --version > /dev/null 2>&1") != 0)
+        return fb_test_missing("run `npm ci` in %s/tests/server (needs node)", src);
     char dir[] = "/tmp/fbt-openapi-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char routes[128], codes[128];

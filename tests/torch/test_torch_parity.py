@@ -16,8 +16,7 @@ engine, see torch_driver.c) on them and compares:
   traj  50 optimizer updates on a fixed sequence of batches with SGD
         (momentum, dampening, Nesterov), Adam and AdamW under constant, step
         and cosine (with warmup) schedules: the loss before every update, with
-        relative error <= 1e-3 at the last step (the maximum over all steps is
-        reported).  Every member is run alone (B = 1) and again fused with the
+        relative error <= 1e-3 at every step (the worst step is reported).  Every member is run alone (B = 1) and again fused with the
         other members that share its optimizer type (B > 1).
   bf16  the MLP trained BF16_STEPS updates (Adam, cosine schedule) from one
         init on BF16_STEPS distinct batches four ways: fusebox with
@@ -34,7 +33,8 @@ engine, see torch_driver.c) on them and compares:
         See the constants for where the bounds come from.
 
 It prints a table and exits 0 when everything agrees, 1 on any failure and 77
-(skipped) when torch or numpy cannot be imported.  Safetensors files are read
+(skipped) when torch or numpy cannot be imported (1 under FUSEBOX_TEST_STRICT=1,
+which scripts/test sets).  Safetensors files are read
 and written by hand (there is no safetensors package here).
 """
 
@@ -59,6 +59,9 @@ try:
 
     import fusebox
 except ImportError as e:  # pragma: no cover - depends on the machine
+    if os.environ.get("FUSEBOX_TEST_STRICT") == "1":  # scripts/test installs both
+        print(f"FAILED: a prerequisite is missing under FUSEBOX_TEST_STRICT=1: PyTorch/numpy ({e})")
+        sys.exit(1)
     print(f"SKIPPED: PyTorch/numpy not importable ({e})")
     sys.exit(77)
 
@@ -523,9 +526,12 @@ def compare_traj(rep, what, got, want, B):
         return
     errs = [abs(a - b) / max(abs(b), 1e-6) if math.isfinite(a) else float("inf")
             for a, b in zip(got, want)]
+    # every step is judged: a trajectory that strays and comes back (or ends
+    # near the same minimum by another path) is not a match
     worst = max(range(len(errs)), key=lambda i: errs[i])
-    rep.add("traj", what, errs[-1], TRAJ_TOL,
-            f"B={B} max {errs[worst]:.2e} @ step {worst + 1}; loss {want[0]:.4f} -> {want[-1]:.4f}")
+    rep.add("traj", what, errs[worst], TRAJ_TOL,
+            f"B={B} worst @ step {worst + 1}, last {errs[-1]:.2e}; "
+            f"loss {want[0]:.4f} -> {want[-1]:.4f}")
 
 
 def bf16_round(t):
@@ -721,7 +727,7 @@ def main():
             check_bf16(args, rep, tmp, 900)
 
     print(f"fusebox vs PyTorch {torch.__version__}, backend {args.backend}, "
-          f"N={N}, {STEPS} steps, tolerances grad {GRAD_TOL:g} traj {TRAJ_TOL:g} (at the last step)")
+          f"N={N}, {STEPS} steps, tolerances grad {GRAD_TOL:g} traj {TRAJ_TOL:g} (at every step)")
     w = max(len(r[1]) for r in rep.rows) if rep.rows else 10
     print(f"{'check':5s}  {'what':{w}s}  {'rel err':>9s}  {'tol':>7s}  status  note")
     for kind, what, err, tol, status, note in rep.rows:

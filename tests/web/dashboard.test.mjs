@@ -6,7 +6,7 @@
 // device, so the cluster view has time shares to show and a tenant to hide.
 // Screenshots go to FB_BINARY_DIR/tests/web/artifacts/.  Exit 0 when every
 // check passed, 1 when some failed, 77 (skipped) without a database,
-// Chromium or `npm ci` in tests/web.
+// Chromium or `npm ci` in tests/web (1 under FUSEBOX_TEST_STRICT=1).
 import { execFileSync, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -15,7 +15,13 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
+// A missing prerequisite skips the test, except under FUSEBOX_TEST_STRICT=1
+// (scripts/test, which installs all of them): there it fails (tests/check.h).
 const skip = (why) => {
+  if (process.env.FUSEBOX_TEST_STRICT === '1') {
+    console.log(`FAILED: a prerequisite is missing under FUSEBOX_TEST_STRICT=1: ${why}`);
+    process.exit(1);
+  }
   console.log(`SKIPPED: ${why}`);
   process.exit(77);
 };
