@@ -250,6 +250,10 @@ int fb_route_spec_refs(fb_req *req, const fb_job_spec *spec, const char *prefix,
                            "\"checkpoint\": \"final\" | \"latest\" | step}",
                            field);
     }
+    /* a public dataset and no init: nothing to look up, no transaction */
+    if (!spec->init_job[0] &&
+        fb_config_dataset_public(req->srv->cfg.public_datasets, spec->dataset))
+        return FB_OK;
     spec_refs x = {.tenant_id = req->key.tenant_id,
                    .spec = spec,
                    .public_datasets = req->srv->cfg.public_datasets,

@@ -14,12 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
-    } while (0)
+#include "fuzz.h"
 
 static bool hex(char c)
 {

@@ -19,12 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
-    } while (0)
+#include "fuzz.h"
 
 static char root[64];
 

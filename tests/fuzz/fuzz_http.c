@@ -29,12 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
-    } while (0)
+#include "fuzz.h"
 
 /* A NUL-terminated copy of n bytes, cut at the first NUL (a C string is all
  * libmicrohttpd ever hands over). */

@@ -12,12 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
-    } while (0)
+#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

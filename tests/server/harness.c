@@ -339,8 +339,9 @@ bool fbt_send_all(int fd, const char *buf, size_t len)
     return true;
 }
 
-static int read_response(int fd, fbt_resp *out)
+int fbt_read_response(int fd, fbt_resp *out)
 {
+    memset(out, 0, sizeof *out);
     size_t cap = 65536, len = 0;
     char *buf = malloc(cap + 1);
     CHECK(buf != NULL);
@@ -356,15 +357,19 @@ static int read_response(int fd, fbt_resp *out)
         len += (size_t)n;
     }
     buf[len] = '\0';
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (!sep || strncmp(buf, "HTTP/1.", 7) != 0) {
+    /* an interim 100 Continue (to a client that sent Expect) comes before the answer */
+    char *start = buf;
+    while (strncmp(start, "HTTP/1.1 100", 12) == 0 && strstr(start, "\r\n\r\n"))
+        start = strstr(start, "\r\n\r\n") + 4;
+    char *sep = strstr(start, "\r\n\r\n");
+    if (!sep || strncmp(start, "HTTP/1.", 7) != 0) {
         free(buf);
         return -1;
     }
-    size_t head_len = (size_t)(sep - buf);
-    out->head = strndup(buf, head_len);
-    out->status = atoi(buf + 9);
-    size_t body_len = len - head_len - 4;
+    size_t head_len = (size_t)(sep - start);
+    out->head = strndup(start, head_len);
+    out->status = atoi(start + 9);
+    size_t body_len = len - (size_t)(start - buf) - head_len - 4;
     const char *cl = fbt_header(out, "Content-Length");
     if (cl && (size_t)atoll(cl) < body_len) body_len = (size_t)atoll(cl);
     out->body = malloc(body_len + 1);
@@ -406,7 +411,7 @@ int fbt_http(int port, const char *method, const char *path, const char *const *
         if (body_len < 65536 || poll(&p, 1, 150) == 0) fbt_send_all(fd, body, body_len);
     }
     shutdown(fd, SHUT_WR);
-    int rc = read_response(fd, out);
+    int rc = fbt_read_response(fd, out);
     close(fd);
     return rc;
 }
@@ -418,7 +423,7 @@ int fbt_http_raw(int port, const char *raw, size_t len, fbt_resp *out)
     if (fd < 0) return -1;
     fbt_send_all(fd, raw, len);
     shutdown(fd, SHUT_WR);
-    int rc = read_response(fd, out);
+    int rc = fbt_read_response(fd, out);
     close(fd);
     return rc;
 }

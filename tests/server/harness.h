@@ -91,6 +91,10 @@ char *fbt_db_fingerprint(fbt_server *s);
 int fbt_http(int port, const char *method, const char *path, const char *const *headers,
              const char *body, size_t body_len, fbt_resp *out);
 
+/* Reads the whole response on fd (the server closes after it), skipping an interim
+ * 100 Continue, into *out; -1 when there was none, as when the connection was dropped. */
+int fbt_read_response(int fd, fbt_resp *out);
+
 /* Sends raw bytes and reads the response. */
 int fbt_http_raw(int port, const char *raw, size_t len, fbt_resp *out);
 

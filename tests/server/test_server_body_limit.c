@@ -75,44 +75,6 @@ static char *make_body(route_kind route, size_t n)
     return b;
 }
 
-/* Reads the whole response (the server closes after it); -1 when there was
- * none, as when the connection was dropped. */
-static int read_all(int fd, fbt_resp *out)
-{
-    size_t cap = 16384, len = 0;
-    char *buf = malloc(cap + 1);
-    CHECK(buf != NULL);
-    for (;;) {
-        if (len == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap + 1);
-            CHECK(buf != NULL);
-        }
-        ssize_t n = recv(fd, buf + len, cap - len, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        len += (size_t)n;
-    }
-    buf[len] = '\0';
-    /* an interim 100 Continue comes before the answer */
-    char *start = buf;
-    while (strncmp(start, "HTTP/1.1 100", 12) == 0 && strstr(start, "\r\n\r\n"))
-        start = strstr(start, "\r\n\r\n") + 4;
-    char *sep = strstr(start, "\r\n\r\n");
-    if (!sep || strncmp(start, "HTTP/1.", 7) != 0) {
-        free(buf);
-        return -1;
-    }
-    memset(out, 0, sizeof *out);
-    out->head = strndup(start, (size_t)(sep - start));
-    out->status = atoi(start + 9);
-    out->body = strdup(sep + 4);
-    out->body_len = strlen(out->body);
-    out->json = json_loadb(out->body, out->body_len, 0, NULL);
-    free(buf);
-    return 0;
-}
-
 /* Sends the case's request and reads its answer; false when none came. */
 static bool exchange(const body_case *c, const char *path, fbt_resp *r, size_t *sent_body)
 {
@@ -162,7 +124,7 @@ static bool exchange(const body_case *c, const char *path, fbt_resp *r, size_t *
     if (ok && send_body && c->chunked) ok = fbt_send_all(fd, "0\r\n\r\n", 5);
     free(body);
     shutdown(fd, SHUT_WR);
-    int rc = read_all(fd, r);
+    int rc = fbt_read_response(fd, r);
     close(fd);
     return rc == 0;
 }
