@@ -34,6 +34,7 @@
 #include "db.h"
 #include "log.h"
 #include "server_impl.h"
+#include "utf8.h"
 
 #define MAX_EXTRA_HEADERS 6
 #define DISCARD_FACTOR 8 /* declared bodies past this many times the limit: answer at once */
@@ -532,52 +533,6 @@ static void check_headers(fb_req *req, const char *method)
     }
 }
 
-bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t len;
-        unsigned min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            len = 2;
-            min = 0x80;
-            c &= 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            len = 3;
-            min = 0x800;
-            c &= 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            len = 4;
-            min = 0x10000;
-            c &= 0x07;
-        } else {
-            *bad_at = i;
-            return false;
-        }
-        if (i + len > n) {
-            *bad_at = i;
-            return false;
-        }
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) {
-                *bad_at = i;
-                return false;
-            }
-            c = (c << 6) | (s[i + k] & 0x3f);
-        }
-        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) {
-            *bad_at = i;
-            return false;
-        }
-        i += len;
-    }
-    return true;
-}
-
 int fb_http_json_depth(const char *s, size_t n, int limit)
 {
     int depth = 0, max = 0;
@@ -614,7 +569,7 @@ static int parse_body(fb_req *req)
         return fb_req_fail(req, FB_ERR_JSON_SYNTAX, NULL, "the body is empty; send a JSON object");
     }
     size_t bad_at;
-    if (!fb_http_valid_utf8((const unsigned char *)im->body, im->body_len, &bad_at))
+    if (!fb_utf8_valid(im->body, im->body_len, &bad_at))
         return fb_req_fail(req, FB_ERR_BAD_ENCODING, NULL,
                            "the body is not valid UTF-8 (byte offset %zu)", bad_at);
     int max = req->srv->cfg.json_max_depth;

@@ -177,10 +177,6 @@ bool fb_http_is_json_type(const char *ct);
  * text/csv; a parameter such as a charset does not matter to a file. */
 bool fb_http_is_stream_type(const char *ct);
 
-/* Strict UTF-8 over n bytes (no overlong forms, no surrogates, nothing above
- * U+10FFFF); false with the offset of the first bad sequence in *bad_at. */
-bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at);
-
 /* The deepest nesting of arrays and objects in n bytes of JSON text, strings
  * skipped; returns as soon as it exceeds limit. */
 int fb_http_json_depth(const char *s, size_t n, int limit);
