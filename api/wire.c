@@ -1008,7 +1008,8 @@ static int decode_event(dec *d, json_t *root, fb_wire_msg *m)
     if (kind != FB_EV_FINISHED &&
         (json_object_get(root, "test_loss") || json_object_get(root, "test_accuracy")))
         return bad(d, "", json_object_get(root, "test_loss") ? "test_loss" : "test_accuracy",
-                   "a %s event carries no test evaluation (only finished)", event_names[kind]);
+                   "only a finished event carries a test evaluation, not %s %s one",
+                   kind == FB_EV_EVALUATED ? "an" : "a", event_names[kind]);
     bool may_blob = kind == FB_EV_CHECKPOINTED || kind == FB_EV_FINISHED || kind == FB_EV_DETACHED;
     if (!may_blob && json_object_get(root, "blob"))
         return bad(d, "", "blob",
