@@ -422,6 +422,8 @@ static void test_holdout(void)
     /* about a tenth, and never for a fraction of 0 */
     CHECK(held > 60 && held < 140);
     for (int64_t i = 0; i < N_REC; i++) CHECK(!fb_data_held_out(i, 0));
+    /* record 0 trains at every allowed fraction: no split is ever held out whole */
+    CHECK(!fb_data_held_out(0, FB_DATA_MAX_VAL_FRACTION));
     /* a larger fraction holds out a superset: one hash per record, compared */
     for (int64_t i = 0; i < N_REC; i++) CHECK(!fb_data_held_out(i, 0.1) || fb_data_held_out(i, 0.3));
 

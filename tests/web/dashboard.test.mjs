@@ -108,7 +108,8 @@ let browser = null;
 
 // A learnable 4-class problem over F features (the label is the argmax of a
 // fixed linear map of x), imported as the shard dataset "synth" with a train
-// and a test split, so test accuracy well above chance means real training.
+// and a test split (validation holds out a tenth of train), so accuracy well above chance
+// on held-out records means real training.
 const F = 128;
 function importSynth() {
   let s = 12345;
@@ -380,7 +381,7 @@ try {
     await shot('05-job-training');
   });
 
-  await check('the trials complete and show their test accuracy', async () => {
+  await check('the trials complete and show their validation accuracy', async () => {
     if (paused) worker.kill('SIGCONT');
     if (bobJob) await call('POST', `/v1/jobs/${bobJob.id}/cancel`, bobKey, {});
     const done = await until('three completed trials', async () => {

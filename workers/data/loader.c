@@ -784,6 +784,14 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
     l->shuffle = o->shuffle;
     l->drop_last = o->drop_last;
     l->seed = o->data_seed;
+    if (l->n == 0) {
+        /* cannot happen within FB_DATA_MAX_VAL_FRACTION (record 0 always trains); kept so
+         * that the window arithmetic below never divides by zero */
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                     "dataset %s (%s): every record is held out for validation (val_fraction %g)",
+                     l->m.name, o->split, l->val_fraction);
+        goto fail;
+    }
     if (l->drop_last && l->n < l->N) {
         rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                      "dataset %s (%s) has %" PRId64 " samples, fewer than the batch size %" PRId64,
