@@ -798,8 +798,8 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 {
     static const char *const k_root[] = {
         "name", "dataset", "model", "loss", "batch_size", "steps", "epochs", "optimizer",
-        "schedule", "seed", "data_seed", "eval_every", "val_fraction", "checkpoint_every", "parallel",
-        "precision", "priority", "max_restarts", "init", "data", NULL};
+        "schedule", "seed", "data_seed", "eval_every", "val_fraction", "checkpoint_every",
+        "parallel", "precision", "priority", "max_restarts", "init", "data", NULL};
     static const char *const k_model[] = {"input", "layers", NULL};
     static const char *const k_parallel[] = {"data", "pipeline", NULL};
     static const char *const k_data[] = {"shuffle", NULL};

@@ -385,7 +385,8 @@ static int get_metric(json_t *obj, const char *key, const char *field, int *metr
                       "decides; name a validation metric (val_loss, val_accuracy) or a training "
                       "one (loss, accuracy)",
                       field, json_string_value(v));
-    if (!json_is_string(v)) return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
+    if (!json_is_string(v))
+        return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
     for (int i = 0; i < 4; i++)
         if (strcmp(json_string_value(v), metric_names[i]) == 0 &&
             strlen(json_string_value(v)) == json_string_length(v)) {
@@ -404,7 +405,8 @@ static int get_mode(json_t *obj, const char *key, const char *field, int *mode, 
     json_t *v = json_object_get(obj, key);
     *mode = -1;
     if (!v) return FB_OK;
-    if (!json_is_string(v)) return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
+    if (!json_is_string(v))
+        return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
     for (int i = 0; i < 2; i++)
         if (strcmp(json_string_value(v), modes[i]) == 0 &&
             strlen(json_string_value(v)) == json_string_length(v)) {

@@ -466,7 +466,8 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->fail_list = malloc(un * sizeof *s->fail_list);
     s->known = malloc(un * sizeof *s->known);
     if (!s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
-        !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc || !s->hp || !s->failed ||
+        !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
+        !s->hp || !s->failed ||
         !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;

@@ -425,7 +425,8 @@ static void test_holdout(void)
     /* record 0 trains at every allowed fraction: no split is ever held out whole */
     CHECK(!fb_data_held_out(0, FB_DATA_MAX_VAL_FRACTION));
     /* a larger fraction holds out a superset: one hash per record, compared */
-    for (int64_t i = 0; i < N_REC; i++) CHECK(!fb_data_held_out(i, 0.1) || fb_data_held_out(i, 0.3));
+    for (int64_t i = 0; i < N_REC; i++)
+        CHECK(!fb_data_held_out(i, 0.1) || fb_data_held_out(i, 0.3));
 
     /* chunks of 2 records: at 0.5 about a quarter of them are held out whole */
     char d2[1200];

@@ -364,7 +364,8 @@ static void reference(ref_run *r, const fb_job_spec *const *specs, int n, const 
     fb_data_source_opts so = {.batch_size = specs[0]->batch_size, .shuffle = specs[0]->shuffle,
                               .data_seed = specs[0]->data_seed, .want_test = true,
                               .want_val = true, .val_fraction = specs[0]->val_fraction};
-    int err = fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg, sizeof msg);
+    int err = fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg,
+                                 sizeof msg);
     if (err) fprintf(stderr, "reference data: %s\n", msg);
     CHECK_INT_EQ(err, FB_OK);
     fb_train_opts o = {.cb = ref_event, .user = r, .blobs = true, .loader = loader,

@@ -510,7 +510,8 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
                               .want_test = true,
                               .want_val = true, .val_fraction = J->spec[0].val_fraction};
     CHECK_INT_EQ(
-        fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg, sizeof msg), FB_OK);
+        fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg, sizeof msg),
+        FB_OK);
     fb_device devs[2];
     CHECK_INT_EQ(fb_devices_discover(2, (uint64_t)1 << 30, devs, 2, msg, sizeof msg), 2);
     static const int64_t split[2] = {70, 58};
