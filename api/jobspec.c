@@ -798,8 +798,8 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 {
     static const char *const k_root[] = {
         "name", "dataset", "model", "loss", "batch_size", "steps", "epochs", "optimizer",
-        "schedule", "seed", "data_seed", "eval_every", "checkpoint_every", "parallel",
-        "precision", "priority", "max_restarts", "init", "data", NULL};
+        "schedule", "seed", "data_seed", "eval_every", "val_fraction", "checkpoint_every",
+        "parallel", "precision", "priority", "max_restarts", "init", "data", NULL};
     static const char *const k_model[] = {"input", "layers", NULL};
     static const char *const k_parallel[] = {"data", "pipeline", NULL};
     static const char *const k_data[] = {"shuffle", NULL};
@@ -885,6 +885,9 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_int(c, root, "data_seed", "", false, 0, 0, MAX_SEED, &v))) return err;
     s->data_seed = (uint64_t)v;
     if ((err = get_int(c, root, "eval_every", "", false, 0, 0, MAX_STEPS, &s->eval_every)))
+        return err;
+    if ((err = get_num(c, root, "val_fraction", "", false, FB_SPEC_DEFAULT_VAL_FRACTION, 0, false,
+                       FB_SPEC_MAX_VAL_FRACTION, &s->val_fraction)))
         return err;
     if ((err = get_int(c, root, "checkpoint_every", "", false, 0, 0, MAX_STEPS,
                        &s->checkpoint_every)))
@@ -1019,13 +1022,15 @@ static char *dump(json_t *o)
 
 char *fb_job_spec_fusion_canonical(const fb_job_spec *s)
 {
-    return dump(json_pack("{s:I, s:{s:b}, s:I, s:s, s:s, s:o?, s:{s:s}, s:{s:i, s:i}, s:s}",
+    /* val_fraction: the members of an array share their minibatches, so they hold out the
+     * same records */
+    return dump(json_pack("{s:I, s:{s:b}, s:I, s:s, s:s, s:o?, s:{s:s}, s:{s:i, s:i}, s:s, s:f}",
                           "batch_size", (json_int_t)s->batch_size, "data", "shuffle", s->shuffle,
                           "data_seed", (json_int_t)s->data_seed, "dataset", s->dataset, "loss",
                           loss_names_c[s->loss], "model", model_json(s), "optimizer", "type",
                           optim_names[s->optim.type], "parallel", "data", s->parallel_data,
                           "pipeline", s->parallel_pipeline, "precision",
-                          prec_names_c[s->precision]));
+                          prec_names_c[s->precision], "val_fraction", s->val_fraction));
 }
 
 /* init's service form, as written: "checkpoint" is "final", "latest" or the step. */
@@ -1071,6 +1076,7 @@ char *fb_job_spec_canonical(const fb_job_spec *s)
     }
     if (!opt || !sched || json_object_set_new(o, "optimizer", opt) ||
         json_object_set_new(o, "schedule", sched) ||
+        json_object_set_new(o, "val_fraction", json_real(s->val_fraction)) ||
         (s->init[0] && json_object_set_new(o, "init", json_string(s->init))) ||
         (s->init_job[0] && json_object_set_new(o, "init", init_json(s)))) {
         json_decref(o);

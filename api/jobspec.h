@@ -51,6 +51,9 @@ typedef enum fb_layer_type {
     FB_LAYER_TYPE_COUNT
 } fb_layer_type;
 
+#define FB_SPEC_DEFAULT_VAL_FRACTION 0.1
+#define FB_SPEC_MAX_VAL_FRACTION 0.5
+
 typedef enum fb_loss_type { FB_LOSS_CROSS_ENTROPY, FB_LOSS_MSE } fb_loss_type;
 typedef enum fb_optim_type { FB_OPTIM_SGD, FB_OPTIM_ADAM, FB_OPTIM_ADAMW } fb_optim_type;
 typedef enum fb_sched_type { FB_SCHED_CONSTANT, FB_SCHED_STEP, FB_SCHED_COSINE } fb_sched_type;
@@ -147,6 +150,10 @@ typedef struct fb_job_spec {
     fb_sched_spec sched;
     uint64_t seed, data_seed;
     int64_t eval_every, checkpoint_every; /* 0 = never */
+    /* part of the train split held out for validation when the dataset has no validation
+     * split, [0, FB_SPEC_MAX_VAL_FRACTION] (default FB_SPEC_DEFAULT_VAL_FRACTION; 0 = none);
+     * a fusion-key field: the members of an array train on the same records */
+    double val_fraction;
     int parallel_data, parallel_pipeline;
     fb_precision precision;
     int priority;      /* 0..100, higher first */

@@ -44,6 +44,8 @@ struct fb_sweep_spec {
     int n_params;
     param params[FB_SWEEP_MAX_PARAMS];
     fb_asha_spec asha;
+    char metric[32]; /* the metric that decides: ASHA's rungs and the best trial */
+    fb_metric_mode mode;
     int n_trials;
     trial *trials;
 };
@@ -364,7 +366,93 @@ static int parse_search(fb_sweep_spec *s, json_t *search, char *msg, size_t cap)
     return FB_OK;
 }
 
-static const char *const metric_names[] = {"loss", "accuracy", "eval_loss", "eval_accuracy"};
+/* The metrics a sweep may decide on: the training ones and the validation ones.  The test
+ * metrics (test_loss, test_accuracy) are reported, never a basis for a decision. */
+static const char *const metric_names[] = {"loss", "accuracy", "val_loss", "val_accuracy"};
+static const char *const modes[] = {"min", "max"};
+
+/* Reads the metric named at obj.key (field, its full name, for messages) into *metric: its
+ * index in metric_names, or -1 when absent.  A test metric is refused by name. */
+static int get_metric(json_t *obj, const char *key, const char *field, int *metric, char *msg,
+                      size_t cap)
+{
+    json_t *v = json_object_get(obj, key);
+    *metric = -1;
+    if (!v) return FB_OK;
+    if (json_is_string(v) && strncmp(json_string_value(v), "test_", 5) == 0)
+        return err_at(msg, cap, FB_ERR_BAD_ENUM,
+                      "%s: \"%.64s\" is measured on the test split, which is reported but never "
+                      "decides; name a validation metric (val_loss, val_accuracy) or a training "
+                      "one (loss, accuracy)",
+                      field, json_string_value(v));
+    if (!json_is_string(v))
+        return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
+    for (int i = 0; i < 4; i++)
+        if (strcmp(json_string_value(v), metric_names[i]) == 0 &&
+            strlen(json_string_value(v)) == json_string_length(v)) {
+            *metric = i;
+            return FB_OK;
+        }
+    return err_at(msg, cap, FB_ERR_BAD_ENUM,
+                  "%s: \"%.64s\" is not one of: loss, accuracy, val_loss, val_accuracy", field,
+                  json_string_value(v));
+}
+
+/* Reads a mode at obj.key into *mode (-1 when absent). */
+static int get_mode(json_t *obj, const char *key, const char *field, int *mode, char *msg,
+                    size_t cap)
+{
+    json_t *v = json_object_get(obj, key);
+    *mode = -1;
+    if (!v) return FB_OK;
+    if (!json_is_string(v))
+        return err_at(msg, cap, FB_ERR_WRONG_TYPE, "%s: expected a string", field);
+    for (int i = 0; i < 2; i++)
+        if (strcmp(json_string_value(v), modes[i]) == 0 &&
+            strlen(json_string_value(v)) == json_string_length(v)) {
+            *mode = i;
+            return FB_OK;
+        }
+    return err_at(msg, cap, FB_ERR_BAD_ENUM, "%s: \"%.64s\" is not one of: min, max", field,
+                  json_string_value(v));
+}
+
+/*
+ * The sweep's metric and mode: the top-level "metric" and "mode", else early_stopping's,
+ * else val_accuracy (max) for a cross-entropy base and val_loss (min) for an MSE one.  Where
+ * both name one they must agree: ASHA decides on the sweep's metric.
+ */
+static int parse_metric(fb_sweep_spec *s, json_t *root, char *msg, size_t cap)
+{
+    json_t *es = json_object_get(root, "early_stopping");
+    if (!json_is_object(es)) es = NULL;
+    int metric, mode, es_metric = -1, es_mode = -1, err;
+    if ((err = get_metric(root, "metric", "metric", &metric, msg, cap)) ||
+        (err = get_mode(root, "mode", "mode", &mode, msg, cap)) ||
+        (es && (err = get_metric(es, "metric", "early_stopping.metric", &es_metric, msg, cap))) ||
+        (es && (err = get_mode(es, "mode", "early_stopping.mode", &es_mode, msg, cap))))
+        return err;
+    if (metric >= 0 && es_metric >= 0 && metric != es_metric)
+        return err_at(msg, cap, FB_ERR_CONFLICT,
+                      "early_stopping.metric: %s differs from the sweep's metric %s (ASHA "
+                      "decides on the sweep's metric; give one)",
+                      metric_names[es_metric], metric_names[metric]);
+    if (metric < 0) metric = es_metric;
+    if (metric < 0) {
+        json_t *loss = json_object_get(s->base, "loss");
+        bool mse = json_is_string(loss) && strcmp(json_string_value(loss), "mse") == 0;
+        metric = mse ? 2 : 3; /* val_loss, val_accuracy */
+    }
+    int def_mode = strstr(metric_names[metric], "accuracy") ? FB_METRIC_MAX : FB_METRIC_MIN;
+    if (mode >= 0 && es_mode >= 0 && mode != es_mode)
+        return err_at(msg, cap, FB_ERR_CONFLICT,
+                      "early_stopping.mode: %s differs from the sweep's mode %s", modes[es_mode],
+                      modes[mode]);
+    if (mode < 0) mode = es_mode >= 0 ? es_mode : def_mode;
+    snprintf(s->metric, sizeof s->metric, "%s", metric_names[metric]);
+    s->mode = (fb_metric_mode)mode;
+    return FB_OK;
+}
 
 static int parse_asha(fb_sweep_spec *s, json_t *es, char *msg, size_t cap)
 {
@@ -375,16 +463,10 @@ static int parse_asha(fb_sweep_spec *s, json_t *es, char *msg, size_t cap)
     int err = only_fields(es, "early_stopping", allowed, msg, cap);
     if (err) return err;
     static const char *const types[] = {"asha"};
-    static const char *const modes[] = {"min", "max"};
-    int type, metric, mode;
+    int type;
     int64_t grace, factor, rungs;
+    /* metric and mode: the sweep's (parse_metric read and checked them) */
     if ((err = get_enum(es, "type", "early_stopping", true, 0, types, 1, &type, msg, cap)) ||
-        (err =
-             get_enum(es, "metric", "early_stopping", true, 0, metric_names, 4, &metric, msg, cap)))
-        return err;
-    int def_mode = strstr(metric_names[metric], "accuracy") ? FB_METRIC_MAX : FB_METRIC_MIN;
-    if ((err =
-             get_enum(es, "mode", "early_stopping", false, def_mode, modes, 2, &mode, msg, cap)) ||
         (err = get_int(es, "grace_steps", "early_stopping", false, 1, 1, 1000000000, &grace, msg,
                        cap)) ||
         (err = get_int(es, "reduction_factor", "early_stopping", false, 3, 2, 16, &factor, msg,
@@ -392,8 +474,8 @@ static int parse_asha(fb_sweep_spec *s, json_t *es, char *msg, size_t cap)
         (err = get_int(es, "max_rungs", "early_stopping", false, 4, 1, 32, &rungs, msg, cap)))
         return err;
     s->asha.enabled = true;
-    snprintf(s->asha.metric, sizeof s->asha.metric, "%s", metric_names[metric]);
-    s->asha.mode = (fb_metric_mode)mode;
+    snprintf(s->asha.metric, sizeof s->asha.metric, "%s", s->metric);
+    s->asha.mode = s->mode;
     s->asha.grace_steps = grace;
     s->asha.reduction_factor = (int)factor;
     s->asha.max_rungs = (int)rungs;
@@ -559,7 +641,8 @@ int fb_sweep_spec_parse(const char *text, size_t len, const fb_spec_limits *limi
         err = err_at(msg, cap, FB_ERR_NOT_OBJECT, "a sweep spec is a JSON object");
         goto fail;
     }
-    static const char *const allowed[] = {"name", "base", "search", "early_stopping", NULL};
+    static const char *const allowed[] = {"name", "base",           "search",
+                                          "metric", "mode", "early_stopping", NULL};
     if ((err = only_fields(root, "", allowed, msg, cap))) goto fail;
     json_t *base = json_object_get(root, "base");
     if (!base) {
@@ -591,6 +674,7 @@ int fb_sweep_spec_parse(const char *text, size_t len, const fb_spec_limits *limi
         goto fail;
     }
     if ((err = parse_search(s, search, msg, cap))) goto fail;
+    if ((err = parse_metric(s, root, msg, cap))) goto fail;
     json_t *es = json_object_get(root, "early_stopping");
     if (es && !json_is_null(es) && (err = parse_asha(s, es, msg, cap))) goto fail;
     if ((err = expand(s, limits, msg, cap))) goto fail;
@@ -640,12 +724,8 @@ const fb_asha_spec *fb_sweep_spec_early_stopping(const fb_sweep_spec *s)
 
 const char *fb_sweep_spec_metric(const fb_sweep_spec *s, fb_metric_mode *mode)
 {
-    if (s->asha.enabled) {
-        if (mode) *mode = s->asha.mode;
-        return s->asha.metric;
-    }
-    if (mode) *mode = FB_METRIC_MIN;
-    return "loss";
+    if (mode) *mode = s->mode;
+    return s->metric;
 }
 
 char *fb_sweep_spec_canonical(const fb_sweep_spec *s)
@@ -678,8 +758,9 @@ char *fb_sweep_spec_canonical(const fb_sweep_spec *s)
                         (json_int_t)s->asha.grace_steps, "reduction_factor",
                         s->asha.reduction_factor, "max_rungs", s->asha.max_rungs)
             : json_null();
-    json_t *root = json_pack("{s:s, s:O, s:o?, s:o?}", "name", s->name, "base", s->base, "search",
-                             search, "early_stopping", es);
+    json_t *root = json_pack("{s:s, s:O, s:o?, s:o?, s:s, s:s}", "name", s->name, "base", s->base,
+                             "search", search, "early_stopping", es, "metric", s->metric, "mode",
+                             s->mode == FB_METRIC_MIN ? "min" : "max");
     if (!root) return NULL;
     char *text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(root);

@@ -43,7 +43,7 @@ typedef enum fb_metric_mode { FB_METRIC_MIN, FB_METRIC_MAX } fb_metric_mode;
  * of the trials that reached it continue. */
 typedef struct fb_asha_spec {
     bool enabled;
-    char metric[32]; /* loss, accuracy, eval_loss or eval_accuracy */
+    char metric[32]; /* the sweep's metric: loss, accuracy, val_loss or val_accuracy */
     fb_metric_mode mode;
     int64_t grace_steps;
     int reduction_factor;
@@ -89,8 +89,10 @@ const char *fb_sweep_spec_trial_params(const fb_sweep_spec *s, int i);
 /* The early-stopping rule (enabled false when the spec has none). */
 const fb_asha_spec *fb_sweep_spec_early_stopping(const fb_sweep_spec *s);
 
-/* The metric that ranks trials: early_stopping.metric, else "loss"
- * minimised. */
+/* The metric that decides (ASHA's rungs and the best trial) and its mode: the
+ * spec's "metric" (or early_stopping.metric), else val_accuracy maximised for
+ * a cross-entropy base and val_loss minimised for an MSE one.  Never a test
+ * metric: those are reported, and a spec naming one is refused. */
 const char *fb_sweep_spec_metric(const fb_sweep_spec *s, fb_metric_mode *mode);
 
 /*

@@ -1000,6 +1000,17 @@ static int decode_event(dec *d, json_t *root, fb_wire_msg *m)
         return err;
     if ((err = get_num(d, root, "", "accuracy", false, true, 0, false, 1, &m->accuracy)))
         return err;
+    m->test_loss = m->test_accuracy = NAN;
+    if ((err = get_num(d, root, "", "test_loss", false, true, -HUGE_VAL, false, HUGE_VAL,
+                       &m->test_loss)) ||
+        (err = get_num(d, root, "", "test_accuracy", false, true, 0, false, 1,
+                       &m->test_accuracy)))
+        return err;
+    if (kind != FB_EV_FINISHED &&
+        (json_object_get(root, "test_loss") || json_object_get(root, "test_accuracy")))
+        return bad(d, "", json_object_get(root, "test_loss") ? "test_loss" : "test_accuracy",
+                   "only a finished event carries a test evaluation, not %s %s one",
+                   kind == FB_EV_EVALUATED ? "an" : "a", event_names[kind]);
     bool may_blob = kind == FB_EV_CHECKPOINTED || kind == FB_EV_FINISHED || kind == FB_EV_DETACHED;
     if (!may_blob && json_object_get(root, "blob"))
         return bad(d, "", "blob",
@@ -1088,8 +1099,9 @@ static const struct {
                                                 "devices", "members", NULL}},
     [FB_WIRE_EVENT] = {decode_event, (const char *const[]){"v", "type", "group_id", "generation",
                                                            "seq", "event", "job_id", "step", "loss",
-                                                           "accuracy", "blob", "text", "fault",
-                                                           NULL}},
+                                                           "accuracy", "test_loss",
+                                                           "test_accuracy", "blob", "text",
+                                                           "fault", NULL}},
     [FB_WIRE_ACK] = {decode_ack, (const char *const[]){"v", "type", "seq", "group_id", NULL}},
     [FB_WIRE_DETACH] = {decode_detach, (const char *const[]){"v", "type", "group_id", "generation",
                                                              "job_id", "text", "keep_state", NULL}},
@@ -1531,6 +1543,11 @@ static void encode_event(enc *e, json_t *o, const fb_wire_msg *m)
     put_int(e, o, "step", m->step);
     put_num(e, o, "", "loss", m->loss, true);
     put_num(e, o, "", "accuracy", m->accuracy, true);
+    /* the final test evaluation, finished only, and absent when there is none (NaN) */
+    if (m->event == FB_EV_FINISHED && !isnan(m->test_loss))
+        put_num(e, o, "", "test_loss", m->test_loss, true);
+    if (m->event == FB_EV_FINISHED && !isnan(m->test_accuracy))
+        put_num(e, o, "", "test_accuracy", m->test_accuracy, true);
     if (m->blob) put_int(e, o, "blob", m->blob);
     put_opt_str(e, o, "text", m->text, sizeof m->text);
     /* written only when it is not the default: a server from before the field refuses it */

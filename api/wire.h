@@ -60,7 +60,7 @@ typedef enum fb_wire_type {
 
 typedef enum fb_wire_event_kind {
     FB_EV_STARTED,      /* the member trained its first step in this assignment */
-    FB_EV_EVALUATED,    /* an evaluation on the test split: loss, accuracy */
+    FB_EV_EVALUATED,    /* a validation (an evaluation on the validation set): loss, accuracy */
     FB_EV_CHECKPOINTED, /* blob holds the member's full training state at step */
     FB_EV_FINISHED,     /* the member reached its last step; blob holds its model */
     FB_EV_FAILED,       /* the member failed by itself (NaN, bad data); text says why */
@@ -217,7 +217,10 @@ typedef struct fb_wire_msg {
     fb_wire_event_kind event; /* EVENT */
     char job_id[FB_WIRE_ID_LEN + 1]; /* EVENT, DETACH ("" in DETACH: the whole group) */
     int64_t step;             /* EVENT */
-    double loss, accuracy;    /* EVENT: evaluated/finished (NaN = unknown) */
+    double loss, accuracy;    /* EVENT: evaluated/finished: the validation (NaN = unknown) */
+    /* EVENT finished: the final evaluation on the test split (NaN = none; on the wire only
+     * when there is one) */
+    double test_loss, test_accuracy;
     int blob;                 /* EVENT: blob index of the file, 0 = none */
     char text[FB_WIRE_TEXT_MAX + 1]; /* EVENT failed, DETACH, DRAIN: why */
     fb_wire_fault fault;             /* EVENT failed: whose fault (FB_FAULT_JOB when absent) */

@@ -977,9 +977,10 @@ static bool asha_rung(fb_dispatch_t *d, const fb_wire_msg *m, bool *stop)
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     snprintf(rung_s, sizeof rung_s, "%d", rung);
     double metric = NAN;
-    if (strcmp(rule.metric, "eval_loss") == 0) {
+    /* an evaluated event is a validation: the sweep decides on it, never on a test value */
+    if (strcmp(rule.metric, "val_loss") == 0) {
         metric = m->loss;
-    } else if (strcmp(rule.metric, "eval_accuracy") == 0) {
+    } else if (strcmp(rule.metric, "val_accuracy") == 0) {
         metric = m->accuracy;
     } else if (strcmp(rule.metric, "loss") == 0 || strcmp(rule.metric, "accuracy") == 0) {
         /* a training measure: the latest the worker reported up to this step */
@@ -1240,11 +1241,15 @@ static int apply_event(fb_dispatch_t *d, pending *e)
             return FB_OK;
         }
     }
-    char step[24], loss[40], acc[40];
+    char step[24], loss[40], acc[40], tloss[40], tacc[40];
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     fmt_num(loss, sizeof loss, m->loss);
     fmt_num(acc, sizeof acc, m->accuracy);
+    fmt_num(tloss, sizeof tloss, m->test_loss);
+    fmt_num(tacc, sizeof tacc, m->test_accuracy);
+    /* loss, accuracy: the validation's (evaluated, finished); tl, ta: the test's (finished) */
     const char *lv = loss[0] ? loss : NULL, *av = acc[0] ? acc : NULL;
+    const char *tl = tloss[0] ? tloss : NULL, *ta = tacc[0] ? tacc : NULL;
     bool leaves = false, asha_stop = false;
     switch (m->event) {
     case FB_EV_STARTED: {
@@ -1270,15 +1275,15 @@ static int apply_event(fb_dispatch_t *d, pending *e)
     case FB_EV_EVALUATED: {
         const char *v[4] = {m->job_id, step, lv, av};
         if (!exec1(d,
-                   "INSERT INTO job_metrics (job_id, step, eval_loss, eval_accuracy)"
+                   "INSERT INTO job_metrics (job_id, step, val_loss, val_accuracy)"
                    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                   " ON CONFLICT (job_id, step) DO UPDATE SET eval_loss = EXCLUDED.eval_loss,"
-                   " eval_accuracy = EXCLUDED.eval_accuracy",
+                   " ON CONFLICT (job_id, step) DO UPDATE SET val_loss = EXCLUDED.val_loss,"
+                   " val_accuracy = EXCLUDED.val_accuracy",
                    4, v) ||
             !exec1(d,
                    "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('eval_step', $2::bigint, 'eval_loss',"
-                   " $3::float8, 'eval_accuracy', $4::float8)), updated_at = now()"
+                   " jsonb_strip_nulls(jsonb_build_object('val_step', $2::bigint, 'val_loss',"
+                   " $3::float8, 'val_accuracy', $4::float8)), updated_at = now()"
                    " WHERE id = $1::uuid",
                    4, v) ||
             !asha_on_evaluated(d, m, &asha_stop))
@@ -1313,24 +1318,37 @@ static int apply_event(fb_dispatch_t *d, pending *e)
                        5, v))
                 goto fail;
         }
-        const char *v4[4] = {m->job_id, step, lv, av};
-        const char *v5[5] = {m->job_id, m->group_id, step, lv, av};
-        if (!exec1(d,
+        const char *vt[4] = {m->job_id, step, tl, ta};
+        const char *v6[6] = {m->job_id, step, lv, av, tl, ta};
+        const char *v7[7] = {m->job_id, m->group_id, step, lv, av, tl, ta};
+        /* the test evaluation joins the series at the last step, beside its validation */
+        if (((tl || ta) &&
+             !exec1(d,
+                    "INSERT INTO job_metrics (job_id, step, test_loss, test_accuracy)"
+                    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
+                    " ON CONFLICT (job_id, step) DO UPDATE SET test_loss = EXCLUDED.test_loss,"
+                    " test_accuracy = EXCLUDED.test_accuracy",
+                    4, vt)) ||
+            !exec1(d,
                    "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
                    " THEN 'completed' ELSE state END, in_group = false,"
                    " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
                    " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'eval_step',"
-                   " $2::bigint, 'eval_loss', $3::float8, 'eval_accuracy', $4::float8)),"
+                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'val_step',"
+                   " CASE WHEN $3::float8 IS NOT NULL OR $4::float8 IS NOT NULL THEN $2::bigint"
+                   " END, 'val_loss', $3::float8, 'val_accuracy', $4::float8, 'test_loss',"
+                   " $5::float8, 'test_accuracy', $6::float8)),"
                    " updated_at = now() WHERE id = $1::uuid",
-                   4, v4) ||
+                   6, v6) ||
             !exec1(d,
                    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'completed', 'finished at step ' || $3 || coalesce(': test accuracy ' ||"
-                   " round($5::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
-                   " $3::bigint, 'eval_loss', $4::float8, 'eval_accuracy', $5::float8,"
+                   " 'completed', 'finished at step ' || $3 || coalesce(': validation accuracy ' ||"
+                   " round($5::numeric, 4), '') || coalesce(', test accuracy ' ||"
+                   " round($7::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
+                   " $3::bigint, 'val_loss', $4::float8, 'val_accuracy', $5::float8,"
+                   " 'test_loss', $6::float8, 'test_accuracy', $7::float8,"
                    " 'group_id', $2::text)))",
-                   5, v5))
+                   7, v7))
             goto fail;
         break;
     }

@@ -134,7 +134,7 @@ bool fb_cursor_seq_ok(const char *s);
  * series i (NULL out of range), and ?fields= parsed: a comma-separated list of names, each
  * known, repeats kept once, into sel[0..*n_sel) in order of first mention; false (sel and
  * *n_sel unspecified) when any name is unknown or empty. */
-#define FB_METRIC_FIELDS 10
+#define FB_METRIC_FIELDS 12
 const char *fb_metric_field_name(int i);
 bool fb_metric_fields_parse(const char *list, int sel[FB_METRIC_FIELDS], int *n_sel);
 

@@ -385,8 +385,8 @@ int fb_route_job_cancel(fb_req *req)
 
 /* Series a worker may report per step; the names are also column names. */
 static const char *const metric_fields[] = {
-    "loss",     "accuracy",   "eval_loss", "eval_accuracy", "samples_per_s",
-    "slowdown", "compute_ms", "comm_ms",   "io_ms",         "wait_ms"};
+    "loss",          "accuracy", "val_loss",   "val_accuracy", "test_loss", "test_accuracy",
+    "samples_per_s", "slowdown", "compute_ms", "comm_ms",      "io_ms",     "wait_ms"};
 #define N_METRIC_FIELDS ((int)(sizeof metric_fields / sizeof metric_fields[0]))
 _Static_assert(N_METRIC_FIELDS == FB_METRIC_FIELDS, "routes.h counts the metric series");
 
@@ -499,9 +499,9 @@ static int parse_fields(fb_req *req, job_series *x)
     }
     if (!fb_metric_fields_parse(v, x->sel, &x->n_sel))
         return fb_req_fail(req, FB_ERR_BAD_QUERY, "fields",
-                           "fields: a comma-separated list of loss, accuracy, eval_loss, "
-                           "eval_accuracy, samples_per_s, slowdown, compute_ms, comm_ms, "
-                           "io_ms, wait_ms");
+                           "fields: a comma-separated list of loss, accuracy, val_loss, "
+                           "val_accuracy, test_loss, test_accuracy, samples_per_s, slowdown, "
+                           "compute_ms, comm_ms, io_ms, wait_ms");
     return FB_OK;
 }
 

@@ -27,8 +27,9 @@
     " count(*) AS n FROM jobs b WHERE b.sweep_id = s.id GROUP BY b.state) x), '{}'::json),"        \
     " 'created_at', s.created_at, 'updated_at', s.updated_at"
 
-/* Columns a sweep may rank by (sweepspec's metric names). */
-static const char *const rank_columns[] = {"loss", "accuracy", "eval_loss", "eval_accuracy"};
+/* Columns a sweep may rank by: sweepspec's metric names, the training and validation ones.
+ * No test column: a test metric is reported, never a basis for choosing a trial. */
+static const char *const rank_columns[] = {"loss", "accuracy", "val_loss", "val_accuracy"};
 
 /* ---- read ---- */
 

@@ -262,7 +262,7 @@ function jobsView(params) {
         stateSel, sweepSel),
       h('div', { class: 'scroll' }, h('table', { id: 'jobs' },
         h('thead', {}, h('tr', {}, ['Job', 'State', 'Tenant', 'Sweep', 'Array', 'Progress', 'Loss',
-          'Eval acc.', 'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
+          'Val acc.', 'Samples/s', 'Slowdown'].map((c) => h('th', {}, c)))), body))));
 
   v.poll(async () => {
     const sweeps = await loadSweepNames();
@@ -293,7 +293,7 @@ function jobsView(params) {
       h('td', { class: 'array' }, arrayCell(j.group_id, arrays.get(j.group_id))),
       h('td', {}, progress(j.step, j.steps)),
       h('td', { class: 'num' }, fmt(metricOf(j, 'loss'))),
-      h('td', { class: 'num eval-acc' }, fmt(metricOf(j, 'eval_accuracy'))),
+      h('td', { class: 'num val-acc' }, fmt(metricOf(j, 'val_accuracy'))),
       h('td', { class: 'num' }, fmt(metricOf(j, 'samples_per_s'))),
       h('td', { class: 'num slowdown' }, fmt(j.slowdown, 3)))));
     if (!r.jobs.length)
@@ -371,8 +371,8 @@ function jobView(id) {
         h('table', { id: 'events' }, h('thead', {}, h('tr', {},
           ['Time', 'Kind', 'Message'].map((c) => h('th', {}, c)))), events))));
 
-  const loss = new Chart(charts, 'Loss', [{ label: 'train' }, { label: 'eval' }], { id: 'loss' });
-  const acc = new Chart(charts, 'Accuracy', [{ label: 'train' }, { label: 'eval' }],
+  const loss = new Chart(charts, 'Loss', [{ label: 'train' }, { label: 'val' }], { id: 'loss' });
+  const acc = new Chart(charts, 'Accuracy', [{ label: 'train' }, { label: 'val' }],
     { id: 'accuracy' });
   const slow = new Chart(charts, 'Slowdown', [{ label: 'slowdown', color: '#d97706' }],
     { id: 'slowdown' });
@@ -414,8 +414,8 @@ function jobView(id) {
     await series.pull();
     if (series.points.length === before && before > 0) return;
     const x = series.steps();
-    loss.set([x, series.column('loss'), series.column('eval_loss')]);
-    acc.set([x, series.column('accuracy'), series.column('eval_accuracy')]);
+    loss.set([x, series.column('loss'), series.column('val_loss')]);
+    acc.set([x, series.column('accuracy'), series.column('val_accuracy')]);
     slow.set([x, series.column('slowdown')]);
     raw = parts.map((p) => series.column(p));
     const stacked = parts.map((_, k) => x.map((_, i) => {
@@ -517,7 +517,7 @@ function sweepView(id) {
     ['index', '#'], ['name', 'Trial'], ['state', 'State'], ['step', 'Step'],
     ...paramNames.map((p) => [`p:${p}`, p]),
     ['best', 'Best'], ...(rule ? [['rungs', 'Rungs']] : []), ['loss', 'Loss'],
-    ['eval_loss', 'Eval loss'], ['accuracy', 'Accuracy'], ['eval_accuracy', 'Eval acc.'],
+    ['val_loss', 'Val loss'], ['accuracy', 'Accuracy'], ['val_accuracy', 'Val acc.'],
     ['slowdown', 'Slowdown'],
   ];
   // rungs sort by how far a trial got, so the survivors gather at one end
@@ -569,8 +569,8 @@ function sweepView(id) {
       return { index: t.index, job_id: t.job_id, name: t.name, state: t.state, step: t.step,
         params: t.params, best: t.best ? t.best.value : null, rungs: t.rungs || [],
         end_reason: t.end_reason || null, loss: metricOf(j, 'loss'),
-        eval_loss: metricOf(j, 'eval_loss'), accuracy: metricOf(j, 'accuracy'),
-        eval_accuracy: metricOf(j, 'eval_accuracy'), slowdown: j.slowdown ?? null };
+        val_loss: metricOf(j, 'val_loss'), accuracy: metricOf(j, 'accuracy'),
+        val_accuracy: metricOf(j, 'val_accuracy'), slowdown: j.slowdown ?? null };
     });
     render();
     // overlaid loss curves of the first trials, new points only

@@ -203,18 +203,21 @@ void fb_agent_default_name(char *out, size_t cap)
 struct group;
 
 /*
- * A dataset shared by every group that trains on it: an IDX dataset's splits
- * in memory; a shard dataset's test split in memory, its train split read by
- * each group's own prefetching loader (as fusebox-train reads it, so that a
- * job trains on the same minibatches here and there).
+ * A dataset shared by every group that trains on it with one val_fraction: an
+ * IDX dataset's splits in memory (train without the records held out for
+ * validation, which are val); a shard dataset's validation set and test split
+ * in memory, its train split read by each group's own prefetching loader (as
+ * fusebox-train reads it, so that a job trains on the same minibatches here
+ * and there).
  */
 typedef struct dataset_ref {
     char tenant[FB_WIRE_ID_LEN + 1]; /* owner of a private dataset, "" for a public one */
     char name[FB_SPEC_DATASET_MAX + 1];
+    double val_fraction;             /* the specs' (part of the key) */
     char data_dir[1100];             /* where name is found: the data dir, or its tenant's */
     int refs;
     bool shard;
-    fb_dataset train, test; /* train: IDX only */
+    fb_dataset train, val, test; /* train: IDX only; val: n 0 when there is none */
     bool has_test;
     struct dataset_ref *next;
 } dataset_ref;
@@ -406,6 +409,7 @@ static outmsg *event_new(group *g, const char *group_id, int64_t generation,
     o->w.step = step;
     o->w.loss = NAN;
     o->w.accuracy = NAN;
+    o->w.test_loss = o->w.test_accuracy = NAN;
     return o;
 }
 
@@ -455,17 +459,25 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
     int err;
     if (kind == 1) {
         r->shard = true;
-        err = fb_datadir_load_split(&r->test, dir, "test", m2, sizeof m2);
-        if (err && err != FB_ERR_NOT_FOUND)
+        double held; /* each group's loader holds the same records out (fb_data_open_named) */
+        if ((err = fb_datadir_load_val(&r->val, &held, dir, r->val_fraction, true, m2,
+                                       sizeof m2)))
             return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+        err = fb_datadir_load_split(&r->test, dir, "test", m2, sizeof m2);
+        if (err && err != FB_ERR_NOT_FOUND) {
+            fb_dataset_free(&r->val);
+            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+        }
         r->has_test = err == FB_OK;
     } else {
         if ((err = fb_dataset_open_named(r->name, "train", r->data_dir, &r->train, m2,
                                          sizeof m2)))
             return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
-        if ((err = fb_dataset_open_named(r->name, "test", r->data_dir, &r->test, m2,
+        if ((err = fb_dataset_holdout(&r->train, &r->val, r->val_fraction, m2, sizeof m2)) ||
+            (err = fb_dataset_open_named(r->name, "test", r->data_dir, &r->test, m2,
                                          sizeof m2))) {
             fb_dataset_free(&r->train);
+            fb_dataset_free(&r->val);
             return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
         }
         r->has_test = true;
@@ -474,13 +486,15 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
 }
 
 /* The named dataset, loaded on first use; NULL with msg filled when it cannot be. */
-static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char *name, char *msg,
-                                    size_t cap)
+static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char *name,
+                                    double val_fraction, char *msg, size_t cap)
 {
     pthread_mutex_lock(&a->ds_mu);
     dataset_ref *r;
     for (r = a->datasets; r; r = r->next)
-        if (strcmp(r->name, name) == 0 && strcmp(r->tenant, tenant) == 0) break;
+        if (strcmp(r->name, name) == 0 && strcmp(r->tenant, tenant) == 0 &&
+            r->val_fraction == val_fraction)
+            break;
     if (r) {
         r->refs++;
         pthread_mutex_unlock(&a->ds_mu);
@@ -494,6 +508,7 @@ static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char 
     }
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
+    r->val_fraction = val_fraction;
     /* loading under the lock: a second group on the same dataset waits for this load
      * instead of reading the files again */
     double t0 = now_ms();
@@ -506,9 +521,10 @@ static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char 
     r->next = a->datasets;
     a->datasets = r;
     pthread_mutex_unlock(&a->ds_mu);
-    agent_log("dataset %s loaded in %.0f ms: %s, %lld test samples", name, now_ms() - t0,
+    agent_log("dataset %s loaded in %.0f ms: %s, %lld validation and %lld test samples", name,
+              now_ms() - t0,
               r->shard ? "shards (train split read by each array's loader)" : "in memory",
-              (long long)(r->has_test ? r->test.n : 0));
+              (long long)r->val.n, (long long)(r->has_test ? r->test.n : 0));
     return r;
 }
 
@@ -524,6 +540,7 @@ static void dataset_release(fb_agent *a, dataset_ref *r)
                 break;
             }
         fb_dataset_free(&r->train);
+        fb_dataset_free(&r->val);
         fb_dataset_free(&r->test);
         free(r);
     }
@@ -854,9 +871,11 @@ static void on_train_event(const fb_train_event *ev, void *user)
         if (o) {
             o->w.loss = ev->loss;
             o->w.accuracy = ev->accuracy;
+            o->w.test_loss = ev->test_loss;
+            o->w.test_accuracy = ev->test_accuracy;
             if (!copy_blob(o, ev->blob, ev->blob_len)) {
                 o->w.event = FB_EV_FAILED;
-                o->w.loss = o->w.accuracy = NAN;
+                o->w.loss = o->w.accuracy = o->w.test_loss = o->w.test_accuracy = NAN;
                 snprintf(o->w.text, sizeof o->w.text,
                          "out of memory while sending the finished model");
             }
@@ -1091,8 +1110,9 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         r->split_gen = g->split_gen;
         pthread_mutex_unlock(&a->turn_mu);
     }
-    int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train,
-                             ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
+    o.test = ds->has_test ? &ds->test : NULL;
+    int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train, &ds->val, &o,
+                             msg, sizeof msg);
     free(specs);
     if (err) {
         /* the events must leave with the failure: without them the server would hold the
@@ -1627,18 +1647,22 @@ static void *group_thread(void *arg)
     /* a spanning group joins its peers first: a worker that cannot train (its dataset is
      * missing) then leaves at once, and the others' first sum tells them */
     bool joined = !g->world || open_comm(&r);
-    dataset_ref *ds =
-        joined ? dataset_acquire(a, g->dataset_tenant, g->source, msg, sizeof msg) : NULL;
+    /* the members share a fusion key, so they hold out the same validation records */
+    double val_fraction = g->n_sess > 0 ? g->m[g->by_sidx[0]].spec.val_fraction : 0;
+    dataset_ref *ds = joined ? dataset_acquire(a, g->dataset_tenant, g->source, val_fraction,
+                                               msg, sizeof msg)
+                             : NULL;
     fb_loader *loader = NULL;
-    fb_dataset shard_train = {0}, unused = {0};
+    fb_dataset shard_train = {0}, unused_val = {0}, unused = {0};
     bool ready = ds != NULL;
     if (ready && ds->shard && g->n_sess > 0) {
         /* this array's own loader, positioned at its start step */
         const fb_job_spec *s0 = &g->m[g->by_sidx[0]].spec;
         fb_data_source_opts so = {.batch_size = s0->batch_size, .shuffle = s0->shuffle,
-                                  .data_seed = s0->data_seed, .start_step = g->start_step};
-        ready = fb_data_open_named(&shard_train, &unused, &loader, g->source, ds->data_dir, &so,
-                                   msg, sizeof msg) == FB_OK;
+                                  .data_seed = s0->data_seed, .start_step = g->start_step,
+                                  .val_fraction = s0->val_fraction};
+        ready = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
+                                   ds->data_dir, &so, msg, sizeof msg) == FB_OK;
     }
     if (!joined) {
         /* span_fault said why */

@@ -23,8 +23,10 @@
 
 typedef struct cli {
     bool json;
-    bool eval; /* a test split is evaluated: only then are eval_* metrics reported */
+    bool val, test; /* a validation set, a test split is evaluated: only then are its
+                     * metrics reported */
     int group, n_groups;
+    double *test_loss, *test_acc; /* [group member]: the final test evaluation */
 } cli;
 
 static void usage(FILE *f)
@@ -51,7 +53,8 @@ static void usage(FILE *f)
             "  --threads N     CPU threads for the math (default 1)\n"
             "  --backend NAME  cpu (default) or cpu-ref (the plain-C reference)\n"
             "  --json          JSON lines even on a terminal\n"
-            "  --no-eval       skip evaluation on the test split (no eval_* metrics)\n"
+            "  --no-eval       skip validation and the test evaluation (no val_* or test_*\n"
+            "                  metrics)\n"
             "  -h, --help      this text\n");
 }
 
@@ -72,6 +75,10 @@ static void json_str(const char *s)
 static void on_event(const fb_train_event *ev, void *user)
 {
     const cli *c = user;
+    if (ev->kind == FB_TRAIN_DONE) {
+        c->test_loss[ev->member] = ev->test_loss;
+        c->test_acc[ev->member] = ev->test_accuracy;
+    }
     static const char *const kinds[] = {[FB_TRAIN_STEP] = "step", [FB_TRAIN_EVAL] = "eval",
                                         [FB_TRAIN_DONE] = "done",
                                         [FB_TRAIN_CHECKPOINT] = "checkpoint",
@@ -81,15 +88,18 @@ static void on_event(const fb_train_event *ev, void *user)
         json_str(ev->spec->name);
         printf(",\"member\":%d,\"group\":%d,\"array_size\":%d,\"step\":%lld,\"steps\":%lld",
                ev->member, c->group, ev->array_size, (long long)ev->step, (long long)ev->steps);
-        /* the names of the metrics series (docs/jobspec.md, "Metrics"); without a test
-         * split a done event carries no metric: its last step event has the training
-         * values, and they must never pass for an evaluation */
+        /* the names of the metrics series (docs/jobspec.md, "Metrics"); without a
+         * validation set a done event carries no val_*: its last step event has the
+         * training values, and they must never pass for an evaluation */
         if (ev->kind == FB_TRAIN_STEP)
             printf(",\"loss\":%.9g,\"accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
                    ",\"io_ms\":%.4f",
                    ev->loss, ev->accuracy, ev->lr, ev->samples_per_s, ev->io_wait_ms);
-        else if (ev->kind == FB_TRAIN_EVAL || (ev->kind == FB_TRAIN_DONE && c->eval))
-            printf(",\"eval_loss\":%.9g,\"eval_accuracy\":%.6g", ev->loss, ev->accuracy);
+        else if (ev->kind == FB_TRAIN_EVAL || (ev->kind == FB_TRAIN_DONE && c->val))
+            printf(",\"val_loss\":%.9g,\"val_accuracy\":%.6g", ev->loss, ev->accuracy);
+        if (ev->kind == FB_TRAIN_DONE && c->test)
+            printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->test_loss,
+                   ev->test_accuracy);
         if (ev->kind == FB_TRAIN_FAILED) {
             printf(",\"error\":\"%s\",\"message\":", fb_err_code(ev->err));
             json_str(ev->text ? ev->text : "");
@@ -113,7 +123,7 @@ static void on_event(const fb_train_event *ev, void *user)
                (long long)ev->step, (long long)ev->steps, ev->loss, ev->lr, ev->array_size,
                ev->samples_per_s, ev->io_wait_ms);
     } else if (ev->kind == FB_TRAIN_EVAL) {
-        printf("%-20.20s eval at step %lld: eval_loss %.4f, eval_accuracy %.4f\n",
+        printf("%-20.20s validation at step %lld: val_loss %.4f, val_accuracy %.4f\n",
                ev->spec->name, (long long)ev->step, ev->loss, ev->accuracy);
     } else if (ev->kind == FB_TRAIN_CHECKPOINT) {
         printf("%-20.20s checkpoint at step %lld%s%s\n", ev->spec->name, (long long)ev->step,
@@ -217,10 +227,14 @@ int main(int argc, char **argv)
     double *floss = calloc((size_t)n, sizeof *floss), *facc = calloc((size_t)n, sizeof *facc);
     double *all_loss = calloc((size_t)n, sizeof *all_loss);
     double *all_acc = calloc((size_t)n, sizeof *all_acc);
-    fb_dataset train = {0}, test = {0};
+    double *tloss = calloc((size_t)n, sizeof *tloss), *tacc = calloc((size_t)n, sizeof *tacc);
+    double *all_tloss = calloc((size_t)n, sizeof *all_tloss);
+    double *all_tacc = calloc((size_t)n, sizeof *all_tacc);
+    fb_dataset train = {0}, val = {0}, test = {0};
     fb_loader *loader = NULL;
     int loaded = 0;
-    if (!specs || !group || !group_of || !index || !floss || !facc || !all_loss || !all_acc) {
+    if (!specs || !group || !group_of || !index || !floss || !facc || !all_loss || !all_acc ||
+        !tloss || !tacc || !all_tloss || !all_tacc) {
         fprintf(stderr, "fusebox-train: out of memory\n");
         rc = 1;
         goto done;
@@ -252,7 +266,7 @@ int main(int argc, char **argv)
         if (group_of[i] < 0) group_of[i] = n_groups++;
     }
     bool json = force_json || !isatty(STDOUT_FILENO);
-    cli c = {.json = json, .eval = eval, .n_groups = n_groups};
+    cli c = {.json = json, .n_groups = n_groups, .test_loss = tloss, .test_acc = tacc};
     fb_train_opts o = {.log_every = log_every, .out_dir = out_dir, .cb = on_event, .user = &c};
     for (int g = 0; g < n_groups; g++) {
         int B = 0;
@@ -263,6 +277,7 @@ int main(int argc, char **argv)
             }
         const char *ds = group[0]->dataset;
         fb_dataset_free(&train);
+        fb_dataset_free(&val);
         fb_dataset_free(&test);
         fb_loader_free(loader);
         loader = NULL;
@@ -271,9 +286,14 @@ int main(int argc, char **argv)
                                   .shuffle = group[0]->shuffle,
                                   .data_seed = group[0]->data_seed, .threads = data_threads,
                                   .cache_dir = stage_dir, .cache_bytes = stage_bytes,
-                                  .want_test = eval};
-        int err = fb_data_open_named(&train, &test, &loader, ds, data_dir, &so, msg, sizeof msg);
+                                  .want_test = eval, .want_val = eval,
+                                  .val_fraction = group[0]->val_fraction};
+        int err = fb_data_open_named(&train, &val, &test, &loader, ds, data_dir, &so, msg,
+                                     sizeof msg);
         o.loader = loader;
+        o.test = eval ? &test : NULL;
+        c.val = eval && val.n > 0;
+        c.test = eval;
         if (err) {
             fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
             rc = 1;
@@ -281,10 +301,12 @@ int main(int argc, char **argv)
         }
         c.group = g;
         if (!json)
-            printf("array %d/%d: %d member%s, fusion key %s, dataset %s (%lld samples)\n", g + 1,
-                   n_groups, B, B == 1 ? "" : "s", group[0]->fusion_key, ds,
-                   (long long)train.n);
-        err = fb_train_run(be, group, B, &train, eval ? &test : NULL, &o, floss, facc, msg,
+            printf("array %d/%d: %d member%s, fusion key %s, dataset %s (%lld training, %lld "
+                   "validation samples)\n",
+                   g + 1, n_groups, B, B == 1 ? "" : "s", group[0]->fusion_key, ds,
+                   (long long)train.n, (long long)val.n);
+        for (int b = 0; b < B; b++) tloss[b] = tacc[b] = NAN;
+        err = fb_train_run(be, group, B, &train, eval ? &val : NULL, &o, floss, facc, msg,
                            sizeof msg);
         if (err) {
             fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
@@ -294,16 +316,21 @@ int main(int argc, char **argv)
         for (int b = 0; b < B; b++) {
             all_loss[index[b]] = floss[b];
             all_acc[index[b]] = facc[b];
+            all_tloss[index[b]] = tloss[b];
+            all_tacc[index[b]] = tacc[b];
         }
     }
     if (!json && eval) {
-        printf("\n%-24s %12s %14s\n", "job", "eval_loss", "eval_accuracy");
+        printf("\n%-24s %10s %12s %10s %13s\n", "job", "val_loss", "val_accuracy", "test_loss",
+               "test_accuracy");
         for (int i = 0; i < n; i++)
-            printf("%-24.24s %12.4f %14.4f\n", specs[i].name, all_loss[i], all_acc[i]);
+            printf("%-24.24s %10.4f %12.4f %10.4f %13.4f\n", specs[i].name, all_loss[i],
+                   all_acc[i], all_tloss[i], all_tacc[i]);
     }
 done:
     fb_loader_free(loader);
     fb_dataset_free(&train);
+    fb_dataset_free(&val);
     fb_dataset_free(&test);
     for (int i = 0; i < loaded; i++) fb_job_spec_free(&specs[i]);
     free(specs);
@@ -314,5 +341,9 @@ done:
     free(facc);
     free(all_loss);
     free(all_acc);
+    free(tloss);
+    free(tacc);
+    free(all_tloss);
+    free(all_tacc);
     return rc;
 }

@@ -38,28 +38,34 @@
 #define METRICS_CAP 256
 
 /* The names of docs/jobspec.md's metric vocabulary ("Metrics") that the
- * files' "metrics" entry uses; eval_step is the step of the evaluation, as a
+ * files' "metrics" entry uses; val_step is the step of the validation, as a
  * job's latest_metrics has it. */
 #define METRIC_LOSS "loss"
 #define METRIC_ACCURACY "accuracy"
-#define METRIC_EVAL_LOSS "eval_loss"
-#define METRIC_EVAL_ACCURACY "eval_accuracy"
-#define METRIC_EVAL_STEP "eval_step"
+#define METRIC_VAL_LOSS "val_loss"
+#define METRIC_VAL_ACCURACY "val_accuracy"
+#define METRIC_VAL_STEP "val_step"
+#define METRIC_TEST_LOSS "test_loss"
+#define METRIC_TEST_ACCURACY "test_accuracy"
 
 /* The latest metrics known of a member, for its files' "metrics" entry. */
 typedef struct member_metrics {
     bool trained;     /* loss and accuracy hold the step's training values */
     float loss;       /* as the step reported it */
     double accuracy;
-    int64_t eval_step; /* of the latest evaluation, or -1: none yet */
-    double eval_loss, eval_accuracy;
+    int64_t val_step; /* of the latest validation, or -1: none yet */
+    double val_loss, val_accuracy;
+    bool tested;      /* test_loss and test_accuracy hold the final test evaluation */
+    double test_loss, test_accuracy;
 } member_metrics;
 
 struct fb_session {
     fb_backend_t *be;
     const fb_job_spec **specs; /* [n], by member index */
     int n;
-    const fb_dataset *train, *test;
+    const fb_dataset *train;
+    const fb_dataset *val;  /* evaluated at eval_every and at each member's end; or NULL */
+    const fb_dataset *test; /* evaluated once, at each member's end; or NULL */
     fb_train_opts opts; /* a copy */
     fb_loader *loader;
     fb_array *a;  /* the array; with data parallelism, replica 0 of dp's */
@@ -75,7 +81,8 @@ struct fb_session {
     float *x;                   /* [bs, in_numel]: the minibatch (in memory) */
     int32_t *y;                 /* [bs] */
     float *loss, *correct;      /* [n] by slot: this step's */
-    double *eloss, *eacc;       /* [n] by slot: this step's evaluation */
+    double *eloss, *eacc;       /* [n] by slot: this step's validation */
+    double *tloss, *tacc;       /* [n] by slot: this step's test evaluation */
     fb_optim_hparams *hp;       /* [n] by slot */
     bool *failed, *last, *ckpt; /* [n] by slot: this step's fate */
     char (*why)[TEXT_CAP];      /* [n] by member: why it failed */
@@ -122,7 +129,8 @@ static void emit(const fb_session *s, const fb_train_event *ev)
     if (s->opts.cb) s->opts.cb(ev, s->opts.user);
 }
 
-/* Evaluates every member on the whole test split. loss/acc [B]. */
+/* Evaluates every member on the whole of an evaluation set (validation or test).
+ * loss/acc [B]. */
 static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int chunk, double *loss,
                     double *acc, char *msg, size_t cap)
 {
@@ -232,13 +240,17 @@ static void metrics_json(const member_metrics *k, char *buf, size_t cap)
 {
     size_t at = (size_t)snprintf(buf, cap, "{");
     if (k->trained) at += put_number(buf + at, cap - at, METRIC_ACCURACY, k->accuracy, 17);
-    if (k->eval_step >= 0) {
-        at += put_number(buf + at, cap - at, METRIC_EVAL_ACCURACY, k->eval_accuracy, 17);
-        at += put_number(buf + at, cap - at, METRIC_EVAL_LOSS, k->eval_loss, 17);
-        at += (size_t)snprintf(buf + at, cap - at, "\"%s\":%" PRId64 ",", METRIC_EVAL_STEP,
-                               k->eval_step);
-    }
     if (k->trained) at += put_number(buf + at, cap - at, METRIC_LOSS, k->loss, 9);
+    if (k->tested) {
+        at += put_number(buf + at, cap - at, METRIC_TEST_ACCURACY, k->test_accuracy, 17);
+        at += put_number(buf + at, cap - at, METRIC_TEST_LOSS, k->test_loss, 17);
+    }
+    if (k->val_step >= 0) {
+        at += put_number(buf + at, cap - at, METRIC_VAL_ACCURACY, k->val_accuracy, 17);
+        at += put_number(buf + at, cap - at, METRIC_VAL_LOSS, k->val_loss, 17);
+        at += (size_t)snprintf(buf + at, cap - at, "\"%s\":%" PRId64 ",", METRIC_VAL_STEP,
+                               k->val_step);
+    }
     FB_ASSERT(at < cap);
     if (buf[at - 1] == ',') at--; /* the last entry's comma */
     snprintf(buf + at, cap - at, "}");
@@ -377,7 +389,7 @@ static bool params_finite(const fb_session *s, int b, float *tmp)
 /* ---- the session ----------------------------------------------------------- */
 
 int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const *specs, int n,
-                   const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,
+                   const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                    char *msg, size_t cap)
 {
     if (!out || !be || !specs || n < 1 || !train)
@@ -390,6 +402,10 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     int K = (int)fb_shape_numel(&s0->output);
     int err;
     if ((err = check_data(s0, K, train, "train", msg, cap))) return err;
+    /* an empty validation set (val_fraction 0) is none */
+    if (val && val->n == 0) val = NULL;
+    const fb_dataset *test = opts ? opts->test : NULL;
+    if ((err = check_data(s0, K, val, "validation", msg, cap))) return err;
     if ((err = check_data(s0, K, test, "test", msg, cap))) return err;
     int64_t bs = s0->batch_size;
     if (train->n < bs)
@@ -418,6 +434,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->be = be;
     s->n = n;
     s->train = train;
+    s->val = val;
     s->test = test;
     if (opts) s->opts = *opts;
     s->loader = loader;
@@ -438,6 +455,8 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->correct = malloc(un * sizeof *s->correct);
     s->eloss = malloc(un * sizeof *s->eloss);
     s->eacc = malloc(un * sizeof *s->eacc);
+    s->tloss = malloc(un * sizeof *s->tloss);
+    s->tacc = malloc(un * sizeof *s->tacc);
     s->hp = malloc(un * sizeof *s->hp);
     s->failed = malloc(un * sizeof *s->failed);
     s->last = malloc(un * sizeof *s->last);
@@ -447,7 +466,8 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     s->fail_list = malloc(un * sizeof *s->fail_list);
     s->known = malloc(un * sizeof *s->known);
     if (!s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
-        !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->hp || !s->failed ||
+        !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
+        !s->hp || !s->failed ||
         !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
@@ -455,7 +475,7 @@ int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const 
     for (int i = 0; i < n; i++) {
         s->specs[i] = specs[i];
         s->member[i] = i;
-        s->known[i] = (member_metrics){.eval_step = -1};
+        s->known[i] = (member_metrics){.val_step = -1};
         s->total[i] = fb_train_total_steps(specs[i], train->n);
         if (s->total[i] > s->max_total) s->max_total = s->total[i];
         /* two members of one name would overwrite each other's files */
@@ -595,6 +615,8 @@ void fb_session_free(fb_session *s)
     free(s->correct);
     free(s->eloss);
     free(s->eacc);
+    free(s->tloss);
+    free(s->tacc);
     free(s->hp);
     free(s->failed);
     free(s->last);
@@ -900,14 +922,15 @@ static int metric_value(const json_t *o, const char *key, const char *who, doubl
 /*
  * The metrics entry of a checkpoint at step `step` into *out: absent (a file
  * from before the entry) means nothing known; present, it must be a JSON
- * object whose loss and accuracy come together, as do eval_loss,
- * eval_accuracy and eval_step (at most step); other keys are ignored, so a
- * later vocabulary still loads.
+ * object whose loss and accuracy come together, as do val_loss,
+ * val_accuracy and val_step (at most step), and test_loss and test_accuracy;
+ * other keys are ignored, so a later vocabulary (or an earlier one, whose
+ * eval_* were test evaluations) still loads.
  */
 static int read_metrics(const fb_st_file *f, const char *who, int64_t step, member_metrics *out,
                         char *msg, size_t cap)
 {
-    member_metrics k = {.eval_step = -1};
+    member_metrics k = {.val_step = -1};
     const char *text = fb_st_metadata_get(f, "metrics");
     if (!text) {
         *out = k;
@@ -920,15 +943,26 @@ static int read_metrics(const fb_st_file *f, const char *who, int64_t step, memb
                       who);
         goto done;
     }
-    bool has_loss, has_acc, has_eloss, has_eacc;
+    bool has_loss, has_acc, has_eloss, has_eacc, has_tloss, has_tacc;
     double loss = 0;
     if ((err = metric_value(o, METRIC_LOSS, who, 0, HUGE_VAL, &has_loss, &loss, msg, cap)) ||
         (err = metric_value(o, METRIC_ACCURACY, who, 0, 1, &has_acc, &k.accuracy, msg, cap)) ||
-        (err = metric_value(o, METRIC_EVAL_LOSS, who, 0, HUGE_VAL, &has_eloss, &k.eval_loss, msg,
+        (err = metric_value(o, METRIC_VAL_LOSS, who, 0, HUGE_VAL, &has_eloss, &k.val_loss, msg,
                             cap)) ||
-        (err = metric_value(o, METRIC_EVAL_ACCURACY, who, 0, 1, &has_eacc, &k.eval_accuracy, msg,
+        (err = metric_value(o, METRIC_VAL_ACCURACY, who, 0, 1, &has_eacc, &k.val_accuracy, msg,
+                            cap)) ||
+        (err = metric_value(o, METRIC_TEST_LOSS, who, 0, HUGE_VAL, &has_tloss, &k.test_loss, msg,
+                            cap)) ||
+        (err = metric_value(o, METRIC_TEST_ACCURACY, who, 0, 1, &has_tacc, &k.test_accuracy, msg,
                             cap)))
         goto done;
+    if (has_tloss != has_tacc) {
+        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s", who,
+                      has_tloss ? METRIC_TEST_LOSS : METRIC_TEST_ACCURACY,
+                      has_tloss ? METRIC_TEST_ACCURACY : METRIC_TEST_LOSS);
+        goto done;
+    }
+    k.tested = has_tloss;
     if (has_loss != has_acc) {
         err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s", who,
                       has_loss ? METRIC_LOSS : METRIC_ACCURACY,
@@ -937,21 +971,21 @@ static int read_metrics(const fb_st_file *f, const char *who, int64_t step, memb
     }
     k.trained = has_loss;
     k.loss = (float)loss;
-    const json_t *es = json_object_get(o, METRIC_EVAL_STEP);
+    const json_t *es = json_object_get(o, METRIC_VAL_STEP);
     if (es && (!json_is_integer(es) || json_integer_value(es) < 1 ||
                json_integer_value(es) > step)) {
         err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
                       "%s: metadata metrics.%s is not a step in [1, %" PRId64 "]", who,
-                      METRIC_EVAL_STEP, step);
+                      METRIC_VAL_STEP, step);
         goto done;
     }
     if (has_eloss != has_eacc || has_eloss != (es != NULL)) {
         err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
-                      "%s: metadata metrics needs %s, %s and %s together", who, METRIC_EVAL_LOSS,
-                      METRIC_EVAL_ACCURACY, METRIC_EVAL_STEP);
+                      "%s: metadata metrics needs %s, %s and %s together", who, METRIC_VAL_LOSS,
+                      METRIC_VAL_ACCURACY, METRIC_VAL_STEP);
         goto done;
     }
-    if (es) k.eval_step = (int64_t)json_integer_value(es);
+    if (es) k.val_step = (int64_t)json_integer_value(es);
     *out = k;
 done:
     json_decref(o);
@@ -1314,7 +1348,7 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
         s->steps_since = 0;
         s->wait_since = 0;
     }
-    bool need_eval = false;
+    bool need_eval = false, need_test = false;
     for (int b = 0; b < B; b++) {
         if (s->failed[b]) continue;
         const fb_job_spec *spec = fb_array_spec(a, b);
@@ -1333,11 +1367,24 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
                                  .io_wait_ms = io_ms};
             emit(s, &ev);
         }
-        if (s->test && (s->last[b] || (spec->eval_every && done_steps % spec->eval_every == 0)))
+        if (s->val && (s->last[b] || (spec->eval_every && done_steps % spec->eval_every == 0)))
             need_eval = true;
+        if (s->test && s->last[b]) need_test = true;
+    }
+    /* the test split once, at a member's end: reported, never a basis for a decision */
+    if (need_test) {
+        if ((err = evaluate(a, s->test, s->in_numel, (int)s->bs, s->tloss, s->tacc, msg, cap)))
+            goto out;
+        for (int b = 0; b < B; b++) {
+            if (s->failed[b] || !s->last[b]) continue;
+            member_metrics *k = &s->known[s->member[b]];
+            k->tested = true;
+            k->test_loss = s->tloss[b];
+            k->test_accuracy = s->tacc[b];
+        }
     }
     if (need_eval) {
-        if ((err = evaluate(a, s->test, s->in_numel, (int)s->bs, s->eloss, s->eacc, msg, cap)))
+        if ((err = evaluate(a, s->val, s->in_numel, (int)s->bs, s->eloss, s->eacc, msg, cap)))
             goto out;
         for (int b = 0; b < B; b++) {
             const fb_job_spec *spec = fb_array_spec(a, b);
@@ -1345,9 +1392,9 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
                 (!s->last[b] && !(spec->eval_every && done_steps % spec->eval_every == 0)))
                 continue;
             int i = s->member[b];
-            s->known[i].eval_step = done_steps;
-            s->known[i].eval_loss = s->eloss[b];
-            s->known[i].eval_accuracy = s->eacc[b];
+            s->known[i].val_step = done_steps;
+            s->known[i].val_loss = s->eloss[b];
+            s->known[i].val_accuracy = s->eacc[b];
             fb_train_event ev = {.kind = FB_TRAIN_EVAL,
                                  .member = i,
                                  .spec = spec,
@@ -1404,10 +1451,12 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
                              .step = done_steps,
                              .steps = s->total[i],
                              .array_size = fb_array_size(a),
-                             /* the final evaluation; without a test split none, never the
-                              * last step's training values under its name */
-                             .loss = s->test ? s->eloss[b] : NAN,
-                             .accuracy = s->test ? s->eacc[b] : NAN,
+                             /* the final validation; without a validation set none, never
+                              * the last step's training values under its name */
+                             .loss = s->val ? s->eloss[b] : NAN,
+                             .accuracy = s->val ? s->eacc[b] : NAN,
+                             .test_loss = s->test ? s->tloss[b] : NAN,
+                             .test_accuracy = s->test ? s->tacc[b] : NAN,
                              .weights_path = path[0] ? path : NULL,
                              .blob = blob,
                              .blob_len = blob_len};

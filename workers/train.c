@@ -15,7 +15,7 @@ int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train)
     return spec->epochs * (n_train / spec->batch_size);
 }
 
-/* What fb_train_run adds to the caller's callback: the final test results. */
+/* What fb_train_run adds to the caller's callback: the final validation results. */
 typedef struct run_ctx {
     const fb_train_opts *caller; /* may be NULL */
     bool evaluated;
@@ -25,7 +25,7 @@ typedef struct run_ctx {
 static void run_event(const fb_train_event *ev, void *user)
 {
     run_ctx *c = user;
-    /* with a test split, a member's done event carries its final evaluation */
+    /* with a validation set, a member's done event carries its final validation */
     if (ev->kind == FB_TRAIN_DONE && c->evaluated) {
         if (c->final_loss) c->final_loss[ev->member] = ev->loss;
         if (c->final_acc) c->final_acc[ev->member] = ev->accuracy;
@@ -34,16 +34,16 @@ static void run_event(const fb_train_event *ev, void *user)
 }
 
 int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
-                 const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,
+                 const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                  double *final_loss, double *final_acc, char *msg, size_t cap)
 {
-    run_ctx c = {.caller = opts, .evaluated = test != NULL, .final_loss = final_loss,
+    run_ctx c = {.caller = opts, .evaluated = val && val->n > 0, .final_loss = final_loss,
                  .final_acc = final_acc};
     fb_train_opts o = opts ? *opts : (fb_train_opts){0};
     o.cb = run_event;
     o.user = &c;
     fb_session *s = NULL;
-    int err = fb_session_new(&s, be, specs, n, train, test, &o, msg, cap);
+    int err = fb_session_new(&s, be, specs, n, train, val, &o, msg, cap);
     if (err) return err;
     for (int i = 0; i < n; i++) {
         if (final_loss) final_loss[i] = NAN;

@@ -29,7 +29,7 @@
 
 typedef enum fb_train_event_kind {
     FB_TRAIN_STEP, /* a logged training step */
-    FB_TRAIN_EVAL, /* an evaluation on the test split */
+    FB_TRAIN_EVAL, /* a validation: an evaluation on the validation set */
     FB_TRAIN_DONE,       /* the member finished and left the array */
     FB_TRAIN_CHECKPOINT, /* the member reached a multiple of its checkpoint_every */
     FB_TRAIN_FAILED      /* the member failed by itself (err, text) and left the array */
@@ -42,8 +42,10 @@ typedef struct fb_train_event {
     int64_t step, steps;      /* updates done, updates in total */
     int array_size;           /* members in the array at this moment */
     double loss;              /* step, checkpoint, failed: the training loss; eval and done:
-                               * the evaluation's (done without a test split: NaN) */
+                               * the validation's (done without a validation set: NaN) */
     double accuracy;          /* the accuracy that goes with loss */
+    double test_loss;         /* done: the final evaluation on the test split (NaN without) */
+    double test_accuracy;
     double lr;
     double samples_per_s;     /* array throughput since the last log (samples x members) */
     double io_wait_ms;        /* step: mean wait per step for the minibatch since the last log */
@@ -103,6 +105,9 @@ typedef struct fb_train_opts {
      * step's losses; fb_dp_opts.control_comm).  NULL: comm carries both (CPU devices).
      * Borrowed like comm. */
     struct fb_comm *control_comm;
+    /* the test split (may be NULL): evaluated once, at each member's end (the done event's
+     * test_loss, test_accuracy), never during training; it must outlive the session */
+    const fb_dataset *test;
 } fb_train_opts;
 
 /* Total updates a spec trains on a dataset of n_train samples. */
@@ -110,18 +115,19 @@ int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train);
 
 /*
  * Trains specs[0..n) (equal fusion keys) as one array on backend be over the
- * train split, evaluating on test (may be NULL) at each member's eval_every
- * and at its end.  Checks that the dataset fits the model (sample shape,
+ * train split, validating on val (may be NULL or empty: no validation) at
+ * each member's eval_every and at its end, and evaluating on opts->test (may
+ * be NULL) once at its end.  Checks that the dataset fits the model (sample shape,
  * classes vs outputs).  With out_dir, each member's final weights go to
  * <name>.safetensors and its full-state checkpoints (session.h) to
  * <name>.checkpoint.safetensors.  A member whose loss turns non-finite fails
  * alone (an FB_TRAIN_FAILED event) and the run goes on.  final_loss/final_acc
- * [n] (may be NULL) receive each member's final test loss and accuracy (NaN
- * without a test split or for a member that failed).  Returns FB_OK or a
+ * [n] (may be NULL) receive each member's final validation loss and
+ * accuracy (NaN without a validation set or for a member that failed).  Returns FB_OK or a
  * negative fb_err with msg filled.
  */
 int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
-                 const fb_dataset *train, const fb_dataset *test, const fb_train_opts *opts,
+                 const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                  double *final_loss, double *final_acc, char *msg, size_t msg_cap);
 
 #endif

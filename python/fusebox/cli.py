@@ -29,7 +29,7 @@ def _print_json(v):
 
 def _final_metrics(job):
     latest = job.get("latest_metrics") or {}
-    return " ".join(f"{k} {latest[k]:.6g}" for k in M.TRAINING + M.EVALUATION
+    return " ".join(f"{k} {latest[k]:.6g}" for k in M.TRAINING + M.VALIDATION + M.TEST
                     if isinstance(latest.get(k), (int, float)))
 
 

@@ -179,6 +179,21 @@ static const spec_case cases[] = {
                                "{'type':'linear','out':10}"),
      FB_ERR_OUT_OF_RANGE, NULL},
     {"priority 101", SPEC(",'priority':101"), FB_ERR_OUT_OF_RANGE, NULL},
+    /* val_fraction: a number in [0, 0.5] */
+    {"val_fraction zero", SPEC(",'val_fraction':0"), FB_OK, NULL},
+    {"val_fraction half", SPEC(",'val_fraction':0.5"), FB_OK, NULL},
+    {"val_fraction negative", SPEC(",'val_fraction':-0.1"), FB_ERR_OUT_OF_RANGE, "val_fraction"},
+    {"val_fraction above half", SPEC(",'val_fraction':0.50001"), FB_ERR_OUT_OF_RANGE,
+     "val_fraction"},
+    {"val_fraction one", SPEC(",'val_fraction':1"), FB_ERR_OUT_OF_RANGE, "val_fraction"},
+    {"val_fraction huge", SPEC(",'val_fraction':1e300"), FB_ERR_OUT_OF_RANGE, "val_fraction"},
+    {"val_fraction overflowing", SPEC(",'val_fraction':1e999"), FB_ERR_JSON_SYNTAX, NULL},
+    {"val_fraction string", SPEC(",'val_fraction':'0.1'"), FB_ERR_WRONG_TYPE, "val_fraction"},
+    {"val_fraction NaN string", SPEC(",'val_fraction':'NaN'"), FB_ERR_WRONG_TYPE,
+     "val_fraction"},
+    {"val_fraction NaN literal", SPEC(",'val_fraction':NaN"), FB_ERR_JSON_SYNTAX, NULL},
+    {"val_fraction null", SPEC(",'val_fraction':null"), FB_ERR_WRONG_TYPE, "val_fraction"},
+    {"val_fraction bool", SPEC(",'val_fraction':true"), FB_ERR_WRONG_TYPE, "val_fraction"},
     {"negative seed", SPEC(",'seed':-1"), FB_ERR_OUT_OF_RANGE, NULL},
     {"empty layers", "{" DS ",'model':{'input':[1,28,28],'layers':[]}," REST "}",
      FB_ERR_OUT_OF_RANGE, NULL},
@@ -410,6 +425,7 @@ static void run_fusion_keys(void)
         BASE_KEYED(",'init':{'job':'0b6e1c2a-3f4d-4e5f-8a9b-0c1d2e3f4a5b','checkpoint':40}",
                    "{'type':'adam','lr':0.001}", "64"),
         "{" DS "," MLP ",'batch_size':64,'steps':7,'optimizer':{'type':'adam','lr':0.001}}",
+        BASE_KEYED(",'val_fraction':0.1", "{'type':'adam','lr':0.001}", "64"), /* the default */
     };
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
         key_of(same[i], k1, NULL);
@@ -429,6 +445,9 @@ static void run_fusion_keys(void)
         BASE_KEYED(",'precision':'bf16'", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'parallel':{'data':2}", "{'type':'adam','lr':0.001}", "64"),
         BASE_KEYED(",'loss':'mse'", "{'type':'adam','lr':0.001}", "64"),
+        /* the members of an array share minibatches: they hold out the same records */
+        BASE_KEYED(",'val_fraction':0.2", "{'type':'adam','lr':0.001}", "64"),
+        BASE_KEYED(",'val_fraction':0", "{'type':'adam','lr':0.001}", "64"),
         "{'dataset':'mnist'," MLP ",'batch_size':64,'steps':100,"
         "'optimizer':{'type':'adam','lr':0.001}}",
         "{" DS ",'model':{'input':[1,28,28],'layers':[{'type':'flatten'},"
@@ -550,9 +569,27 @@ static void run_load(void)
     fb_job_spec_free(NULL);
 }
 
+/* val_fraction's default, and its place in the canonical form */
+static void run_val_fraction(void)
+{
+    fb_job_spec spec;
+    char msg[512];
+    CHECK_INT_EQ(parse(SPEC(), &spec, msg, sizeof msg), FB_OK);
+    CHECK(spec.val_fraction == FB_SPEC_DEFAULT_VAL_FRACTION && spec.val_fraction == 0.1);
+    char *c = fb_job_spec_canonical(&spec);
+    CHECK(c && strstr(c, "\"val_fraction\":0.1"));
+    free(c);
+    fb_job_spec_free(&spec);
+    CHECK_INT_EQ(parse(SPEC(",'val_fraction':0.25"), &spec, msg, sizeof msg), FB_OK);
+    CHECK(spec.val_fraction == 0.25);
+    fb_job_spec_free(&spec);
+    printf("val_fraction: default and explicit values\n");
+}
+
 int main(void)
 {
     run_table();
+    run_val_fraction();
     run_layer_bound();
     run_fusion_keys();
     run_inference();

@@ -75,11 +75,18 @@ static void test_grid(void)
     CHECK(strcmp(fb_sweep_spec_trial(s, 0)->fusion_key, fb_sweep_spec_trial(s, 6)->fusion_key) !=
           0);
     fb_metric_mode mode;
-    CHECK_STR_EQ(fb_sweep_spec_metric(s, &mode), "loss");
-    CHECK_INT_EQ(mode, FB_METRIC_MIN);
+    /* without a metric named: the validation accuracy of a cross-entropy base, maximised */
+    CHECK_STR_EQ(fb_sweep_spec_metric(s, &mode), "val_accuracy");
+    CHECK_INT_EQ(mode, FB_METRIC_MAX);
     CHECK(!fb_sweep_spec_early_stopping(s)->enabled);
     fb_sweep_spec_free(s);
 }
+
+/* A small grid sweep with more top-level fields (no closing brace, for test_metric). */
+#define METRIC_HEAD                                                                                \
+    "{\"base\": " BASE ", \"search\": {\"type\": \"grid\", \"params\":"                       \
+    " {\"seed\": {\"values\": [1]}}}"
+#define METRIC(fields) METRIC_HEAD ", " fields "}"
 
 static const char *random_sweep(int seed)
 {
@@ -91,7 +98,7 @@ static const char *random_sweep(int seed)
         " \"high\": 1e-1}, \"optimizer.weight_decay\": {\"distribution\": \"uniform\", \"low\":"
         " 0, \"high\": 0.2}, \"seed\": {\"distribution\": \"int\", \"low\": 5, \"high\": 9},"
         " \"batch_size\": {\"distribution\": \"choice\", \"values\": [16, 32, 64]}}},"
-        " \"early_stopping\": {\"type\": \"asha\", \"metric\": \"eval_accuracy\","
+        " \"early_stopping\": {\"type\": \"asha\", \"metric\": \"val_accuracy\","
         " \"grace_steps\": 50}}",
         seed);
     return buf;
@@ -128,7 +135,7 @@ static void test_random(void)
     CHECK(low_lr > 70 && low_lr < 130);
     const fb_asha_spec *es = fb_sweep_spec_early_stopping(a);
     CHECK(es->enabled);
-    CHECK_STR_EQ(es->metric, "eval_accuracy");
+    CHECK_STR_EQ(es->metric, "val_accuracy");
     CHECK_INT_EQ(es->mode, FB_METRIC_MAX); /* accuracy is maximised by default */
     CHECK_INT_EQ(es->grace_steps, 50);
     CHECK_INT_EQ(es->reduction_factor, 3);
@@ -249,10 +256,25 @@ static const bad_sweep bad[] = {
      "{\"name\": \"a b\", \"base\": " BASE ", \"search\": {\"type\": \"grid\","
      " \"params\": {\"seed\": {\"values\": [1]}}}}",
      FB_ERR_BAD_NAME, "name"},
-    {"asha without metric",
-     "{\"base\": " BASE ", \"search\": {\"type\": \"grid\", \"params\":"
-     " {\"seed\": {\"values\": [1]}}}, \"early_stopping\": {\"type\": \"asha\"}}",
-     FB_ERR_MISSING_FIELD, "early_stopping.metric"},
+    /* a test metric never decides: refused wherever it is named */
+    {"metric test_accuracy", METRIC("\"metric\": \"test_accuracy\""), FB_ERR_BAD_ENUM,
+     "metric: \"test_accuracy\" is measured on the test split"},
+    {"metric test_loss", METRIC("\"metric\": \"test_loss\", \"mode\": \"min\""),
+     FB_ERR_BAD_ENUM, "metric: \"test_loss\" is measured on the test split"},
+    {"asha on test_accuracy",
+     METRIC("\"early_stopping\": {\"type\": \"asha\", \"metric\": \"test_accuracy\"}"),
+     FB_ERR_BAD_ENUM, "early_stopping.metric: \"test_accuracy\" is measured on the test split"},
+    {"metric of the old vocabulary", METRIC("\"metric\": \"eval_accuracy\""), FB_ERR_BAD_ENUM,
+     "metric: \"eval_accuracy\" is not one of"},
+    {"metric a number", METRIC("\"metric\": 1"), FB_ERR_WRONG_TYPE, "metric"},
+    {"mode unknown", METRIC("\"mode\": \"up\""), FB_ERR_BAD_ENUM, "mode"},
+    {"asha on another metric",
+     METRIC("\"metric\": \"val_loss\", \"early_stopping\": {\"type\": \"asha\","
+            " \"metric\": \"val_accuracy\"}"),
+     FB_ERR_CONFLICT, "early_stopping.metric"},
+    {"asha in another mode",
+     METRIC("\"mode\": \"min\", \"early_stopping\": {\"type\": \"asha\", \"mode\": \"max\"}"),
+     FB_ERR_CONFLICT, "early_stopping.mode"},
     {"asha unknown metric",
      "{\"base\": " BASE ", \"search\": {\"type\": \"grid\", \"params\":"
      " {\"seed\": {\"values\": [1]}}}, \"early_stopping\": {\"type\": \"asha\", \"metric\":"
@@ -269,6 +291,61 @@ static const bad_sweep bad[] = {
      " \"loss\", \"mode\": \"lowest\"}}",
      FB_ERR_BAD_ENUM, "early_stopping.mode"},
 };
+
+/* The sweep's metric: named at the top, by early_stopping, or by default from the loss. */
+static void test_metric(void)
+{
+    static const struct {
+        const char *extra, *metric;
+        fb_metric_mode mode;
+        bool asha;
+    } cases[] = {
+        {"", "val_accuracy", FB_METRIC_MAX, false},
+        {"\"metric\": \"val_loss\"", "val_loss", FB_METRIC_MIN, false},
+        {"\"metric\": \"loss\", \"mode\": \"max\"", "loss", FB_METRIC_MAX, false},
+        {"\"metric\": \"accuracy\"", "accuracy", FB_METRIC_MAX, false},
+        {"\"early_stopping\": {\"type\": \"asha\"}", "val_accuracy", FB_METRIC_MAX, true},
+        {"\"metric\": \"val_loss\", \"early_stopping\": {\"type\": \"asha\"}", "val_loss",
+         FB_METRIC_MIN, true},
+        {"\"early_stopping\": {\"type\": \"asha\", \"metric\": \"val_loss\"}", "val_loss",
+         FB_METRIC_MIN, true},
+        {"\"metric\": \"val_loss\", \"early_stopping\": {\"type\": \"asha\", \"metric\":"
+         " \"val_loss\", \"mode\": \"min\"}",
+         "val_loss", FB_METRIC_MIN, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s%s%s}", METRIC_HEAD, cases[i].extra[0] ? ", " : "",
+                 cases[i].extra);
+        fb_sweep_spec *s = parse_ok(buf);
+        fb_metric_mode mode;
+        CHECK_STR_EQ(fb_sweep_spec_metric(s, &mode), cases[i].metric);
+        CHECK_INT_EQ(mode, cases[i].mode);
+        const fb_asha_spec *es = fb_sweep_spec_early_stopping(s);
+        CHECK_INT_EQ(es->enabled, cases[i].asha);
+        if (es->enabled) {
+            CHECK_STR_EQ(es->metric, cases[i].metric); /* ASHA decides on the sweep's metric */
+            CHECK_INT_EQ(es->mode, cases[i].mode);
+        }
+        char *canon = fb_sweep_spec_canonical(s);
+        char want[96];
+        snprintf(want, sizeof want, "\"metric\":\"%s\"", cases[i].metric);
+        CHECK(canon && strstr(canon, want));
+        free(canon);
+        fb_sweep_spec_free(s);
+    }
+    /* an MSE base: its validation loss, minimised */
+    fb_sweep_spec *s = parse_ok(
+        "{\"base\": {\"dataset\": \"fashion-mnist\", \"loss\": \"mse\", \"model\": {\"input\":"
+        " [1, 28, 28], \"layers\": [{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 10}]},"
+        " \"batch_size\": 32, \"steps\": 10, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}},"
+        " \"search\": {\"type\": \"grid\", \"params\": {\"seed\": {\"values\": [1, 2]}}}}");
+    fb_metric_mode mode;
+    CHECK_STR_EQ(fb_sweep_spec_metric(s, &mode), "val_loss");
+    CHECK_INT_EQ(mode, FB_METRIC_MIN);
+    fb_sweep_spec_free(s);
+    printf("metric: %zu cases and an MSE base\n", sizeof cases / sizeof cases[0]);
+}
 
 static void test_bad(void)
 {
@@ -291,6 +368,7 @@ int main(void)
 {
     test_grid();
     test_random();
+    test_metric();
     test_bad();
     printf("ok\n");
     return 0;

@@ -27,7 +27,7 @@ static fb_asha_spec rule(fb_metric_mode mode, int64_t grace, int eta, int rungs)
                       .reduction_factor = eta,
                       .max_rungs = rungs};
     snprintf(r.metric, sizeof r.metric, "%s",
-             mode == FB_METRIC_MIN ? "eval_loss" : "eval_accuracy");
+             mode == FB_METRIC_MIN ? "val_loss" : "val_accuracy");
     return r;
 }
 

@@ -11,6 +11,12 @@
  *     from offsets that are not a batch multiple and across epochs;
  *   - rank sharding with uneven splits is disjoint and covers every global
  *     batch, also when the split and the world change at a step boundary;
+ *   - with a validation fraction, the held-out records (a function of the
+ *     record index alone) are never delivered, in any epoch, for any
+ *     data_seed, thread count or rank split, and every other record is
+ *     delivered exactly once per epoch; the held-out part loaded into memory
+ *     is exactly those records; a dataset with a "val" split keeps all of
+ *     train; bad fractions are refused;
  *   - a corrupt chunk and a label outside the manifest's classes stop the
  *     loader with FB_ERR_DATA naming the file and chunk, and bad options are
  *     refused.
@@ -18,6 +24,7 @@
 #include "data_util.h"
 
 #include <inttypes.h>
+#include <math.h>
 
 #define N_REC 1000
 #define CLASSES 4
@@ -374,6 +381,159 @@ static void test_errors(void)
     CHECK_CONTAINS(g_msg, "train-00001.fbs");
 }
 
+/* Delivered indices of `epochs` epochs into seen[epoch][record] (counts). */
+static void deliver(const char *dir, double f, uint64_t seed, int threads, int64_t sbuf, int rank,
+                    int world, int epochs, int (*seen)[N_REC])
+{
+    int64_t N = 32;
+    fb_loader_opts o = {.dir = dir, .split = "train", .batch_size = N, .shuffle = true,
+                        .data_seed = seed, .shuffle_buffer = sbuf, .drop_last = false,
+                        .threads = threads, .queue_batches = 3, .rank = rank, .world = world,
+                        .val_fraction = f};
+    fb_loader *l = NULL;
+    int rc = fb_loader_open(&l, &o, g_msg, sizeof g_msg);
+    if (rc) fprintf(stderr, "open: %s\n", g_msg);
+    CHECK_INT_EQ(rc, 0);
+    int64_t n = fb_loader_samples(l), ids[64];
+    CHECK_INT_EQ(n, fb_data_kept_count(N_REC, f));
+    int64_t *order = malloc((size_t)n * sizeof *order);
+    CHECK(order);
+    for (int e = 0; e < epochs; e++) {
+        CHECK_INT_EQ(fb_loader_epoch_order(order, l, e, g_msg, sizeof g_msg), 0);
+        for (int64_t got = 0; got < n;) {
+            fb_loader_batch b = next_ids(l, ids);
+            CHECK_INT_EQ(b.pos.epoch, e);
+            for (int64_t k = 0; k < b.n; k++) {
+                CHECK_INT_EQ(ids[k], order[b.first + k]); /* what epoch_order says */
+                seen[e][ids[k]]++;
+            }
+            got += b.global_n;
+        }
+    }
+    free(order);
+    fb_loader_free(l);
+}
+
+static void test_holdout(void)
+{
+    static int seen[3][N_REC], ref[3][N_REC];
+    int64_t held = 0;
+    for (int64_t i = 0; i < N_REC; i++) held += fb_data_held_out(i, 0.1);
+    /* about a tenth, and never for a fraction of 0 */
+    CHECK(held > 60 && held < 140);
+    for (int64_t i = 0; i < N_REC; i++) CHECK(!fb_data_held_out(i, 0));
+    /* record 0 trains at every allowed fraction: no split is ever held out whole */
+    CHECK(!fb_data_held_out(0, FB_DATA_MAX_VAL_FRACTION));
+    /* a larger fraction holds out a superset: one hash per record, compared */
+    for (int64_t i = 0; i < N_REC; i++)
+        CHECK(!fb_data_held_out(i, 0.1) || fb_data_held_out(i, 0.3));
+
+    /* chunks of 2 records: at 0.5 about a quarter of them are held out whole */
+    char d2[1200];
+    snprintf(d2, sizeof d2, "%s/pairs", g_dir);
+    du_make_index_dataset(d2, "train", N_REC, CLASSES, 2, 300);
+    struct { const char *dir; uint64_t seed; int threads; int64_t sbuf; int world; double f; }
+    runs[] = {
+        {g_ds, 1, 1, 50, 1, 0.1}, {g_ds, 7, 4, 50, 1, 0.1}, {g_ds, 99, 2, 1000, 1, 0.1},
+        {g_ds, 3, 2, 50, 2, 0.1}, /* two ranks: their parts together */
+        {d2, 5, 3, 1, 1, 0.5},    /* one chunk per window: some windows are all held out */
+        {d2, 6, 1, 1, 2, 0.5},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        memset(seen, 0, sizeof seen);
+        for (int rank = 0; rank < runs[r].world; rank++)
+            deliver(runs[r].dir, runs[r].f, runs[r].seed, runs[r].threads, runs[r].sbuf, rank,
+                    runs[r].world, 3, seen);
+        for (int e = 0; e < 3; e++)
+            for (int64_t i = 0; i < N_REC; i++)
+                CHECK_INT_EQ(seen[e][i], fb_data_held_out(i, runs[r].f) ? 0 : 1);
+        if (r == 0) memcpy(ref, seen, sizeof ref);
+        if (runs[r].f == 0.1) CHECK(memcmp(ref, seen, sizeof ref) == 0); /* the same set */
+    }
+
+    /* the held-out part in memory: exactly the held-out records, in file order */
+    fb_dataset v = {0}, k = {0};
+    CHECK_INT_EQ(fb_datadir_load_split_part(&v, g_ds, "train", FB_PART_HELD_OUT, 0.1, g_msg,
+                                            sizeof g_msg), 0);
+    CHECK_INT_EQ(fb_datadir_load_split_part(&k, g_ds, "train", FB_PART_KEPT, 0.1, g_msg,
+                                            sizeof g_msg), 0);
+    CHECK_INT_EQ(v.n, held);
+    CHECK_INT_EQ(k.n, N_REC - held);
+    int64_t a = 0, b = 0;
+    for (int64_t i = 0; i < N_REC; i++) {
+        fb_dataset *d = fb_data_held_out(i, 0.1) ? &v : &k;
+        int64_t at = d == &v ? a++ : b++;
+        CHECK(d->x[2 * at] == (float)i);
+        CHECK_INT_EQ(d->y[at], i % CLASSES);
+    }
+    /* the in-memory holdout of the whole split agrees */
+    fb_dataset all = {0}, hv = {0};
+    CHECK_INT_EQ(fb_datadir_load_split(&all, g_ds, "train", g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(fb_dataset_holdout(&all, &hv, 0.1, g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(all.n, k.n);
+    CHECK_INT_EQ(hv.n, v.n);
+    CHECK(memcmp(all.x, k.x, (size_t)k.n * 2 * sizeof(float)) == 0);
+    CHECK(memcmp(hv.x, v.x, (size_t)v.n * 2 * sizeof(float)) == 0);
+    CHECK(memcmp(all.y, k.y, (size_t)k.n * sizeof(int32_t)) == 0);
+    fb_dataset_free(&all);
+    fb_dataset_free(&hv);
+
+    /* fb_datadir_load_val: without a val split, the held-out records */
+    fb_dataset lv = {0};
+    double hf = -1;
+    CHECK_INT_EQ(fb_datadir_load_val(&lv, &hf, g_ds, 0.1, true, g_msg, sizeof g_msg), 0);
+    CHECK(hf == 0.1);
+    CHECK_INT_EQ(lv.n, v.n);
+    CHECK(memcmp(lv.x, v.x, (size_t)v.n * 2 * sizeof(float)) == 0);
+    fb_dataset_free(&lv);
+    fb_dataset_free(&v);
+    fb_dataset_free(&k);
+
+    /* a dataset with a val split: that split is the validation set, train stays whole */
+    char dv[1200];
+    snprintf(dv, sizeof dv, "%s/withval", g_dir);
+    du_make_index_dataset(dv, "train", 200, CLASSES, 7, 300);
+    du_make_index_dataset(dv, "val", 30, CLASSES, 7, 300);
+    CHECK_INT_EQ(fb_datadir_load_val(&lv, &hf, dv, 0.1, true, g_msg, sizeof g_msg), 0);
+    CHECK(hf == 0);
+    CHECK_INT_EQ(lv.n, 30);
+    fb_dataset_free(&lv);
+    fb_dataset tr = {0}, va = {0}, te = {0};
+    fb_loader *l = NULL;
+    fb_data_source_opts so = {.batch_size = 16, .val_fraction = 0.1, .want_val = true};
+    CHECK_INT_EQ(fb_data_open_named(&tr, &va, &te, &l, "withval", g_dir, &so, g_msg,
+                                    sizeof g_msg), 0);
+    CHECK_INT_EQ(tr.n, 200);
+    CHECK_INT_EQ(va.n, 30);
+    fb_loader_free(l);
+    fb_dataset_free(&va);
+    /* without one, the loader trains on what is not held out */
+    CHECK_INT_EQ(fb_data_open_named(&tr, &va, &te, &l, "index", g_dir, &so, g_msg, sizeof g_msg),
+                 0);
+    CHECK_INT_EQ(tr.n, N_REC - held);
+    CHECK_INT_EQ(va.n, held);
+    fb_loader_free(l);
+    fb_dataset_free(&va);
+
+    /* bad fractions: refused by name, nothing opened */
+    static const double bad[] = {-0.1, 0.500001, 1, 1e300, -1e300};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0] + 1; i++) {
+        double f = i < sizeof bad / sizeof bad[0] ? bad[i] : NAN;
+        fb_loader_opts o = {.dir = g_ds, .split = "train", .batch_size = 8, .val_fraction = f};
+        l = NULL;
+        CHECK_INT_EQ(fb_loader_open(&l, &o, g_msg, sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+        CHECK(l == NULL);
+        CHECK_CONTAINS(g_msg, "validation fraction");
+        so.val_fraction = f;
+        CHECK_INT_EQ(fb_data_open_named(&tr, &va, &te, &l, "index", g_dir, &so, g_msg,
+                                        sizeof g_msg), FB_ERR_OUT_OF_RANGE);
+        CHECK_CONTAINS(g_msg, "val_fraction");
+        CHECK(l == NULL);
+    }
+    printf("holdout: %lld of %d records held out at 0.1, never delivered; val split used\n",
+           (long long)held, N_REC);
+}
+
 int main(void)
 {
     du_scratch(g_dir, sizeof g_dir, "loader");
@@ -385,6 +545,7 @@ int main(void)
     test_resume();
     test_sharding();
     test_errors();
+    test_holdout();
     du_rm_rf(g_dir);
     printf("test_loader: ok (%.2f s)\n", du_now() - t0);
     return 0;

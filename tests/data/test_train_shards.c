@@ -104,31 +104,37 @@ static void on_event(const fb_train_event *ev, void *user)
     t->n++;
 }
 
-/* Trains one member; returns its loss trace and final test loss/accuracy. */
+/* Trains one member (the spec's val_fraction held out of train); returns its loss trace and
+ * final validation loss/accuracy. */
 static trace train(const char *root, const char *dataset, bool shuffle, int seed, int threads,
                    const char *stage, double *tl, double *ta)
 {
     fb_job_spec *s = spec(dataset, shuffle, seed);
-    fb_dataset tr = {0}, te = {0};
+    fb_dataset tr = {0}, va = {0}, te = {0};
     fb_loader *l = NULL;
     fb_data_source_opts so = {.batch_size = s->batch_size, .shuffle = s->shuffle,
                               .data_seed = s->data_seed, .threads = threads, .cache_dir = stage,
-                              .cache_bytes = 1 << 30, .want_test = true};
-    int rc = fb_data_open_named(&tr, &te, &l, dataset, root, &so, g_msg, sizeof g_msg);
+                              .cache_bytes = 1 << 30, .want_test = true, .want_val = true,
+                              .val_fraction = s->val_fraction};
+    int rc = fb_data_open_named(&tr, &va, &te, &l, dataset, root, &so, g_msg, sizeof g_msg);
     if (rc) fprintf(stderr, "open: %s\n", g_msg);
     CHECK_INT_EQ(rc, 0);
-    CHECK_INT_EQ(tr.n, N_TRAIN);
+    CHECK(s->val_fraction == 0.1);
+    CHECK_INT_EQ(tr.n, fb_data_kept_count(N_TRAIN, s->val_fraction));
+    CHECK_INT_EQ(va.n, N_TRAIN - tr.n);
+    CHECK(va.n > 0);
     CHECK_INT_EQ(te.n, N_TEST);
     trace t = {.n = 0};
-    fb_train_opts o = {.log_every = 1, .cb = on_event, .user = &t, .loader = l};
+    fb_train_opts o = {.log_every = 1, .cb = on_event, .user = &t, .loader = l, .test = &te};
     const fb_job_spec *specs[1] = {s};
-    rc = fb_train_run(fb_backend_cpu_ref(), specs, 1, &tr, &te, &o, tl, ta, g_msg, sizeof g_msg);
+    rc = fb_train_run(fb_backend_cpu_ref(), specs, 1, &tr, &va, &o, tl, ta, g_msg, sizeof g_msg);
     if (rc) fprintf(stderr, "train: %s\n", g_msg);
     CHECK_INT_EQ(rc, 0);
     CHECK_INT_EQ(t.n, STEPS);
     for (int i = 0; i < STEPS; i++) CHECK(isfinite(t.io[i]) && t.io[i] >= 0);
     fb_loader_free(l);
     fb_dataset_free(&tr);
+    fb_dataset_free(&va);
     fb_dataset_free(&te);
     fb_job_spec_free(s);
     free(s);
@@ -206,10 +212,10 @@ int main(void)
     CHECK(fb_stage_cache_bytes(stage) > 0);
 
     /* an unknown name: the message names both kinds of dataset */
-    fb_dataset tr = {0}, te = {0};
+    fb_dataset tr = {0}, va = {0}, te = {0};
     fb_loader *l = NULL;
     fb_data_source_opts so = {.batch_size = 32};
-    CHECK_INT_EQ(fb_data_open_named(&tr, &te, &l, "cifar10", g_shard_root, &so, g_msg,
+    CHECK_INT_EQ(fb_data_open_named(&tr, &va, &te, &l, "cifar10", g_shard_root, &so, g_msg,
                                     sizeof g_msg),
                  FB_ERR_DATA);
     CHECK_CONTAINS(g_msg, "unknown dataset \"cifar10\"");

@@ -1,15 +1,15 @@
 """Loads a model downloaded from fuseboxd into the equivalent PyTorch module
 and checks its predictions against what fuseboxd reported.
 
-usage: load_model.py MODEL.safetensors EVAL_ACCURACY EVAL_LOSS
+usage: load_model.py MODEL.safetensors TEST_ACCURACY TEST_LOSS
 The model is the dispatch tests' MLP (Linear(16, 32), ReLU, Linear(32, 4)),
 loaded with load_state_dict(strict=True): every tensor name and shape must be
 PyTorch's, or the load raises.  Then PyTorch classifies the test split of the
 dispatch tests' dataset "synth" (tests/dispatch/e2e.c's import_split, made
 again here from the same generator and seed) and the result must be the
-job's final evaluation as fuseboxd reported it: the accuracy within 1e-6 (the
-same samples right), the mean cross-entropy within a relative 1e-4 (float
-sums in another order).  Prints the predicted classes of the first samples
+job's test evaluation (test_accuracy, test_loss) as fuseboxd reported it:
+the accuracy within 1e-6 (the same samples right), the mean cross-entropy
+within a relative 1e-4 (float sums in another order).  Prints the predicted classes of the first samples
 and both numbers.  Exit 0 when both agree, 1 when not, 77 without PyTorch
 (under FUSEBOX_TEST_STRICT=1, which scripts/test sets, 1).
 """

@@ -5,7 +5,7 @@
  * members leave the live array while the others train on.
  *
  * - Every trial reports at rung 0, and at rung 1 exactly those that went
- *   on; each rung result is the trial's eval loss at the rung's step as
+ *   on; each rung result is the trial's validation loss at the rung's step as
  *   job_metrics holds it.
  * - Each decision equals the one a plain reimplementation of the rule here
  *   takes on the same results in the order they arrived (asha_rungs.seq).
@@ -38,7 +38,7 @@ static e2e T;
 /*
  * The learning rates, in trial order (which is the order of the members in
  * the array, and so the order their results arrive in).  Over this range
- * SGD's eval loss falls as the rate grows, and good and bad rates are
+ * SGD's validation loss falls as the rate grows, and good and bad rates are
  * interleaved, so that trials stop in the middle of the array and survivors
  * behind them move up when it compacts.  The rates stay where fusing does
  * not amplify float rounding (a member's weights after 240 steps equal its
@@ -102,7 +102,7 @@ static void submit(char *sweep, size_t cap, char (*ids)[64], char (*names)[64])
         " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.001, \"momentum\": 0.9},"
         " \"seed\": 3},"
         " \"search\": {\"type\": \"grid\", \"params\": {\"optimizer.lr\": {\"values\": [%s]}}},"
-        " \"early_stopping\": {\"type\": \"asha\", \"metric\": \"eval_loss\", \"mode\": \"min\","
+        " \"early_stopping\": {\"type\": \"asha\", \"metric\": \"val_loss\", \"mode\": \"min\","
         " \"grace_steps\": %d, \"reduction_factor\": %d, \"max_rungs\": %d}}",
         STEPS, GRACE, GRACE, list, GRACE, ETA, N_RUNGS);
     fbt_resp r = fbt_call(&T.s, "POST", "/v1/sweeps", T.key, body);
@@ -134,9 +134,9 @@ int main(void)
         e2e_wait_state(&T, T.key, ids[i], "completed", 240);
     printf("the sweep took %.1f s\n", (fbt_now_ms() - t0) / 1000);
 
-    /* the rung results in arrival order, beside the eval loss job_metrics holds */
+    /* the rung results in arrival order, beside the validation loss job_metrics holds */
     snprintf(sql, sizeof sql,
-             "SELECT a.rung, j.trial_index, a.step, a.metric, a.decision, m.eval_loss"
+             "SELECT a.rung, j.trial_index, a.step, a.metric, a.decision, m.val_loss"
              " FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
              " LEFT JOIN job_metrics m ON m.job_id = a.job_id AND m.step = a.step"
              " WHERE a.sweep_id = '%s' ORDER BY a.seq",
@@ -163,7 +163,7 @@ int main(void)
         at[rung][n_at[rung]++] = (result){trial, metric};
         bool want = rule_stops(at[rung], n_at[rung], trial);
         const char *got = PQgetvalue(r, row, 4);
-        printf("rung %d (step %lld), arrival %d: trial %d (lr %g) eval_loss %.6f -> %s\n", rung,
+        printf("rung %d (step %lld), arrival %d: trial %d (lr %g) val_loss %.6f -> %s\n", rung,
                (long long)rung_step(rung), n_at[rung], trial, lrs[trial], metric, got);
         CHECK_STR_EQ(got, want ? "stop" : "continue");
         if (want) {

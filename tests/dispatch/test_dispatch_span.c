@@ -103,8 +103,8 @@ static double reference_loss(void)
     CHECK(f != NULL);
     double loss = NAN;
     while (fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"eval_loss\":") : NULL;
-        if (at) loss = strtod(at + strlen("\"eval_loss\":"), NULL);
+        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"val_loss\":") : NULL;
+        if (at) loss = strtod(at + strlen("\"val_loss\":"), NULL);
     }
     fclose(f);
     return loss;
@@ -127,7 +127,7 @@ static void check_reference(const char *id, const char *name, const char *tag)
     const char *files[1] = {spec_file};
     e2e_train_reference(&T, files, 1, ref);
     double loss =
-        strtod(sqlf("SELECT latest_metrics->>'eval_loss' FROM jobs WHERE id = '%s'", id), NULL);
+        strtod(sqlf("SELECT latest_metrics->>'val_loss' FROM jobs WHERE id = '%s'", id), NULL);
     double ref_loss = reference_loss();
     double rel = fabs(loss - ref_loss) / fabs(ref_loss);
     printf("%s: final test loss %.9g, fusebox-train's %.9g: relative difference %.3g\n", tag, loss,

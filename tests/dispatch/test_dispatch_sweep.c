@@ -136,15 +136,18 @@ static void sweep_is_one_array(void)
         CHECK(d_solo >= 0 && d_solo < 1e-3);
     }
     /* the downloaded model loads into the equivalent PyTorch module, strictly, and
-     * classifies the test split as fuseboxd's final evaluation of the job said */
+     * classifies the test split as fuseboxd's test evaluation of the job said; the final
+     * validation, on records held out of train, is another measurement */
     snprintf(path, sizeof path, "/v1/jobs/%s", ids[0]);
     r = fbt_call(&T.s, "GET", path, T.key, NULL);
     fbt_expect(&r, 200, NULL, "get trial 0");
     json_t *latest = json_object_get(r.json, "latest_metrics");
-    json_t *acc = json_object_get(latest, "eval_accuracy"),
-           *loss = json_object_get(latest, "eval_loss");
+    json_t *acc = json_object_get(latest, "test_accuracy"),
+           *loss = json_object_get(latest, "test_loss");
     CHECK(json_is_number(acc) && json_is_number(loss));
-    CHECK_INT_EQ(json_integer_value(json_object_get(latest, "eval_step")), 200);
+    CHECK(json_is_number(json_object_get(latest, "val_accuracy")));
+    CHECK(json_number_value(json_object_get(latest, "val_loss")) != json_number_value(loss));
+    CHECK_INT_EQ(json_integer_value(json_object_get(latest, "val_step")), 200);
     char cmd[1024], model0[400];
     snprintf(model0, sizeof model0, "%s/model-0.safetensors", T.root);
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/dispatch/load_model.py' '%s' %.17g %.17g",

@@ -9,16 +9,18 @@ keys of each fusebox-train event.  Required:
   route serves (`metric_fields` in server/routes_jobs.c), the names its 400
   message lists, api/openapi.yaml's enum of MetricSeries.fields and the
   properties of its points (besides step and time);
-- the sweep early-stopping rule's metric enum in api/openapi.yaml is the
-  first four names (the training and evaluation loss and accuracy);
+- the sweep's metric enum and its early-stopping rule's in api/openapi.yaml
+  are the first four names (the training and validation loss and accuracy:
+  a test metric never decides);
 - every metric key fusebox-train prints (workers/fusebox_train.c) is in the
   vocabulary, and the event table lists exactly those keys;
 - every metric name the dashboard (web/app.js) reads from latest_metrics or
   the series is in the vocabulary;
 - every Prometheus name the tables mention exists in server/metrics.c;
-- the names used before the vocabulary (test_loss, test_accuracy,
+- the names used before the vocabulary (eval_loss, eval_accuracy, eval_step,
   train_accuracy, io_wait_ms) appear in none of fusebox-train's strings, the
-  dashboard, the API contract, the scripts and the benchmark programs.
+  dashboard, the API contract, the Python package, the server's strings, the
+  scripts and the benchmark programs.
 
 Before the real check it runs the same comparison on planted inputs with
 known mistakes and requires exactly those to be found, so a checker that
@@ -37,11 +39,12 @@ OPENAPI = os.path.join(SRC, "api", "openapi.yaml")
 TRAIN = os.path.join(SRC, "workers", "fusebox_train.c")
 APP = os.path.join(SRC, "web", "app.js")
 PROM = os.path.join(SRC, "server", "metrics.c")
-OLD_NAMES = ["test_loss", "test_accuracy", "train_accuracy", "io_wait_ms"]
+OLD_NAMES = ["eval_loss", "eval_accuracy", "eval_step", "train_accuracy", "io_wait_ms"]
 # where the old names must not come back: (directory or file, suffixes)
 # (bench/RESULTS.md keeps the history of measurements, old names included)
 OLD_NAME_PLACES = [("workers/fusebox_train.c", ()), ("web/app.js", ()), ("api/openapi.yaml", ()),
-                   ("scripts", ()), ("bench", (".sh", ".c", ".py"))]
+                   ("python/fusebox", (".py",)), ("server", (".c",)), ("scripts", ()),
+                   ("bench", (".sh", ".c", ".py"))]
 # fusebox-train's keys that are not metrics (docs/jobspec.md's event table, other columns)
 STRUCTURAL = {"event", "job", "member", "group", "array_size", "step", "steps", "error",
               "message", "weights"}
@@ -125,7 +128,7 @@ def route_names(text):
 
 def openapi_names(spec):
     """(MetricSeries fields enum, its points' properties besides step and time, the ASHA
-    metric enum)."""
+    metric enum, the sweep's metric enum or None)."""
     schemas = spec["components"]["schemas"]
     ms = schemas["MetricSeries"]["properties"]
     enum = ms["fields"]["items"]["enum"]
@@ -145,7 +148,8 @@ def openapi_names(spec):
                 walk(v)
 
     walk(spec)
-    return enum, points, asha
+    sweep = schemas.get("SweepSpec", {}).get("properties", {}).get("metric", {}).get("enum")
+    return enum, points, asha, sweep
 
 
 def train_keys(text):
@@ -174,7 +178,7 @@ def check(doc, routes, spec, train, app, prom, old_hits, where):
     series, beside, by_event, doc_prom = voc
     all_names = set(series) | set(beside)
     fields, listed = route_names(routes)
-    enum, points, asha = openapi_names(spec)
+    enum, points, asha, sweep = openapi_names(spec)
     for label, names in (("server/routes_jobs.c metric_fields", fields),
                          ("server/routes_jobs.c's 400 message for fields", listed),
                          ("api/openapi.yaml MetricSeries.fields enum", enum),
@@ -186,6 +190,9 @@ def check(doc, routes, spec, train, app, prom, old_hits, where):
                             f"{', '.join(series)}")
     if asha is None or list(asha) != series[:4]:
         problems.append(f"{where}: the ASHA metric enum is {asha}; the Metrics table's first "
+                        f"four are {series[:4]}")
+    if sweep is None or list(sweep) != series[:4]:
+        problems.append(f"{where}: the sweep metric enum is {sweep}; the Metrics table's first "
                         f"four are {series[:4]}")
     printed = train_keys(train) - STRUCTURAL
     for k in sorted(printed - all_names):
@@ -211,8 +218,8 @@ SELF_DOC = """
 |---|---|---|---|
 | `loss` | a | b | c |
 | `accuracy` | a | b | c |
-| `eval_loss` | a | b | `fusebox_gone_metric` |
-| `eval_accuracy` | a | b | c |
+| `val_loss` | a | b | `fusebox_gone_metric` |
+| `val_accuracy` | a | b | c |
 
 Beside:
 
@@ -223,41 +230,45 @@ Beside:
 | event | metric keys | other keys |
 |---|---|---|
 | `step` | `loss`, `accuracy`, `lr` | |
-| `eval` | `eval_loss`, `eval_accuracy`, `eval_f1` | |
+| `eval` | `val_loss`, `val_accuracy`, `val_f1` | |
 
 ## Next
 """
 SELF_ROUTES = """
-static const char *const metric_fields[] = {"loss", "accuracy", "eval_loss", "eval_accuracy",
+static const char *const metric_fields[] = {"loss", "accuracy", "val_loss", "val_accuracy",
                                             "slowdown"};
     return fb_req_fail(req, FB_ERR_BAD_QUERY, "fields", "fields: a comma-separated list of "
-                       "loss, accuracy, eval_loss, eval_accuracy");
+                       "loss, accuracy, val_loss, val_accuracy");
 """
 SELF_SPEC = {"components": {"schemas": {
     "MetricSeries": {"properties": {
-        "fields": {"items": {"enum": ["loss", "accuracy", "eval_loss", "eval_accuracy"]}},
+        "fields": {"items": {"enum": ["loss", "accuracy", "val_loss", "val_accuracy"]}},
         "points": {"items": {"properties": {"step": {}, "time": {}, "loss": {}, "accuracy": {},
-                                            "eval_loss": {}, "eval_accuracy": {}}}}}},
-    "Rule": {"properties": {"metric": {"enum": ["loss", "accuracy", "eval_loss", "test_acc"]},
+                                            "val_loss": {}, "val_accuracy": {}}}}}},
+    "SweepSpec": {"properties": {"metric": {"enum": ["loss", "accuracy", "val_loss",
+                                                     "test_accuracy"]}}},
+    "Rule": {"properties": {"metric": {"enum": ["loss", "accuracy", "val_loss", "test_acc"]},
                             "grace_steps": {}}}}}}
 SELF_TRAIN = r"""
 printf(",\"loss\":%g,\"accuracy\":%g,\"lr\":%g,\"samples\":%d", a, b, c, d);
-printf(",\"eval_loss\":%g,\"eval_accuracy\":%g", a, b);
+printf(",\"val_loss\":%g,\"val_accuracy\":%g", a, b);
 """
-SELF_APP = "fmt(metricOf(j, 'eval_accuracy')); series.column('test_accuracy');"
+SELF_APP = "fmt(metricOf(j, 'val_accuracy')); series.column('eval_accuracy');"
 SELF_PROM = "fusebox_job_slowdown"
-SELF_OLD = ["web/app.js: test_accuracy"]
+SELF_OLD = ["web/app.js: eval_accuracy"]
 SELF_EXPECTED = [
-    "self-test: server/routes_jobs.c metric_fields is loss, accuracy, eval_loss, eval_accuracy, "
-    "slowdown; the Metrics table says loss, accuracy, eval_loss, eval_accuracy",
-    "self-test: the ASHA metric enum is ['loss', 'accuracy', 'eval_loss', 'test_acc']; the Metrics "
-    "table's first four are ['loss', 'accuracy', 'eval_loss', 'eval_accuracy']",
+    "self-test: server/routes_jobs.c metric_fields is loss, accuracy, val_loss, val_accuracy, "
+    "slowdown; the Metrics table says loss, accuracy, val_loss, val_accuracy",
+    "self-test: the ASHA metric enum is ['loss', 'accuracy', 'val_loss', 'test_acc']; the Metrics "
+    "table's first four are ['loss', 'accuracy', 'val_loss', 'val_accuracy']",
+    "self-test: the sweep metric enum is ['loss', 'accuracy', 'val_loss', 'test_accuracy']; the "
+    "Metrics table's first four are ['loss', 'accuracy', 'val_loss', 'val_accuracy']",
     "self-test: fusebox-train prints \"samples\", which is not in the Metrics tables",
-    "self-test: the event table lists eval_f1, which fusebox-train does not print",
+    "self-test: the event table lists val_f1, which fusebox-train does not print",
     "self-test: fusebox-train prints \"samples\", which the event table does not list",
-    "self-test: the dashboard reads metric 'test_accuracy', which is not in the Metrics tables",
+    "self-test: the dashboard reads metric 'eval_accuracy', which is not in the Metrics tables",
     "self-test: the Metrics tables name fusebox_gone_metric, which server/metrics.c does not serve",
-    "self-test: web/app.js: test_accuracy",
+    "self-test: web/app.js: eval_accuracy",
 ]
 
 

@@ -10,7 +10,8 @@
  *     PyTorch state-dict names and shapes;
  *   - the metric names are docs/jobspec.md's: every line of every event kind
  *     has exactly its documented keys (a table), evaluated or not, with or
- *     without --out; with --no-eval no eval event and no eval_* key;
+ *     without --out; with --no-eval no eval event and no val_* or test_* key;
+ *     done carries the final validation and the test evaluation;
  *   - "init" is honoured: one update at lr 1e-6 stays within 2e-6 of the init
  *     file (Adam's first step moves a parameter by at most lr), far from the
  *     seeded initialisation;
@@ -267,7 +268,7 @@ static double ev_num(const json_t *o, const char *key)
 /*
  * The keys of each event kind beyond the common ones: docs/jobspec.md's
  * "Metrics" tables, the one vocabulary of the CLI, the API and the dashboard.
- * evaluated: the run has a test split (no --no-eval); weights: the kind also
+ * evaluated: the run validates and tests (no --no-eval); weights: the kind also
  * carries "weights" when the run writes them (--out).
  */
 static const struct {
@@ -277,8 +278,8 @@ static const struct {
 } event_keys[] = {
     {"step", true, false, {"loss", "accuracy", "lr", "samples_per_s", "io_ms"}},
     {"step", false, false, {"loss", "accuracy", "lr", "samples_per_s", "io_ms"}},
-    {"eval", true, false, {"eval_loss", "eval_accuracy"}},
-    {"done", true, true, {"eval_loss", "eval_accuracy"}},
+    {"eval", true, false, {"val_loss", "val_accuracy"}},
+    {"done", true, true, {"val_loss", "val_accuracy", "test_loss", "test_accuracy"}},
     {"done", false, true, {NULL}}, /* never a training value under an evaluation name */
     {"checkpoint", true, true, {NULL}},
     {"checkpoint", false, true, {NULL}},
@@ -327,9 +328,10 @@ static int check_event_keys(const events *ev, bool evaluated, bool weights)
         json_t *val;
         json_object_foreach(ev->e[i], key, val)
         {
-            bool old = strncmp(key, "test_", 5) == 0 || strcmp(key, "train_accuracy") == 0 ||
+            bool old = strncmp(key, "eval_", 5) == 0 || strcmp(key, "train_accuracy") == 0 ||
                        strcmp(key, "io_wait_ms") == 0;
-            if (old || (!evaluated && strncmp(key, "eval_", 5) == 0)) {
+            if (old || (!evaluated && (strncmp(key, "val_", 4) == 0 ||
+                                       strncmp(key, "test_", 5) == 0))) {
                 fprintf(stderr, "key \"%s\" is not in the vocabulary of this run: %s\n", key, line);
                 abort();
             }
@@ -439,17 +441,21 @@ static void test_good_run(void)
         CHECK_INT_EQ(n, n_evals[j]);
         for (int i = 0; i < n; i++) {
             CHECK_INT_EQ(ev_int(sel[i], "step"), j == 0 ? 6 * (i + 1) : last[j]);
-            double acc = ev_num(sel[i], "eval_accuracy");
-            CHECK(acc >= 0 && acc <= 1 && isfinite(ev_num(sel[i], "eval_loss")));
+            double acc = ev_num(sel[i], "val_accuracy");
+            CHECK(acc >= 0 && acc <= 1 && isfinite(ev_num(sel[i], "val_loss")));
         }
         json_t *evals[MAX_LINES];
         int n_ev = select_events(&ev, jobs[j], "eval", evals);
         n = select_events(&ev, jobs[j], "done", sel);
         CHECK_INT_EQ(n, 1);
         CHECK_INT_EQ(ev_int(sel[0], "step"), last[j]);
-        /* done carries the final evaluation: the last eval event's values */
-        CHECK(ev_num(sel[0], "eval_loss") == ev_num(evals[n_ev - 1], "eval_loss"));
-        CHECK(ev_num(sel[0], "eval_accuracy") == ev_num(evals[n_ev - 1], "eval_accuracy"));
+        /* done carries the final validation (the last eval event's values) and the test
+         * evaluation, on other samples: another loss */
+        CHECK(ev_num(sel[0], "val_loss") == ev_num(evals[n_ev - 1], "val_loss"));
+        CHECK(ev_num(sel[0], "val_accuracy") == ev_num(evals[n_ev - 1], "val_accuracy"));
+        double tacc = ev_num(sel[0], "test_accuracy");
+        CHECK(tacc >= 0 && tacc <= 1 && isfinite(ev_num(sel[0], "test_loss")));
+        CHECK(ev_num(sel[0], "test_loss") != ev_num(sel[0], "val_loss"));
         char want[1300];
         snprintf(want, sizeof want, "%s/%s.safetensors", out, jobs[j]);
         CHECK_STR_EQ(ev_str(sel[0], "weights"), want);
@@ -472,11 +478,15 @@ static void test_good_run(void)
         CHECK(fb_st_metadata_get(f, "fusebox_version") != NULL);
         json_t *m = json_loads(fb_st_metadata_get(f, "metrics"), 0, NULL);
         CHECK(json_is_object(m));
-        CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), last[j]);
-        CHECK_NEAR(json_number_value(json_object_get(m, "eval_loss")), ev_num(sel[0], "eval_loss"),
-                   1e-6 * ev_num(sel[0], "eval_loss"));
-        CHECK_NEAR(json_number_value(json_object_get(m, "eval_accuracy")),
-                   ev_num(sel[0], "eval_accuracy"), 1e-5); /* printed in 6 digits */
+        CHECK_INT_EQ(json_integer_value(json_object_get(m, "val_step")), last[j]);
+        CHECK_NEAR(json_number_value(json_object_get(m, "val_loss")), ev_num(sel[0], "val_loss"),
+                   1e-6 * ev_num(sel[0], "val_loss"));
+        CHECK_NEAR(json_number_value(json_object_get(m, "val_accuracy")),
+                   ev_num(sel[0], "val_accuracy"), 1e-5); /* printed in 6 digits */
+        CHECK_NEAR(json_number_value(json_object_get(m, "test_loss")),
+                   ev_num(sel[0], "test_loss"), 1e-6 * ev_num(sel[0], "test_loss"));
+        CHECK_NEAR(json_number_value(json_object_get(m, "test_accuracy")),
+                   ev_num(sel[0], "test_accuracy"), 1e-5);
         CHECK(json_is_number(json_object_get(m, "loss")) &&
               json_is_number(json_object_get(m, "accuracy")));
         json_decref(m);
@@ -493,7 +503,8 @@ static void test_good_run(void)
 }
 
 /* The same vocabulary with and without evaluation, with and without --out: each line's keys
- * are exactly its kind's (event_keys); with --no-eval no eval event and no eval_* key. */
+ * are exactly its kind's (event_keys); with --no-eval no eval event and no val_* or test_*
+ * key. */
 static void test_metric_names(void)
 {
     char a[1200], b[1200], out[1200];
@@ -530,7 +541,8 @@ static void test_metric_names(void)
         CHECK_INT_EQ(select_events(&ev, "names-a", "eval", sel), runs[k].eval ? 3 : 0);
         if (runs[k].write) {
             /* the files' metrics use the same names: the checkpoint of step 6 has the
-             * evaluation of step 4, the model the final one; without evaluation none */
+             * validation of step 4 and no test evaluation yet, the model the final ones;
+             * without evaluation none */
             const char *files[] = {"names-a.checkpoint.safetensors", "names-a.safetensors"};
             const int eval_step[] = {4, 9};
             for (int i = 0; i < 2; i++) {
@@ -542,13 +554,15 @@ static void test_metric_names(void)
                 CHECK(json_is_number(json_object_get(m, "loss")));
                 CHECK(json_is_number(json_object_get(m, "accuracy")));
                 if (runs[k].eval) {
-                    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")),
+                    CHECK_INT_EQ(json_integer_value(json_object_get(m, "val_step")),
                                  eval_step[i]);
-                    CHECK(json_is_number(json_object_get(m, "eval_loss")));
-                    CHECK(json_is_number(json_object_get(m, "eval_accuracy")));
-                    CHECK_INT_EQ(json_object_size(m), 5);
+                    CHECK(json_is_number(json_object_get(m, "val_loss")));
+                    CHECK(json_is_number(json_object_get(m, "val_accuracy")));
+                    CHECK_INT_EQ(json_is_number(json_object_get(m, "test_loss")), i == 1);
+                    CHECK_INT_EQ(json_is_number(json_object_get(m, "test_accuracy")), i == 1);
+                    CHECK_INT_EQ(json_object_size(m), i == 1 ? 7 : 5);
                 } else {
-                    CHECK_INT_EQ(json_object_size(m), 2); /* no eval_* key at all */
+                    CHECK_INT_EQ(json_object_size(m), 2); /* no val_* or test_* key at all */
                 }
                 json_decref(m);
                 fb_st_close(f);

@@ -347,14 +347,14 @@ int main(void)
     /* and its final evaluation: the same test loss within float rounding */
     char log[400], line[1024];
     snprintf(sql, sizeof sql,
-             "SELECT latest_metrics->>'eval_loss' FROM jobs WHERE id = '%s'", id);
+             "SELECT latest_metrics->>'val_loss' FROM jobs WHERE id = '%s'", id);
     double loss = strtod(fbt_sql_value(&T.s, sql), NULL), ref_loss = NAN;
     snprintf(log, sizeof log, "%s/reference.log", T.root);
     FILE *f = fopen(log, "r");
     CHECK(f != NULL);
     while (fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"eval_loss\":") : NULL;
-        if (at) ref_loss = strtod(at + strlen("\"eval_loss\":"), NULL);
+        const char *at = strstr(line, "\"event\":\"done\"") ? strstr(line, "\"val_loss\":") : NULL;
+        if (at) ref_loss = strtod(at + strlen("\"val_loss\":"), NULL);
     }
     fclose(f);
     double rel = fabs(loss - ref_loss) / fabs(ref_loss);

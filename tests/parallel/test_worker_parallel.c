@@ -198,21 +198,23 @@ static model_out alone(const job *jb, const char *data_dir)
     fb_backend_t *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
-    fb_dataset train = {0}, test = {0};
+    fb_dataset train = {0}, val = {0}, test = {0};
     fb_loader *loader = NULL;
     fb_data_source_opts so = {.batch_size = jb->spec.batch_size, .shuffle = jb->spec.shuffle,
-                              .data_seed = jb->spec.data_seed, .want_test = true};
-    CHECK_INT_EQ(fb_data_open_named(&train, &test, &loader, "synth", data_dir, &so, msg,
+                              .data_seed = jb->spec.data_seed, .want_test = true,
+                              .want_val = true, .val_fraction = jb->spec.val_fraction};
+    CHECK_INT_EQ(fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg,
                                     sizeof msg),
                  FB_OK);
     model_out r = {0};
-    fb_train_opts o = {.blobs = true, .loader = loader, .cb = on_done, .user = &r};
+    fb_train_opts o = {.blobs = true, .loader = loader, .cb = on_done, .user = &r, .test = &test};
     const fb_job_spec *specs[1] = {&jb->spec};
-    int err = fb_train_run(be, specs, 1, &train, &test, &o, NULL, NULL, msg, sizeof msg);
+    int err = fb_train_run(be, specs, 1, &train, &val, &o, NULL, NULL, msg, sizeof msg);
     if (err) fprintf(stderr, "reference: %s\n", msg);
     CHECK_INT_EQ(err, FB_OK);
     fb_loader_free(loader);
     fb_dataset_free(&train);
+    fb_dataset_free(&val);
     fb_dataset_free(&test);
     CHECK(r.model != NULL);
     return r;

@@ -87,8 +87,8 @@ class Client(unittest.TestCase):
         self.assertTrue(series and all(isinstance(p, dict) and "step" in p for p in series))
         self.assertEqual([p["step"] for p in series], sorted(p["step"] for p in series))
         self.assertTrue(any(M.LOSS in p for p in series))
-        only = self.c.metrics(job["id"], fields=[M.EVAL_ACCURACY])
-        self.assertTrue(all(set(p) <= {"step", "time", M.EVAL_ACCURACY} for p in only))
+        only = self.c.metrics(job["id"], fields=[M.VAL_ACCURACY])
+        self.assertTrue(all(set(p) <= {"step", "time", M.VAL_ACCURACY} for p in only))
 
         path = os.path.join(self.tmp.name, "round-trip.safetensors")
         self.assertEqual(self.c.download(job["id"], path), path)
@@ -102,23 +102,25 @@ class Client(unittest.TestCase):
         self.assertFalse(torch.equal(module[1].weight, net[1].weight))
 
         reported = job["latest_metrics"]
-        self.assertEqual(spec.metrics[M.EVAL_STEP], 120)
-        for k in M.EVALUATION:
+        self.assertEqual(spec.metrics[M.VAL_STEP], 120)
+        for k in M.VALIDATION + M.TEST:
             self.assertAlmostEqual(spec.metrics[k], reported[k], places=6, msg=k)
 
+        # the test split: what the job's test evaluation measured (its validation measured
+        # records held out of train)
         x = spec.preprocess(idx(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")))
         y = idx(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")).to(torch.int64)
         with torch.no_grad():
             logits = module(x)
         acc = (logits.argmax(dim=1) == y).double().mean().item()
         loss = F.cross_entropy(logits, y).item()
-        print(f"\n  round trip: fusebox eval_accuracy {reported[M.EVAL_ACCURACY]:.4f}, torch "
-              f"{acc:.4f}; eval_loss {reported[M.EVAL_LOSS]:.6f}, torch {loss:.6f}",
+        print(f"\n  round trip: fusebox test_accuracy {reported[M.TEST_ACCURACY]:.4f}, torch "
+              f"{acc:.4f}; test_loss {reported[M.TEST_LOSS]:.6f}, torch {loss:.6f}",
               file=sys.stderr)
         self.assertGreater(acc, 0.5)  # it learnt: chance is 0.1
         # summation order may move a sample across a tie: at most 2 of 10000
-        self.assertLessEqual(abs(acc - reported[M.EVAL_ACCURACY]), 2e-4)
-        self.assertLessEqual(abs(loss - reported[M.EVAL_LOSS]), 1e-4 * abs(loss))
+        self.assertLessEqual(abs(acc - reported[M.TEST_ACCURACY]), 2e-4)
+        self.assertLessEqual(abs(loss - reported[M.TEST_LOSS]), 1e-4 * abs(loss))
 
     def test_sweep_list_cancel(self):
         base = synth_settings("py-sweep", 1000000)
@@ -185,7 +187,7 @@ class Cli(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             job_id, final = r.stdout.splitlines()[:2]
             self.assertIn("completed step 30", final)
-            self.assertIn(M.EVAL_ACCURACY, final)
+            self.assertIn(M.VAL_ACCURACY, final)
 
             r = self.run_cli("ls", "--name", "py-cli")
             self.assertEqual(r.returncode, 0, r.stderr)

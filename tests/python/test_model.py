@@ -85,8 +85,8 @@ def fusebox_like_file(path, model, module, extra_meta=None, drop=None, optim=Fal
     meta = {"spec": json.dumps(spec, sort_keys=True), "step": "3",
             "preprocess": json.dumps({"uint8_scale": 1 / 255}),
             "fusebox_version": "0.1.0",
-            "metrics": json.dumps({M.LOSS: 0.5, M.ACCURACY: 0.75, M.EVAL_LOSS: 0.6,
-                                   M.EVAL_ACCURACY: 0.7, M.EVAL_STEP: 3})}
+            "metrics": json.dumps({M.LOSS: 0.5, M.ACCURACY: 0.75, M.VAL_LOSS: 0.6,
+                                   M.VAL_ACCURACY: 0.7, M.VAL_STEP: 3})}
     if optim:
         meta["format"] = "fusebox-checkpoint-1"
     meta.update(extra_meta or {})
@@ -299,8 +299,8 @@ class Files(unittest.TestCase):
                 self.assertEqual(spec.step, 3)
                 self.assertEqual(spec.checkpoint, optim)
                 self.assertEqual(spec.fusebox_version, "0.1.0")
-                self.assertEqual(spec.metrics[M.EVAL_ACCURACY], 0.7)
-                self.assertEqual(spec.metrics[M.EVAL_STEP], 3)
+                self.assertEqual(spec.metrics[M.VAL_ACCURACY], 0.7)
+                self.assertEqual(spec.metrics[M.VAL_STEP], 3)
                 self.assertEqual(fusebox.read_spec(p), spec)  # no torch needed for this
                 self.assertEqual(fusebox.read_spec(p).metrics, spec.metrics)
 

@@ -325,8 +325,9 @@ static void test_metrics_series(void)
     fbt_expect(&r, 200, NULL, "metrics");
     json_t *pts = json_object_get(r.json, "points");
     CHECK_INT_EQ(json_array_size(pts), 10);
-    CHECK_INT_EQ(json_array_size(json_object_get(r.json, "fields")), 10);
-    CHECK(json_is_null(json_object_get(json_array_get(pts, 0), "eval_loss")));
+    CHECK_INT_EQ(json_array_size(json_object_get(r.json, "fields")), 12);
+    CHECK(json_is_null(json_object_get(json_array_get(pts, 0), "val_loss")));
+    CHECK(json_is_null(json_object_get(json_array_get(pts, 0), "test_loss")));
     CHECK_NEAR(json_number_value(json_object_get(json_array_get(pts, 3), "loss")), 0.5, 1e-12);
     fbt_resp_free(&r);
     snprintf(path, sizeof path, "/v1/jobs/%s/metrics?since_step=40&fields=loss,slowdown", job1);
@@ -412,7 +413,7 @@ static const char *sweep_body(const char *name, const char *search)
              " [1, 28, 28], \"layers\": [{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\":"
              " 10}]}, \"batch_size\": 32, \"steps\": 200, \"optimizer\": {\"type\": \"adamw\","
              " \"lr\": 0.001}}, \"search\": %s, \"early_stopping\": {\"type\": \"asha\","
-             " \"metric\": \"eval_loss\", \"grace_steps\": 20}}",
+             " \"metric\": \"val_loss\", \"grace_steps\": 20}}",
              name, search);
     return buf;
 }
@@ -444,16 +445,19 @@ static void test_sweeps(void)
     fbt_expect(&r, 200, NULL, "jobs of a sweep");
     CHECK_INT_EQ(json_array_size(json_object_get(r.json, "jobs")), 6);
     fbt_resp_free(&r);
-    /* trial 2 reaches the lowest eval_loss */
+    /* trial 2 reaches the lowest val_loss, trial 4 the lowest test_loss (far lower): the best
+     * trial is chosen on validation, the test values are only reported */
     snprintf(sql, sizeof sql,
-             "INSERT INTO job_metrics (job_id, step, eval_loss) SELECT j.id, s * 20,"
-             " 1.0 + abs(j.trial_index - 2) + 1.0 / (s + 1) FROM jobs j, generate_series(1, 3) s"
-             " WHERE j.sweep_id = '%s'",
+             "INSERT INTO job_metrics (job_id, step, val_loss, test_loss) SELECT j.id, s * 20,"
+             " 1.0 + abs(j.trial_index - 2) + 1.0 / (s + 1),"
+             " CASE WHEN s = 3 THEN 0.01 + abs(j.trial_index - 4) END"
+             " FROM jobs j, generate_series(1, 3) s WHERE j.sweep_id = '%s'",
              id);
     PQclear(fbt_sql(&S, sql));
     snprintf(path, sizeof path, "/v1/sweeps/%s", id);
     r = fbt_call(&S, "GET", path, alice_key, NULL);
     fbt_expect(&r, 200, NULL, "get sweep");
+    CHECK_STR_EQ(jstr(json_object_get(r.json, "metric"), "name"), "val_loss");
     json_t *best = json_object_get(r.json, "best_trial");
     CHECK_INT_EQ(json_integer_value(json_object_get(best, "index")), 2);
     CHECK_NEAR(json_number_value(json_object_get(best, "value")), 1.25, 1e-12);
@@ -521,6 +525,36 @@ static void test_sweeps(void)
     fbt_expect(&r, 400, "out_of_range", "a trial with lr 0");
     CHECK_STR_EQ(jstr(json_object_get(r.json, "error"), "field"), "base.optimizer.lr");
     fbt_resp_free(&r);
+    /* a test metric never decides: refused as the sweep's metric and as ASHA's, nothing made */
+    static const char *const test_metric[][2] = {
+        {"{\"name\": \"peek\", \"metric\": \"test_accuracy\", \"base\": {\"dataset\":"
+         " \"fashion-mnist\", \"model\": {\"input\": [1, 28, 28], \"layers\": [{\"type\":"
+         " \"flatten\"}, {\"type\": \"linear\", \"out\": 10}]}, \"batch_size\": 32, \"steps\":"
+         " 200, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}, \"search\": {\"type\":"
+         " \"grid\", \"params\": {\"seed\": {\"values\": [1, 2]}}}}",
+         "metric"},
+        {"{\"name\": \"peek2\", \"base\": {\"dataset\": \"fashion-mnist\", \"model\":"
+         " {\"input\": [1, 28, 28], \"layers\": [{\"type\": \"flatten\"}, {\"type\":"
+         " \"linear\", \"out\": 10}]}, \"batch_size\": 32, \"steps\": 200, \"optimizer\":"
+         " {\"type\": \"sgd\", \"lr\": 0.1}}, \"search\": {\"type\": \"grid\", \"params\":"
+         " {\"seed\": {\"values\": [1, 2]}}}, \"early_stopping\": {\"type\": \"asha\","
+         " \"metric\": \"test_loss\"}}",
+         "early_stopping.metric"},
+    };
+    const char *count = "SELECT count(*) FROM sweeps";
+    PGresult *before = fbt_sql(&S, count);
+    long n_before = strtol(PQgetvalue(before, 0, 0), NULL, 10);
+    PQclear(before);
+    for (size_t i = 0; i < sizeof test_metric / sizeof test_metric[0]; i++) {
+        r = fbt_call(&S, "POST", "/v1/sweeps", alice_key, test_metric[i][0]);
+        fbt_expect(&r, 400, "bad_enum", "a sweep deciding on a test metric");
+        CHECK_STR_EQ(jstr(json_object_get(r.json, "error"), "field"), test_metric[i][1]);
+        CHECK(strstr(jstr(json_object_get(r.json, "error"), "message"), "test split") != NULL);
+        fbt_resp_free(&r);
+    }
+    PGresult *after = fbt_sql(&S, count);
+    CHECK_INT_EQ(strtol(PQgetvalue(after, 0, 0), NULL, 10), n_before);
+    PQclear(after);
 }
 
 /* The array with this id in a /v1/cluster answer; fails the test without it. */

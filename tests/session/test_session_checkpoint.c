@@ -77,14 +77,16 @@ static json_t *check_description(const fb_st_file *f, const fb_job_spec *s)
     return m;
 }
 
-/* A metrics object with training values and, without a test split, no evaluation. */
+/* A metrics object with training values and, without a validation set or test split, no
+ * evaluation. */
 static void check_train_metrics(json_t *m)
 {
     CHECK(json_is_number(json_object_get(m, "loss")));
     CHECK(json_number_value(json_object_get(m, "loss")) > 0);
     double acc = json_number_value(json_object_get(m, "accuracy"));
     CHECK(json_is_number(json_object_get(m, "accuracy")) && acc >= 0 && acc <= 1);
-    CHECK(json_object_get(m, "eval_loss") == NULL && json_object_get(m, "eval_step") == NULL);
+    CHECK(json_object_get(m, "val_loss") == NULL && json_object_get(m, "val_step") == NULL);
+    CHECK(json_object_get(m, "test_loss") == NULL);
     CHECK_INT_EQ(json_object_size(m), 2);
     json_decref(m);
 }
@@ -373,14 +375,17 @@ static void test_bad_checkpoints(const char *layers, bool cnn_case)
          "accuracy above 1"},
         {"{\"loss\": 0.5}", "metrics has loss without accuracy", "loss alone"},
         {"{\"accuracy\": 0.5}", "metrics has accuracy without loss", "accuracy alone"},
-        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5, \"eval_step\": 13}",
-         "metrics.eval_step is not a step in [1, 12]", "evaluation after the step"},
-        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5, \"eval_step\": 1.5}",
-         "metrics.eval_step is not a step", "eval_step a fraction"},
-        {"{\"eval_loss\": 0.5, \"eval_accuracy\": 0.5}", "needs eval_loss, eval_accuracy and eval_step",
-         "evaluation without its step"},
-        {"{\"eval_step\": 4}", "needs eval_loss, eval_accuracy and eval_step",
-         "a step without its evaluation"},
+        {"{\"val_loss\": 0.5, \"val_accuracy\": 0.5, \"val_step\": 13}",
+         "metrics.val_step is not a step in [1, 12]", "validation after the step"},
+        {"{\"val_loss\": 0.5, \"val_accuracy\": 0.5, \"val_step\": 1.5}",
+         "metrics.val_step is not a step", "val_step a fraction"},
+        {"{\"val_loss\": 0.5, \"val_accuracy\": 0.5}", "needs val_loss, val_accuracy and val_step",
+         "validation without its step"},
+        {"{\"val_step\": 4}", "needs val_loss, val_accuracy and val_step",
+         "a step without its validation"},
+        {"{\"test_loss\": 0.5}", "metrics has test_loss without test_accuracy", "test loss alone"},
+        {"{\"test_loss\": 0.5, \"test_accuracy\": 2}",
+         "metrics.test_accuracy is not a number in [0, 1]", "test accuracy above 1"},
     };
     for (size_t k = 0; k < sizeof bad_metrics / sizeof bad_metrics[0]; k++)
         refuse_edit(s, good, good_len,
@@ -450,9 +455,9 @@ static void test_metrics(void)
 
     fb_st_file *f = su_parse(at7, at7_len);
     json_t *m = check_description(f, sp);
-    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), 5);
-    CHECK(json_is_number(json_object_get(m, "eval_loss")));
-    CHECK(json_is_number(json_object_get(m, "eval_accuracy")));
+    CHECK_INT_EQ(json_integer_value(json_object_get(m, "val_step")), 5);
+    CHECK(json_is_number(json_object_get(m, "val_loss")));
+    CHECK(json_is_number(json_object_get(m, "val_accuracy")));
     CHECK(json_is_number(json_object_get(m, "loss")));
     CHECK(json_is_number(json_object_get(m, "accuracy")));
     CHECK_INT_EQ(json_object_size(m), 5);
@@ -472,11 +477,12 @@ static void test_metrics(void)
     CHECK(resumed.done[0].len == whole.done[0].len &&
           memcmp(resumed.done[0].data, whole.done[0].data, whole.done[0].len) == 0);
 
-    /* the final model: the last step's training values and the final evaluation */
+    /* the final model: the last step's training values and the final validation (no test
+     * split here) */
     f = su_parse(whole.done[0].data, whole.done[0].len);
     CHECK_STR_EQ(fb_st_metadata_get(f, "step"), "12");
     m = check_description(f, sp);
-    CHECK_INT_EQ(json_integer_value(json_object_get(m, "eval_step")), 12);
+    CHECK_INT_EQ(json_integer_value(json_object_get(m, "val_step")), 12);
     CHECK_INT_EQ(json_object_size(m), 5);
     /* the float loss in 9 digits: the same float */
     CHECK((float)json_number_value(json_object_get(m, "loss")) == (float)whole.loss[0][12]);

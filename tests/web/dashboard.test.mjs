@@ -108,7 +108,8 @@ let browser = null;
 
 // A learnable 4-class problem over F features (the label is the argmax of a
 // fixed linear map of x), imported as the shard dataset "synth" with a train
-// and a test split, so test accuracy well above chance means real training.
+// and a test split (validation holds out a tenth of train), so accuracy well above chance
+// on held-out records means real training.
 const F = 128;
 function importSynth() {
   let s = 12345;
@@ -380,7 +381,7 @@ try {
     await shot('05-job-training');
   });
 
-  await check('the trials complete and show their test accuracy', async () => {
+  await check('the trials complete and show their validation accuracy', async () => {
     if (paused) worker.kill('SIGCONT');
     if (bobJob) await call('POST', `/v1/jobs/${bobJob.id}/cancel`, bobKey, {});
     const done = await until('three completed trials', async () => {
@@ -390,10 +391,10 @@ try {
     await page.goto(`${base}/#/jobs?sweep=${sweep.id}`);
     await until('completed rows', async () => (await page.locator('#jobs tr[data-job] .s-completed').count()) === 3);
     for (const j of done) {
-      const acc = j.latest_metrics.eval_accuracy;
-      expect(acc > 0.5, `${j.name}: test accuracy ${acc} is not above chance (0.25)`);
+      const acc = j.latest_metrics.val_accuracy;
+      expect(acc > 0.5, `${j.name}: validation accuracy ${acc} is not above chance (0.25)`);
       const cell = await until(`${j.name}'s accuracy`, async () =>
-        (await page.locator(`#jobs tr[data-job="${j.id}"] td.eval-acc`).innerText()).trim());
+        (await page.locator(`#jobs tr[data-job="${j.id}"] td.val-acc`).innerText()).trim());
       expect(cell === fmt(acc), `${j.name}: shows ${cell}, the API says ${acc}`);
     }
     await shot('06-jobs-completed');
@@ -450,7 +451,7 @@ try {
       base: { dataset: 'synth', model: model(64), batch_size: 32, steps: 3000, eval_every: 100,
         optimizer: { type: 'adam', lr: 0.001 }, seed: 5 },
       search: { type: 'grid', params: { 'optimizer.lr': { values: [2e-5, 0.01, 1e-5] } } },
-      early_stopping: { type: 'asha', metric: 'eval_loss', mode: 'min', grace_steps: 100,
+      early_stopping: { type: 'asha', metric: 'val_loss', mode: 'min', grace_steps: 100,
         reduction_factor: 3, max_rungs: 2 },
     });
     const s = await until('the ASHA trials to finish with a stop', async () => {
@@ -468,7 +469,7 @@ try {
     `one trial stopped at rung 0, not the best: ${JSON.stringify(s.trials)}`);
     await page.goto(`${base}/#/sweeps/${asha.id}`);
     await until('trial rows', async () => (await page.locator('#trials tr[data-trial]').count()) === 3);
-    expect(/ASHA early stopping on eval_loss \(min\), rungs at steps 100, 300/.test(await text('#main .toolbar')),
+    expect(/ASHA early stopping on val_loss \(min\), rungs at steps 100, 300/.test(await text('#main .toolbar')),
       'the rule in the heading');
     for (const t of s.trials) {
       const row = page.locator(`#trials tr[data-trial="${t.index}"]`);

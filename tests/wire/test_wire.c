@@ -407,6 +407,11 @@ static void test_round_trips(void)
     round_trip(&m, 1);
     m = make_event(FB_EV_FINISHED, 1, "done", 0.125);
     round_trip(&m, 1);
+    m.test_loss = 0.5; /* the test evaluation at the member's end */
+    m.test_accuracy = 0.875;
+    round_trip(&m, 1);
+    m.test_loss = m.test_accuracy = NAN; /* none: not on the wire */
+    round_trip(&m, 1);
     m = make_event(FB_EV_DETACHED, 0, "", NAN);
     round_trip(&m, 0);
     m = make_event(FB_EV_FAILED, 0, "loss is not finite at step 40: \"nan\"\n\ttab", NAN);
@@ -993,6 +998,17 @@ static const bad_case bad_cases[] = {
      "job_id: required field missing"},
     {"event accuracy negative", EVENT("evaluated", ",'accuracy':-0.5"), 0,
      "accuracy: -0.5 is out of range"},
+    {"finished with its test evaluation", EVENT("finished", ",'test_loss':0.4,'test_accuracy':0.9"),
+     0, NULL},
+    {"finished with a null test evaluation",
+     EVENT("finished", ",'test_loss':null,'test_accuracy':null"), 0, NULL},
+    {"test accuracy above 1", EVENT("finished", ",'test_loss':0.4,'test_accuracy':1.5"), 0,
+     "test_accuracy: 1.5 is out of range"},
+    {"test loss a string", EVENT("finished", ",'test_loss':'low'"), 0, "test_loss: expected"},
+    {"a validation with a test value", EVENT("evaluated", ",'test_loss':0.4"), 0,
+     "test_loss: only a finished event carries a test evaluation, not an evaluated one"},
+    {"a checkpoint with a test value", EVENT("checkpointed", ",'blob':1,'test_accuracy':0.4"), 1,
+     "test_accuracy: only a finished event carries a test evaluation, not a checkpointed one"},
     {"event blob as string", EVENT("finished", ",'blob':'1'"), 1,
      "blob: expected an integer, got a string"},
     {"ack bad group", HDR("ack") "'seq':1,'group_id':'g1'}", 0, "group_id: \"g1\" is not a UUID"},

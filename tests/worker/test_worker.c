@@ -359,19 +359,23 @@ static void reference(ref_run *r, const fb_job_spec *const *specs, int n, const 
     fb_backend_t *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
-    fb_dataset train = {0}, test = {0};
+    fb_dataset train = {0}, val = {0}, test = {0};
     fb_loader *loader = NULL;
     fb_data_source_opts so = {.batch_size = specs[0]->batch_size, .shuffle = specs[0]->shuffle,
-                              .data_seed = specs[0]->data_seed, .want_test = true};
-    int err = fb_data_open_named(&train, &test, &loader, "synth", data_dir, &so, msg, sizeof msg);
+                              .data_seed = specs[0]->data_seed, .want_test = true,
+                              .want_val = true, .val_fraction = specs[0]->val_fraction};
+    int err = fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg,
+                                 sizeof msg);
     if (err) fprintf(stderr, "reference data: %s\n", msg);
     CHECK_INT_EQ(err, FB_OK);
-    fb_train_opts o = {.cb = ref_event, .user = r, .blobs = true, .loader = loader};
-    err = fb_train_run(be, specs, n, &train, &test, &o, r->loss, r->accuracy, msg, sizeof msg);
+    fb_train_opts o = {.cb = ref_event, .user = r, .blobs = true, .loader = loader,
+                       .test = &test};
+    err = fb_train_run(be, specs, n, &train, &val, &o, r->loss, r->accuracy, msg, sizeof msg);
     if (err) fprintf(stderr, "reference run: %s\n", msg);
     CHECK_INT_EQ(err, FB_OK);
     fb_loader_free(loader);
     fb_dataset_free(&train);
+    fb_dataset_free(&val);
     fb_dataset_free(&test);
     for (int i = 0; i < n; i++)
         CHECK(r->model[i] != NULL);

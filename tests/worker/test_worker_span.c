@@ -502,18 +502,21 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
     fb_backend_t *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
-    fb_dataset train = {0}, test = {0};
+    fb_dataset train = {0}, val = {0}, test = {0};
     fb_loader *loader = NULL;
     fb_data_source_opts so = {.batch_size = BATCH,
                               .shuffle = J->spec[0].shuffle,
                               .data_seed = J->spec[0].data_seed,
-                              .want_test = true};
+                              .want_test = true,
+                              .want_val = true, .val_fraction = J->spec[0].val_fraction};
     CHECK_INT_EQ(
-        fb_data_open_named(&train, &test, &loader, "synth", data_dir, &so, msg, sizeof msg), FB_OK);
+        fb_data_open_named(&train, &val, &test, &loader, "synth", data_dir, &so, msg, sizeof msg),
+        FB_OK);
     fb_device devs[2];
     CHECK_INT_EQ(fb_devices_discover(2, (uint64_t)1 << 30, devs, 2, msg, sizeof msg), 2);
     static const int64_t split[2] = {70, 58};
-    fb_train_opts o = {.cb = ref_event, .user = r, .blobs = true, .loader = loader, .log_every = 1};
+    fb_train_opts o = {.cb = ref_event, .user = r, .blobs = true, .loader = loader, .log_every = 1,
+                       .test = &test};
     if (devices == 2) {
         o.devices = devs;
         o.n_devices = 2;
@@ -523,7 +526,7 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
     for (int i = 0; i < N_JOBS; i++)
         specs[i] = &J->spec[i];
     fb_session *s = NULL;
-    int err = fb_session_new(&s, be, specs, N_JOBS, &train, &test, &o, msg, sizeof msg);
+    int err = fb_session_new(&s, be, specs, N_JOBS, &train, &val, &o, msg, sizeof msg);
     if (err) fprintf(stderr, "reference: %s\n", msg);
     CHECK_INT_EQ(err, FB_OK);
     int split_done = 0;
@@ -555,6 +558,7 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
     fb_session_free(s);
     fb_loader_free(loader);
     fb_dataset_free(&train);
+    fb_dataset_free(&val);
     fb_dataset_free(&test);
 }
 

@@ -622,8 +622,21 @@ done:
     return rc;
 }
 
+/* Whether record i of a split goes into a load of `part`. */
+static bool in_part(int64_t i, fb_data_part part, double val_fraction)
+{
+    if (part == FB_PART_ALL) return true;
+    return fb_data_held_out(i, val_fraction) == (part == FB_PART_HELD_OUT);
+}
+
 int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, char *msg,
                           size_t msg_cap)
+{
+    return fb_datadir_load_split_part(out, dir, split, FB_PART_ALL, 0, msg, msg_cap);
+}
+
+int fb_datadir_load_split_part(fb_dataset *out, const char *dir, const char *split,
+                               fb_data_part part, double val_fraction, char *msg, size_t msg_cap)
 {
     if (!out || !dir || !split)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_load_split: NULL argument");
@@ -652,14 +665,16 @@ int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, c
         goto done;
     }
     if ((rc = fb_manifest_check_files(&m, dir, split, msg, msg_cap))) goto done;
-    int64_t numel = m.sample_numel;
-    x = malloc((size_t)sp->samples * (size_t)numel * sizeof *x);
-    y = malloc((size_t)sp->samples * sizeof *y);
+    int64_t numel = m.sample_numel, want = 0;
+    for (int64_t i = 0; i < sp->samples; i++) want += in_part(i, part, val_fraction);
+    /* at least one element: an empty part is a valid dataset of 0 samples */
+    x = malloc(((size_t)want * (size_t)numel + 1) * sizeof *x);
+    y = malloc(((size_t)want + 1) * sizeof *y);
     if (!x || !y) {
         rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory loading %s (%s)", m.name, split);
         goto done;
     }
-    int64_t at = 0;
+    int64_t at = 0, rec = 0;
     for (int i = 0; i < sp->n_shards; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, sp->shards[i].path);
         if ((rc = fb_shard_open(&r, path, msg, msg_cap))) goto done;
@@ -667,7 +682,7 @@ int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, c
         for (int64_t c = 0; c < mt->chunks; c++) {
             fb_shard_chunk ch;
             if ((rc = fb_shard_read_chunk(&ch, NULL, 0, s, r, c, msg, msg_cap))) goto done;
-            for (int64_t k = 0; k < ch.records; k++, at++) {
+            for (int64_t k = 0; k < ch.records; k++, rec++) {
                 if (ch.labels[k] < 0 || ch.labels[k] >= m.n_classes) {
                     rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                                  "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
@@ -675,8 +690,9 @@ int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, c
                                  path, c, ch.first_record + k, ch.labels[k], m.n_classes);
                     goto done;
                 }
+                if (!in_part(rec, part, val_fraction)) continue;
                 y[at] = ch.labels[k];
-                float *dst = x + at * numel;
+                float *dst = x + at++ * numel;
                 if (m.dtype == FB_DTYPE_U8) {
                     const uint8_t *src = (const uint8_t *)ch.values + k * numel;
                     for (int64_t v = 0; v < numel; v++) dst[v] = (float)src[v] / 255.0f;
@@ -688,7 +704,7 @@ int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, c
         fb_shard_close(r);
         r = NULL;
     }
-    out->n = sp->samples;
+    out->n = want;
     if (m.ndim == 3) {
         out->C = (int)m.shape[0], out->H = (int)m.shape[1], out->W = (int)m.shape[2];
     } else {
@@ -724,18 +740,86 @@ int fb_datadir_resolve(char *dir, size_t dir_cap, const char *name, const char *
     return stat(mpath, &st) == 0 && S_ISREG(st.st_mode) ? 1 : 0;
 }
 
-int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, const char *name,
-                       const char *data_dir, const fb_data_source_opts *o, char *msg,
+int fb_dataset_holdout(fb_dataset *train, fb_dataset *val, double val_fraction, char *msg,
                        size_t msg_cap)
 {
-    if (!train || !test || !loader || !name || !o)
+    if (!train || !val)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_dataset_holdout: NULL argument");
+    int64_t numel = (int64_t)train->C * train->H * train->W, held = 0;
+    for (int64_t i = 0; i < train->n; i++) held += fb_data_held_out(i, val_fraction);
+    fb_dataset v = {.n = held, .C = train->C, .H = train->H, .W = train->W,
+                    .n_classes = train->n_classes};
+    v.x = malloc(((size_t)held * (size_t)numel + 1) * sizeof *v.x);
+    v.y = malloc(((size_t)held + 1) * sizeof *v.y);
+    if (!v.x || !v.y) {
+        fb_dataset_free(&v);
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory holding out validation records");
+    }
+    /* in place: the kept records move down in order, the held ones go to val */
+    int64_t k = 0, h = 0;
+    for (int64_t i = 0; i < train->n; i++) {
+        const float *src = train->x + i * numel;
+        if (fb_data_held_out(i, val_fraction)) {
+            memcpy(v.x + h * numel, src, (size_t)numel * sizeof *src);
+            v.y[h++] = train->y[i];
+        } else {
+            if (k != i) memmove(train->x + k * numel, src, (size_t)numel * sizeof *src);
+            train->y[k++] = train->y[i];
+        }
+    }
+    train->n = k;
+    *val = v;
+    return 0;
+}
+
+const char *fb_datadir_val_split(const fb_manifest *m)
+{
+    static const char *const names[] = {"val", "validation"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (fb_manifest_find_split(m, names[i])) return names[i];
+    return NULL;
+}
+
+int fb_datadir_load_val(fb_dataset *val, double *held_fraction, const char *dir,
+                        double val_fraction, bool load, char *msg, size_t msg_cap)
+{
+    if (!val || !held_fraction || !dir)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_load_val: NULL argument");
+    fb_manifest m;
+    int rc = fb_manifest_open_dir(&m, dir, msg, msg_cap);
+    if (rc) return rc;
+    const char *split = fb_datadir_val_split(&m);
+    char name[FB_MANIFEST_SPLIT_MAX + 1];
+    snprintf(name, sizeof name, "%s", split ? split : "");
+    fb_manifest_free(&m);
+    fb_dataset v = {0};
+    if (load && split)
+        rc = fb_datadir_load_split(&v, dir, name, msg, msg_cap);
+    else if (load && val_fraction > 0)
+        rc = fb_datadir_load_split_part(&v, dir, "train", FB_PART_HELD_OUT, val_fraction, msg,
+                                        msg_cap);
+    if (rc) return rc;
+    *held_fraction = split ? 0 : val_fraction;
+    *val = v;
+    return 0;
+}
+
+int fb_data_open_named(fb_dataset *train, fb_dataset *val, fb_dataset *test, fb_loader **loader,
+                       const char *name, const char *data_dir, const fb_data_source_opts *o,
+                       char *msg, size_t msg_cap)
+{
+    if (!train || !val || !test || !loader || !name || !o)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_data_open_named: NULL argument");
+    if (!(o->val_fraction >= 0 && o->val_fraction <= FB_DATA_MAX_VAL_FRACTION))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "val_fraction %g; allowed 0 to %g",
+                       o->val_fraction, FB_DATA_MAX_VAL_FRACTION);
     char dir[DD_PATH];
     int kind = fb_datadir_resolve(dir, sizeof dir, name, data_dir);
-    fb_dataset tr = {0}, te = {0};
+    fb_dataset tr = {0}, va = {0}, te = {0};
     int rc;
     if (kind <= 0) {
-        /* not a shard dataset: the IDX files (fb_dataset_open_named names what is wrong) */
+        /* not a shard dataset: the IDX files (fb_dataset_open_named names what is wrong);
+         * they have no validation split, so it is held out of train */
         if ((rc = fb_dataset_open_named(name, "train", data_dir, &tr, msg, msg_cap))) {
             if (kind == 0 && msg && strncmp(msg, "unknown dataset", 15) == 0)
                 fb_errf(msg, msg_cap, rc,
@@ -744,37 +828,44 @@ int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, 
                         name, dir, FB_MANIFEST_FILE);
             return rc;
         }
-        if (o->want_test && (rc = fb_dataset_open_named(name, "test", data_dir, &te, msg, msg_cap))) {
+        if ((rc = fb_dataset_holdout(&tr, &va, o->val_fraction, msg, msg_cap)) ||
+            (o->want_test &&
+             (rc = fb_dataset_open_named(name, "test", data_dir, &te, msg, msg_cap)))) {
             fb_dataset_free(&tr);
+            fb_dataset_free(&va);
             return rc;
         }
+        if (!o->want_val) fb_dataset_free(&va);
         *train = tr;
+        *val = va;
         *test = te;
         *loader = NULL;
         return 0;
     }
+    double held = 0;
+    if ((rc = fb_datadir_load_val(&va, &held, dir, o->val_fraction, o->want_val, msg, msg_cap)))
+        return rc;
     fb_loader *l = NULL;
     fb_loader_opts lo = {.dir = dir, .split = "train", .batch_size = o->batch_size,
                          .shuffle = o->shuffle, .data_seed = o->data_seed, .drop_last = true,
                          .threads = o->threads ? o->threads : 2, .cache_dir = o->cache_dir,
-                         .cache_bytes = o->cache_bytes};
+                         .cache_bytes = o->cache_bytes, .val_fraction = held};
     if (o->start_step > 0) {
-        /* the position needs the split's size, which the manifest knows */
+        /* the position needs the size of what trains, which the manifest knows */
         fb_manifest m;
-        if ((rc = fb_manifest_open_dir(&m, dir, msg, msg_cap))) return rc;
+        if ((rc = fb_manifest_open_dir(&m, dir, msg, msg_cap))) goto fail;
         const fb_manifest_split *sp = fb_manifest_find_split(&m, "train");
-        int64_t n = sp ? sp->samples : 0;
+        int64_t n = fb_data_kept_count(sp ? sp->samples : 0, held);
         fb_manifest_free(&m);
-        if (n < o->batch_size)
-            return fb_errf(msg, msg_cap, FB_ERR_DATA,
-                           "dataset %.64s: its train split has fewer samples than a batch", name);
+        if (n < o->batch_size) {
+            rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                         "dataset %.64s: its train split has fewer samples than a batch", name);
+            goto fail;
+        }
         lo.start = fb_loader_pos_at_step(n, o->batch_size, true, o->start_step);
     }
-    if ((rc = fb_loader_open(&l, &lo, msg, msg_cap))) return rc;
-    if (o->want_test && (rc = fb_datadir_load_split(&te, dir, "test", msg, msg_cap))) {
-        fb_loader_free(l);
-        return rc;
-    }
+    if ((rc = fb_loader_open(&l, &lo, msg, msg_cap))) goto fail;
+    if (o->want_test && (rc = fb_datadir_load_split(&te, dir, "test", msg, msg_cap))) goto fail;
     const fb_manifest *m = fb_loader_manifest(l);
     tr.n = fb_loader_samples(l);
     if (m->ndim == 3) {
@@ -784,7 +875,12 @@ int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, 
     }
     tr.n_classes = m->n_classes;
     *train = tr;
+    *val = va;
     *test = te;
     *loader = l;
     return 0;
+fail:
+    fb_loader_free(l);
+    fb_dataset_free(&va);
+    return rc;
 }

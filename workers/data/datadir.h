@@ -111,6 +111,46 @@ int fb_datadir_verify_shard(fb_verify_result *res, const fb_manifest *m, const c
 int fb_datadir_load_split(fb_dataset *out, const char *dir, const char *split, char *msg,
                           size_t msg_cap);
 
+/* Which records of a split a load takes (fb_data_held_out decides). */
+typedef enum fb_data_part {
+    FB_PART_ALL,      /* every record */
+    FB_PART_KEPT,     /* the records that train */
+    FB_PART_HELD_OUT  /* the records held out for validation */
+} fb_data_part;
+
+/*
+ * fb_datadir_load_split of the records in `part` under val_fraction only, in
+ * file order (n may be 0).  Errors as fb_datadir_load_split.
+ */
+int fb_datadir_load_split_part(fb_dataset *out, const char *dir, const char *split,
+                               fb_data_part part, double val_fraction, char *msg,
+                               size_t msg_cap);
+
+/*
+ * Holds records out of an in-memory training split: the records
+ * fb_data_held_out picks under val_fraction go, in order, into *val (owned,
+ * n may be 0), and the others move down in place, in order, so *train then
+ * holds only them (train->n shrinks; its buffers keep their size).
+ * FB_ERR_NOMEM, with train unchanged.
+ */
+int fb_dataset_holdout(fb_dataset *train, fb_dataset *val, double val_fraction, char *msg,
+                       size_t msg_cap);
+
+/* The name of a dataset's validation split: "val" or "validation" when the
+ * manifest has one (in that order), else NULL. */
+const char *fb_datadir_val_split(const fb_manifest *m);
+
+/*
+ * The validation set of the shard dataset in dir: its validation split
+ * (fb_datadir_val_split) when it has one, else the records of its train split
+ * held out under val_fraction (none when it is 0).  *held_fraction receives
+ * the fraction the training loader must hold out: 0 with a validation split,
+ * else val_fraction.  With load false nothing is read but the manifest and
+ * *val stays empty (n 0).  Errors as fb_datadir_load_split.
+ */
+int fb_datadir_load_val(fb_dataset *val, double *held_fraction, const char *dir,
+                        double val_fraction, bool load, char *msg, size_t msg_cap);
+
 /*
  * Resolves a dataset name: dir receives <data_dir>/<name> and the result is
  * 1 when it holds a manifest.json (a shard dataset), 0 otherwise.  data_dir
@@ -129,6 +169,10 @@ typedef struct fb_data_source_opts {
     const char *cache_dir;  /* staging cache, or NULL */
     uint64_t cache_bytes;
     bool want_test;         /* also load the test split into memory */
+    bool want_val;          /* also load the validation set into memory */
+    /* [0, FB_DATA_MAX_VAL_FRACTION]: the spec's val_fraction, the part of train held out for
+     * validation when the dataset has no validation split */
+    double val_fraction;
     /* a shard dataset's loader begins where a run from the start would be after this many
      * batches (a resume; fb_loader_pos_at_step); 0 = from the start */
     int64_t start_step;
@@ -138,14 +182,19 @@ typedef struct fb_data_source_opts {
  * Opens a named dataset for training.  A shard dataset (see
  * fb_datadir_resolve) gets a loader over its train split (*loader; batches
  * of o->batch_size, drop_last, from position {0, 0}, or from batch
- * o->start_step's position on a resume); *train then describes
- * the split (n, C, H, W, n_classes) with x and y NULL.  Otherwise the IDX
- * files are loaded by fb_dataset_open_named and *loader is NULL.  test is
- * loaded into memory when o->want_test (left zeroed otherwise).  Release
- * with fb_dataset_free and fb_loader_free.  Errors as the functions named.
+ * o->start_step's position on a resume) that holds out the validation
+ * records when the dataset has no validation split (fb_datadir_load_val);
+ * *train then describes what trains (n, C, H, W, n_classes) with x and y
+ * NULL.  Otherwise the IDX files are loaded by fb_dataset_open_named, the
+ * validation records held out of train (fb_dataset_holdout: IDX datasets
+ * have no validation split), and *loader is NULL.  val (the validation set,
+ * n 0 when there is none) is loaded into memory when o->want_val and test
+ * when o->want_test (left zeroed otherwise).  Release with fb_dataset_free
+ * and fb_loader_free.  FB_ERR_OUT_OF_RANGE for a bad val_fraction; others as
+ * the functions named.
  */
-int fb_data_open_named(fb_dataset *train, fb_dataset *test, fb_loader **loader, const char *name,
-                       const char *data_dir, const fb_data_source_opts *o, char *msg,
-                       size_t msg_cap);
+int fb_data_open_named(fb_dataset *train, fb_dataset *val, fb_dataset *test, fb_loader **loader,
+                       const char *name, const char *data_dir, const fb_data_source_opts *o,
+                       char *msg, size_t msg_cap);
 
 #endif

@@ -53,6 +53,7 @@ typedef struct gchunk {
     int64_t chunk;   /* index in its shard */
     int64_t first;   /* first record, split-wide */
     int64_t records;
+    int64_t kept;    /* records that train: not held out for validation */
     uint64_t raw;
 } gchunk;
 
@@ -107,6 +108,7 @@ struct fb_loader {
     int64_t N;
     bool shuffle, drop_last;
     uint64_t seed;
+    double val_fraction; /* records held out of training (fb_data_held_out) */
     int64_t W, n_windows;
     fb_loader_pos origin;
     int64_t first_epoch_batches, bpe;
@@ -210,6 +212,24 @@ static double idle_timeout(const struct fb_loader *l)
 
 /* ------------------------------------------------------------ the order */
 
+bool fb_data_held_out(int64_t record, double val_fraction)
+{
+    if (!(val_fraction > 0)) return false;
+    /* splitmix64's finaliser of the index and a constant: nothing else enters */
+    uint64_t z = (uint64_t)record + FB_DATA_HOLDOUT_SALT;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53 < val_fraction;
+}
+
+int64_t fb_data_kept_count(int64_t n, double val_fraction)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) k += !fb_data_held_out(i, val_fraction);
+    return k;
+}
+
 /* Epoch's chunk permutation perm[G] and window start positions wstart[nw+1]. */
 static void plan_compute(const fb_loader *l, int64_t epoch, int64_t *perm, int64_t *wstart)
 {
@@ -224,15 +244,31 @@ static void plan_compute(const fb_loader *l, int64_t epoch, int64_t *perm, int64
     wstart[0] = 0;
     for (int64_t w = 0; w < l->n_windows; w++) {
         int64_t s = wstart[w], end = (w + 1) * l->W < l->G ? (w + 1) * l->W : l->G;
-        for (int64_t k = w * l->W; k < end; k++) s += l->chunks[perm[k]].records;
+        for (int64_t k = w * l->W; k < end; k++) s += l->chunks[perm[k]].kept;
         wstart[w + 1] = s;
     }
 }
 
-/* The record permutation of window w of epoch (R records). */
+/* The window's records that train, in file order, into out: their numbers in the
+ * concatenation of the window's chunks gidx[0..nch) (what assemble reads), the
+ * records held out for validation left out.  Returns how many. */
+static int64_t window_kept(const fb_loader *l, const int64_t *gidx, int64_t nch, int64_t *out)
+{
+    int64_t k = 0, base = 0;
+    for (int64_t c = 0; c < nch; c++) {
+        const gchunk *g = &l->chunks[gidx[c]];
+        for (int64_t i = 0; i < g->records; i++)
+            if (!fb_data_held_out(g->first + i, l->val_fraction)) out[k++] = base + i;
+        base += g->records;
+    }
+    return k;
+}
+
+/* The record order of window w of epoch: perm[0..R) holds the window's records that
+ * train (window_kept), which it shuffles in place.  Without held-out records it is a
+ * permutation of 0..R-1 drawn as before validation existed. */
 static void window_perm(const fb_loader *l, int64_t epoch, int64_t w, int64_t R, int64_t *perm)
 {
-    for (int64_t i = 0; i < R; i++) perm[i] = i;
     if (!l->shuffle) return;
     for (int64_t i = R - 1; i > 0; i--) {
         uint64_t r = fb_rng_u64(l->seed, STREAM_WINDOW + (uint64_t)epoch,
@@ -348,7 +384,8 @@ static wslot *try_open_window(fb_loader *l)
         int64_t begin = first ? l->origin.offset : 0;
         int64_t used_end = l->drop_last ? begin + (first ? l->first_epoch_batches : l->bpe) * l->N
                                         : l->n;
-        if (we <= begin) {
+        /* a window before the start, or one whose records are all held out, is never read */
+        if (we <= begin || we == ws) {
             l->cursor_w++;
             continue;
         }
@@ -555,6 +592,7 @@ static void *reader_main(void *arg)
             work_wake(l);
             int64_t epoch = nw->epoch, wi = nw->w, R = nw->end - nw->start;
             pthread_mutex_unlock(&l->mu);
+            window_kept(l, nw->gidx, nw->nch, nw->perm); /* R of them: plan_compute counted */
             window_perm(l, epoch, wi, R, nw->perm);
             pthread_mutex_lock(&l->mu);
             nw->perm_ready = true;
@@ -634,20 +672,26 @@ static int open_shards(fb_loader *l, const char *dir, char (*staged)[FB_STAGE_PA
     }
     l->chunks = calloc((size_t)G, sizeof *l->chunks);
     if (!l->chunks) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-    int64_t g = 0, first = 0, minc = INT64_MAX;
+    int64_t g = 0, first = 0, kept = 0, minc = INT64_MAX;
     for (int i = 0; i < sp->n_shards; i++) {
         const fb_shard_meta *mt = fb_shard_get_meta(l->readers[i]);
         for (int64_t c = 0; c < mt->chunks; c++, g++) {
             const fb_shard_chunk_entry *e = fb_shard_get_chunk(l->readers[i], c);
             l->chunks[g] = (gchunk){.shard = i, .chunk = c, .first = first,
                                     .records = e->records, .raw = e->raw};
+            int64_t k = 0;
+            for (int64_t r = 0; r < e->records; r++)
+                k += !fb_data_held_out(first + r, l->val_fraction);
+            l->chunks[g].kept = k;
             first += e->records;
-            if (e->records < minc) minc = e->records;
+            kept += k;
+            if (k < minc) minc = k;
         }
     }
     l->G = G;
-    l->n = first;
-    l->min_chunk = minc;
+    l->n = kept;
+    /* an empty window is skipped (try_open_window), so every window read holds a record */
+    l->min_chunk = minc > 0 ? minc : 1;
     return 0;
 }
 
@@ -678,6 +722,10 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
                        ") is negative", o->start.epoch, o->start.offset);
     if (o->cache_dir && o->cache_bytes == 0)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a staging cache needs a byte bound");
+    if (!(o->val_fraction >= 0 && o->val_fraction <= FB_DATA_MAX_VAL_FRACTION))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "validation fraction %g; allowed 0 to %g", o->val_fraction,
+                       FB_DATA_MAX_VAL_FRACTION);
 
     int rc;
     char (*staged)[FB_STAGE_PATH_MAX] = NULL;
@@ -728,6 +776,7 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
                                  o->split, msg, msg_cap)))
             goto fail;
     }
+    l->val_fraction = o->val_fraction;
     if ((rc = open_shards(l, o->dir, staged, msg, msg_cap))) goto fail;
     l->numel = l->m.sample_numel;
     l->n_classes = l->m.n_classes;
@@ -735,6 +784,14 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
     l->shuffle = o->shuffle;
     l->drop_last = o->drop_last;
     l->seed = o->data_seed;
+    if (l->n == 0) {
+        /* cannot happen within FB_DATA_MAX_VAL_FRACTION (record 0 always trains); kept so
+         * that the window arithmetic below never divides by zero */
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                     "dataset %s (%s): every record is held out for validation (val_fraction %g)",
+                     l->m.name, o->split, l->val_fraction);
+        goto fail;
+    }
     if (l->drop_last && l->n < l->N) {
         rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                      "dataset %s (%s) has %" PRId64 " samples, fewer than the batch size %" PRId64,
@@ -946,7 +1003,8 @@ int fb_loader_epoch_order(int64_t *order, const fb_loader *l, int64_t epoch, cha
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_loader_epoch_order: bad argument");
     int64_t *perm = malloc((size_t)l->G * sizeof *perm);
     int64_t *wstart = malloc((size_t)(l->n_windows + 1) * sizeof *wstart);
-    int64_t *wp = malloc((size_t)l->n * sizeof *wp), *cst = malloc(((size_t)l->W + 1) * sizeof *cst);
+    int64_t *wp = malloc(((size_t)l->n + 1) * sizeof *wp);
+    int64_t *cst = malloc(((size_t)l->W + 1) * sizeof *cst);
     if (!perm || !wstart || !wp || !cst) {
         free(perm);
         free(wstart);
@@ -960,6 +1018,7 @@ int fb_loader_epoch_order(int64_t *order, const fb_loader *l, int64_t epoch, cha
         int64_t R = wstart[w + 1] - wstart[w];
         cst[0] = 0;
         for (int64_t k = k0; k < k1; k++) cst[k - k0 + 1] = cst[k - k0] + l->chunks[perm[k]].records;
+        window_kept(l, perm + k0, k1 - k0, wp);
         window_perm(l, epoch, w, R, wp);
         for (int64_t q = 0; q < R; q++) {
             int64_t r = wp[q], a = 0, z = k1 - k0 - 1;

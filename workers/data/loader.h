@@ -34,6 +34,14 @@
  * reports how long it waited.  With a cache directory the split's shards are
  * first staged there (stage.h) and read from the local copies.
  *
+ * Validation.  With val_fraction f > 0 the records fb_data_held_out picks
+ * (about a fraction f of them, by their split-wide index alone) are never
+ * delivered: the order above is that of the remaining records (a window's
+ * permutation permutes its remaining records), n counts only them, and a
+ * window with none is skipped.  The held-out records are the validation set
+ * (fb_datadir_load_split_part), the same for every data_seed, member, rank
+ * split and thread count.  f = 0 gives exactly the order described above.
+ *
  * A bad chunk (checksum, truncation, labels outside [0, classes)) stops the
  * loader: fb_loader_next returns FB_ERR_DATA naming the file and chunk.
  *
@@ -56,6 +64,10 @@
 #define FB_LOADER_MAX_THREADS 64
 #define FB_LOADER_MAX_QUEUE 256
 #define FB_LOADER_MAX_WORLD 4096
+#define FB_DATA_MAX_VAL_FRACTION 0.5
+/* the constant mixed with a record's index to decide whether it is held out: fixed, so
+ * that every job on a dataset holds out the same records (docs/jobspec.md, val_fraction) */
+#define FB_DATA_HOLDOUT_SALT 0x76616c73706c6974ULL /* "valsplit" */
 
 /* A place in the sample stream: epoch, and the position in that epoch's
  * order where the next global batch starts. */
@@ -79,6 +91,7 @@ typedef struct fb_loader_opts {
     fb_loader_pos start;     /* where to begin: {0, 0} or a saved position */
     const char *cache_dir;   /* node-local staging cache; NULL = read shards in place */
     uint64_t cache_bytes;    /* its bound */
+    double val_fraction;     /* [0, FB_DATA_MAX_VAL_FRACTION]: records held out, never delivered */
 } fb_loader_opts;
 
 /* A delivered batch; x and y stay valid until the next fb_loader_next or
@@ -111,11 +124,23 @@ typedef struct fb_loader_stats {
 typedef struct fb_loader fb_loader;
 
 /*
+ * Whether record `record` (its index in its split's file order, from 0) of a
+ * training split is held out for validation under val_fraction: a hash of the
+ * index and FB_DATA_HOLDOUT_SALT, as a number in [0, 1), below val_fraction.
+ * Never for val_fraction <= 0 (or NaN).
+ */
+bool fb_data_held_out(int64_t record, double val_fraction);
+
+/* How many of records 0..n-1 are not held out (the ones that train). */
+int64_t fb_data_kept_count(int64_t n, double val_fraction);
+
+/*
  * Opens a loader on o->split of the dataset in o->dir: reads and checks the
  * manifest against the shard files (staging them first when o->cache_dir
  * is set), then starts the reader threads, which begin filling the queue at
  * o->start.  The dataset must have fixed-size records (FB_ERR_UNSUPPORTED
- * otherwise).  FB_ERR_OUT_OF_RANGE for bad options, FB_ERR_NOT_FOUND for an
+ * otherwise).  FB_ERR_OUT_OF_RANGE for bad options (val_fraction outside
+ * [0, FB_DATA_MAX_VAL_FRACTION] included), FB_ERR_NOT_FOUND for an
  * unknown split, FB_ERR_DATA / FB_ERR_IO for the dataset, FB_ERR_NOMEM.
  */
 int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t msg_cap);
@@ -145,13 +170,14 @@ void fb_loader_get_stats(fb_loader_stats *out, const fb_loader *l);
 
 /* The manifest the loader reads (valid until fb_loader_free). */
 const fb_manifest *fb_loader_manifest(const fb_loader *l);
-/* Samples in the split. */
+/* Samples in the split that train (held-out records not counted). */
 int64_t fb_loader_samples(const fb_loader *l);
 /* Global batch size N. */
 int64_t fb_loader_batch_size(const fb_loader *l);
 
 /*
- * Fills order[0..n) with the split's record indices in the order epoch
+ * Fills order[0..n) (n = fb_loader_samples) with the split-wide indices of the
+ * records that train, in the order epoch
  * visits them (what the loader delivers).  FB_ERR_NOMEM.
  */
 int fb_loader_epoch_order(int64_t *order, const fb_loader *l, int64_t epoch, char *msg,
