@@ -1022,15 +1022,22 @@ static char *dump(json_t *o)
 
 char *fb_job_spec_fusion_canonical(const fb_job_spec *s)
 {
-    /* val_fraction: the members of an array share their minibatches, so they hold out the
-     * same records */
-    return dump(json_pack("{s:I, s:{s:b}, s:I, s:s, s:s, s:o?, s:{s:s}, s:{s:i, s:i}, s:s, s:f}",
+    json_t *o = json_pack("{s:I, s:{s:b}, s:I, s:s, s:s, s:o?, s:{s:s}, s:{s:i, s:i}, s:s}",
                           "batch_size", (json_int_t)s->batch_size, "data", "shuffle", s->shuffle,
                           "data_seed", (json_int_t)s->data_seed, "dataset", s->dataset, "loss",
                           loss_names_c[s->loss], "model", model_json(s), "optimizer", "type",
                           optim_names[s->optim.type], "parallel", "data", s->parallel_data,
                           "pipeline", s->parallel_pipeline, "precision",
-                          prec_names_c[s->precision], "val_fraction", s->val_fraction));
+                          prec_names_c[s->precision]);
+    /* val_fraction: the members of an array share their minibatches, so they hold out the
+     * same records.  None held out (0) leaves the key as it was before validation existed,
+     * so a job accepted then (schema 011 gives it 0) resumes from its checkpoints. */
+    if (o && s->val_fraction > 0 &&
+        json_object_set_new(o, "val_fraction", json_real(s->val_fraction)) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    return dump(o);
 }
 
 /* init's service form, as written: "checkpoint" is "final", "latest" or the step. */

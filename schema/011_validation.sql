@@ -31,3 +31,10 @@ UPDATE sweeps SET spec = jsonb_set(spec, '{early_stopping,metric}',
     to_jsonb(CASE spec #>> '{early_stopping,metric}' WHEN 'eval_loss' THEN 'val_loss'
              ELSE 'val_accuracy' END))
     WHERE spec #>> '{early_stopping,metric}' IN ('eval_loss', 'eval_accuracy');
+
+-- A job accepted before validation existed and not yet ended resumes as it was
+-- submitted: nothing held out of its training data (val_fraction 0, which
+-- leaves its fusion key, and so its checkpoints, as they are).  New jobs get
+-- the default of 0.1.
+UPDATE jobs SET spec = spec || '{"val_fraction": 0}'
+    WHERE state IN ('queued', 'scheduled', 'running') AND NOT spec ? 'val_fraction';

@@ -582,8 +582,21 @@ static void run_val_fraction(void)
     fb_job_spec_free(&spec);
     CHECK_INT_EQ(parse(SPEC(",'val_fraction':0.25"), &spec, msg, sizeof msg), FB_OK);
     CHECK(spec.val_fraction == 0.25);
+    c = fb_job_spec_fusion_canonical(&spec);
+    CHECK(c && strstr(c, "\"val_fraction\":0.25"));
+    free(c);
     fb_job_spec_free(&spec);
-    printf("val_fraction: default and explicit values\n");
+    /* none held out: the fusion key's canonical form is the one jobs accepted before
+     * validation existed have (their checkpoints carry that key) */
+    CHECK_INT_EQ(parse(SPEC(",'val_fraction':0"), &spec, msg, sizeof msg), FB_OK);
+    c = fb_job_spec_fusion_canonical(&spec);
+    CHECK(c && !strstr(c, "val_fraction") && strstr(c, "\"precision\":\"fp32\"}"));
+    free(c);
+    c = fb_job_spec_canonical(&spec);
+    CHECK(c && strstr(c, "\"val_fraction\":0"));
+    free(c);
+    fb_job_spec_free(&spec);
+    printf("val_fraction: default and explicit values, the fusion key without it at 0\n");
 }
 
 int main(void)
