@@ -52,7 +52,9 @@ int fb_db_acquire(fb_db_pool_t *pool, int64_t deadline_ms, fb_db_conn **out, cha
  * a broken connection is closed so that the next borrower reconnects. */
 void fb_db_release(fb_db_pool_t *pool, fb_db_conn *c);
 
-/* Milliseconds on the monotonic clock. */
+/* Milliseconds on the monotonic clock.  Real time on purpose, not base/clock.h's: it
+ * bounds how long a request waits for a connection or a reconnect (real latency, which
+ * a test's manual clock would stretch for ever), and decides nothing a test steps. */
 int64_t fb_db_now_ms(void);
 
 /* The pool's configured wait, in milliseconds. */
