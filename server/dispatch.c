@@ -1730,10 +1730,14 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
     snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
     snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
     const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
-    const char *vs[7] = {m->group_id, ms, b, ids, steps, totals, busy};
+    char now_s[32]; /* elapsed since submission on the loop's clock (fb_db_clock_now) */
+    const char *vs[8] = {m->group_id, ms,   b, ids, steps, totals, busy,
+                         fb_db_clock_now(now_s, sizeof now_s)};
     return exec1(d, profile_sql, 5, vp) &&
            exec1(d,
-                 "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
+                 "WITH s AS (SELECT u.id, u.step,"
+                 "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
+                 "  * 1000"
                  "  + (u.total - u.step) * $2::float8)"
                  "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
                  " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
@@ -1745,7 +1749,7 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
                  " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
                  "  WHERE jm.job_id = s.id AND jm.step = s.step)"
                  " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-                 7, vs);
+                 8, vs);
 }
 
 /* Whether a report queued after p is of the same array (and so supersedes p's
@@ -3443,13 +3447,17 @@ static void rebalance_run(fb_dispatch_t *d)
                  0, NULL);
     /* members in group order; a group's first is a member of the tenant it is charged to
      * (tenant_ids[1], as the planner charges it) */
+    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
+    char now_s[32];
+    const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
     c.jobs = q(d,
                "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM now() - j.created_at), LEAST(j.step, j.steps), j.steps"
+               " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
+               " LEAST(j.step, j.steps), j.steps"
                " FROM jobs j JOIN groups g ON g.id = j.group_id"
                " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
                " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
-               0, NULL);
+               1, vn);
     if (!c.tenants || !c.groups || !c.jobs) goto out;
     int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
     int nd = 0;
