@@ -161,6 +161,9 @@ static void start(e2e *t, const char *db_url, const char *const *extra, bool clo
         fbt_db_create(&t->s);
     }
     fbt_server_start(&t->s, server_flags(t, extra));
+    /* the control loop's first tick comes at its start, at the clock's first time: every
+     * later tick time is a multiple of the tick from it */
+    if (clocked) e2e_clock_set(t, E2E_CLOCK_START_MS);
     fbt_tenant(&t->s, "lab", "", t->tenant, sizeof t->tenant, t->key, sizeof t->key);
 }
 
@@ -224,6 +227,8 @@ void e2e_clock_advance(e2e *t, long long ms)
 void e2e_restart_server(e2e *t)
 {
     fbt_server_start(&t->s, server_flags(t, saved_extra));
+    /* on a manual clock, its first tick at the time the clock stands at */
+    if (t->clock) e2e_clock_set(t, e2e_clock_ms(t));
 }
 
 void e2e_finish(e2e *t)
