@@ -1730,9 +1730,10 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
     snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
     snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
     const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
-    char now_s[32]; /* elapsed since submission on the loop's clock (fb_db_clock_now) */
-    const char *vs[8] = {m->group_id, ms,   b, ids, steps, totals, busy,
-                         fb_db_clock_now(now_s, sizeof now_s)};
+    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
+    char now_s[32];
+    const char *now = fb_db_clock_now(now_s, sizeof now_s);
+    const char *vs[8] = {m->group_id, ms, b, ids, steps, totals, busy, now};
     return exec1(d, profile_sql, 5, vp) &&
            exec1(d,
                  "WITH s AS (SELECT u.id, u.step,"
