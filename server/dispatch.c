@@ -1778,8 +1778,8 @@ static void flush_progress_run(fb_dispatch_t *d)
     /* slices of one transaction each: PostgreSQL hands a listening session its
      * notifications only between transactions, and a submission that arrives during a
      * long flush is planned after the slice it arrived in, not after the whole flush */
-    for (bool first = true; d->progress.head && real_ms() - t0 < FLUSH_BUDGET_MS &&
-                            (first || !d->plan_due);
+    for (bool first = true;
+         d->progress.head && real_ms() - t0 < FLUSH_BUDGET_MS && (first || !d->plan_due);
          first = false) {
         if (!db_ok(d) || !begin(d)) return;
         int64_t t1 = real_ms();

@@ -214,8 +214,7 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     if (!trials) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
     /* the trials' submission on the control loop's clock (db.h) */
     char submitted[32];
-    const char *vj[4] = {x->tenant_id, x->id, trials,
-                         fb_db_clock_now(submitted, sizeof submitted)};
+    const char *vj[4] = {x->tenant_id, x->id, trials, fb_db_clock_now(submitted, sizeof submitted)};
     r = fb_db_query(
         c, NULL,
         "WITH ins AS (INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key,"

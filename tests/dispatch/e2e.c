@@ -120,8 +120,8 @@ static void start(e2e *t, const char *db_url, const char *const *extra, bool clo
     CHECK(mkdtemp(t->root) != NULL);
     if (clocked) {
         snprintf(t->clock_path, sizeof t->clock_path, "%s/clock", t->root);
-        t->clock = fb_clock_file_create(t->clock_path, (int64_t)E2E_CLOCK_START_MS * 1000000,
-                                        msg, sizeof msg);
+        t->clock = fb_clock_file_create(t->clock_path, (int64_t)E2E_CLOCK_START_MS * 1000000, msg,
+                                        sizeof msg);
         if (!t->clock) fprintf(stderr, "%s\n", msg);
         CHECK(t->clock != NULL);
         /* fuseboxd refuses --test-clock without it; its workers get it anyway */
@@ -167,7 +167,10 @@ static void start(e2e *t, const char *db_url, const char *const *extra, bool clo
     fbt_tenant(&t->s, "lab", "", t->tenant, sizeof t->tenant, t->key, sizeof t->key);
 }
 
-void e2e_start(e2e *t, const char *const *extra) { start(t, NULL, extra, false); }
+void e2e_start(e2e *t, const char *const *extra)
+{
+    start(t, NULL, extra, false);
+}
 
 void e2e_start_on(e2e *t, const char *db_url, const char *const *extra)
 {
@@ -175,7 +178,10 @@ void e2e_start_on(e2e *t, const char *db_url, const char *const *extra)
     start(t, db_url, extra, false);
 }
 
-void e2e_start_clocked(e2e *t, const char *const *extra) { start(t, NULL, extra, true); }
+void e2e_start_clocked(e2e *t, const char *const *extra)
+{
+    start(t, NULL, extra, true);
+}
 
 long long e2e_clock_ms(const e2e *t)
 {
@@ -206,8 +212,9 @@ void e2e_clock_set(e2e *t, long long ms)
     long long at;
     while ((at = tick_clock_ms(t)) < ms) {
         if (fbt_now_ms() - start > 60000) {
-            fprintf(stderr, "fuseboxd did not tick at clock %lld ms within 60 s (its last tick: "
-                            "%lld)\n",
+            fprintf(stderr,
+                    "fuseboxd did not tick at clock %lld ms within 60 s (its last tick: "
+                    "%lld)\n",
                     ms, at);
             e2e_dump(t);
             CHECK(0);

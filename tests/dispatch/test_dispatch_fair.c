@@ -48,8 +48,8 @@
 #define PERIOD_MS 1000
 #define REPORT_MS 500 /* the server's measuring window (STEP_WINDOW_MS) */
 #define STEPS 1000000LL
-#define ISO_MS 10.0   /* both profiles */
-#define A_STEP_MS 20  /* A's and B's step times: 25 and 10 steps a report */
+#define ISO_MS 10.0  /* both profiles */
+#define A_STEP_MS 20 /* A's and B's step times: 25 and 10 steps a report */
 #define B_STEP_MS 50
 #define BATCH 32
 /* the controller's documented defaults (server/fairshare.h) */
@@ -150,8 +150,13 @@ static void expect(fb_wire_type type, fb_wire_msg *out)
 
 static void event_started(arr *a)
 {
-    fb_wire_msg m = {.type = FB_WIRE_EVENT, .generation = a->generation, .seq = ++seq,
-                     .event = FB_EV_STARTED, .step = 0, .loss = NAN, .accuracy = NAN};
+    fb_wire_msg m = {.type = FB_WIRE_EVENT,
+                     .generation = a->generation,
+                     .seq = ++seq,
+                     .event = FB_EV_STARTED,
+                     .step = 0,
+                     .loss = NAN,
+                     .accuracy = NAN};
     snprintf(m.group_id, sizeof m.group_id, "%s", a->id);
     snprintf(m.job_id, sizeof m.job_id, "%s", a->job);
     fw_send(sock, &m, NULL, 0);
@@ -219,8 +224,8 @@ static double slowdown_of(double elapsed_ms, int64_t done, double step_ms)
  *   L^2 - (a_A + a_B + b_A + b_B) L + (a_A a_B + b_A a_B + b_B a_A) = 0.
  * A fraction below the floor is raised to it and the other gets the rest.
  */
-static void targets(double elapsed_ms, const arr *a, const arr *b, double fa, double fb,
-                    double *xa, double *xb)
+static void targets(double elapsed_ms, const arr *a, const arr *b, double fa, double fb, double *xa,
+                    double *xb)
 {
     double run = (double)STEPS * ISO_MS;
     double aa = elapsed_ms / run, ab = elapsed_ms / run;
@@ -287,7 +292,7 @@ static long long metric_count(const char *name)
     do {                                                                                           \
         double x_ = (x), w_ = (want);                                                              \
         if (!(fabs(x_ - w_) <= 1e-8 * fabs(w_))) {                                                 \
-            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);   \
+            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);    \
             CHECK(0);                                                                              \
         }                                                                                          \
     } while (0)
@@ -383,8 +388,8 @@ int main(void)
 
     /* tick by tick through PERIODS fair-share periods */
     double sa = A.share, sb = B.share;
-    const double want_a[PERIODS] = {0.4, 0.3, 0.2, MIN_SHARE * 0.5, MIN_SHARE * 0.5,
-                                    MIN_SHARE * 0.5};
+    const double want_a[PERIODS] = {
+        0.4, 0.3, 0.2, MIN_SHARE * 0.5, MIN_SHARE * 0.5, MIN_SHARE * 0.5};
     int changes = 0, k = 0;
     for (long long c = e2e_clock_ms(&T); k < PERIODS; c = e2e_clock_ms(&T)) {
         note_flushed(c);
@@ -413,10 +418,10 @@ int main(void)
                 changes += 2;
             }
             /* the slowdowns the controller published for this period */
-            CHECK_REL(metric_slowdown(A.id), slowdown_of((double)(c - S), A.step_flushed,
-                                                         A_STEP_MS));
-            CHECK_REL(metric_slowdown(B.id), slowdown_of((double)(c - S), B.step_flushed,
-                                                         B_STEP_MS));
+            CHECK_REL(metric_slowdown(A.id),
+                      slowdown_of((double)(c - S), A.step_flushed, A_STEP_MS));
+            CHECK_REL(metric_slowdown(B.id),
+                      slowdown_of((double)(c - S), B.step_flushed, B_STEP_MS));
             k++;
         } else {
             CHECK_INT_EQ(A.rebalances, 0);

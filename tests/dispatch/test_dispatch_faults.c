@@ -4,9 +4,10 @@
  * 1. A worker killed with SIGKILL mid-training, held by the test step hook
  *    right after a checkpoint step (e2e_hold): once it has been silent past
  *    the heartbeat timeout (fuseboxd's log says how long), its jobs return
- *    to the queue with that checkpoint (restarts not counted), resume together at the step after it on another worker, in the
- *    same composition, and finish bit-identical to an uninterrupted
- *    fusebox-train run.
+ *    to the queue with that checkpoint (restarts not counted), resume
+ *    together at the step after it on another worker, in the same
+ *    composition, and finish bit-identical to an uninterrupted fusebox-train
+ *    run.
  * 2. fuseboxd killed with SIGKILL and restarted: the worker keeps training,
  *    re-registers its array (held at a later step, so that it still runs when
  *    fuseboxd is back, however fast this machine is), progress continues, no

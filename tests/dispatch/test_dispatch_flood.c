@@ -48,7 +48,7 @@ static char job[64];
 typedef struct fake {
     char name[32];
     void *sock;
-    long long heartbeats, replies; /* heartbeats sent, and the replies read */
+    long long heartbeats, replies;  /* heartbeats sent, and the replies read */
     char group[FB_WIRE_ID_LEN + 1]; /* the array its heartbeats list ("" = none) */
     int64_t generation;
 } fake;

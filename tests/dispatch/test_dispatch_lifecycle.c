@@ -157,7 +157,8 @@ static void sync_fake(fake *f)
  * a tick and the tick is waited for. */
 static void step_clock(void)
 {
-    for (int i = 0; i < n_live; i++) sync_fake(live[i]);
+    for (int i = 0; i < n_live; i++)
+        sync_fake(live[i]);
     e2e_clock_advance(&T, E2E_TICK_MS);
 }
 
@@ -468,7 +469,8 @@ static void never_started(fake *f)
     snprintf(group, sizeof group, "%s",
              fbt_sql_value(&T.s, "SELECT group_id FROM jobs WHERE name = 'never-started'"));
     WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
-                         " 'requeued'", job) == 1,
+                         " 'requeued'",
+                         job) == 1,
                   "the array no worker runs re-queued", &requeued);
     last_event e = job_last_event(job);
     printf("3: an ASSIGN never started (placed by %lld ms) -> requeued at %lld ms"
@@ -511,7 +513,8 @@ static void poison(void)
                                   " IN ('requeued', 'failed')", job);
         long long died = fake_die(f), at; /* the array takes its worker down, no progress */
         WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind IN"
-                             " ('requeued', 'failed')", job) > before,
+                             " ('requeued', 'failed')",
+                             job) > before,
                       "the poison array's jobs re-queued", &at);
         CHECK_INT_EQ(at - died, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
         last_event e = job_last_event(job);
@@ -556,7 +559,8 @@ static void infrastructure(void)
         WAIT_UNTIL(sql_true(sql, job), "the progress written");
         long long died = fake_die(f), at;
         WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
-                             " 'requeued'", job) == k + 1,
+                             " 'requeued'",
+                             job) == k + 1,
                       "the lost worker's job re-queued", &at);
         /* lost, and its array re-queued, at the first tick past the heartbeat timeout */
         CHECK_INT_EQ(at - died, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);

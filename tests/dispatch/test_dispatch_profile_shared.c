@@ -278,7 +278,7 @@ static double slowdown_want(const arr *a, double step_ms, double profile_ms)
     do {                                                                                           \
         double x_ = (x), w_ = (want);                                                              \
         if (!(fabs(x_ - w_) <= 1e-12 * fabs(w_))) {                                                \
-            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);   \
+            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);    \
             CHECK(0);                                                                              \
         }                                                                                          \
     } while (0)
@@ -317,8 +317,8 @@ int main(void)
         CHECK_INT_EQ(report(A, 60, 4.0, 6.0), REPORT_MS);
         want = 0.5 * want + 0.5 * 4.0; /* halfway down to the busy time */
         double p = profile(A);
-        printf("1: shared window %d of A: profile %.4f ms (expected %.4f), slowdown %.6f\n",
-               i + 1, p, want, slowdown(A));
+        printf("1: shared window %d of A: profile %.4f ms (expected %.4f), slowdown %.6f\n", i + 1,
+               p, want, slowdown(A));
         CHECK_REL(p, want);
         CHECK_REL(slowdown(A), slowdown_want(A, 10.0, want));
     }

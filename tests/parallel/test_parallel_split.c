@@ -67,8 +67,8 @@ static int64_t seq;
 /* the array */
 static char group_id[FB_WIRE_ID_LEN + 1], job[64];
 static int64_t generation, step;
-static int64_t split[2] = {0, 0};   /* what the fake was last sent */
-static int rebalances;              /* REBALANCEs since the test last looked */
+static int64_t split[2] = {0, 0}; /* what the fake was last sent */
+static int rebalances;            /* REBALANCEs since the test last looked */
 static int64_t rebalance_split[2];
 
 /* ---- the fake worker ------------------------------------------------------- */
@@ -148,7 +148,8 @@ static void report(const double speed[2])
         e->compute_ms = e->pass_ms + 1.0; /* and the update */
         if (e->compute_ms > slowest) slowest = e->compute_ms;
     }
-    for (int d = 0; d < 2; d++) m.device_steps[d].idle_ms = slowest - m.device_steps[d].compute_ms;
+    for (int d = 0; d < 2; d++)
+        m.device_steps[d].idle_ms = slowest - m.device_steps[d].compute_ms;
     m.compute_ms = slowest;
     m.samples_per_s = BATCH * 1000.0 / slowest;
     m.n_progress = 1;
@@ -168,8 +169,8 @@ static void report(const double speed[2])
 
 typedef struct model {
     int reports;
-    double rate[2];  /* smoothed, 0 = not measured */
-    int periods;     /* the split's memory: periods pointing the same way, toward, gains */
+    double rate[2]; /* smoothed, 0 = not measured */
+    int periods;    /* the split's memory: periods pointing the same way, toward, gains */
     unsigned toward;
     double gain_sum;
 } model;
@@ -179,7 +180,8 @@ static void model_report(model *md, const double speed[2])
 {
     if (md->reports++ == 0) return;
     for (int d = 0; d < 2; d++)
-        md->rate[d] = md->rate[d] == 0 ? speed[d] : md->rate[d] + SMOOTHING * (speed[d] - md->rate[d]);
+        md->rate[d] =
+            md->rate[d] == 0 ? speed[d] : md->rate[d] + SMOOTHING * (speed[d] - md->rate[d]);
 }
 
 static double split_time(const double rate[2], const int64_t s[2])
@@ -246,7 +248,7 @@ static double metric_value(const char *key)
     do {                                                                                           \
         double x_ = (x), w_ = (want);                                                              \
         if (!(fabs(x_ - w_) <= 1e-8 * fabs(w_))) {                                                 \
-            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);   \
+            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);    \
             CHECK(0);                                                                              \
         }                                                                                          \
     } while (0)
@@ -392,8 +394,12 @@ int main(void)
     printf("the planner's split: %lld/%lld\n", (long long)split[0], (long long)split[1]);
     CHECK_INT_EQ(split[0], BATCH / 2);
     CHECK_INT_EQ(split[1], BATCH / 2);
-    fb_wire_msg ev = {.type = FB_WIRE_EVENT, .generation = generation, .seq = ++seq,
-                      .event = FB_EV_STARTED, .loss = NAN, .accuracy = NAN};
+    fb_wire_msg ev = {.type = FB_WIRE_EVENT,
+                      .generation = generation,
+                      .seq = ++seq,
+                      .event = FB_EV_STARTED,
+                      .loss = NAN,
+                      .accuracy = NAN};
     snprintf(ev.group_id, sizeof ev.group_id, "%s", group_id);
     snprintf(ev.job_id, sizeof ev.job_id, "%s", job);
     fw_send(sock, &ev, NULL, 0);
@@ -412,12 +418,13 @@ int main(void)
         if (c > S && (c - S) % PERIOD_MS == 0) {
             int64_t next[2];
             bool change = model_period(&md, want_split, next);
-            printf("period at %5lld ms: rates %.3f %.3f, memory %d periods gaining %.4f; expected %s"
-                   " %lld/%lld; got %d REBALANCE %lld/%lld\n",
-                   c - S, md.rate[0], md.rate[1], md.periods, md.gain_sum,
-                   change ? "split" : "no change,", (long long)(change ? next[0] : want_split[0]),
-                   (long long)(change ? next[1] : want_split[1]), rebalances,
-                   (long long)rebalance_split[0], (long long)rebalance_split[1]);
+            printf(
+                "period at %5lld ms: rates %.3f %.3f, memory %d periods gaining %.4f; expected %s"
+                " %lld/%lld; got %d REBALANCE %lld/%lld\n",
+                c - S, md.rate[0], md.rate[1], md.periods, md.gain_sum,
+                change ? "split" : "no change,", (long long)(change ? next[0] : want_split[0]),
+                (long long)(change ? next[1] : want_split[1]), rebalances,
+                (long long)rebalance_split[0], (long long)rebalance_split[1]);
             CHECK_INT_EQ(rebalances, change);
             if (change) {
                 CHECK_INT_EQ(rebalance_split[0], next[0]);

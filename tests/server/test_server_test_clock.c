@@ -23,8 +23,8 @@
 /* Runs fuseboxd with the flags of argv_extra (NULL-terminated) and the environment
  * assignments of env (NULL-terminated, "NAME=VALUE" or "NAME" to unset) and its data
  * directory in data_dir, output into out (cap bytes); returns its exit status. */
-static int run_fuseboxd(const char *data_dir, const char *const *argv_extra,
-                        const char *const *env, char *out, size_t cap)
+static int run_fuseboxd(const char *data_dir, const char *const *argv_extra, const char *const *env,
+                        char *out, size_t cap)
 {
     const char *bin = getenv("FB_BINARY_DIR");
     CHECK(bin != NULL && bin[0]);
@@ -50,10 +50,12 @@ static int run_fuseboxd(const char *data_dir, const char *const *argv_extra,
             else
                 unsetenv(name);
         }
-        const char *argv[32] = {exe, "--database-url", "postgresql://127.0.0.1:1/none",
-                                "--startup-wait", "0", "--data-dir", data_dir};
+        const char *argv[32] = {
+            exe,          "--database-url", "postgresql://127.0.0.1:1/none", "--startup-wait", "0",
+            "--data-dir", data_dir};
         int k = 7;
-        for (int i = 0; argv_extra && argv_extra[i] && k < 31; i++) argv[k++] = argv_extra[i];
+        for (int i = 0; argv_extra && argv_extra[i] && k < 31; i++)
+            argv[k++] = argv_extra[i];
         argv[k] = NULL;
         execv(exe, (char *const *)argv);
         _exit(127);
