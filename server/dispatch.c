@@ -1821,9 +1821,11 @@ static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg 
  * thread ended without its members' events (a spanning group's
  * communication failed, or a failure that no event reported), and one that
  * never lists it did not start it: either way no job may stay scheduled or
- * running in it.
+ * running in it.  now is the clock when the message was read: the answer to
+ * it goes out first, and a test's manual clock may move once it is answered.
  */
-static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full)
+static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full,
+                      int64_t now)
 {
     for (int i = 0; i < m->n_running; i++) {
         const fb_wire_running *r = &m->running[i];
@@ -1837,7 +1839,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
                 g->listed = true;
                 g->missing_since_ms = 0;
             }
-        } else if (!detach_recent(d, r->group_id, fb_clock_ms())) {
+        } else if (!detach_recent(d, r->group_id, now)) {
             /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
              * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
@@ -1855,13 +1857,13 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
          * it for ever */
         bool listed = sm ? sm->listed : g->listed;
         int64_t assigned = sm ? sm->assigned_ms : g->assigned_ms;
-        if (!full && !listed && fb_clock_ms() - assigned <= d->cfg.heartbeat_timeout_ms) continue;
+        if (!full && !listed && now - assigned <= d->cfg.heartbeat_timeout_ms) continue;
         bool runs = false;
         for (int k = 0; k < m->n_running; k++)
             runs |= strcmp(m->running[k].group_id, g->id) == 0 &&
                     m->running[k].generation == g->generation;
         int64_t *since = sm ? &sm->missing_since_ms : &g->missing_since_ms;
-        if (!runs && !*since) *since = fb_clock_ms();
+        if (!runs && !*since) *since = now;
     }
 }
 
@@ -1889,7 +1891,7 @@ static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_ms
     return true;
 }
 
-static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, int64_t now)
 {
     if (strcmp(m->worker, name) != 0) {
         fb_log_json(FB_LOG_WARN, "HELLO names another worker than its socket; dropped",
@@ -1946,9 +1948,9 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
     snprintf(w->id, sizeof w->id, "%s", id);
     snprintf(w->backend, sizeof w->backend, "%s", m->backend);
     snprintf(w->version, sizeof w->version, "%s", m->version);
-    w->hello_ms = fb_clock_ms();
+    w->hello_ms = now;
 registered:
-    w->last_seen_ms = fb_clock_ms();
+    w->last_seen_ms = now;
     w->draining = false;
     w->n_devices = m->n_devices;
     memcpy(w->devices, m->devices, (size_t)m->n_devices * sizeof w->devices[0]);
@@ -1964,7 +1966,7 @@ registered:
     fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
     snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
     send_to(d, name, &welcome, NULL, NULL, 0);
-    reconcile(d, name, m, true);
+    reconcile(d, name, m, true, now);
     d->plan_due = true;
     return;
 fail:
@@ -2272,7 +2274,9 @@ static void on_message(fb_dispatch_t *d)
         goto done;
     }
     worker *w = find_worker(d, name);
-    if (w) w->last_seen_ms = fb_clock_ms();
+    /* the time it was read, for every decision on it (reconcile), taken before any answer */
+    int64_t now = fb_clock_ms();
+    if (w) w->last_seen_ms = now;
     if (!w && m.type != FB_WIRE_HELLO && m.type != FB_WIRE_HEARTBEAT) {
         /* a worker this server does not know (it restarted): it must say HELLO first, and
          * it keeps its unacknowledged events until then */
@@ -2282,13 +2286,13 @@ static void on_message(fb_dispatch_t *d)
     }
     switch (m.type) {
     case FB_WIRE_HELLO:
-        on_hello(d, name, &m);
+        on_hello(d, name, &m, now);
         break;
     case FB_WIRE_HEARTBEAT: {
         if (m.reply) break; /* only the server answers heartbeats */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = w != NULL};
         send_to(d, name, &reply, NULL, NULL, 0);
-        if (w) reconcile(d, name, &m, false);
+        if (w) reconcile(d, name, &m, false, now);
         break;
     }
     case FB_WIRE_PROGRESS:

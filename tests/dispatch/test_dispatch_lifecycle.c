@@ -71,6 +71,7 @@ typedef struct fake {
     char ignore[FB_WIRE_ID_LEN + 1]; /* an ASSIGN of this job is dropped: never started */
 } fake;
 
+static long long ignored_at; /* clock ms at which a fake took the ASSIGN it ignores */
 static fake *live[MAX_FAKES];
 static int n_live;
 
@@ -112,7 +113,10 @@ static void fake_pump(fake *f, int ms)
         CHECK(m.known);
     } else if (m.type == FB_WIRE_ASSIGN) {
         for (int i = 0; i < m.n_members; i++) {
-            if (strcmp(m.members[i].job_id, f->ignore) == 0) continue;
+            if (strcmp(m.members[i].job_id, f->ignore) == 0) {
+                ignored_at = e2e_clock_ms(&T);
+                continue;
+            }
             CHECK(f->n < MAX_ARRAYS);
             arr *a = &f->a[f->n++];
             memset(a, 0, sizeof *a);
@@ -473,10 +477,10 @@ static void never_started(fake *f)
                          job) == 1,
                   "the array no worker runs re-queued", &requeued);
     last_event e = job_last_event(job);
-    printf("3: an ASSIGN never started (placed by %lld ms) -> requeued at %lld ms"
-           " (restarts %s): %s\n",
-           placed - E2E_CLOCK_START_MS, requeued - E2E_CLOCK_START_MS, field(job, "restarts"),
-           e.message);
+    printf("3: an ASSIGN never started (placed by %lld ms, its ASSIGN taken at %lld ms) ->"
+           " requeued at %lld ms (restarts %s): %s\n",
+           placed - E2E_CLOCK_START_MS, ignored_at - E2E_CLOCK_START_MS,
+           requeued - E2E_CLOCK_START_MS, field(job, "restarts"), e.message);
     /* assigned at A (the tick the plan was seen by, or the one before): the first heartbeat
      * more than a timeout after A (A + timeout + tick, the fake heartbeats every tick) marks
      * it missing, and the first tick more than a timeout after that re-queues it */
