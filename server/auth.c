@@ -41,6 +41,10 @@ struct fb_auth {
     int n_buckets;
 };
 
+/* Real time, not the control loop's clock (base/clock.h): the rate limit guards the
+ * server against real request rates, and the key cache bounds how long a key changed in
+ * the database is served from memory; on a test's manual clock, which stands still, a
+ * tenant's tokens would never come back and a cached key would never expire. */
 static int64_t now_ms(void)
 {
     struct timespec ts;

@@ -7,11 +7,13 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "errors.h"
 #include "jobspec.h"
 
@@ -111,6 +113,10 @@ static const opt opts[] = {
     STR("public-datasets", "FUSEBOX_PUBLIC_DATASETS", public_datasets,
         "comma-separated datasets in every worker's data directory that any tenant may name "
         "(empty: the built-ins only)"),
+    STR("test-clock", "FUSEBOX_TEST_CLOCK", test_clock,
+        "for tests only: read the control loop's time from this clock file (8 bytes, "
+        "nanoseconds) that the test moves; refused unless the environment has "
+        "FUSEBOX_TEST_HOOKS=1"),
     {"log-level", "FUSEBOX_LOG_LEVEL", OPT_LEVEL, offsetof(fb_config, log_level), 0, 0, 0,
      "debug, info, warn or error"},
 };
@@ -308,14 +314,40 @@ static int check_import_roots(const char *roots, char *msg, size_t cap)
     return FB_OK;
 }
 
+/* A test hook (--test-clock, which stops the control loop's time) must never be one stray
+ * flag away in a deployment: it needs FUSEBOX_TEST_HOOKS=1 exactly, as fusebox-worker's
+ * --test-step-hook does.  from names where the value came from. */
+static int check_test_hooks(const fb_config *cfg, const char *from, char *msg, size_t cap)
+{
+    if (!cfg->test_clock[0]) return FB_OK;
+    const char *on = getenv(FB_CONFIG_TEST_HOOKS_ENV);
+    if (!on || strcmp(on, "1") != 0)
+        return fb_errf(msg, cap, FB_ERR_BAD_ENUM,
+                       "%s is for tests only and needs %s=1 in the environment; refusing to "
+                       "start",
+                       from, FB_CONFIG_TEST_HOOKS_ENV);
+    return FB_OK;
+}
+
+int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t cap)
+{
+    if (!cfg->test_clock[0]) return FB_OK;
+    char why[FB_CONFIG_PATH_MAX + 128];
+    if (fb_clock_use_file(cfg->test_clock, why, sizeof why) != 0)
+        return fb_errf(msg, cap, FB_ERR_IO, "--test-clock: %s", why);
+    return FB_OK;
+}
+
 int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap)
 {
     fb_config work = *cfg;
+    const char *clock_from = "--test-clock"; /* where --test-clock's value came from */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opts[i].env);
         if (v && v[0]) {
             int err = set_opt(&work, &opts[i], v, opts[i].env, msg, cap);
             if (err) return err;
+            if (opts[i].offset == offsetof(fb_config, test_clock)) clock_from = opts[i].env;
         }
     }
     for (int a = 1; a < argc; a++) {
@@ -351,6 +383,7 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
         snprintf(from, sizeof from, "--%s", o->flag);
         int err = set_opt(&work, o, val, from, msg, cap);
         if (err) return err;
+        if (o->offset == offsetof(fb_config, test_clock)) clock_from = "--test-clock";
     }
     if (!work.database_url[0])
         return fb_errf(msg, cap, FB_ERR_MISSING_FIELD,
@@ -391,6 +424,7 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
     int err = check_import_roots(work.import_roots, msg, cap);
     if (err) return err;
     if ((err = check_public_datasets(work.public_datasets, msg, cap))) return err;
+    if ((err = check_test_hooks(&work, clock_from, msg, cap))) return err;
     *cfg = work;
     return FB_OK;
 }

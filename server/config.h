@@ -58,7 +58,22 @@ typedef struct fb_config {
     /* comma-separated names of datasets every worker's data directory holds, which every
      * tenant may train on like the built-ins; "" = the built-ins only */
     char public_datasets[FB_CONFIG_PATH_MAX];
+    /* for tests only: the clock file the control loop reads its time from (base/clock.h);
+     * "" = the monotonic clock.  Accepted only with FUSEBOX_TEST_HOOKS=1 in the
+     * environment (FB_CONFIG_TEST_HOOKS_ENV) */
+    char test_clock[FB_CONFIG_PATH_MAX];
 } fb_config;
+
+/* The environment variable that must be exactly "1" for a test hook (--test-clock) to be
+ * accepted: the same one fusebox-worker's --test-step-hook needs. */
+#define FB_CONFIG_TEST_HOOKS_ENV "FUSEBOX_TEST_HOOKS"
+
+/*
+ * Makes this process's clock the test clock file of cfg->test_clock, if one is set
+ * (fb_clock_use_file).  FB_OK, or a negative fb_err with a message naming the flag and
+ * what is wrong with the file; fuseboxd then does not start.
+ */
+int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t cap);
 
 /* Fills cfg with the defaults (no database URL). */
 void fb_config_defaults(fb_config *cfg);

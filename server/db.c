@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
 
@@ -37,6 +38,14 @@ struct fb_db_pool {
     int *free_stack;   /* indices of idle connections */
     int n_free;
 };
+
+const char *fb_db_clock_now(char *buf, size_t cap)
+{
+    if (!fb_clock_is_manual()) return NULL;
+    int64_t ms = fb_clock_ms();
+    snprintf(buf, cap, "%lld.%03lld", (long long)(ms / 1000), (long long)(ms % 1000));
+    return buf;
+}
 
 int64_t fb_db_now_ms(void)
 {

@@ -52,8 +52,22 @@ int fb_db_acquire(fb_db_pool_t *pool, int64_t deadline_ms, fb_db_conn **out, cha
  * a broken connection is closed so that the next borrower reconnects. */
 void fb_db_release(fb_db_pool_t *pool, fb_db_conn *c);
 
-/* Milliseconds on the monotonic clock. */
+/* Milliseconds on the monotonic clock.  Real time on purpose, not base/clock.h's: it
+ * bounds how long a request waits for a connection or a reconnect (real latency, which
+ * a test's manual clock would stretch for ever), and decides nothing a test steps. */
 int64_t fb_db_now_ms(void);
+
+/*
+ * The process clock (base/clock.h) as the time that decisions compare with
+ * the database's timestamps, for a statement parameter written
+ * coalesce(to_timestamp($n::float8), now()): NULL on the monotonic clock
+ * (the database's now(), as ever); on a test's manual clock its time read as
+ * Unix time in seconds (text in buf, cap >= 32), so that what is measured
+ * from such a timestamp (a job's time since submission, which its
+ * created_at records in the same way) moves only when the test moves the
+ * clock.
+ */
+const char *fb_db_clock_now(char *buf, size_t cap);
 
 /* The pool's configured wait, in milliseconds. */
 int fb_db_pool_wait_ms(const fb_db_pool_t *pool);

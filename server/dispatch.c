@@ -30,6 +30,7 @@
 #include <zmq.h>
 
 #include "asha.h"
+#include "clock.h"
 #include "db.h"
 #include "errors.h"
 #include "fairshare.h"
@@ -372,20 +373,27 @@ struct fb_dispatch {
     bool census_on, census_lost, router_emptied;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- PostgreSQL ------------------------------------------------------------ */
 
-static double mono_s(void)
+/*
+ * Real time, in seconds and milliseconds, for budgets alone: how long one pass of the
+ * loop may spend on a flush, a plan's new arrays or queue reasons before it yields, and
+ * how long a phase took (fb_metrics_control).  They bound the loop's real latency and
+ * decide nothing a test asserts, and a manual clock, which stands still while the pass
+ * runs, would never end a budget.  Every decision reads fb_clock_ms (base/clock.h).
+ */
+static double real_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t real_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static bool load_groups(fb_dispatch_t *d);
@@ -403,7 +411,7 @@ static bool record_slowdown(fb_dispatch_t *d, const struct pending *p, const cha
 static bool db_ok(fb_dispatch_t *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
-    int64_t t = now_ms();
+    int64_t t = fb_clock_ms();
     if (t < d->pg_retry_ms) return false;
     if (d->pg) PQfinish(d->pg);
     /* what changed while the connection was away is read whole */
@@ -523,7 +531,7 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     g->missing_since_ms = 0;
     g->requeue_wait_said = false;
     g->listed = false;
-    g->assigned_ms = now_ms();
+    g->assigned_ms = fb_clock_ms();
     g->high_step = 0;
     g->split_periods = 0;
     g->split_toward = 0;
@@ -587,7 +595,7 @@ static bool span_add(group *g, int world, int port, const char *name, int rank_b
     span_member *sm = &sp->m[sp->n++];
     memset(sm, 0, sizeof *sm);
     snprintf(sm->worker, sizeof sm->worker, "%s", name);
-    sm->assigned_ms = now_ms();
+    sm->assigned_ms = fb_clock_ms();
     sm->rank_base = rank_base;
     sm->n_ranks = n_ranks;
     memcpy(sm->dev, dev, (size_t)n_ranks * sizeof *dev);
@@ -1740,10 +1748,15 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
     snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
     snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
     const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
-    const char *vs[7] = {m->group_id, ms, b, ids, steps, totals, busy};
+    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
+    char now_s[32];
+    const char *now = fb_db_clock_now(now_s, sizeof now_s);
+    const char *vs[8] = {m->group_id, ms, b, ids, steps, totals, busy, now};
     return exec1(d, profile_sql, 5, vp) &&
            exec1(d,
-                 "WITH s AS (SELECT u.id, u.step, (extract(epoch FROM now() - j.created_at) * 1000"
+                 "WITH s AS (SELECT u.id, u.step,"
+                 "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
+                 "  * 1000"
                  "  + (u.total - u.step) * $2::float8)"
                  "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
                  " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
@@ -1755,7 +1768,7 @@ static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
                  " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
                  "  WHERE jm.job_id = s.id AND jm.step = s.step)"
                  " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-                 7, vs);
+                 8, vs);
 }
 
 /* Whether a report queued after p is of the same array (and so supersedes p's
@@ -1779,15 +1792,15 @@ static bool superseded(const pending *p)
  */
 static void flush_progress_run(fb_dispatch_t *d)
 {
-    int64_t t0 = now_ms();
+    int64_t t0 = real_ms();
     /* slices of one transaction each: PostgreSQL hands a listening session its
      * notifications only between transactions, and a submission that arrives during a
      * long flush is planned after the slice it arrived in, not after the whole flush */
-    for (bool first = true; d->progress.head && now_ms() - t0 < FLUSH_BUDGET_MS &&
-                            (first || !d->plan_due);
+    for (bool first = true;
+         d->progress.head && real_ms() - t0 < FLUSH_BUDGET_MS && (first || !d->plan_due);
          first = false) {
         if (!db_ok(d) || !begin(d)) return;
-        int64_t t1 = now_ms();
+        int64_t t1 = real_ms();
         int n = 0;
         for (pending *p = d->progress.head; p; p = p->next) {
             if (!write_progress(d, p, !superseded(p))) {
@@ -1795,7 +1808,7 @@ static void flush_progress_run(fb_dispatch_t *d)
                 return;
             }
             n++;
-            if (now_ms() - t1 >= FLUSH_SLICE_MS) break;
+            if (real_ms() - t1 >= FLUSH_SLICE_MS) break;
         }
         if (!commit(d)) {
             rollback(d);
@@ -1826,9 +1839,11 @@ static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg 
  * thread ended without its members' events (a spanning group's
  * communication failed, or a failure that no event reported), and one that
  * never lists it did not start it: either way no job may stay scheduled or
- * running in it.
+ * running in it.  now is the clock when the message was read: the answer to
+ * it goes out first, and a test's manual clock may move once it is answered.
  */
-static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full)
+static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full,
+                      int64_t now)
 {
     for (int i = 0; i < m->n_running; i++) {
         const fb_wire_running *r = &m->running[i];
@@ -1842,7 +1857,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
                 g->listed = true;
                 g->missing_since_ms = 0;
             }
-        } else if (!detach_recent(d, r->group_id, now_ms())) {
+        } else if (!detach_recent(d, r->group_id, now)) {
             /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
              * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
@@ -1860,13 +1875,13 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
          * it for ever */
         bool listed = sm ? sm->listed : g->listed;
         int64_t assigned = sm ? sm->assigned_ms : g->assigned_ms;
-        if (!full && !listed && now_ms() - assigned <= d->cfg.heartbeat_timeout_ms) continue;
+        if (!full && !listed && now - assigned <= d->cfg.heartbeat_timeout_ms) continue;
         bool runs = false;
         for (int k = 0; k < m->n_running; k++)
             runs |= strcmp(m->running[k].group_id, g->id) == 0 &&
                     m->running[k].generation == g->generation;
         int64_t *since = sm ? &sm->missing_since_ms : &g->missing_since_ms;
-        if (!runs && !*since) *since = now_ms();
+        if (!runs && !*since) *since = now;
     }
 }
 
@@ -1881,7 +1896,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
  */
 static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_msg *m)
 {
-    if (!w->id[0] || now_ms() - w->hello_ms > d->cfg.heartbeat_timeout_ms ||
+    if (!w->id[0] || fb_clock_ms() - w->hello_ms > d->cfg.heartbeat_timeout_ms ||
         strcmp(w->backend, m->backend) != 0 || strcmp(w->version, m->version) != 0 ||
         w->n_devices != m->n_devices)
         return false;
@@ -1894,7 +1909,7 @@ static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_ms
     return true;
 }
 
-static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, int64_t now)
 {
     if (strcmp(m->worker, name) != 0) {
         fb_log_json(FB_LOG_WARN, "HELLO names another worker than its socket; dropped",
@@ -1951,9 +1966,9 @@ static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
     snprintf(w->id, sizeof w->id, "%s", id);
     snprintf(w->backend, sizeof w->backend, "%s", m->backend);
     snprintf(w->version, sizeof w->version, "%s", m->version);
-    w->hello_ms = now_ms();
+    w->hello_ms = now;
 registered:
-    w->last_seen_ms = now_ms();
+    w->last_seen_ms = now;
     w->draining = false;
     w->n_devices = m->n_devices;
     memcpy(w->devices, m->devices, (size_t)m->n_devices * sizeof w->devices[0]);
@@ -1969,7 +1984,7 @@ registered:
     fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
     snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
     send_to(d, name, &welcome, NULL, NULL, 0);
-    reconcile(d, name, m, true);
+    reconcile(d, name, m, true, now);
     d->plan_due = true;
     return;
 fail:
@@ -2000,7 +2015,7 @@ static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_
     *step_ms = *busy_ms = 0;
     group *g = find_group(d, m->group_id);
     if (!g) return;
-    int64_t t = now_ms(), step = 0;
+    int64_t t = fb_clock_ms(), step = 0;
     for (int i = 0; i < m->n_progress; i++)
         if (m->progress[i].step > step) step = m->progress[i].step;
     if (g->reports++ == 0 || step < g->base_step) {
@@ -2101,7 +2116,7 @@ static void drain_follower(fb_dispatch_t *d, const char *name)
         for (int k = 0; k < PQntuples(r); k++) {
             send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
                         "a worker of the array drains", true);
-            detach_recent(d, PQgetvalue(r, k, 0), now_ms());
+            detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
         }
         fb_log_json(FB_LOG_INFO, "a follower drains: its spanning array moves",
                     json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name,
@@ -2277,7 +2292,9 @@ static void on_message(fb_dispatch_t *d)
         goto done;
     }
     worker *w = find_worker(d, name);
-    if (w) w->last_seen_ms = now_ms();
+    /* the time it was read, for every decision on it (reconcile), taken before any answer */
+    int64_t now = fb_clock_ms();
+    if (w) w->last_seen_ms = now;
     if (!w && m.type != FB_WIRE_HELLO && m.type != FB_WIRE_HEARTBEAT) {
         /* a worker this server does not know (it restarted): it must say HELLO first, and
          * it keeps its unacknowledged events until then */
@@ -2287,13 +2304,13 @@ static void on_message(fb_dispatch_t *d)
     }
     switch (m.type) {
     case FB_WIRE_HELLO:
-        on_hello(d, name, &m);
+        on_hello(d, name, &m, now);
         break;
     case FB_WIRE_HEARTBEAT: {
         if (m.reply) break; /* only the server answers heartbeats */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = w != NULL};
         send_to(d, name, &reply, NULL, NULL, 0);
-        if (w) reconcile(d, name, &m, false);
+        if (w) reconcile(d, name, &m, false, now);
         break;
     }
     case FB_WIRE_PROGRESS:
@@ -2976,7 +2993,7 @@ static void deliver_groups(fb_dispatch_t *d, assign_out *q, bool committed)
                 snprintf(m->token, sizeof m->token, "%s", a->token);
                 for (int k = 0; k < sp->n; k++) {
                     span_member *sm = &g->span->m[k];
-                    sm->assigned_ms = now_ms();
+                    sm->assigned_ms = fb_clock_ms();
                     m->rank_base = sm->rank_base;
                     m->parallel_data = sm->n_ranks;
                     m->parallel_pipeline = 1;
@@ -2995,12 +3012,12 @@ static void deliver_groups(fb_dispatch_t *d, assign_out *q, bool committed)
 static void plan_run(fb_dispatch_t *d)
 {
     d->plan_due = false;
-    d->last_plan_ms = now_ms();
+    d->last_plan_ms = fb_clock_ms();
     if (!db_ok(d)) return;
     plan_ctx c = {0};
     /* where a slow plan's time went: reading the queue, the snapshot and policy, the new
      * arrays, the reasons */
-    double t_start = mono_s(), t_read = 0, t_policy = 0, t_groups = 0;
+    double t_start = real_s(), t_read = 0, t_policy = 0, t_groups = 0;
     int n_read = 0, n_started = 0, n_reasons = 0;
     char err[256];
     if (fb_queue_sync(d->queue, d->pg, &n_read, err, sizeof err)) {
@@ -3010,7 +3027,7 @@ static void plan_run(fb_dispatch_t *d)
     }
     int nj = fb_queue_ordered(d->queue, MAX_QUEUE_READ, &c.jobs);
     if (nj < 0) goto out;
-    t_read = mono_s();
+    t_read = real_s();
     c.tenants = q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
     c.running = q(d,
                   "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
@@ -3137,14 +3154,14 @@ static void plan_run(fb_dispatch_t *d)
                     json_pack("{s:s}", "error", err));
         goto out;
     }
-    t_policy = mono_s();
+    t_policy = real_s();
     if (res.n_groups > 0 && begin(d)) {
         assign_out *ready = NULL;
         for (int i = 0; i < res.n_groups; i++) {
             /* a plan that would start many arrays (a burst, a start-up) starts what fits in
              * its budget and plans again at once for the rest, so that no decision holds the
              * loop long: submissions and heartbeats wait behind it */
-            if (i > 0 && mono_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
+            if (i > 0 && real_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
                 d->plan_due = true;
                 break;
             }
@@ -3155,7 +3172,7 @@ static void plan_run(fb_dispatch_t *d)
         if (!committed) rollback(d);
         deliver_groups(d, ready, committed);
     }
-    t_groups = mono_s();
+    t_groups = real_s();
     /* time shares of running groups changed by co-location */
     for (int i = 0; i < res.n_shares; i++) {
         int row = c.run_row[res.shares[i].running];
@@ -3198,7 +3215,7 @@ static void plan_run(fb_dispatch_t *d)
     d->next_reason = 0;
     n_reasons = write_reasons(d, REASONS_IN_PLAN_S);
     fb_plan_result_free(&res);
-    double t_end = mono_s();
+    double t_end = real_s();
     if (t_end - t_start > SLOW_PLAN_S)
         fb_log_json(FB_LOG_WARN, "a slow plan",
                     json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i}", "ms",
@@ -3222,9 +3239,9 @@ out:
  */
 static int write_reasons(fb_dispatch_t *d, double budget_s)
 {
-    double t0 = mono_s();
+    double t0 = real_s();
     int written = 0;
-    while (d->next_reason < d->n_reasons && mono_s() - t0 < budget_s) {
+    while (d->next_reason < d->n_reasons && real_s() - t0 < budget_s) {
         int n = d->n_reasons - d->next_reason;
         if (n > REASONS_PER_STATEMENT) n = REASONS_PER_STATEMENT;
         const char *ids[REASONS_PER_STATEMENT], *texts[REASONS_PER_STATEMENT];
@@ -3292,7 +3309,7 @@ static void detach_cancelled(fb_dispatch_t *d)
                     " WHERE j.in_group AND j.state = 'cancelled'",
                     0, NULL);
     if (!r) return;
-    int64_t t = now_ms();
+    int64_t t = fb_clock_ms();
     for (int i = 0; i < PQntuples(r); i++) {
         const char *w = PQgetvalue(r, i, 3);
         if (!find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
@@ -3419,7 +3436,7 @@ static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, 
         const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
         /* with its full state: it resumes elsewhere from the step it left at */
         send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
-        detach_recent(d, job, now_ms());
+        detach_recent(d, job, fb_clock_ms());
     }
     fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",
                 json_pack("{s:s, s:s, s:i}", "group_id", gid, "worker", g->worker, "members",
@@ -3438,7 +3455,7 @@ static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, 
  */
 static void rebalance_run(fb_dispatch_t *d)
 {
-    d->last_rebalance_ms = now_ms();
+    d->last_rebalance_ms = fb_clock_ms();
     if (!db_ok(d)) return;
     fair_ctx c = {0};
     fb_fair_result res = {0};
@@ -3453,13 +3470,17 @@ static void rebalance_run(fb_dispatch_t *d)
                  0, NULL);
     /* members in group order; a group's first is a member of the tenant it is charged to
      * (tenant_ids[1], as the planner charges it) */
+    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
+    char now_s[32];
+    const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
     c.jobs = q(d,
                "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM now() - j.created_at), LEAST(j.step, j.steps), j.steps"
+               " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
+               " LEAST(j.step, j.steps), j.steps"
                " FROM jobs j JOIN groups g ON g.id = j.group_id"
                " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
                " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
-               0, NULL);
+               1, vn);
     if (!c.tenants || !c.groups || !c.jobs) goto out;
     int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
     int nd = 0;
@@ -3657,26 +3678,26 @@ out:
 /* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
 static void plan(fb_dispatch_t *d)
 {
-    double t0 = mono_s();
+    double t0 = real_s();
     plan_run(d);
-    fb_metrics_control(FB_CONTROL_PLAN, mono_s() - t0);
+    fb_metrics_control(FB_CONTROL_PLAN, real_s() - t0);
 }
 
 /* A flush of progress reports, timed when there was something to write. */
 static void flush_progress(fb_dispatch_t *d)
 {
     if (!d->progress.head) return;
-    double t0 = mono_s();
+    double t0 = real_s();
     flush_progress_run(d);
-    fb_metrics_control(FB_CONTROL_FLUSH, mono_s() - t0);
+    fb_metrics_control(FB_CONTROL_FLUSH, real_s() - t0);
 }
 
 /* A fair-share period, timed. */
 static void rebalance(fb_dispatch_t *d)
 {
-    double t0 = mono_s();
+    double t0 = real_s();
     rebalance_run(d);
-    fb_metrics_control(FB_CONTROL_REBALANCE, mono_s() - t0);
+    fb_metrics_control(FB_CONTROL_REBALANCE, real_s() - t0);
 }
 
 /* Whether a message waits on the worker socket. */
@@ -3763,7 +3784,7 @@ static void check_stale(fb_dispatch_t *d)
 
 static void tick(fb_dispatch_t *d)
 {
-    int64_t t = now_ms();
+    int64_t t = fb_clock_ms();
     d->ticks++;
     reload_keys(d);
     /* what waits on the socket first, all of it: a busy loop must not call a worker silent
@@ -3868,6 +3889,7 @@ static void tick(fb_dispatch_t *d)
         fb_queue_maintain(d->queue, d->pg);
     }
     if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
+    fb_metrics_tick(t);
 }
 
 /* A submission or cancellation was notified: plan soon. */
@@ -3884,7 +3906,7 @@ static void take_notifies(fb_dispatch_t *d)
 static void *loop(void *arg)
 {
     fb_dispatch_t *d = arg;
-    d->start_ms = now_ms();
+    d->start_ms = fb_clock_ms();
     int64_t next_tick = d->start_ms;
     db_ok(d);
     for (;;) {
@@ -3901,11 +3923,12 @@ static void *loop(void *arg)
          * statements, and the socket then has nothing left to wake the poll: look for
          * queued ones before every wait, or a submission would wait for the next tick */
         take_notifies(d);
-        int64_t t = now_ms();
-        long timeout = next_tick > t ? (long)(next_tick - t) : 0;
+        /* until the next tick or the planning gap's end: the time left on the monotonic
+         * clock; on a test's manual clock, a short poll, as only the test moves it */
+        long timeout = fb_clock_wait_ms(next_tick, d->cfg.tick_ms);
         if (d->plan_due) {
-            int64_t gap = d->last_plan_ms + PLAN_MIN_GAP_MS - t;
-            if (gap < timeout) timeout = gap > 0 ? (long)gap : 0;
+            long gap = fb_clock_wait_ms(d->last_plan_ms + PLAN_MIN_GAP_MS, PLAN_MIN_GAP_MS);
+            if (gap < timeout) timeout = gap;
         }
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) break;
         if (items[2].revents & ZMQ_POLLIN) break;
@@ -3915,10 +3938,10 @@ static void *loop(void *arg)
             PQconsumeInput(d->pg);
             take_notifies(d);
         }
-        t = now_ms();
+        int64_t t = fb_clock_ms();
         if (t >= next_tick) {
             tick(d);
-            next_tick = now_ms() + d->cfg.tick_ms;
+            next_tick = fb_clock_ms() + d->cfg.tick_ms;
         } else if (d->plan_due && t - d->last_plan_ms >= PLAN_MIN_GAP_MS) {
             flush_events(d);
             plan(d);

@@ -22,6 +22,11 @@ int main(int argc, char **argv)
         return 2;
     }
     fb_log_set_level(cfg.log_level);
+    /* before any thread reads the clock */
+    if (fb_config_apply_test_clock(&cfg, msg, sizeof msg)) {
+        fprintf(stderr, "fuseboxd: %s\n", msg);
+        return 2;
+    }
     /* every HTTP connection is a descriptor: allow what the hard limit allows */
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

@@ -391,8 +391,37 @@ void fb_metrics_control(fb_control_phase phase, double seconds)
                               memory_order_relaxed);
 }
 
+static _Atomic uint64_t control_ticks;
+static _Atomic int64_t control_tick_clock_ms = -1; /* -1: no tick yet */
+
+void fb_metrics_tick(int64_t clock_ms)
+{
+    atomic_store_explicit(&control_tick_clock_ms, clock_ms, memory_order_relaxed);
+    atomic_fetch_add_explicit(&control_ticks, 1, memory_order_release);
+}
+
+static void ticks_render(fb_textbuf *b)
+{
+    uint64_t n = atomic_load_explicit(&control_ticks, memory_order_acquire);
+    fb_textbuf_printf(b,
+                      "# HELP fusebox_control_ticks_total Ticks fuseboxd's control loop has "
+                      "finished.\n"
+                      "# TYPE fusebox_control_ticks_total counter\n"
+                      "fusebox_control_ticks_total %llu\n",
+                      (unsigned long long)n);
+    int64_t at = atomic_load_explicit(&control_tick_clock_ms, memory_order_relaxed);
+    if (at < 0) return;
+    fb_textbuf_printf(b,
+                      "# HELP fusebox_control_tick_clock_ms The control loop's clock, in "
+                      "milliseconds, when its last finished tick began.\n"
+                      "# TYPE fusebox_control_tick_clock_ms gauge\n"
+                      "fusebox_control_tick_clock_ms %lld\n",
+                      (long long)at);
+}
+
 static void control_render(fb_textbuf *b)
 {
+    ticks_render(b);
     fb_textbuf_printf(b, "# HELP fusebox_control_loop_seconds Time of one run of a phase of "
                          "fuseboxd's control loop (plan: the scheduling decision).\n"
                          "# TYPE fusebox_control_loop_seconds histogram\n");

@@ -11,6 +11,7 @@
 #define FB_SERVER_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct fb_metrics fb_metrics_t;
 
@@ -88,5 +89,15 @@ typedef enum fb_control_phase {
  * records, HTTP threads render.
  */
 void fb_metrics_control(fb_control_phase phase, double seconds);
+
+/*
+ * Records that the control loop finished a tick that began at clock_ms on
+ * its clock (base/clock.h); rendered as the counter
+ * fusebox_control_ticks_total and the gauge fusebox_control_tick_clock_ms.
+ * They show that the loop is alive, and a test on a manual clock waits for
+ * the gauge to reach the time it set before it looks at the decisions of
+ * that tick.
+ */
+void fb_metrics_tick(int64_t clock_ms);
 
 #endif

@@ -34,7 +34,7 @@ static const char *const job_states[] = {"queued",    "scheduled", "running",
 
 typedef struct job_create {
     const char *tenant_id;
-    const char *vals[14];
+    const char *vals[15];
     const char *idem_key;
     const char *hash_hex; /* without the \x prefix */
     json_t *out;
@@ -55,9 +55,10 @@ static const char sql_job_insert[] =
     "WITH ins AS ("
     " INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key, dataset, n_params,"
     " flops_per_sample, priority, steps, epochs, max_restarts, idempotency_key, request_hash,"
-    " init_path)"
+    " init_path, created_at)"
     " SELECT $1::uuid, $2, 'waiting for devices', $3::jsonb, $4, $5, $6::bigint, $7::float8,"
-    " $8::integer, $9::bigint, $10::bigint, $11::integer, $12, $13::bytea, $14"
+    " $8::integer, $9::bigint, $10::bigint, $11::integer, $12, $13::bytea, $14,"
+    " coalesce(to_timestamp($15::float8), now())"
     " WHERE (SELECT coalesce(sum(c.n), 0) FROM tenant_queued_counts c WHERE c.tenant_id = $1::uuid)"
     " < (SELECT t.max_queued_jobs FROM tenants t WHERE t.id = $1::uuid)"
     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
@@ -100,7 +101,7 @@ static int job_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     PGresult *r = fb_db_query(c, "tenant_lock_jobs", sql_tenant_lock, 1, v, &err, msg, cap);
     if (!r) return err;
     PQclear(r);
-    r = fb_db_query(c, "job_insert", sql_job_insert, 14, x->vals, &err, msg, cap);
+    r = fb_db_query(c, "job_insert", sql_job_insert, 15, x->vals, &err, msg, cap);
     if (!r) return err;
     if (PQntuples(r) == 1) {
         json_decref(x->out);
@@ -151,11 +152,13 @@ int fb_route_job_create(fb_req *req)
     snprintf(steps, sizeof steps, "%lld", (long long)spec.steps);
     snprintf(epochs, sizeof epochs, "%lld", (long long)spec.epochs);
     snprintf(restarts, sizeof restarts, "%d", spec.max_restarts);
+    /* its submission on the control loop's clock (db.h), from which its slowdown counts */
+    char submitted[32];
     job_create x = {
         .tenant_id = req->key.tenant_id,
         .vals = {req->key.tenant_id, spec.name, canon, spec.fusion_key, spec.dataset, n_params,
                  flops, priority, steps, epochs, restarts, idem, idem ? hash_hex : NULL,
-                 init_path[0] ? init_path : NULL},
+                 init_path[0] ? init_path : NULL, fb_db_clock_now(submitted, sizeof submitted)},
         .idem_key = idem,
         .hash_hex = hash_hex + 2,
     };

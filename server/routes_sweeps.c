@@ -213,23 +213,25 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     PQclear(r);
     char *trials = json_dumps(x->trials, JSON_COMPACT | JSON_REAL_PRECISION(17));
     if (!trials) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-    const char *vj[3] = {x->tenant_id, x->id, trials};
+    /* the trials' submission on the control loop's clock (db.h) */
+    char submitted[32];
+    const char *vj[4] = {x->tenant_id, x->id, trials, fb_db_clock_now(submitted, sizeof submitted)};
     r = fb_db_query(
         c, NULL,
         "WITH ins AS (INSERT INTO jobs (tenant_id, name, queue_reason, spec, fusion_key,"
         " dataset, n_params, flops_per_sample, priority, steps, epochs, max_restarts,"
-        " sweep_id, trial_index, trial_params, init_path)"
+        " sweep_id, trial_index, trial_params, init_path, created_at)"
         " SELECT $1::uuid, e.t->>'name', 'waiting for devices', e.t->'spec',"
         " e.t->>'fusion_key', e.t->>'dataset', (e.t->>'n_params')::bigint,"
         " (e.t->>'flops')::float8, (e.t->>'priority')::integer,"
         " (e.t->>'steps')::bigint, (e.t->>'epochs')::bigint,"
         " (e.t->>'max_restarts')::integer, $2::uuid, (e.i - 1)::integer,"
-        " e.t->'params', e.t->>'init_path'"
+        " e.t->'params', e.t->>'init_path', coalesce(to_timestamp($4::float8), now())"
         " FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS e(t, i)"
         " RETURNING id)"
         " INSERT INTO job_events (job_id, kind, message)"
         " SELECT id, 'submitted', 'queued by a sweep: waiting for devices' FROM ins",
-        3, vj, &err, msg, cap);
+        4, vj, &err, msg, cap);
     free(trials);
     if (!r) return err;
     PQclear(r);

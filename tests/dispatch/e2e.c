@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "clock.h"
 #include "datadir.h"
 #include "ports.h"
 #include "safetensors.h"
@@ -81,12 +82,20 @@ static const char *const *server_flags(e2e *t, const char *const *extra)
     int n = 0;
     flags[n++] = "--worker-listen";
     flags[n++] = listen;
+    static char hb[16], timeout[16], tick[16];
+    snprintf(hb, sizeof hb, "%d", E2E_HEARTBEAT_MS);
+    snprintf(timeout, sizeof timeout, "%d", E2E_HEARTBEAT_TIMEOUT_MS);
+    snprintf(tick, sizeof tick, "%d", E2E_TICK_MS);
     flags[n++] = "--heartbeat-ms";
-    flags[n++] = "200";
+    flags[n++] = hb;
     flags[n++] = "--heartbeat-timeout-ms";
-    flags[n++] = "1500";
+    flags[n++] = timeout;
     flags[n++] = "--tick-ms";
-    flags[n++] = "100";
+    flags[n++] = tick;
+    if (t->clock) {
+        flags[n++] = "--test-clock";
+        flags[n++] = t->clock_path;
+    }
     /* tenants' own datasets land where the workers read datasets */
     flags[n++] = "--datasets-dir";
     flags[n++] = t->data_dir;
@@ -100,14 +109,24 @@ static const char *const *server_flags(e2e *t, const char *const *extra)
 
 static const char *const *saved_extra;
 
-/* e2e_start and e2e_start_on: db_url NULL for a fresh database on the test server. */
-static void start(e2e *t, const char *db_url, const char *const *extra)
+/* e2e_start, e2e_start_on and e2e_start_clocked: db_url NULL for a fresh database on the
+ * test server; clocked for fuseboxd on a manual clock. */
+static void start(e2e *t, const char *db_url, const char *const *extra, bool clocked)
 {
     char msg[256];
     memset(t, 0, sizeof *t);
     if (!db_url) fbt_require_database();
     snprintf(t->root, sizeof t->root, "/tmp/fb-e2e-XXXXXX");
     CHECK(mkdtemp(t->root) != NULL);
+    if (clocked) {
+        snprintf(t->clock_path, sizeof t->clock_path, "%s/clock", t->root);
+        t->clock = fb_clock_file_create(t->clock_path, (int64_t)E2E_CLOCK_START_MS * 1000000, msg,
+                                        sizeof msg);
+        if (!t->clock) fprintf(stderr, "%s\n", msg);
+        CHECK(t->clock != NULL);
+        /* fuseboxd refuses --test-clock without it; its workers get it anyway */
+        CHECK(setenv("FUSEBOX_TEST_HOOKS", "1", 1) == 0);
+    }
     snprintf(t->data_dir, sizeof t->data_dir, "%s/data", t->root);
     CHECK(mkdir(t->data_dir, 0755) == 0);
     snprintf(t->hook_dir, sizeof t->hook_dir, "%s/hooks", t->root);
@@ -142,20 +161,81 @@ static void start(e2e *t, const char *db_url, const char *const *extra)
         fbt_db_create(&t->s);
     }
     fbt_server_start(&t->s, server_flags(t, extra));
+    /* the control loop's first tick comes at its start, at the clock's first time: every
+     * later tick time is a multiple of the tick from it */
+    if (clocked) e2e_clock_set(t, E2E_CLOCK_START_MS);
     fbt_tenant(&t->s, "lab", "", t->tenant, sizeof t->tenant, t->key, sizeof t->key);
 }
 
-void e2e_start(e2e *t, const char *const *extra) { start(t, NULL, extra); }
+void e2e_start(e2e *t, const char *const *extra)
+{
+    start(t, NULL, extra, false);
+}
 
 void e2e_start_on(e2e *t, const char *db_url, const char *const *extra)
 {
     CHECK(db_url != NULL && db_url[0]);
-    start(t, db_url, extra);
+    start(t, db_url, extra, false);
+}
+
+void e2e_start_clocked(e2e *t, const char *const *extra)
+{
+    start(t, NULL, extra, true);
+}
+
+long long e2e_clock_ms(const e2e *t)
+{
+    CHECK(t->clock != NULL);
+    return (long long)(fb_clock_file_get(t->clock) / 1000000);
+}
+
+/* fusebox_control_tick_clock_ms in /metrics: the clock time of fuseboxd's last finished
+ * tick, -1 before the first. */
+static long long tick_clock_ms(e2e *t)
+{
+    static const char key[] = "\nfusebox_control_tick_clock_ms ";
+    fbt_resp r = fbt_call(&t->s, "GET", "/metrics", NULL, NULL);
+    fbt_expect(&r, 200, NULL, "metrics");
+    const char *p = strstr(r.body, key);
+    long long v = p ? strtoll(p + sizeof key - 1, NULL, 10) : -1;
+    fbt_resp_free(&r);
+    return v;
+}
+
+void e2e_clock_set(e2e *t, long long ms)
+{
+    CHECK(t->clock != NULL);
+    CHECK_INT_EQ((ms - E2E_CLOCK_START_MS) % E2E_TICK_MS, 0);
+    CHECK(ms >= e2e_clock_ms(t));
+    CHECK(fb_clock_file_set(t->clock, (int64_t)ms * 1000000));
+    double start = fbt_now_ms();
+    long long at;
+    while ((at = tick_clock_ms(t)) < ms) {
+        if (fbt_now_ms() - start > 60000) {
+            fprintf(stderr,
+                    "fuseboxd did not tick at clock %lld ms within 60 s (its last tick: "
+                    "%lld)\n",
+                    ms, at);
+            e2e_dump(t);
+            CHECK(0);
+        }
+        sleep_ms(2);
+    }
+    /* one tick per time the clock stands at: a later one would mean the clock moved */
+    CHECK_INT_EQ(at, ms);
+}
+
+void e2e_clock_advance(e2e *t, long long ms)
+{
+    CHECK(ms > 0 && ms % E2E_TICK_MS == 0);
+    e2e_clock_set(t, e2e_clock_ms(t) + ms);
 }
 
 void e2e_restart_server(e2e *t)
 {
     fbt_server_start(&t->s, server_flags(t, saved_extra));
+    /* on a manual clock, its first tick at the time the clock stands at */
+    if (t->clock) e2e_clock_set(t, e2e_clock_ms(t));
 }
 
 void e2e_finish(e2e *t)
@@ -171,6 +251,8 @@ void e2e_finish(e2e *t)
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->root);
     CHECK(system(cmd) == 0);
+    fb_clock_file_close(t->clock);
+    t->clock = NULL;
 }
 
 /* fusebox-worker with the usual test flags against server, started through wrapper (a

@@ -24,7 +24,18 @@ typedef struct e2e {
     int worker_port;
     char tenant[40], key[128]; /* a tenant of the test */
     bool own_database;         /* on a database of the test's own (e2e_start_on) */
+    /* fuseboxd's manual clock (e2e_start_clocked); NULL: the monotonic clock */
+    struct fb_clock_file *clock;
+    char clock_path[300];
 } e2e;
+
+/* What e2e_start gives fuseboxd: its tick, the workers' heartbeat period and the
+ * heartbeat timeout, in milliseconds. */
+#define E2E_TICK_MS 100
+#define E2E_HEARTBEAT_MS 200
+#define E2E_HEARTBEAT_TIMEOUT_MS 1500
+/* where a manual clock starts (milliseconds; a multiple of E2E_TICK_MS) */
+#define E2E_CLOCK_START_MS 1000000
 
 /* Creates the scratch directory, the dataset "synth" (train and test
  * splits), a worker keypair and the server's data directory with the
@@ -36,6 +47,33 @@ void e2e_start(e2e *t, const char *const *extra_server_flags);
  * its own PostgreSQL (pgctl.h).  t->s.sql is connected to it; e2e_finish
  * leaves the database alone. */
 void e2e_start_on(e2e *t, const char *db_url, const char *const *extra_server_flags);
+
+/*
+ * Like e2e_start, but fuseboxd's control loop reads a manual clock (--test-clock, with
+ * FUSEBOX_TEST_HOOKS=1), a file in the scratch directory that starts at
+ * E2E_CLOCK_START_MS and moves only by e2e_clock_advance and e2e_clock_set.  So every
+ * decision that depends on time (a worker lost, an array requeued, a fair-share period, a
+ * plan after a submission beyond the first) is taken at a clock time the test chose, and
+ * none while the test's own checks take their real time.  Messages are still answered
+ * as they come (a HELLO's WELCOME, a heartbeat's reply), at the clock's current time.
+ */
+void e2e_start_clocked(e2e *t, const char *const *extra_server_flags);
+
+/* The manual clock's time in milliseconds. */
+long long e2e_clock_ms(const e2e *t);
+
+/*
+ * Moves the manual clock forward by ms (> 0, a multiple of E2E_TICK_MS) or to ms
+ * (a multiple of E2E_TICK_MS past E2E_CLOCK_START_MS, not before the current time), then
+ * waits until fuseboxd's control loop has finished its tick at that time
+ * (fusebox_control_tick_clock_ms in /metrics), so that what the tick decided is in the
+ * database and its messages are sent when these return.  A tick runs at each tick time
+ * the clock reaches or passes, once: moving by 3 ticks at once is one tick, at the end.
+ * Fails the test, printing the logs, when the tick does not come within 60 s of real
+ * time (a liveness bound: no decision depends on it).
+ */
+void e2e_clock_advance(e2e *t, long long ms);
+void e2e_clock_set(e2e *t, long long ms);
 
 /* Restarts fuseboxd (after a kill) on the same database, data directory and
  * worker port. */

@@ -11,9 +11,15 @@
  *   fuseboxd has answered, so that the worker socket never runs empty;
  * - "fake-healthy" keeps its normal heartbeat.
  *
- * While the flood goes on, the silent worker must be taken for lost and its
- * array requeued within its heartbeat timeout plus a margin, and neither the
- * healthy worker nor the flooding one may be taken for lost.
+ * fuseboxd's control loop runs on a manual clock (e2e_start_clocked), which
+ * the test moves tick by tick; the healthy and silent workers heartbeat every
+ * E2E_HEARTBEAT_MS of that clock, each heartbeat answered before the clock
+ * moves on.  So the decisions are exact, however long the test's own checks
+ * take in real time: with every worker alive for two heartbeat timeouts,
+ * nobody is lost; once the silent worker stops, it is not lost at any tick up
+ * to its heartbeat timeout after its last heartbeat, and it is lost and its
+ * array requeued at the first tick past it; the healthy worker and the
+ * flooder are never lost.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,13 +35,6 @@
 #include "fakewire.h"
 #include "wire.h"
 
-#define HEARTBEAT_MS 200    /* as e2e_start sets it */
-#define TIMEOUT_MS 1500     /* the heartbeat timeout e2e_start sets */
-/* how much later than its timeout a silent worker may be judged: a few ticks, each of which
- * reads up to 4096 flood messages, slower under sanitizers and on a busy machine */
-#define MARGIN_MS 4000
-/* how long the test waits for the requeue at all before it fails */
-#define GIVE_UP_MS 15000
 /* heartbeats the flooder keeps sent but not yet answered, at most and at start */
 #define FLOOD_AHEAD 20000
 #define FLOOD_READY 5000
@@ -49,6 +48,7 @@ static char job[64];
 typedef struct fake {
     char name[32];
     void *sock;
+    long long heartbeats, replies;  /* heartbeats sent, and the replies read */
     char group[FB_WIRE_ID_LEN + 1]; /* the array its heartbeats list ("" = none) */
     int64_t generation;
 } fake;
@@ -97,12 +97,15 @@ static void fake_heartbeat(fake *f)
     fill_running(f, &hb);
     fake_send(f, &hb);
     fb_wire_msg_free(&hb);
+    f->heartbeats++;
 }
 
 /* Receives one message within ms into out; false when none came. */
 static bool fake_recv(fake *f, int ms, fb_wire_msg *out)
 {
-    return fw_recv(f->sock, f->name, ms, out, NULL, NULL);
+    if (!fw_recv(f->sock, f->name, ms, out, NULL, NULL)) return false;
+    f->replies += out->type == FB_WIRE_HEARTBEAT && out->reply;
+    return true;
 }
 
 /* Waits for a message of type `type` and returns it in out; heartbeats meanwhile. */
@@ -117,7 +120,7 @@ static void fake_expect(fake *f, fb_wire_type type, fb_wire_msg *out)
             e2e_dump(&T);
             CHECK(0);
         }
-        if (now - last_hb >= HEARTBEAT_MS) {
+        if (now - last_hb >= E2E_HEARTBEAT_MS) {
             last_hb = now;
             fake_heartbeat(f);
         }
@@ -255,59 +258,81 @@ static int lost_in_log(const char *name)
 static fake silent, healthy;
 static int healthy_unknown;
 
-/* Reads what waits for a fake (counting "unknown" answers to the healthy one). */
-static void drain_fake(fake *f)
+/*
+ * Heartbeats from f and reads what it gets until every heartbeat it sent is
+ * answered (counting "unknown" answers to the healthy one): fuseboxd has then
+ * read this one, at the clock's current time, which stands still meanwhile.
+ * Fails after 20 s of real time (a liveness bound; no decision depends on it).
+ */
+static void heartbeat_now(fake *f)
 {
-    fb_wire_msg m;
-    while (fake_recv(f, 0, &m)) {
+    fake_heartbeat(f);
+    double t0 = fbt_now_ms();
+    while (f->replies < f->heartbeats) {
+        if (fbt_now_ms() - t0 > 20000) {
+            fprintf(stderr, "fake worker %s: %lld of %lld heartbeats answered within 20 s\n",
+                    f->name, f->replies, f->heartbeats);
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        fb_wire_msg m;
+        if (!fake_recv(f, 50, &m)) continue;
         if (f == &healthy) healthy_unknown += unknown_reply(&m);
         fb_wire_msg_free(&m);
     }
 }
 
 /*
- * For ms: the healthy worker heartbeats (and the silent one too while
- * silent_alive), both read what they get.  Returns early, with the time,
- * once the job is requeued, when stop_at_requeue.
+ * One tick of the clock: the healthy worker (and the silent one while
+ * silent_alive) heartbeats when a heartbeat period has passed since its last
+ * (*last_hb, clock ms), then the clock moves one tick and the tick is waited
+ * for.  Returns the clock time of that tick.
  */
-static double live_for(int ms, bool silent_alive, bool stop_at_requeue, double *last_silent_hb)
+static long long tick_once(bool silent_alive, long long *last_hb, long long *last_silent_hb)
 {
-    double t0 = fbt_now_ms(), last_hb = 0, last_sql = 0;
-    for (;;) {
-        double now = fbt_now_ms();
-        if (now - t0 >= ms) return -1;
-        if (now - last_hb >= HEARTBEAT_MS) {
-            last_hb = now;
-            fake_heartbeat(&healthy);
-            if (silent_alive) {
-                fake_heartbeat(&silent);
-                *last_silent_hb = now;
-            }
+    long long now = e2e_clock_ms(&T);
+    if (now - *last_hb >= E2E_HEARTBEAT_MS) {
+        *last_hb = now;
+        heartbeat_now(&healthy);
+        if (silent_alive) {
+            heartbeat_now(&silent);
+            *last_silent_hb = now;
         }
-        drain_fake(&healthy);
-        drain_fake(&silent);
-        if (stop_at_requeue && now - last_sql >= 50) {
-            last_sql = now;
-            if (requeues() > 0) return fbt_now_ms();
-        }
-        fw_sleep_ms(5);
     }
+    e2e_clock_advance(&T, E2E_TICK_MS);
+    return e2e_clock_ms(&T);
+}
+
+/* Nobody is lost and nothing requeued yet, at the clock's time (what). */
+static void expect_nobody_lost(const char *what)
+{
+    long long rq = requeues();
+    int l_silent = lost_in_log("fake-silent"), l_healthy = lost_in_log("fake-healthy");
+    int l_flood = lost_in_log("fake-flood");
+    if (rq || l_silent || l_healthy || l_flood)
+        fprintf(stderr, "%s, clock %lld ms: requeues %lld, lost: silent %d healthy %d flood %d\n",
+                what, e2e_clock_ms(&T), rq, l_silent, l_healthy, l_flood);
+    CHECK_INT_EQ(rq, 0);
+    CHECK_INT_EQ(l_silent, 0);
+    CHECK_INT_EQ(l_healthy, 0);
+    CHECK_INT_EQ(l_flood, 0);
 }
 
 int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
-    e2e_start(&T, NULL);
+    e2e_start_clocked(&T, NULL);
     ctx = zmq_ctx_new();
     CHECK(ctx != NULL);
     fb_wire_msg m;
 
-    /* the silent-to-be worker registers and gets the job's array */
+    /* the silent-to-be worker registers and gets the job's array, planned at the next tick */
     fake_open(&silent, "fake-silent");
     fake_hello(&silent);
     fake_expect(&silent, FB_WIRE_WELCOME, &m);
     fb_wire_msg_free(&m);
     snprintf(job, sizeof job, "%s", e2e_submit(&T, T.key, e2e_spec("flood", 0.001, 100000, 300)));
+    e2e_clock_advance(&T, E2E_TICK_MS);
     fake_expect(&silent, FB_WIRE_ASSIGN, &m);
     CHECK_INT_EQ(m.n_members, 1);
     CHECK_STR_EQ(m.members[0].job_id, job);
@@ -335,32 +360,49 @@ int main(void)
     atomic_init(&fl.unknown, 0);
     atomic_init(&fl.min_ahead, -1);
 
-    /* the flood starts; everyone else stays alive until fuseboxd has fallen behind */
+    /* the flood starts; the clock stands still until fuseboxd has fallen behind */
     pthread_t th;
     CHECK(pthread_create(&th, NULL, flood_run, &fl) == 0);
-    double t0 = fbt_now_ms(), last_silent_hb = 0;
+    double t0 = fbt_now_ms();
     while (!atomic_load(&fl.ready)) {
         if (fbt_now_ms() - t0 > 20000) {
             fprintf(stderr, "the flood never got %d heartbeats ahead of fuseboxd\n",
                     FLOOD_READY);
             CHECK(0);
         }
-        live_for(50, true, false, &last_silent_hb);
+        fw_sleep_ms(10);
     }
-    /* a heartbeat timeout with the flood on and every worker alive: nobody is lost */
-    live_for(TIMEOUT_MS, true, false, &last_silent_hb);
-    CHECK_INT_EQ(requeues(), 0);
+    /* two heartbeat timeouts with the flood on and every worker alive: nobody is lost */
+    long long last_hb = -E2E_HEARTBEAT_MS, last_silent_hb = -1;
+    for (int k = 0; k < 2 * E2E_HEARTBEAT_TIMEOUT_MS / E2E_TICK_MS; k++) {
+        tick_once(true, &last_hb, &last_silent_hb);
+        expect_nobody_lost("all alive");
+    }
     printf("flooding: %lld heartbeats sent, %lld answered\n", (long long)atomic_load(&fl.sent),
            (long long)atomic_load(&fl.answered));
 
-    /* the silent worker stops; the flood and the healthy worker go on */
-    double requeued_at = live_for(GIVE_UP_MS, false, true, &last_silent_hb);
-    double after = requeued_at < 0 ? -1 : requeued_at - last_silent_hb;
-    printf("the silent worker's array was requeued %.0f ms after its last heartbeat"
-           " (timeout %d ms, allowed %d ms; -1: not within %d ms)\n",
-           after, TIMEOUT_MS, TIMEOUT_MS + MARGIN_MS, GIVE_UP_MS);
+    /* the silent worker stops; the flood and the healthy worker go on.  Not lost at any
+     * tick up to its heartbeat timeout after its last heartbeat (silent <= timeout) ... */
+    long long at;
+    do {
+        at = tick_once(false, &last_hb, &last_silent_hb);
+        expect_nobody_lost("silent within its timeout");
+    } while (at - last_silent_hb < E2E_HEARTBEAT_TIMEOUT_MS);
+    CHECK_INT_EQ(at - last_silent_hb, E2E_HEARTBEAT_TIMEOUT_MS);
+    /* ... and lost, its array requeued, at the first tick past it */
+    long long lost_at = tick_once(false, &last_hb, &last_silent_hb);
+    long long after = lost_at - last_silent_hb;
+    printf("the silent worker's array was requeued at the tick %lld ms after its last"
+           " heartbeat (timeout %d ms, tick %d ms)\n",
+           after, E2E_HEARTBEAT_TIMEOUT_MS, E2E_TICK_MS);
+    CHECK_INT_EQ(after, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
+    CHECK_INT_EQ(requeues(), 1);
+    CHECK_INT_EQ(lost_in_log("fake-silent"), 1);
+    CHECK_INT_EQ(worker_lost_in_db("fake-silent"), 1);
+
     /* and two more timeouts of flood: the others are still not lost */
-    live_for(2 * TIMEOUT_MS, false, false, &last_silent_hb);
+    for (int k = 0; k < 2 * E2E_HEARTBEAT_TIMEOUT_MS / E2E_TICK_MS; k++)
+        tick_once(false, &last_hb, &last_silent_hb);
     long long sent = atomic_load(&fl.sent), answered = atomic_load(&fl.answered);
     long long min_ahead = atomic_load(&fl.min_ahead);
     atomic_store(&fl.stop, true);
@@ -370,10 +412,8 @@ int main(void)
 
     /* the flood was one: fuseboxd never caught up with it */
     CHECK(min_ahead > 0);
-    CHECK(requeued_at > 0);
-    CHECK(after <= TIMEOUT_MS + MARGIN_MS);
     CHECK_INT_EQ(requeues(), 1);
-    CHECK(lost_in_log("fake-silent") >= 1);
+    CHECK_INT_EQ(lost_in_log("fake-silent"), 1);
     CHECK_INT_EQ(lost_in_log("fake-healthy"), 0);
     CHECK_INT_EQ(lost_in_log("fake-flood"), 0);
     CHECK_INT_EQ(worker_lost_in_db("fake-healthy"), 0);
@@ -381,9 +421,9 @@ int main(void)
     CHECK_INT_EQ(healthy_unknown, 0);
     CHECK_INT_EQ(atomic_load(&fl.unknown), 0);
 
-    printf("result: flood requeue_after_ms=%.0f timeout_ms=%d flood_sent=%lld"
+    printf("result: flood requeue_after_ms=%lld timeout_ms=%d flood_sent=%lld"
            " flood_min_unanswered=%lld\n",
-           after, TIMEOUT_MS, sent, min_ahead);
+           after, E2E_HEARTBEAT_TIMEOUT_MS, sent, min_ahead);
     free(fl.json);
     zmq_close(fl.f.sock);
     zmq_close(silent.sock);

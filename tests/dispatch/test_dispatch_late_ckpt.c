@@ -17,6 +17,12 @@
  * 3. late checkpoints that must change nothing: one older than the resume
  *    point, one from a worker the array was never assigned to, and one that
  *    arrives after the job was placed in a new array.
+ *
+ * fuseboxd runs on a manual clock (e2e_start_clocked) that the test moves a
+ * tick at a time, a live fake heartbeating and answered before each move: a
+ * fake that falls silent is lost at exactly the first tick past the heartbeat
+ * timeout after its last heartbeat, and a live one never is, however long
+ * the test's checks take.
  */
 #include <errno.h>
 #include <math.h>
@@ -34,8 +40,8 @@
 #include "fakewire.h"
 #include "wire.h"
 
-#define HEARTBEAT_MS 200
-#define WAIT_MS 20000
+#define WAIT_MS 20000  /* real-time liveness bound on a message the test waits for */
+#define WAIT_TICKS 600 /* the most clock ticks a wait moves */
 
 static e2e T;
 static void *ctx;
@@ -44,7 +50,7 @@ typedef struct fake {
     char name[32];
     void *sock;
     int64_t seq;
-    double last_hb;
+    long long heartbeats, replies;  /* heartbeats sent, and their replies taken */
     char group[FB_WIRE_ID_LEN + 1]; /* the array its heartbeats list ("" = none) */
     int64_t generation;
 } fake;
@@ -117,30 +123,65 @@ static void got_free(got *g)
 }
 
 /*
- * Waits for a message of type `type` (an ACK: of seq) and returns it in out;
- * drops the others.  A live fake (alive) sends its heartbeats meanwhile.
+ * The fake heartbeats and takes every message until it is answered: fuseboxd has read
+ * all it sent, at the clock's current time.  A message of type `type` (an ACK: of seq)
+ * met on the way is kept in *out (when out is not NULL and none is kept yet: *kept).
  */
-static void fake_expect(fake *f, bool alive, fb_wire_type type, int64_t seq, got *out)
+static void fake_sync(fake *f, fb_wire_type type, int64_t seq, got *out, bool *kept)
 {
+    fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
+    fill_running(f, &hb, job, 0);
+    fake_send(f, &hb, NULL, 0);
+    fb_wire_msg_free(&hb);
+    f->heartbeats++;
     double t0 = fbt_now_ms();
-    for (;;) {
-        double now = fbt_now_ms();
-        if (now - t0 > WAIT_MS) {
-            fprintf(stderr, "fake worker %s: no %s (seq %lld) within %d ms\n", f->name,
-                    fb_wire_type_name(type), (long long)seq, WAIT_MS);
+    while (f->replies < f->heartbeats) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            fprintf(stderr, "fake worker %s: heartbeat not answered within %d ms\n", f->name,
+                    WAIT_MS);
             e2e_dump(&T);
             CHECK(0);
         }
-        if (alive && now - f->last_hb >= HEARTBEAT_MS) {
-            f->last_hb = now;
-            fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
-            fill_running(f, &hb, job, 0);
-            fake_send(f, &hb, NULL, 0);
-            fb_wire_msg_free(&hb);
+        got g;
+        if (!fake_recv(f, 20, &g)) continue;
+        if (g.m.type == FB_WIRE_HEARTBEAT && g.m.reply) {
+            f->replies++;
+            CHECK(g.m.known); /* a live fake is never taken for lost */
         }
-        if (!fake_recv(f, 20, out)) continue;
-        if (out->m.type == type && (type != FB_WIRE_ACK || out->m.seq == seq)) return;
-        got_free(out);
+        if (out && !*kept && g.m.type == type && (type != FB_WIRE_ACK || g.m.seq == seq)) {
+            *out = g;
+            *kept = true;
+        } else {
+            got_free(&g);
+        }
+    }
+}
+
+/* One tick: the live fakes (NULL-terminated) answered, then the clock moves a tick. */
+static void tick(fake *const *live)
+{
+    for (int i = 0; live[i]; i++) fake_sync(live[i], FB_WIRE_TYPE_COUNT, 0, NULL, NULL);
+    e2e_clock_advance(&T, E2E_TICK_MS);
+}
+
+/*
+ * Waits for a message of type `type` (an ACK: of seq) to the live fake f and returns it in
+ * out; drops the others.  The clock moves a tick at a time meanwhile (an ACK comes once the
+ * tick wrote its event, an ASSIGN once a plan placed the job).
+ */
+static void fake_expect(fake *f, fb_wire_type type, int64_t seq, got *out)
+{
+    for (int k = 0;; k++) {
+        bool kept = false;
+        fake_sync(f, type, seq, out, &kept);
+        if (kept) return;
+        if (k >= WAIT_TICKS) {
+            fprintf(stderr, "fake worker %s: no %s (seq %lld) within %d ticks\n", f->name,
+                    fb_wire_type_name(type), (long long)seq, WAIT_TICKS);
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        e2e_clock_advance(&T, E2E_TICK_MS);
     }
 }
 
@@ -187,7 +228,7 @@ static const char *file_text(const char *path)
 int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
-    e2e_start(&T, NULL);
+    e2e_start_clocked(&T, NULL);
     ctx = zmq_ctx_new();
     CHECK(ctx != NULL);
     got g;
@@ -196,10 +237,10 @@ int main(void)
     fake a;
     fake_open(&a, "fake-a");
     fake_hello(&a);
-    fake_expect(&a, true, FB_WIRE_WELCOME, 0, &g);
+    fake_expect(&a, FB_WIRE_WELCOME, 0, &g);
     got_free(&g);
     snprintf(job, sizeof job, "%s", e2e_submit(&T, T.key, e2e_spec("late", 0.001, 100000, 300)));
-    fake_expect(&a, true, FB_WIRE_ASSIGN, 0, &g);
+    fake_expect(&a, FB_WIRE_ASSIGN, 0, &g);
     CHECK_INT_EQ(g.m.n_members, 1);
     CHECK_STR_EQ(g.m.members[0].job_id, job);
     CHECK_INT_EQ(g.m.members[0].start_step, 0);
@@ -209,7 +250,7 @@ int main(void)
     got_free(&g);
     snprintf(a.group, sizeof a.group, "%s", g1);
     a.generation = gen1;
-    fake_expect(&a, true, FB_WIRE_ACK, fake_event(&a, g1, gen1, FB_EV_STARTED, 0, NULL), &g);
+    fake_expect(&a, FB_WIRE_ACK, fake_event(&a, g1, gen1, FB_EV_STARTED, 0, NULL), &g);
     got_free(&g);
     /* from now on the job is placed again only when the test allows it */
     fw_set_quota(&T, 0);
@@ -221,30 +262,36 @@ int main(void)
     snprintf(blocker, sizeof blocker, "%s/%s", dir, job);
     e2e_write(blocker, "not a directory: the checkpoint cannot be written\n");
     fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 300, "state at step 300");
-    /* silent from here: the server takes the worker for lost after its heartbeat timeout,
-     * and either requeues the array at once or says that the requeue waits */
-    double t0 = fbt_now_ms();
-    while (requeues() == 0 && in_log("the requeue of an array waits for its events") == 0) {
-        if (fbt_now_ms() - t0 > WAIT_MS) {
-            e2e_dump(&T);
-            CHECK(0);
-        }
-        fw_sleep_ms(20);
+    /* silent from here (after this heartbeat, read now): the server takes the worker for
+     * lost at the first tick past its heartbeat timeout, and either requeues the array at
+     * once or says that the requeue waits */
+    fake_sync(&a, FB_WIRE_TYPE_COUNT, 0, NULL, NULL);
+    long long silent_at = e2e_clock_ms(&T), waits_at = 0;
+    fake *none[] = {NULL};
+    for (int k = 0; requeues() == 0 && in_log("the requeue of an array waits for its events") == 0;
+         k++) {
+        CHECK(k < WAIT_TICKS);
+        tick(none);
     }
+    waits_at = e2e_clock_ms(&T);
     long long early = requeues();
-    printf("1: the worker was lost with its checkpoint of step 300 unwritten; requeued before"
-           " it was written: %lld\n", early);
+    printf("1: the worker was lost %lld ms after its last heartbeat with its checkpoint of step"
+           " 300 unwritten; requeued before it was written: %lld\n",
+           waits_at - silent_at, early);
+    CHECK_INT_EQ(waits_at - silent_at, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
+    CHECK_INT_EQ(in_log("worker lost: no heartbeat"), 1);
+    /* while the event cannot be written, the array waits, tick after tick */
+    for (int k = 0; k < 5; k++) {
+        tick(none);
+        CHECK_INT_EQ(requeues(), 0);
+    }
     CHECK(unlink(blocker) == 0);
     CHECK(mkdir(blocker, 0750) == 0);
-    t0 = fbt_now_ms();
-    while (requeues() == 0) {
-        if (fbt_now_ms() - t0 > WAIT_MS) {
-            e2e_dump(&T);
-            CHECK(0);
-        }
-        fw_sleep_ms(20);
-    }
-    printf("1: requeued, resumes from step %lld\n", resume_step());
+    /* the next tick writes it, then requeues the array from it */
+    tick(none);
+    printf("1: requeued a tick after the checkpoint could be written, resumes from step %lld\n",
+           resume_step());
+    CHECK_INT_EQ(requeues(), 1);
     CHECK_INT_EQ(early, 0);
     CHECK_INT_EQ(resume_step(), 300);
     CHECK_INT_EQ(sql_ll("SELECT (data->>'resume_step')::bigint FROM job_events WHERE job_id ="
@@ -258,9 +305,9 @@ int main(void)
     /* 2: the worker's link comes back; a checkpoint of the requeued array arrives while
      * the job waits in the queue */
     fake_hello(&a); /* it still lists the old array, as a cut-off worker does */
-    fake_expect(&a, true, FB_WIRE_WELCOME, 0, &g);
+    fake_expect(&a, FB_WIRE_WELCOME, 0, &g);
     got_free(&g);
-    fake_expect(&a, true, FB_WIRE_ACK,
+    fake_expect(&a, FB_WIRE_ACK,
                 fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 600, "state at step 600"), &g);
     got_free(&g);
     printf("2: a checkpoint of step 600 after the requeue; resumes from step %lld\n",
@@ -272,7 +319,7 @@ int main(void)
     CHECK_STR_EQ(file_text(path), "state at step 600");
 
     /* 3a: an older checkpoint of the same array never moves the resume point back */
-    fake_expect(&a, true, FB_WIRE_ACK,
+    fake_expect(&a, FB_WIRE_ACK,
                 fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 450, "state at step 450"), &g);
     got_free(&g);
     CHECK_INT_EQ(resume_step(), 600);
@@ -283,34 +330,29 @@ int main(void)
     fake b;
     fake_open(&b, "fake-b");
     fake_hello(&b);
-    fake_expect(&b, true, FB_WIRE_WELCOME, 0, &g);
+    fake_expect(&b, FB_WIRE_WELCOME, 0, &g);
     got_free(&g);
-    fake_expect(&b, true, FB_WIRE_ACK,
+    fake_expect(&b, FB_WIRE_ACK,
                 fake_event(&b, g1, gen1, FB_EV_CHECKPOINTED, 900, "state at step 900"), &g);
     got_free(&g);
     CHECK_INT_EQ(resume_step(), 600);
-    fake_close(&b);
 
     /* the job is placed again (b is gone: lost, or never chosen) from the late checkpoint:
-     * its step and its bytes */
-    t0 = fbt_now_ms();
-    while (sql_ll("SELECT count(*) FROM workers WHERE name = '%s' AND state = 'lost'",
-                  "fake-b") == 0) {
-        if (fbt_now_ms() - t0 > WAIT_MS) {
-            e2e_dump(&T);
-            CHECK(0);
-        }
-        /* a stays alive meanwhile */
-        if (fake_recv(&a, 20, &g)) got_free(&g);
-        if (fbt_now_ms() - a.last_hb >= HEARTBEAT_MS) {
-            a.last_hb = fbt_now_ms();
-            fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
-            fake_send(&a, &hb, NULL, 0);
-        }
+     * its step and its bytes; b is lost at the first tick past its timeout, a stays alive */
+    fake_sync(&b, FB_WIRE_TYPE_COUNT, 0, NULL, NULL);
+    long long b_silent = e2e_clock_ms(&T);
+    fake_close(&b);
+    fake *live[] = {&a, NULL};
+    for (int k = 0; sql_ll("SELECT count(*) FROM workers WHERE name = '%s' AND state = 'lost'",
+                           "fake-b") == 0;
+         k++) {
+        CHECK(k < WAIT_TICKS);
+        tick(live);
     }
+    CHECK_INT_EQ(e2e_clock_ms(&T) - b_silent, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
     a.group[0] = '\0';
     fw_set_quota(&T, 8);
-    fake_expect(&a, true, FB_WIRE_ASSIGN, 0, &g);
+    fake_expect(&a, FB_WIRE_ASSIGN, 0, &g);
     CHECK(strcmp(g.m.group_id, g1) != 0);
     CHECK_INT_EQ(g.m.n_members, 1);
     CHECK_STR_EQ(g.m.members[0].job_id, job);
@@ -321,7 +363,7 @@ int main(void)
     got_free(&g);
 
     /* 3c: a late checkpoint of the old array no longer belongs to the job's run */
-    fake_expect(&a, true, FB_WIRE_ACK,
+    fake_expect(&a, FB_WIRE_ACK,
                 fake_event(&a, g1, gen1, FB_EV_CHECKPOINTED, 1200, "state at step 1200"), &g);
     got_free(&g);
     CHECK_INT_EQ(resume_step(), 600);

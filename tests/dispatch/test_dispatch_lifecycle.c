@@ -18,6 +18,15 @@
  * 6. the stale-state check: a job left scheduled without an array, a job
  *    running in a finished array, and an unfinished array no worker runs
  *    holding a device are found and put right.
+ *
+ * fuseboxd runs on a manual clock (e2e_start_clocked).  Every wait moves it a
+ * tick at a time, and before each move every live fake heartbeats and is
+ * answered, so no fake that should be alive is ever judged lost, however long
+ * the test's own checks take, and a fake that dies is judged lost at exactly
+ * the first tick past the heartbeat timeout after its last heartbeat (cases
+ * 4 and 5 and fake-a's loss assert the tick); an array never started is
+ * re-queued once it has been missing a heartbeat timeout, which starts a
+ * heartbeat timeout after its assignment (case 3 asserts the tick).
  */
 #include <jansson.h>
 #include <math.h>
@@ -33,8 +42,8 @@
 #include "fakewire.h"
 #include "wire.h"
 
-#define HEARTBEAT_MS 200 /* as e2e_start sets it */
 #define WAIT_MS 30000
+#define WAIT_TICKS 600 /* the most clock ticks a wait moves (60 s of the clock) */
 #define MAX_ARRAYS 64
 #define MAX_FAKES 8
 #define MAX_SEQ 1024
@@ -55,19 +64,20 @@ typedef struct fake {
     char name[32];
     void *sock;
     int64_t seq;
-    double last_hb;
+    long long heartbeats, replies; /* heartbeats sent, and the replies taken */
     arr a[MAX_ARRAYS];
     int n;
     bool acked[MAX_SEQ];
     char ignore[FB_WIRE_ID_LEN + 1]; /* an ASSIGN of this job is dropped: never started */
 } fake;
 
+static long long ignored_at; /* clock ms at which a fake took the ASSIGN it ignores */
 static fake *live[MAX_FAKES];
 static int n_live;
 
 static void fake_heartbeat(fake *f)
 {
-    f->last_hb = fbt_now_ms();
+    f->heartbeats++;
     fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
     for (int i = 0; i < f->n; i++)
         if (f->a[i].on) fw_add_running(&hb, f->a[i].group, f->a[i].generation, f->a[i].job, 0);
@@ -90,17 +100,23 @@ static int64_t fake_event(fake *f, const arr *a, fb_wire_event_kind kind, int64_
     return m.seq;
 }
 
-/* One turn of a fake: its heartbeat when due, then one message (within ms) handled as a
- * worker would: ASSIGN starts arrays, DETACH stops them (a member leaves with its
- * DETACHED event), ACKs are noted. */
+/* One turn of a fake: one message (within ms) handled as a worker would: ASSIGN starts
+ * arrays, DETACH stops them (a member leaves with its DETACHED event), ACKs and heartbeat
+ * replies are noted.  (It heartbeats in sync_fake, on the clock.) */
 static void fake_pump(fake *f, int ms)
 {
-    if (fbt_now_ms() - f->last_hb >= HEARTBEAT_MS) fake_heartbeat(f);
     fb_wire_msg m;
     if (!fw_recv(f->sock, f->name, ms, &m, NULL, NULL)) return;
-    if (m.type == FB_WIRE_ASSIGN) {
+    if (m.type == FB_WIRE_HEARTBEAT && m.reply) {
+        f->replies++;
+        /* a live fake is never taken for lost */
+        CHECK(m.known);
+    } else if (m.type == FB_WIRE_ASSIGN) {
         for (int i = 0; i < m.n_members; i++) {
-            if (strcmp(m.members[i].job_id, f->ignore) == 0) continue;
+            if (strcmp(m.members[i].job_id, f->ignore) == 0) {
+                ignored_at = e2e_clock_ms(&T);
+                continue;
+            }
             CHECK(f->n < MAX_ARRAYS);
             arr *a = &f->a[f->n++];
             memset(a, 0, sizeof *a);
@@ -125,24 +141,48 @@ static void fake_pump(fake *f, int ms)
     fb_wire_msg_free(&m);
 }
 
-static void pump_all(int ms)
+/* The fake heartbeats (listing what it runs) and takes every message until it is
+ * answered: fuseboxd has read all it sent, at the clock's current time. */
+static void sync_fake(fake *f)
 {
-    for (int i = 0; i < n_live; i++) fake_pump(live[i], n_live > 1 ? 5 : ms);
-    if (n_live == 0) fw_sleep_ms(ms);
+    fake_heartbeat(f);
+    double t0 = fbt_now_ms();
+    while (f->replies < f->heartbeats) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            fprintf(stderr, "fake %s: heartbeat not answered within %d ms\n", f->name, WAIT_MS);
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        fake_pump(f, 20);
+    }
 }
 
-#define WAIT_UNTIL(cond, what)                                                                     \
+/* One tick of the clock: every live fake heartbeats and is answered, then the clock moves
+ * a tick and the tick is waited for. */
+static void step_clock(void)
+{
+    for (int i = 0; i < n_live; i++)
+        sync_fake(live[i]);
+    e2e_clock_advance(&T, E2E_TICK_MS);
+}
+
+/* Until cond holds: the clock moves a tick at a time (at most WAIT_TICKS); `at` (a long
+ * long, or NULL) receives the clock time at which it first held. */
+#define WAIT_UNTIL_AT(cond, what, at)                                                              \
     do {                                                                                           \
-        double t0_ = fbt_now_ms();                                                                 \
+        int ticks_ = 0;                                                                            \
         while (!(cond)) {                                                                          \
-            if (fbt_now_ms() - t0_ > WAIT_MS) {                                                    \
-                fprintf(stderr, "timed out waiting: %s\n", what);                                  \
+            if (ticks_++ >= WAIT_TICKS) {                                                          \
+                fprintf(stderr, "waited %d ticks of the clock: %s\n", WAIT_TICKS, what);           \
                 e2e_dump(&T);                                                                      \
                 CHECK(0);                                                                          \
             }                                                                                      \
-            pump_all(20);                                                                          \
+            step_clock();                                                                          \
         }                                                                                          \
+        long long *at_ = (at);                                                                     \
+        if (at_) *at_ = e2e_clock_ms(&T);                                                          \
     } while (0)
+#define WAIT_UNTIL(cond, what) WAIT_UNTIL_AT(cond, what, NULL)
 
 /* A fake worker with one CPU device, registered and live. */
 static fake *fake_open(const char *name)
@@ -163,32 +203,33 @@ static fake *fake_open(const char *name)
     return f;
 }
 
-/* The fake dies: its socket closes without a word, as a killed process's does. */
-static void fake_die(fake *f)
+/* The fake dies: its socket closes without a word, as a killed process's does, right
+ * after a heartbeat fuseboxd read at the clock's current time, which it returns. */
+static long long fake_die(fake *f)
 {
+    sync_fake(f);
+    long long at = e2e_clock_ms(&T);
     for (int i = 0; i < n_live; i++)
         if (live[i] == f) live[i] = live[--n_live];
     zmq_close(f->sock);
     free(f);
+    return at;
 }
 
 /* Waits for the ASSIGN of job to f; its array. */
+static arr *unclaimed(fake *f, const char *job)
+{
+    for (int i = 0; i < f->n; i++)
+        if (f->a[i].on && !f->a[i].claimed && strcmp(f->a[i].job, job) == 0) return &f->a[i];
+    return NULL;
+}
+
 static arr *wait_assign(fake *f, const char *job)
 {
-    double t0 = fbt_now_ms();
-    for (;;) {
-        for (int i = 0; i < f->n; i++)
-            if (f->a[i].on && !f->a[i].claimed && strcmp(f->a[i].job, job) == 0) {
-                f->a[i].claimed = true;
-                return &f->a[i];
-            }
-        if (fbt_now_ms() - t0 > WAIT_MS) {
-            fprintf(stderr, "no ASSIGN of %s to %s\n", job, f->name);
-            e2e_dump(&T);
-            CHECK(0);
-        }
-        pump_all(20);
-    }
+    WAIT_UNTIL(unclaimed(f, job) != NULL, "the ASSIGN of the job");
+    arr *a = unclaimed(f, job);
+    a->claimed = true;
+    return a;
 }
 
 /* Sends an event and waits for its ACK (the server committed it). */
@@ -425,18 +466,29 @@ static void never_started(fake *f)
     snprintf(f->ignore, sizeof f->ignore, "%s", job);
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT group_id IS NOT NULL FROM jobs WHERE id = '%%s'");
-    WAIT_UNTIL(sql_true(sql, job), "the job placed");
+    long long placed, requeued;
+    WAIT_UNTIL_AT(sql_true(sql, job), "the job placed", &placed);
     fw_set_quota(&T, 0);
     char group[64];
     snprintf(group, sizeof group, "%s",
              fbt_sql_value(&T.s, "SELECT group_id FROM jobs WHERE name = 'never-started'"));
-    double t0 = fbt_now_ms();
-    WAIT_UNTIL(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
-                      " 'requeued'", job) == 1,
-               "the array no worker runs re-queued");
+    WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
+                         " 'requeued'",
+                         job) == 1,
+                  "the array no worker runs re-queued", &requeued);
     last_event e = job_last_event(job);
-    printf("3: an ASSIGN never started -> requeued after %.1f s (restarts %s): %s\n",
-           (fbt_now_ms() - t0) / 1000, field(job, "restarts"), e.message);
+    printf("3: an ASSIGN never started (placed by %lld ms, its ASSIGN taken at %lld ms) ->"
+           " requeued at %lld ms (restarts %s): %s\n",
+           placed - E2E_CLOCK_START_MS, ignored_at - E2E_CLOCK_START_MS,
+           requeued - E2E_CLOCK_START_MS, field(job, "restarts"), e.message);
+    /* assigned at A (the tick the plan was seen by, or the one before): the first heartbeat
+     * more than a timeout after A (A + timeout + tick, the fake heartbeats every tick) marks
+     * it missing, and the first tick more than a timeout after that re-queues it */
+    long long after = requeued - placed, full = 2 * (E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
+    if (after != full && after != full - E2E_TICK_MS)
+        fprintf(stderr, "requeued %lld ms after the placement was seen, wanted %lld or %lld\n",
+                after, full - E2E_TICK_MS, full);
+    CHECK(after == full || after == full - E2E_TICK_MS);
     CHECK_INT_EQ(strtoll(field(job, "restarts"), NULL, 10), 0);
     CHECK_STR_EQ(e.fault, "infrastructure");
     CHECK(strstr(e.message, "no longer runs the array") != NULL);
@@ -463,10 +515,12 @@ static void poison(void)
         event_acked(f, a, FB_EV_STARTED, 0, NULL, 0, NULL);
         long long before = sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind"
                                   " IN ('requeued', 'failed')", job);
-        fake_die(f); /* the array takes its worker down, before any progress */
-        WAIT_UNTIL(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind IN"
-                          " ('requeued', 'failed')", job) > before,
-                   "the poison array's jobs re-queued");
+        long long died = fake_die(f), at; /* the array takes its worker down, no progress */
+        WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind IN"
+                             " ('requeued', 'failed')",
+                             job) > before,
+                      "the poison array's jobs re-queued", &at);
+        CHECK_INT_EQ(at - died, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
         last_event e = job_last_event(job);
         printf("4: lost on %s -> restarts %s: %s (%s)\n", name, field(job, "restarts"),
                e.message, e.fault);
@@ -507,10 +561,13 @@ static void infrastructure(void)
         snprintf(sql, sizeof sql, "SELECT step >= %lld FROM jobs WHERE id = '%%s'",
                  (long long)step);
         WAIT_UNTIL(sql_true(sql, job), "the progress written");
-        fake_die(f);
-        WAIT_UNTIL(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
-                          " 'requeued'", job) == k + 1,
-                   "the lost worker's job re-queued");
+        long long died = fake_die(f), at;
+        WAIT_UNTIL_AT(sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind ="
+                             " 'requeued'",
+                             job) == k + 1,
+                      "the lost worker's job re-queued", &at);
+        /* lost, and its array re-queued, at the first tick past the heartbeat timeout */
+        CHECK_INT_EQ(at - died, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
         printf("5: lost on %s after progress to step %lld -> restarts %s\n", name,
                (long long)step, field(job, "restarts"));
         CHECK_STR_EQ(field(job, "state"), "queued");
@@ -569,14 +626,16 @@ static void stale(void)
              " updated_at = now() - interval '1 hour' WHERE id = '%s'%s", ghost, "");
     sql_exec("UPDATE devices SET group_id = '%s', tenant_id = '%s' WHERE worker_id ="
              " (SELECT id FROM workers WHERE name = 'stale-host')", ghost, T.tenant);
-    double t0 = fbt_now_ms();
-    WAIT_UNTIL(job_state_is(lone, "queued") && job_state_is(inner, "queued") &&
-                   sql_true("SELECT state = 'finished' FROM groups WHERE id = '%s'", ghost) &&
-                   sql_ll("SELECT count(*) FROM devices WHERE group_id = '%s'", ghost) == 0,
-               "the stale check");
+    long long t0 = e2e_clock_ms(&T), found;
+    WAIT_UNTIL_AT(job_state_is(lone, "queued") && job_state_is(inner, "queued") &&
+                      sql_true("SELECT state = 'finished' FROM groups WHERE id = '%s'", ghost) &&
+                      sql_ll("SELECT count(*) FROM devices WHERE group_id = '%s'", ghost) == 0,
+                  "the stale check", &found);
     last_event el = job_last_event(lone), ei = job_last_event(inner);
-    printf("6: found within %.1f s: %s; %s; the ghost array finished, its device free\n",
-           (fbt_now_ms() - t0) / 1000, el.message, ei.message);
+    printf("6: found %lld ms later: %s; %s; the ghost array finished, its device free\n",
+           found - t0, el.message, ei.message);
+    /* the check runs every STALE_EVERY_TICKS (10) ticks */
+    CHECK(found - t0 <= 10 * E2E_TICK_MS);
     CHECK_STR_EQ(el.kind, "requeued");
     CHECK_STR_EQ(ei.kind, "requeued");
     CHECK(strstr(el.message, "found scheduled without a live array") != NULL);
@@ -592,7 +651,7 @@ static void stale(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
-    e2e_start(&T, NULL);
+    e2e_start_clocked(&T, NULL);
     ctx = zmq_ctx_new();
     CHECK(ctx != NULL);
 
@@ -602,9 +661,10 @@ int main(void)
     max_restarts_used_up(a);
     never_started(a);
     /* a leaves (lost), so that each of the next jobs goes where the test says */
-    fake_die(a);
-    WAIT_UNTIL(sql_true("SELECT state = 'lost' FROM workers WHERE name = '%s'", "fake-a"),
-               "fake-a lost");
+    long long died = fake_die(a), lost;
+    WAIT_UNTIL_AT(sql_true("SELECT state = 'lost' FROM workers WHERE name = '%s'", "fake-a"),
+                  "fake-a lost", &lost);
+    CHECK_INT_EQ(lost - died, E2E_HEARTBEAT_TIMEOUT_MS + E2E_TICK_MS);
     poison();
     infrastructure();
     stale();

@@ -19,6 +19,14 @@
  *    out the wait for the slowest device, so it bounds nothing.
  * 4. B and D finish; A has its device to itself, and its slow windows raise
  *    the profile slowly, as before.
+ *
+ * fuseboxd runs on a manual clock (e2e_start_clocked) and the fake sends an
+ * array's reports exactly REPORT_MS of it apart, so each window's step and
+ * busy time are known exactly and so is every profile value: a shared
+ * window moves it halfway to its busy time (1000 -> 502 -> 253 -> ...), a
+ * window alone a tenth of the way to its step (0.9 p + 0.1 step), and the
+ * slowdown is (time since submission + remaining x step) / (total x profile)
+ * on that clock.
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,11 +40,11 @@
 #include "fakewire.h"
 #include "wire.h"
 
-#define HEARTBEAT_MS 200
-#define WAIT_MS 30000
-/* reports of an array are this far apart: more than the server's measuring window
- * (STEP_WINDOW_MS, 500 ms), so that each one closes a window */
-#define REPORT_MS 650
+#define WAIT_MS 30000  /* real-time liveness bound on a message the test waits for */
+#define WAIT_TICKS 600 /* the most clock ticks a wait moves */
+/* reports of an array are this far apart on the clock: more than the server's measuring
+ * window (STEP_WINDOW_MS, 500 ms), so that each one closes a window */
+#define REPORT_MS 600
 #define PROFILE_MS 1000.0
 
 static e2e T;
@@ -48,15 +56,19 @@ typedef struct arr {
     int64_t generation;
     char job[64];
     int64_t step, steps;
-    bool running; /* listed in heartbeats */
+    bool running;        /* listed in heartbeats */
+    long long submitted; /* clock ms of its submission */
+    long long last_ms;   /* clock ms of its last report, -1 before the first */
 } arr;
 
 typedef struct fake {
     char name[32];
     void *sock;
     int64_t seq;
-    double last_hb;
+    long long heartbeats, replies;
     arr a[3];
+    fb_wire_msg assign; /* the last ASSIGN taken, type 0 when none waits */
+    bool have_assign;
 } fake;
 
 static fake F;
@@ -91,41 +103,49 @@ static void fake_hello(void)
     fake_send(&m, NULL, 0);
 }
 
-/* Receives one message within ms into out; false when none came. */
-static bool fake_recv(int ms, fb_wire_msg *out)
+/* Takes what fuseboxd sends: heartbeat replies are counted, an ASSIGN kept for place(). */
+static void take(fb_wire_msg *m)
 {
-    return fw_recv(F.sock, F.name, ms, out, NULL, NULL);
+    if (m->type == FB_WIRE_HEARTBEAT && m->reply) {
+        F.replies++;
+        CHECK(m->known);
+    }
+    if (m->type == FB_WIRE_ASSIGN) {
+        CHECK(!F.have_assign);
+        F.assign = *m;
+        F.have_assign = true;
+        return;
+    }
+    fb_wire_msg_free(m);
 }
 
-/* Heartbeats while it waits up to ms for a message; drops what is not of type `type`
- * (FB_WIRE_TYPE_COUNT: drops all).  True when one of `type` came, returned in out. */
-static bool pump(int ms, fb_wire_type type, fb_wire_msg *out)
+/* A heartbeat, then every message until it is answered: fuseboxd has read all the fake
+ * sent before it, at the clock's current time. */
+static void sync_now(void)
 {
+    fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
+    fill_running(&hb);
+    fake_send(&hb, NULL, 0);
+    F.heartbeats++;
     double t0 = fbt_now_ms();
-    while (fbt_now_ms() - t0 < ms) {
-        if (fbt_now_ms() - F.last_hb >= HEARTBEAT_MS) {
-            F.last_hb = fbt_now_ms();
-            fb_wire_msg hb = {.type = FB_WIRE_HEARTBEAT};
-            fill_running(&hb);
-            fake_send(&hb, NULL, 0);
+    while (F.replies < F.heartbeats) {
+        if (fbt_now_ms() - t0 > WAIT_MS) {
+            fprintf(stderr, "fake worker: heartbeat not answered within %d ms\n", WAIT_MS);
+            e2e_dump(&T);
+            CHECK(0);
         }
         fb_wire_msg m;
-        if (!fake_recv(20, &m)) continue;
-        if (m.type == type) {
-            *out = m;
-            return true;
-        }
-        fb_wire_msg_free(&m);
+        if (fw_recv(F.sock, F.name, 20, &m, NULL, NULL)) take(&m);
     }
-    return false;
 }
 
-static void expect(fb_wire_type type, fb_wire_msg *out)
+/* The fake answered, then the clock moves ms (ticks, each waited for). */
+static void tick_for(long long ms)
 {
-    if (pump(WAIT_MS, type, out)) return;
-    fprintf(stderr, "fake worker: no %s within %d ms\n", fb_wire_type_name(type), WAIT_MS);
-    e2e_dump(&T);
-    CHECK(0);
+    for (long long t = 0; t < ms; t += E2E_TICK_MS) {
+        sync_now();
+        e2e_clock_advance(&T, E2E_TICK_MS);
+    }
 }
 
 static void event(arr *a, fb_wire_event_kind kind, const char *blob)
@@ -150,9 +170,16 @@ static void place(arr *a, const char *name, int batch, int data, int64_t steps)
              " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.001}, \"seed\": 3,"
              " \"parallel\": {\"data\": %d, \"pipeline\": 1}}",
              name, batch, (long long)steps, data);
+    a->submitted = e2e_clock_ms(&T);
+    a->last_ms = -1;
     snprintf(a->job, sizeof a->job, "%s", e2e_submit(&T, T.key, spec));
-    fb_wire_msg m;
-    expect(FB_WIRE_ASSIGN, &m);
+    for (int k = 0; !F.have_assign; k++) {
+        CHECK(k < WAIT_TICKS);
+        tick_for(E2E_TICK_MS);
+        sync_now();
+    }
+    fb_wire_msg m = F.assign;
+    F.have_assign = false;
     CHECK_INT_EQ(m.n_members, 1);
     CHECK_STR_EQ(m.members[0].job_id, a->job);
     CHECK_INT_EQ(m.n_group_devices, data);
@@ -201,15 +228,20 @@ static double slowdown(const arr *a)
 
 /*
  * Sends a PROGRESS of array a after `steps` more steps whose breakdown is
- * compute_ms busy and idle_ms waiting for the array's turn, then heartbeats
- * until the server has written it (the job's step reached it): the profile and
- * slowdown statements run in the same transaction.  Each call waits
- * REPORT_MS first, so the report closes a measuring window.
+ * compute_ms busy and idle_ms waiting for the array's turn, REPORT_MS of the
+ * clock after its last report (at once for its first), read at that time;
+ * then the next tick writes it (the job's step reached it, checked): the
+ * profile and slowdown statements run in that transaction.  Returns the
+ * window's length on the clock (0 for a first report).
  */
-static void report(arr *a, int64_t steps, double compute_ms, double idle_ms)
+static long long report(arr *a, int64_t steps, double compute_ms, double idle_ms)
 {
-    fb_wire_msg none;
-    if (pump(REPORT_MS, FB_WIRE_TYPE_COUNT, &none)) fb_wire_msg_free(&none);
+    if (a->last_ms >= 0) {
+        long long due = a->last_ms + REPORT_MS, now = e2e_clock_ms(&T);
+        if (due > now) tick_for(due - now);
+    }
+    long long now = e2e_clock_ms(&T), window = a->last_ms >= 0 ? now - a->last_ms : 0;
+    a->last_ms = now;
     a->step += steps;
     CHECK(a->step < a->steps); /* never a member's last report: that one is cold */
     fb_wire_msg m = {.type = FB_WIRE_PROGRESS, .generation = a->generation};
@@ -227,32 +259,41 @@ static void report(arr *a, int64_t steps, double compute_ms, double idle_ms)
     m.progress[0].accuracy = 0.5;
     m.progress[0].lr = 0.001;
     fake_send(&m, NULL, 0);
+    tick_for(E2E_TICK_MS);
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT step FROM jobs WHERE id = '%s'", a->job);
-    double t0 = fbt_now_ms();
-    while (strtoll(fbt_sql_value(&T.s, sql), NULL, 10) < a->step) {
-        if (fbt_now_ms() - t0 > WAIT_MS) {
-            fprintf(stderr, "the report of step %lld was not written\n", (long long)a->step);
-            e2e_dump(&T);
-            CHECK(0);
-        }
-        if (pump(20, FB_WIRE_TYPE_COUNT, &none)) fb_wire_msg_free(&none);
-    }
+    CHECK_INT_EQ(strtoll(fbt_sql_value(&T.s, sql), NULL, 10), a->step);
+    return window;
 }
+
+/* A's slowdown as the flush of its last report computed it: (time since submission +
+ * remaining x step) / (total x profile), on the clock, the flush a tick after the report. */
+static double slowdown_want(const arr *a, double step_ms, double profile_ms)
+{
+    double elapsed = (double)(a->last_ms + E2E_TICK_MS - a->submitted);
+    return (elapsed + (double)(a->steps - a->step) * step_ms) / ((double)a->steps * profile_ms);
+}
+
+#define CHECK_REL(x, want)                                                                         \
+    do {                                                                                           \
+        double x_ = (x), w_ = (want);                                                              \
+        if (!(fabs(x_ - w_) <= 1e-12 * fabs(w_))) {                                                \
+            fprintf(stderr, "%s:%d: %s = %.17g, want %.17g\n", __FILE__, __LINE__, #x, x_, w_);    \
+            CHECK(0);                                                                              \
+        }                                                                                          \
+    } while (0)
 
 int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
     /* no fair-share period: the test alone decides what the server hears */
     const char *flags[] = {"--rebalance-ms", "0", NULL};
-    e2e_start(&T, flags);
+    e2e_start_clocked(&T, flags);
     ctx = zmq_ctx_new();
     CHECK(ctx != NULL);
     fake_open("fake-p");
     fake_hello();
-    fb_wire_msg m;
-    expect(FB_WIRE_WELCOME, &m);
-    fb_wire_msg_free(&m);
+    sync_now(); /* the reply to a heartbeat after the HELLO: registered */
     arr *A = &F.a[0], *B = &F.a[1], *D = &F.a[2];
     place(D, "d", 64, 2, 1000);
     place(A, "a", 32, 1, 1000000);
@@ -265,38 +306,35 @@ int main(void)
              " SELECT fusion_key, 1, 'cpu', %g, true FROM groups WHERE id IN ('%s', '%s')",
              PROFILE_MS, A->id, D->id);
     PQclear(fbt_sql(&T.s, sql));
-    report(A, 60, 4.0, 6.0); /* closes no window: cold */
+    report(A, 60, 4.0, 6.0); /* closes no window: cold; its own breakdown, 10 ms a step */
     double s0 = slowdown(A);
-    printf("1: A's first report: profile %s ms, slowdown %.4f\n", profile_text(A), s0);
+    printf("1: A's first report: profile %s ms, slowdown %.6f\n", profile_text(A), s0);
     CHECK_NEAR(profile(A), PROFILE_MS, 1e-9);
-    CHECK(s0 > 0);
-    double prev = PROFILE_MS;
+    CHECK_REL(s0, slowdown_want(A, 10.0, PROFILE_MS));
+    double want = PROFILE_MS;
     for (int i = 0; i < 5; i++) {
-        report(A, 60, 4.0, 6.0);
+        /* a window of 60 steps in REPORT_MS: 10 ms a step, 4 of them busy */
+        CHECK_INT_EQ(report(A, 60, 4.0, 6.0), REPORT_MS);
+        want = 0.5 * want + 0.5 * 4.0; /* halfway down to the busy time */
         double p = profile(A);
-        printf("1: shared window %d of A: profile %.3f ms, slowdown %.4f\n", i + 1, p,
-               slowdown(A));
-        /* half the gap to a busy time far below it; never below the busy time */
-        CHECK(p < prev);
-        CHECK(p > 0.5 * prev);
-        CHECK(p >= 1.0);
-        prev = p;
+        printf("1: shared window %d of A: profile %.4f ms (expected %.4f), slowdown %.6f\n", i + 1,
+               p, want, slowdown(A));
+        CHECK_REL(p, want);
+        CHECK_REL(slowdown(A), slowdown_want(A, 10.0, want));
     }
     double s1 = slowdown(A);
-    CHECK(prev < PROFILE_MS / 8);
-    /* the slowdown follows the profile: elapsed time is tiny next to the remaining steps,
-     * so it rises about as much as the profile fell (the step time moves too) */
     CHECK(s1 > 4 * s0);
     report(B, 60, 4.0, 6.0);
     report(B, 60, 4.0, 6.0);
-    CHECK_STR_EQ(profile_text(B), "none");
+    CHECK_STR_EQ(profile_text(B), "none"); /* shared windows create no profile */
 
-    /* 2: windows of A whose busy time is above the profile, still shared */
+    /* 2: windows of A whose busy time (300 ms of a 300 ms step) is above the profile */
     char before[64];
     snprintf(before, sizeof before, "%s", profile_text(A));
     for (int i = 0; i < 3; i++) {
-        report(A, 2, 300.0, 0.0);
-        printf("2: shared slow window %d of A: profile %s ms\n", i + 1, profile_text(A));
+        long long window = report(A, 2, 300.0, 0.0);
+        printf("2: shared slow window %d of A (%lld ms): profile %s ms\n", i + 1, window,
+               profile_text(A));
         CHECK_STR_EQ(profile_text(A), before);
     }
 
@@ -317,28 +355,29 @@ int main(void)
     snprintf(sql, sizeof sql,
              "SELECT bool_and(state = 'finished') FROM groups WHERE id IN ('%s', '%s')", B->id,
              D->id);
-    double t0 = fbt_now_ms();
-    while (strcmp(fbt_sql_value(&T.s, sql), "t") != 0) {
-        if (fbt_now_ms() - t0 > WAIT_MS) {
+    for (int k = 0; strcmp(fbt_sql_value(&T.s, sql), "t") != 0; k++) {
+        if (k >= WAIT_TICKS) {
             e2e_dump(&T);
             CHECK(0);
         }
-        if (pump(20, FB_WIRE_TYPE_COUNT, &m)) fb_wire_msg_free(&m);
+        tick_for(E2E_TICK_MS);
     }
-    prev = strtod(before, NULL);
+    want = strtod(before, NULL);
     for (int i = 0; i < 3; i++) {
-        report(A, 2, 300.0, 0.0);
+        long long window = report(A, 2, 300.0, 0.0);
+        /* a tenth of the way towards the window's step; the first window spans phase 3 */
+        double step = (double)window / 2;
+        want = 0.9 * want + 0.1 * step;
         double p = profile(A);
-        printf("4: window %d of A alone: profile %.3f ms\n", i + 1, p);
-        /* a tenth of the way towards a step of 300 ms or more (the first window also spans
-         * the reports of phase 3, so only later ones have a known length) */
-        CHECK(p > prev);
-        if (i > 0) CHECK(p < 0.9 * prev + 0.1 * 3000);
-        prev = p;
+        printf("4: window %d of A alone (%lld ms, %.1f ms a step): profile %.4f ms (expected"
+               " %.4f)\n",
+               i + 1, window, step, p, want);
+        CHECK(i == 0 ? window > REPORT_MS : window == REPORT_MS);
+        CHECK_REL(p, want);
     }
 
     printf("result: profile-shared first=%.0f lowered=%s slowdown_ratio=%.1f alone=%.3f\n",
-           PROFILE_MS, before, s1 / s0, prev);
+           PROFILE_MS, before, s1 / s0, want);
     zmq_close(F.sock);
     CHECK(zmq_ctx_term(ctx) == 0);
     e2e_finish(&T);
