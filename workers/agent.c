@@ -6,10 +6,10 @@
  * Ownership: the main thread owns the group list, the outbox and both
  * sockets.  A group's thread owns its session and its PUSH socket (created
  * by the main thread, handed over at pthread_create).  What both read is
- * guarded: a group's member states and step count by the group's mutex, the
- * device turns (each group's virtual time, share, split, waiting; each
- * device's busy flag and group list) by the agent's turn mutex, and the stop
- * and drain requests are atomics.  A group reports its end
+ * guarded: a group's member states, step count and batch split by the
+ * group's mutex, the device turns (turns.h: each group's virtual time and
+ * share, each device's groups) by the turns' own lock, and the stop and
+ * drain requests are atomics.  A group reports its end
  * with an EXIT message through its PUSH socket; the main thread joins it and
  * frees it only then, so a group pointer in a message is always valid.
  */
@@ -39,7 +39,9 @@
 #include "comm.h"
 #include "session.h"
 #include "train.h"
+#include "turns.h"
 #include "wire.h"
+#include "clock.h"
 
 #ifdef FB_HAVE_CUDA
 #include "cuda/cuda_device.h"
@@ -219,13 +221,7 @@ typedef struct dataset_ref {
     struct dataset_ref *next;
 } dataset_ref;
 
-/*
- * One device and the turns of the groups placed on it: stride scheduling at
- * step granularity.  Each group has a virtual time advanced by (its step's
- * duration / its time share) after each step; the group with the smallest
- * virtual time goes next, so over time each group gets device time in
- * proportion to its share whatever its step length.
- */
+/* One device; the groups placed on it take turns (turns.h). */
 typedef struct agent_device {
     fb_wire_device info;
     fb_backend_t *be;
@@ -233,9 +229,6 @@ typedef struct agent_device {
      * be then points to (the math ops size their thread teams from a backend's count) */
     struct fb_backend own_be;
     int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
-    /* under the agent's turn_mu */
-    bool busy;            /* a group is stepping */
-    struct group *groups; /* registered groups, linked by their dev_next[its index] */
 } agent_device;
 
 /* A member of an assigned group. */
@@ -284,27 +277,20 @@ typedef struct group {
     pthread_mutex_t mu;
     int64_t steps_done;
     bool detach_pending;
-
-    /* under the agent's turn_mu */
-    double time_share;
-    /* its virtual time on device k, for each k of turn_devs (dev_register) */
-    double vtime[FB_WIRE_MAX_DEVICES];
-    uint64_t ticket; /* breaks ties of virtual time: the older group first */
-    bool waiting; /* for its turn on its devices */
     int n_split;
     int64_t split[FB_WIRE_MAX_DEVICES];
     uint64_t split_gen; /* bumped by each REBALANCE that carries a split */
-    struct group *dev_next[FB_WIRE_MAX_DEVICES]; /* the next group on device k */
+
+    /* its place in the device turns (under the agent's turns lock): its share, its virtual
+     * times, the devices it takes a turn on for each step (every device of its layout once,
+     * or its first only: a->device_turns) */
+    fb_turn turn;
 
     /* hybrid parallelism, set at ASSIGN: n_dp data shards x pipeline stages on the worker's
      * devices dp_devs (shard d, stage p at d * pipeline + p); 1 x 1 = one device */
     int n_dp;
     int pipeline;
     int dp_devs[FB_WIRE_MAX_DEVICES];
-    /* the devices it takes a turn on for each step: every device of its layout once, in
-     * ascending index order; turn_devs[0] == dev when the layout is one device */
-    int n_turn_devs;
-    int turn_devs[FB_WIRE_MAX_DEVICES];
 
     /* a group that spans workers (world >= 2; 0: it lives here only): this worker's n_dp
      * devices are ranks rank_base.. of world; the leader (rank_base 0) listens at
@@ -340,11 +326,9 @@ struct fb_agent {
     uint64_t outbox_limit;
     int n_devices;
     agent_device dev[FB_WIRE_MAX_DEVICES];
-    /* the device turns of every group: their order, shares, splits (group and device
-     * fields marked so) */
-    pthread_mutex_t turn_mu;
-    pthread_cond_t turn_cv;
-    bool turn_init;
+    /* the device turns of every group: their order and shares (turns.h) */
+    fb_turns_sync turns;
+    bool turns_init;
     const char *backend;
     bool sync_bn; /* --sync-batchnorm */
     /* --comm-addr ("" = none) and --comm-timeout-ms */
@@ -537,94 +521,20 @@ static bool interrupted(const group *g)
     return atomic_load(&g->stop) || atomic_load(&g->drain);
 }
 
-/*
- * Virtual times are per device: each device's groups run on its own clock, which a
- * newcomer joins at the smallest time there, and each step adds its time over the share
- * to the clock of every device the group held.  One clock for all devices would not do:
- * a device whose groups have run for hours and one whose groups just started have clocks
- * hours apart, and a group on both would start hours behind the first device's groups
- * (which would then wait until it caught up) or hours ahead of the second's (waiting
- * itself).  Which of two waiting groups goes first must still be one order on every
- * device, or two groups on the same two devices could each wait for the other there.
- * So groups are ordered by their lead: how far a group's clock is ahead of the smallest
- * on each of its devices, the largest of these.  On one device this is the order of the
- * virtual times, as it always was; a group on several devices goes when it is not ahead
- * on any of them, which is the pace of its busiest device, as a step that needs all its
- * devices must be.
- */
-
-/* The smallest virtual time on device k (0 when it has no groups). */
-static double dev_vmin(const fb_agent *a, int k)
+static bool turn_stopped(const fb_turn *t)
 {
-    double v = 0;
-    bool any = false;
-    for (const group *h = a->dev[k].groups; h; h = h->dev_next[k])
-        if (!any || h->vtime[k] < v) {
-            v = h->vtime[k];
-            any = true;
-        }
-    return v;
+    return interrupted(t->user);
 }
 
-static double lead(const group *g)
-{
-    double l = 0;
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        double d = g->vtime[k] - dev_vmin(g->a, k);
-        if (d > l) l = d;
-    }
-    return l;
-}
-
-/*
- * Who should step on device k before g, whose lead is g_lead: 2 when a waiting group has
- * a smaller lead (or an equal one and an older ticket), 1 when only groups between two of
- * their steps (registered, not waiting yet) do, 0 when g is first.
- */
-static int ahead_of(const agent_device *d, int k, const group *g, double g_lead)
-{
-    int ahead = 0;
-    for (const group *h = d->groups; h; h = h->dev_next[k]) {
-        if (h == g) continue;
-        double l = lead(h);
-        if (l < g_lead || (l == g_lead && h->ticket < g->ticket))
-            ahead = h->waiting ? 2 : ahead > 1 ? ahead : 1;
-    }
-    return ahead;
-}
-
-/* Enters the rotation of each device g takes turns on, at the smallest virtual time there,
- * so that it neither waits for the groups there to catch up nor jumps ahead of them.  Each
- * device links its groups through their own dev_next[k]. */
+/* Enters the rotation of each device g takes turns on (turns.h). */
 static void dev_register(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    g->waiting = false;
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        g->vtime[k] = dev_vmin(a, k);
-        g->dev_next[k] = a->dev[k].groups;
-        a->dev[k].groups = g;
-    }
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_join(&g->a->turns, &g->turn);
 }
 
 static void dev_unregister(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        for (group **p = &a->dev[k].groups; *p; p = &(*p)->dev_next[k])
-            if (*p == g) {
-                *p = g->dev_next[k];
-                break;
-            }
-    }
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_leave(&g->a->turns, &g->turn);
 }
 
 /*
@@ -634,75 +544,30 @@ static void dev_unregister(group *g)
  * threads would drive one backend at once.  It takes none of them until it can take all,
  * so that it never holds one device while waiting for another (a group that spans workers
  * waits in its sums while holding its devices; a hold-and-wait here could close a cycle
- * through two such groups).  While it waits it counts as waiting on each of its devices,
- * so a group behind it in virtual time on any of them lets the device go idle rather
- * than overtake it, which keeps it from starving.
- * A group ahead of g that is between two of its steps (sending its events) is about to ask
- * for the device: without waiting for it, two groups that alternate would never meet at
- * this point and the shares would not matter.  It gets LEADER_WAIT_MS at most, so that a
- * group held up elsewhere does not leave the device idle.  False when a stop or drain
- * request came first.
+ * through two such groups).  False when a stop or drain request came first.
  */
 static bool turns_acquire(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    g->waiting = true;
-    struct timespec until = {0, 0};
-    bool timed = false, expired = false;
-    while (!interrupted(g)) {
-        int ahead = 0;
-        double g_lead = lead(g);
-        for (int i = 0; i < g->n_turn_devs && ahead < 2; i++) {
-            const agent_device *d = &a->dev[g->turn_devs[i]];
-            int here = d->busy ? 2 : ahead_of(d, g->turn_devs[i], g, g_lead);
-            if (here > ahead) ahead = here;
-        }
-        if (ahead == 0 || (ahead == 1 && expired)) break;
-        if (ahead == 2) {
-            pthread_cond_wait(&a->turn_cv, &a->turn_mu);
-            continue;
-        }
-        if (!timed) {
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += LEADER_WAIT_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            timed = true;
-        }
-        if (pthread_cond_timedwait(&a->turn_cv, &a->turn_mu, &until) == ETIMEDOUT)
-            expired = true;
-    }
-    g->waiting = false;
-    bool ok = !interrupted(g);
-    if (ok)
-        for (int i = 0; i < g->n_turn_devs; i++) a->dev[g->turn_devs[i]].busy = true;
-    else
-        pthread_cond_broadcast(&a->turn_cv); /* the line changed */
-    pthread_mutex_unlock(&a->turn_mu);
-    return ok;
+    return fb_turns_sync_acquire(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /* Ends g's turn on its devices, charging it step_ms of device time weighted by its share
  * on each (it held all of them for the step). */
 static void turns_release(group *g, double step_ms)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        g->vtime[g->turn_devs[i]] += step_ms / g->time_share;
-        a->dev[g->turn_devs[i]].busy = false;
-    }
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_release(&g->a->turns, &g->turn, step_ms, turn_stopped);
+}
+
+/* Ends a turn g took without stepping: nothing is charged. */
+static void turns_return(group *g)
+{
+    fb_turns_sync_return(&g->a->turns, &g->turn);
 }
 
 /* Wakes the groups waiting for their turns, after a stop or drain request. */
 static void turns_wake(fb_agent *a)
 {
-    pthread_mutex_lock(&a->turn_mu);
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_wake(&a->turns);
 }
 
 /* ---- the group thread -------------------------------------------------------------------- */
@@ -1079,7 +944,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         dpo.sync_bn = a->sync_bn && devs[0].kind == FB_DEVICE_CPU;
         o.dp = &dpo;
         /* the split of the ASSIGN, when it fits; the session checks it */
-        pthread_mutex_lock(&a->turn_mu);
+        pthread_mutex_lock(&g->mu);
         if (g->n_split == (g->world ? g->world : g->n_dp)) {
             memcpy(split, g->split, sizeof split);
             o.split = split;
@@ -1089,7 +954,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         o.comm = r->nccl ? r->nccl : r->comm;
         o.control_comm = r->nccl ? r->comm : NULL;
         r->split_gen = g->split_gen;
-        pthread_mutex_unlock(&a->turn_mu);
+        pthread_mutex_unlock(&g->mu);
     }
     int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train,
                              ds->has_test ? &ds->test : NULL, &o, msg, sizeof msg);
@@ -1171,14 +1036,14 @@ static bool apply_split(runner *r, int64_t *split, int *n_out)
 {
     group *g = r->g;
     int n = 0;
-    pthread_mutex_lock(&g->a->turn_mu);
+    pthread_mutex_lock(&g->mu);
     bool changed = g->split_gen != r->split_gen;
     if (changed) {
         n = g->n_split;
         memcpy(split, g->split, sizeof g->split);
         r->split_gen = g->split_gen;
     }
-    pthread_mutex_unlock(&g->a->turn_mu);
+    pthread_mutex_unlock(&g->mu);
     if (!changed || fb_session_shards(r->s) < 2) return false;
     char msg[256];
     if (fb_session_set_split(r->s, split, n, msg, sizeof msg) != FB_OK) {
@@ -1251,9 +1116,7 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
             v[CV_HAS_SPLIT] = 1;
             memcpy(v + CV_SPLIT, split, (size_t)g->world * sizeof *split);
         }
-        pthread_mutex_lock(&g->a->turn_mu);
-        share = g->time_share;
-        pthread_mutex_unlock(&g->a->turn_mu);
+        share = fb_turns_sync_share(&g->a->turns, &g->turn);
         v[CV_MAGIC] = SPAN_MAGIC;
         v[CV_STEP] = fb_session_steps_done(r->s);
         v[CV_MEMBERS] = (int64_t)g->members_hash;
@@ -1278,11 +1141,9 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
     *cmd = (int)v[CV_CMD];
     if (!g->follower || (*cmd != SPAN_GO && *cmd != SPAN_HOLD)) return FB_OK;
     memcpy(&share, &v[CV_SHARE], sizeof share);
-    if (*cmd == SPAN_GO && share > 0 && share <= 1) {
-        pthread_mutex_lock(&g->a->turn_mu);
-        g->time_share = share;
-        pthread_mutex_unlock(&g->a->turn_mu);
-    }
+    char why[128];
+    if (*cmd == SPAN_GO && share > 0 && share <= 1)
+        fb_turns_sync_set_share(&g->a->turns, &g->turn, share, why, sizeof why);
     if (v[CV_HAS_SPLIT]) {
         if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, cap))) return err;
         agent_log("group %s: the leader's batch split from step %lld", g->id,
@@ -1470,7 +1331,7 @@ static void train_loop(runner *r)
             pthread_mutex_unlock(&g->mu);
             if (detach && turns_acquire(g)) {
                 apply_detaches(r);
-                turns_release(g, 0);
+                turns_return(g);
             }
             if (!fb_session_done(r->s)) hook_sleep();
             continue;
@@ -1482,7 +1343,7 @@ static void train_loop(runner *r)
         if (!turn) continue;
         apply_detaches(r);
         if (fb_session_done(r->s)) {
-            turns_release(g, 0);
+            turns_return(g);
             break;
         }
         int64_t split[FB_WIRE_MAX_DEVICES];
@@ -1524,7 +1385,7 @@ static void span_loop(runner *r)
         int err = span_exchange(r, hold, &cmd, msg, sizeof msg);
         if (!err && cmd == SPAN_HOLD) {
             /* no step: members may have left; the followers wait in the next exchange */
-            if (turn) turns_release(g, 0);
+            if (turn) turns_return(g);
             if (!g->follower && !fb_session_done(r->s)) hook_sleep();
             continue;
         }
@@ -2129,7 +1990,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     snprintf(g->dataset_tenant, sizeof g->dataset_tenant, "%s", m->dataset_tenant);
     snprintf(g->source, sizeof g->source, "%s", m->builtin[0] ? m->builtin : m->dataset);
     g->dev = m->n_group_devices > 0 ? m->group_devices[0] : 0;
-    g->time_share = m->time_share > 0 ? m->time_share : 1;
+    double share = m->time_share > 0 ? m->time_share : 1;
     g->n_split = m->n_split;
     memcpy(g->split, m->split, sizeof g->split);
     g->n_dp = 1;
@@ -2142,25 +2003,22 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         g->pipeline = want_p;
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
     }
-    /* the devices of its turns: each of the layout's once, ascending (insertion into a
-     * sorted list; the wire allows the same device twice in a layout), or its first only
-     * (a->device_turns; all devices of a worker are of one kind) */
+    /* the devices of its turns: each of the layout's once (the wire allows the same device
+     * twice in a layout), or its first only (a->device_turns; all devices of a worker are of
+     * one kind) */
     bool all_turns = a->device_turns == FB_AGENT_TURNS_ALL ||
                      (a->device_turns == FB_AGENT_TURNS_AUTO &&
                       strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
     int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
-    g->n_turn_devs = 0;
-    for (int k = 0; k < n_layout; k++) {
-        int dev = n_layout > 1 ? g->dp_devs[k] : g->dev, i = g->n_turn_devs;
-        bool seen = false;
-        for (int j = 0; j < g->n_turn_devs; j++) seen |= g->turn_devs[j] == dev;
-        if (seen) continue;
-        while (i > 0 && g->turn_devs[i - 1] > dev) {
-            g->turn_devs[i] = g->turn_devs[i - 1];
-            i--;
-        }
-        g->turn_devs[i] = dev;
-        g->n_turn_devs++;
+    char why[256];
+    if (fb_turn_init(&g->turn, a->n_devices, a->next_ticket++, share,
+                     n_layout > 1 ? g->dp_devs : &g->dev, n_layout, 0, g, why,
+                     sizeof why) != FB_OK) {
+        /* the wire checked the share and the devices; this is a bug, not a bad message */
+        agent_log("group %s: %s", m->group_id, why);
+        group_free(g);
+        fail_members(a, m, "the worker cannot place the group's turns");
+        return;
     }
     if (m->world) {
         g->world = m->world;
@@ -2179,7 +2037,6 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
                 h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
         g->members_hash = h;
     }
-    g->ticket = a->next_ticket++;
     g->m = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->m);
     g->by_sidx = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->by_sidx);
     if (!g->m || !g->by_sidx) {
@@ -2255,7 +2112,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     agent_log("group %s generation %lld: %d of %d members on device %d, dataset %s, from step "
               "%lld, time share %.3g",
               g->id, (long long)g->generation, g->n_sess, g->n_members, g->dev, g->dataset,
-              (long long)g->start_step, g->time_share);
+              (long long)g->start_step, fb_turn_share(&g->turn));
 }
 
 static void on_detach(fb_agent *a, const fb_wire_msg *m)
@@ -2310,14 +2167,17 @@ static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
                   g->id);
         return;
     }
-    pthread_mutex_lock(&a->turn_mu);
-    if (m->time_share > 0) g->time_share = m->time_share;
+    char why[128];
+    if (m->time_share > 0 &&
+        fb_turns_sync_set_share(&a->turns, &g->turn, m->time_share, why, sizeof why) != FB_OK)
+        agent_log("group %s: REBALANCE share not applied: %s", g->id, why);
     if (m->n_split > 0) {
+        pthread_mutex_lock(&g->mu);
         g->n_split = m->n_split;
         memcpy(g->split, m->split, sizeof g->split);
         g->split_gen++;
+        pthread_mutex_unlock(&g->mu);
     }
-    pthread_mutex_unlock(&a->turn_mu);
     agent_log("group %s: time share %.3g", g->id, m->time_share);
 }
 
@@ -2841,24 +2701,12 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->ds_mu_init = true;
 
     find_devices(a, cpu_devices);
-    if (pthread_mutex_init(&a->turn_mu, NULL) != 0) {
+    if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, false, NULL,
+                           NULL) != FB_OK) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    /* turns wait with deadlines on the monotonic clock, immune to clock changes */
-    pthread_condattr_t ca;
-    bool cv_ok = pthread_condattr_init(&ca) == 0;
-    if (cv_ok) {
-        cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-                pthread_cond_init(&a->turn_cv, &ca) == 0;
-        pthread_condattr_destroy(&ca);
-    }
-    if (!cv_ok) {
-        pthread_mutex_destroy(&a->turn_mu);
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    a->turn_init = true;
+    a->turns_init = true;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     a->threads =
         o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
@@ -2945,10 +2793,7 @@ void fb_agent_free(fb_agent *a)
     if (a->mon) zmq_close(a->mon);
     if (a->pull) zmq_close(a->pull);
     if (a->ctx) zmq_ctx_term(a->ctx);
-    if (a->turn_init) {
-        pthread_mutex_destroy(&a->turn_mu);
-        pthread_cond_destroy(&a->turn_cv);
-    }
+    if (a->turns_init) fb_turns_sync_destroy(&a->turns);
     if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
     free(a);
 }
