@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,11 +86,13 @@ static void agent_log(const char *fmt, ...)
     fprintf(stderr, "%s.%03dZ fusebox-worker: %s\n", stamp, (int)(ts.tv_nsec / 1000000), line);
 }
 
+/* Milliseconds on the process clock (base/clock.h).  Every time decision of the worker reads
+ * it: the heartbeat cadence and the server's silence, the progress cadence, step times (which
+ * the turns charge and the reports carry), the drain's wait for acknowledgements; so a test
+ * with --test-clock steps them instead of sleeping. */
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+    return (double)fb_clock_ns() / 1e6;
 }
 
 /* ---- names ------------------------------------------------------------------------------- */
@@ -336,6 +339,14 @@ struct fb_agent {
     int comm_port_lo, comm_port_hi, comm_timeout_ms;
     int device_turns; /* FB_AGENT_TURNS_* */
     char hook_dir[1024]; /* --test-step-hook, "" = none (tests only) */
+    /* --test-step-ms (tests only): scripted step times by job name or id ("*": any other) */
+    bool scripted;
+    struct script_entry {
+        char key[FB_SPEC_NAME_MAX + 1];
+        int64_t ns;
+    } script[FB_AGENT_SCRIPT_MAX];
+    int n_script;
+    int turns_log; /* scripted with a step hook: HOOK_DIR/turns.log, the turns' decisions; -1 */
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -346,6 +357,7 @@ struct fb_agent {
     bool connected, auth_logged; /* what the connection monitor last said */
     char worker_id[FB_WIRE_ID_LEN + 1];
     double last_rx, last_beat, drained_at;
+    bool drain_timed; /* drained_at is set (a manual clock may read 0) */
     group *groups;
     uint64_t next_ticket;
     outmsg *outbox, *outbox_tail, *unsent; /* unsent: the first one not yet on the wire */
@@ -534,7 +546,7 @@ static void dev_register(group *g)
 
 static void dev_unregister(group *g)
 {
-    fb_turns_sync_leave(&g->a->turns, &g->turn);
+    fb_turns_sync_leave(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /*
@@ -561,13 +573,32 @@ static void turns_release(group *g, double step_ms)
 /* Ends a turn g took without stepping: nothing is charged. */
 static void turns_return(group *g)
 {
-    fb_turns_sync_return(&g->a->turns, &g->turn);
+    fb_turns_sync_return(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /* Wakes the groups waiting for their turns, after a stop or drain request. */
 static void turns_wake(fb_agent *a)
 {
     fb_turns_sync_wake(&a->turns);
+}
+
+/* Scripted with a step hook: each decision of the turns as a line of HOOK_DIR/turns.log,
+ * "EVENT GROUP AT_MS VALUE" (docs/worker.md, "Scripted step times"), so that a test reads
+ * the order the turns were granted in.  Called under the turns' lock; one write per line,
+ * which O_APPEND keeps whole. */
+static void turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns,
+                        double value)
+{
+    static const char *const names[] = {[FB_TURN_EV_JOIN] = "join", [FB_TURN_EV_GRANT] = "grant",
+                                        [FB_TURN_EV_DONE] = "done", [FB_TURN_EV_LEAVE] = "leave",
+                                        [FB_TURN_EV_SHARE] = "share"};
+    const fb_agent *a = user;
+    const group *g = t->user;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s %s %.3f %g\n", names[ev], g->id, (double)at_ns / 1e6,
+                     value);
+    if (n > 0 && (size_t)n < sizeof line && write(a->turns_log, line, (size_t)n) != n)
+        agent_log("group %s: cannot write the turns log: %s", g->id, strerror(errno));
 }
 
 /* ---- the group thread -------------------------------------------------------------------- */
@@ -840,6 +871,14 @@ static void send_progress(runner *r, double now)
     o->w.io_ms = t.io_ms / (double)steps;
     o->w.idle_ms = (r->idle_ms + t.idle_ms) / (double)steps;
     o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
+    double script_ms = (double)g->turn.step_ns / 1e6;
+    if (g->a->scripted) {
+        /* a scripted step is its script's time of compute, and nothing else: the session's
+         * own measures are of the machine, which the test does not set */
+        o->w.compute_ms = script_ms;
+        o->w.comm_ms = o->w.io_ms = 0;
+        o->w.idle_ms = r->idle_ms / (double)steps;
+    }
     /* each device's own breakdown, so that the server sees which one is slower; waiting for
      * the group's turn on its device is every device's wait */
     int n_dev = g->n_dp * g->pipeline;
@@ -855,6 +894,14 @@ static void send_progress(runner *r, double now)
                 .idle_ms = (r->idle_ms + dt->idle_ms) / (double)steps,
                 .steps = t.steps,
                 .samples = dt->samples};
+            if (g->a->scripted)
+                o->w.device_steps[k] = (fb_wire_device_step){
+                    .device = o->w.device_steps[k].device,
+                    .compute_ms = script_ms,
+                    .pass_ms = script_ms,
+                    .idle_ms = r->idle_ms / (double)steps,
+                    .steps = t.steps,
+                    .samples = dt->samples};
         }
         o->w.n_device_steps = n_dev;
     }
@@ -1285,6 +1332,8 @@ static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
     int err = fb_session_step(r->s, msg, cap);
     double t2 = now_ms();
     turns_release(g, t2 - t1);
+    /* scripted: the step ended when the clock reached its end, which the release waited for */
+    if (g->a->scripted) t2 = now_ms();
     r->samples += (double)batch * size;
     pthread_mutex_lock(&g->mu);
     g->steps_done = fb_session_steps_done(r->s);
@@ -1324,6 +1373,8 @@ static void train_loop(runner *r)
             return;
         }
         if (hook_holds(r)) {
+            /* no device waits for a held group to come back for its turn */
+            fb_turns_sync_park(&g->a->turns, &g->turn, true, turn_stopped);
             /* members the server sends away leave at the held step, on the group's turn
              * (leaving touches the device) */
             pthread_mutex_lock(&g->mu);
@@ -1339,7 +1390,8 @@ static void train_loop(runner *r)
         double t0 = now_ms();
         bool turn = turns_acquire(g);
         double t1 = now_ms();
-        r->idle_ms += t1 - t0;
+        /* scripted: the wait in the script's times, not the clock's reading */
+        r->idle_ms += g->a->scripted && turn ? (double)g->turn.waited_ns / 1e6 : t1 - t0;
         if (!turn) continue;
         apply_detaches(r);
         if (fb_session_done(r->s)) {
@@ -1942,6 +1994,23 @@ static void fail_members(fb_agent *a, const fb_wire_msg *m, const char *why)
     for (int i = 0; i < m->n_members; i++) fail_member(a, m, &m->members[i], "%s", why);
 }
 
+/* The scripted step of g: the entry of its first member (in the ASSIGN's order) that names
+ * one by name or id, else the "*" entry; -1 when there is neither. */
+static int64_t script_step_ns(const fb_agent *a, const group *g)
+{
+    for (int i = 0; i < g->n_members; i++) {
+        const member *mb = &g->m[i];
+        if (mb->sidx < 0) continue;
+        for (int k = 0; k < a->n_script; k++)
+            if (strcmp(a->script[k].key, mb->job_id) == 0 ||
+                (mb->spec.name[0] && strcmp(a->script[k].key, mb->spec.name) == 0))
+                return a->script[k].ns;
+    }
+    for (int k = 0; k < a->n_script; k++)
+        if (strcmp(a->script[k].key, "*") == 0) return a->script[k].ns;
+    return -1;
+}
+
 static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
 {
     if (a->draining) {
@@ -2010,16 +2079,6 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
                      (a->device_turns == FB_AGENT_TURNS_AUTO &&
                       strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
     int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
-    char why[256];
-    if (fb_turn_init(&g->turn, a->n_devices, a->next_ticket++, share,
-                     n_layout > 1 ? g->dp_devs : &g->dev, n_layout, 0, g, why,
-                     sizeof why) != FB_OK) {
-        /* the wire checked the share and the devices; this is a bug, not a bad message */
-        agent_log("group %s: %s", m->group_id, why);
-        group_free(g);
-        fail_members(a, m, "the worker cannot place the group's turns");
-        return;
-    }
     if (m->world) {
         g->world = m->world;
         g->rank_base = m->rank_base;
@@ -2085,6 +2144,21 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     g->steps_done = g->start_step;
     if (g->n_sess == 0) {
         agent_log("group %s: no member can train; nothing started", m->group_id);
+        group_free(g);
+        return;
+    }
+    char why[256];
+    int64_t step_ns = a->scripted ? script_step_ns(a, g) : 0;
+    if (step_ns < 0)
+        snprintf(why, sizeof why, "the scripted step times (--test-step-ms) name none of its "
+                 "jobs and have no '*' entry");
+    if (step_ns < 0 || fb_turn_init(&g->turn, a->n_devices, a->next_ticket++, share,
+                                    n_layout > 1 ? g->dp_devs : &g->dev, n_layout, step_ns, g,
+                                    why, sizeof why) != FB_OK) {
+        /* the wire checked the share and the devices: only a script can be wrong here */
+        agent_log("group %s: %s", m->group_id, why);
+        for (int i = 0; i < g->n_members; i++)
+            if (g->m[i].sidx >= 0) fail_member(a, m, &m->members[i], "%s", why);
         group_free(g);
         return;
     }
@@ -2376,6 +2450,9 @@ static void recv_monitor(fb_agent *a)
             agent_log("connected to %s", a->server);
             a->connected = true;
             a->auth_logged = false;
+            /* register now rather than at the next heartbeat: the HELLO sent at start found
+             * no connection yet, and a test's manual clock may not reach the next beat */
+            if (!a->welcomed) send_hello(a);
             break;
         case ZMQ_EVENT_DISCONNECTED:
             if (a->connected) agent_log("connection to %s lost; reconnecting", a->server);
@@ -2440,7 +2517,8 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
         double now = now_ms();
         if (atomic_load(&a->drain_req)) start_drain(a, "requested");
         if (a->draining && !a->groups) {
-            if (a->drained_at == 0) {
+            if (!a->drain_timed) {
+                a->drain_timed = true;
                 a->drained_at = now;
                 if (a->outbox)
                     agent_log("every group drained; waiting up to %d ms for %s",
@@ -2459,13 +2537,12 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
             }
         }
         on_timer(a, now);
-        double wait = a->last_beat + a->heartbeat_ms - now_ms();
-        if (wait > POLL_MAX_MS) wait = POLL_MAX_MS;
-        if (wait < 0) wait = 0;
+        /* the next heartbeat's time on the clock; a manual one is polled */
+        int wait = fb_clock_wait_ms((int64_t)ceil(a->last_beat + a->heartbeat_ms), POLL_MAX_MS);
         zmq_pollitem_t items[3] = {{.socket = a->dealer, .events = ZMQ_POLLIN},
                                    {.socket = a->pull, .events = ZMQ_POLLIN},
                                    {.socket = a->mon, .events = ZMQ_POLLIN}};
-        int rc = zmq_poll(items, 3, (long)wait);
+        int rc = zmq_poll(items, 3, wait);
         if (rc < 0) {
             if (errno == EINTR) continue;
             return fb_errf(msg, cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
@@ -2581,6 +2658,58 @@ static int check_key(const char *key, const char *what, char *msg, size_t cap)
     return FB_OK;
 }
 
+/*
+ * Parses --test-step-ms: "KEY=MS[,KEY=MS...]", at most FB_AGENT_SCRIPT_MAX entries, KEY
+ * 1..FB_SPEC_NAME_MAX bytes without ',' or '=' (a job's name or id, or "*"), each once, MS
+ * an integer in [1, 3600000].  FB_OK, or FB_ERR_OUT_OF_RANGE naming the entry.
+ */
+static int parse_script(const char *spec, struct script_entry *out, int *n_out, char *msg,
+                        size_t cap)
+{
+    int n = 0;
+    for (const char *p = spec;; p++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        size_t klen = eq ? (size_t)(eq - p) : 0;
+        if (!eq || klen == 0 || klen > FB_SPEC_NAME_MAX || len - klen - 1 == 0)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: '%.*s' is not KEY=MS (KEY a job's name or id, "
+                           "or *)",
+                           (int)len, p);
+        char num[16];
+        size_t nlen = len - klen - 1;
+        long long ms = -1;
+        if (nlen < sizeof num) {
+            memcpy(num, eq + 1, nlen);
+            num[nlen] = '\0';
+            char *e;
+            errno = 0;
+            ms = strtoll(num, &e, 10);
+            if (errno || *e || num[0] < '0' || num[0] > '9') ms = -1;
+        }
+        if (ms < 1 || ms > 3600000)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: '%.*s' needs an integer of ms in [1, 3600000]",
+                           (int)len, p);
+        if (n == FB_AGENT_SCRIPT_MAX)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: more than %d entries", FB_AGENT_SCRIPT_MAX);
+        for (int k = 0; k < n; k++)
+            if (strlen(out[k].key) == klen && memcmp(out[k].key, p, klen) == 0)
+                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                               "scripted step times: '%.*s' is named twice", (int)klen, p);
+        memcpy(out[n].key, p, klen);
+        out[n].key[klen] = '\0';
+        out[n].ns = ms * 1000000LL;
+        n++;
+        if (!end) break;
+        p = end;
+    }
+    *n_out = n;
+    return FB_OK;
+}
+
 int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
 {
     int err;
@@ -2640,14 +2769,23 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     if (ct < 1 || ct > 3600000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                        "the comm timeout must be in [1, 3600000] ms, not %d", o->comm_timeout_ms);
-    if (o->test_step_hook) {
-        /* a hook holds training at a file's word: only where a test says it is one */
+    static const char *const hook_names[] = {"the test step hook", "the test clock",
+                                             "the step time script"};
+    const char *hooks[] = {o->test_step_hook, o->test_clock, o->test_step_ms};
+    for (int i = 0; i < 3; i++) {
+        /* a hook holds training at a file's word, or replaces time: only where a test says
+         * it is one */
         const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
-        if (!on || strcmp(on, "1") != 0)
+        if (hooks[i] && (!on || strcmp(on, "1") != 0))
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                           "the test step hook is for tests only: it needs %s=1 in the "
-                           "environment",
-                           FB_AGENT_TEST_HOOKS_ENV);
+                           "%s is for tests only: it needs %s=1 in the environment",
+                           hook_names[i], FB_AGENT_TEST_HOOKS_ENV);
+    }
+    struct script_entry script[FB_AGENT_SCRIPT_MAX];
+    int n_script = 0;
+    if (o->test_step_ms && (err = parse_script(o->test_step_ms, script, &n_script, msg, cap)))
+        return err;
+    if (o->test_step_hook) {
         struct stat st;
         if (!o->test_step_hook[0] || strlen(o->test_step_hook) >= sizeof((fb_agent *)0)->hook_dir)
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
@@ -2658,6 +2796,9 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
                            "the test step hook's directory %s is not a directory",
                            o->test_step_hook);
     }
+    /* last of the checks: from here on the process reads that clock */
+    if (o->test_clock && fb_clock_use_file(o->test_clock, msg, cap) != 0)
+        return FB_ERR_OUT_OF_RANGE;
     const char *dd = o->data_dir;
     if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
     if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
@@ -2681,10 +2822,29 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->progress_ms = pr;
     a->comm_timeout_ms = ct;
     a->device_turns = o->device_turns;
+    a->turns_log = -1;
     if (o->test_step_hook) {
         snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
         agent_log("the test step hook is on (%s): arrays hold at the steps its files name",
                   a->hook_dir);
+    }
+    if (o->test_clock)
+        agent_log("the test clock is on (%s): time moves only when the test moves it",
+                  o->test_clock);
+    if (o->test_step_ms) {
+        a->scripted = true;
+        memcpy(a->script, script, sizeof script);
+        a->n_script = n_script;
+        agent_log("scripted step times are on (%s)", o->test_step_ms);
+        if (a->hook_dir[0]) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/turns.log", a->hook_dir);
+            a->turns_log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+            if (a->turns_log < 0) {
+                err = fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+                goto fail;
+            }
+        }
     }
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
@@ -2701,8 +2861,8 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->ds_mu_init = true;
 
     find_devices(a, cpu_devices);
-    if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, false, NULL,
-                           NULL) != FB_OK) {
+    if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, a->scripted,
+                           a->turns_log >= 0 ? turn_logged : NULL, a) != FB_OK) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -2794,6 +2954,7 @@ void fb_agent_free(fb_agent *a)
     if (a->pull) zmq_close(a->pull);
     if (a->ctx) zmq_ctx_term(a->ctx);
     if (a->turns_init) fb_turns_sync_destroy(&a->turns);
+    if (a->turns_log >= 0) close(a->turns_log);
     if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
     free(a);
 }

@@ -140,6 +140,7 @@ static void grant(fb_turns *t, fb_turn *g, int64_t at)
         g->at_ns = at;
         g->end_ns = at + g->step_ns;
     }
+    g->waited_ns = at - g->asked_ns;
     event(t, FB_TURN_EV_GRANT, g, at, (double)g->steps);
     g->steps++;
 }
@@ -228,16 +229,24 @@ void fb_turns_leave(fb_turns *t, fb_turn *g, int64_t now_ns)
 void fb_turns_ask(fb_turns *t, fb_turn *g, int64_t now_ns)
 {
     if (g->state != FB_TURN_BETWEEN && g->state != FB_TURN_PARKED) return;
+    /* scripted, a group back from a hold asks when the test let it go */
+    if (g->state == FB_TURN_PARKED && t->scripted && now_ns > g->at_ns) g->at_ns = now_ns;
     g->state = FB_TURN_WAITING;
     g->lw_started = g->lw_expired = false;
-    dispatch(t, when(t, g, now_ns));
+    g->asked_ns = when(t, g, now_ns);
+    dispatch(t, g->asked_ns);
 }
 
 void fb_turns_cancel(fb_turns *t, fb_turn *g, int64_t now_ns)
 {
     if (g->state != FB_TURN_WAITING && g->state != FB_TURN_STEPPING) return;
-    if (g->state == FB_TURN_STEPPING)
+    if (g->state == FB_TURN_STEPPING) {
         for (int i = 0; i < g->n_devs; i++) t->busy[g->devs[i]] = false;
+        /* scripted, a turn given back is held for its step's length, so that whether a
+         * turn is stepped or given back, which no other group can know in advance, does
+         * not change when the others' events come */
+        if (t->scripted) g->at_ns = g->end_ns;
+    }
     g->state = FB_TURN_BETWEEN;
     dispatch(t, when(t, g, now_ns));
 }
@@ -282,13 +291,40 @@ int fb_turns_set_share(fb_turns *t, fb_turn *g, double share, int64_t now_ns, ch
 
 int64_t fb_turns_poll(fb_turns *t, int64_t now_ns) { return dispatch(t, now_ns); }
 
+/* The time of g's next event (scripted): its step's end when it steps, the time it is at
+ * when it is between two steps (it will ask, park or leave then); INT64_MAX when it has none
+ * (waiting for others, parked, out). */
+static int64_t pending_ns(const fb_turn *g)
+{
+    return g->state == FB_TURN_STEPPING  ? g->end_ns
+           : g->state == FB_TURN_BETWEEN ? g->at_ns
+                                         : INT64_MAX;
+}
+
+bool fb_turns_is_next(const fb_turns *t, const fb_turn *g)
+{
+    if (!t->scripted) return true;
+    int64_t mine = pending_ns(g);
+    for (const fb_turn *h = t->all; h; h = h->next) {
+        int64_t theirs = pending_ns(h);
+        if (h != g && theirs != INT64_MAX &&
+            (theirs < mine || (theirs == mine && h->ticket < g->ticket)))
+            return false;
+    }
+    return true;
+}
+
 bool fb_turns_may_end(const fb_turns *t, const fb_turn *g, int64_t now_ns)
 {
-    if (g->state != FB_TURN_STEPPING || now_ns < g->end_ns) return false;
+    if (g->state != FB_TURN_STEPPING) return false;
+    return !t->scripted || (now_ns >= g->end_ns && fb_turns_is_next(t, g));
+}
+
+bool fb_turns_may_join(const fb_turns *t, int64_t now_ns)
+{
+    if (!t->scripted) return true;
     for (const fb_turn *h = t->all; h; h = h->next)
-        if (h != g && h->state == FB_TURN_STEPPING &&
-            (h->end_ns < g->end_ns || (h->end_ns == g->end_ns && h->ticket < g->ticket)))
-            return false;
+        if (pending_ns(h) <= now_ns) return false;
     return true;
 }
 
@@ -341,24 +377,38 @@ static void sync_wait(fb_turns_sync *s, int64_t deadline_ns)
     pthread_cond_timedwait(&s->cv, &s->mu, &until);
 }
 
+/* Scripted: waits until g's next event is the earliest pending one (fb_turns_is_next), or
+ * stop(g).  Every event broadcasts, so the wait needs no deadline. */
+static void wait_next(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
+{
+    while (!stop(g) && !fb_turns_is_next(&s->core, g)) pthread_cond_wait(&s->cv, &s->mu);
+}
+
 void fb_turns_sync_join(fb_turns_sync *s, fb_turn *g)
 {
     pthread_mutex_lock(&s->mu);
-    fb_turns_join(&s->core, g, fb_clock_ns());
+    int64_t now = fb_clock_ns();
+    /* scripted: after every event up to now, so that the smallest virtual times it joins at
+     * are those of that time whichever threads got there first */
+    while (!fb_turns_may_join(&s->core, now)) pthread_cond_wait(&s->cv, &s->mu);
+    fb_turns_join(&s->core, g, now);
+    pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 
-void fb_turns_sync_leave(fb_turns_sync *s, fb_turn *g)
+void fb_turns_sync_leave(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
 {
     pthread_mutex_lock(&s->mu);
+    if (g->state == FB_TURN_BETWEEN) wait_next(s, g, stop);
     fb_turns_leave(&s->core, g, fb_clock_ns());
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 
-void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked)
+void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked, fb_turns_stop_fn stop)
 {
     pthread_mutex_lock(&s->mu);
+    if (g->state == FB_TURN_BETWEEN) wait_next(s, g, stop);
     fb_turns_park(&s->core, g, parked, fb_clock_ns());
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -384,8 +434,10 @@ bool fb_turns_sync_acquire(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
 {
     pthread_mutex_lock(&s->mu);
     bool ok = false;
+    if (g->state == FB_TURN_BETWEEN) wait_next(s, g, stop);
     if (!stop(g)) {
         fb_turns_ask(&s->core, g, fb_clock_ns());
+        pthread_cond_broadcast(&s->cv); /* an event: the next one may be another's */
         /* the core grants at the events that allow it, whichever thread brings them; a
          * waiter reads the clock again only for a leader's wait that may have run out */
         while (!fb_turn_granted(g) && !stop(g)) {
@@ -401,23 +453,31 @@ bool fb_turns_sync_acquire(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
     return ok;
 }
 
-void fb_turns_sync_release(fb_turns_sync *s, fb_turn *g, double step_ms, fb_turns_stop_fn stop)
+/* Scripted: waits until g's step may end (its end on the clock, every earlier event
+ * taken), or stop(g). */
+static void wait_end(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
 {
-    pthread_mutex_lock(&s->mu);
     while (s->core.scripted && !stop(g) && !fb_turns_may_end(&s->core, g, fb_clock_ns())) {
-        /* its end has not come (a poll of the clock), or a step that ends before it has
-         * not ended yet (woken when it does) */
+        /* its end has not come (a poll of the clock), or an earlier event has not been
+         * taken yet (woken when it is) */
         bool due = fb_clock_ns() >= g->end_ns;
         sync_wait(s, due ? INT64_MAX : g->end_ns);
     }
+}
+
+void fb_turns_sync_release(fb_turns_sync *s, fb_turn *g, double step_ms, fb_turns_stop_fn stop)
+{
+    pthread_mutex_lock(&s->mu);
+    wait_end(s, g, stop);
     fb_turns_done(&s->core, g, step_ms, fb_clock_ns());
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 
-void fb_turns_sync_return(fb_turns_sync *s, fb_turn *g)
+void fb_turns_sync_return(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop)
 {
     pthread_mutex_lock(&s->mu);
+    wait_end(s, g, stop);
     fb_turns_cancel(&s->core, g, fb_clock_ns());
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);

@@ -63,6 +63,8 @@ typedef struct fb_turn {
     int64_t step_ns;
     int64_t at_ns, end_ns;
     uint64_t steps; /* turns it was granted */
+    /* its last ask and how long it waited for that turn (scripted: times of the script) */
+    int64_t asked_ns, waited_ns;
     void *user;     /* the caller's (the agent's group) */
 } fb_turn;
 
@@ -117,7 +119,7 @@ void fb_turns_leave(fb_turns *t, fb_turn *g, int64_t now_ns);
 void fb_turns_ask(fb_turns *t, fb_turn *g, int64_t now_ns);
 
 /* g gives up waiting (a stop or drain came first), or gives back a turn it was granted
- * without stepping: BETWEEN again, uncharged. */
+ * without stepping: BETWEEN again, uncharged (scripted: at the end the grant gave it). */
 void fb_turns_cancel(fb_turns *t, fb_turn *g, int64_t now_ns);
 
 /* g (STEPPING) ends its turn and is charged charge_ms of device time on each of its devices,
@@ -138,9 +140,19 @@ int fb_turns_set_share(fb_turns *t, fb_turn *g, double share, int64_t now_ns, ch
  * time at which a wait runs out, INT64_MAX when none is pending. */
 int64_t fb_turns_poll(fb_turns *t, int64_t now_ns);
 
-/* Scripted: whether g's step may end at now_ns: its end has come and every other step that
- * ends before it (or at the same time, with an older ticket) has ended. */
+/*
+ * Scripted mode takes events in the order of their times in the script, whichever thread
+ * brings one first: a group's next event is its step's end (done or given back) when it
+ * steps, and the time it is at when it is between two steps (it asks, parks or leaves
+ * then).  fb_turns_is_next: whether g's next event is the earliest of every group's (at the
+ * same time, the older ticket first); always true in real mode.  fb_turns_may_end: whether
+ * g (stepping) may end its turn at now_ns: real mode, yes; scripted, when its end has come
+ * and it is next.  fb_turns_may_join: whether a group may join at now_ns: scripted, once
+ * every event up to now_ns has been taken.
+ */
+bool fb_turns_is_next(const fb_turns *t, const fb_turn *g);
 bool fb_turns_may_end(const fb_turns *t, const fb_turn *g, int64_t now_ns);
+bool fb_turns_may_join(const fb_turns *t, int64_t now_ns);
 
 /* The lead of g: how far its virtual time is ahead of the smallest on each of its devices,
  * the largest of these (ms).  The least ahead goes first. */
@@ -148,24 +160,26 @@ double fb_turns_lead(const fb_turns *t, const fb_turn *g);
 
 /* ---- the locked wrapper for threads -------------------------------------------------- */
 
+/* Whether the caller's group must stop waiting (a stop or drain request). */
+typedef bool (*fb_turns_stop_fn)(const fb_turn *g);
+
 typedef struct fb_turns_sync {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     fb_turns core;
 } fb_turns_sync;
 
-/* Whether the caller's group must stop waiting (a stop or drain request). */
-typedef bool (*fb_turns_stop_fn)(const fb_turn *g);
 
 /* Sets up the wrapper and its core (fb_turns_init's arguments).  FB_OK or FB_ERR_NOMEM. */
 int fb_turns_sync_init(fb_turns_sync *s, int n_devices, int64_t leader_wait_ns, bool scripted,
                        fb_turns_event_fn on_event, void *event_user);
 void fb_turns_sync_destroy(fb_turns_sync *s);
 
-/* fb_turns_join, _leave, _park and _set_share under the lock, at the clock's time. */
+/* fb_turns_join, _leave, _park and _set_share under the lock, at the clock's time; scripted,
+ * each waits for its event's turn (fb_turns_is_next, fb_turns_may_join) unless stop(g). */
 void fb_turns_sync_join(fb_turns_sync *s, fb_turn *g);
-void fb_turns_sync_leave(fb_turns_sync *s, fb_turn *g);
-void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked);
+void fb_turns_sync_leave(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop);
+void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked, fb_turns_stop_fn stop);
 int fb_turns_sync_set_share(fb_turns_sync *s, fb_turn *g, double share, char *msg, size_t cap);
 double fb_turns_sync_share(fb_turns_sync *s, const fb_turn *g);
 
@@ -177,8 +191,9 @@ bool fb_turns_sync_acquire(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop);
  * reaches the step's end and the steps that end before it have ended (or stop(g)). */
 void fb_turns_sync_release(fb_turns_sync *s, fb_turn *g, double step_ms, fb_turns_stop_fn stop);
 
-/* Ends a turn g took without stepping (nothing charged, no scripted wait). */
-void fb_turns_sync_return(fb_turns_sync *s, fb_turn *g);
+/* Ends a turn g took without stepping, nothing charged (scripted: at the step's end, as
+ * fb_turns_sync_release waits for it). */
+void fb_turns_sync_return(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop);
 
 /* Wakes the waiting groups, after a stop or drain request. */
 void fb_turns_sync_wake(fb_turns_sync *s);
