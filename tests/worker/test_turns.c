@@ -315,7 +315,12 @@ static void test_scripted_ends(void)
     CHECK(!fb_turns_may_end(&t, &G[0], 9 * MS));
     CHECK(fb_turns_may_end(&t, &G[0], 10 * MS));
     CHECK(!fb_turns_may_end(&t, &G[1], 20 * MS)); /* A's end (10) comes first */
+    CHECK(!fb_turns_may_join(&t, 10 * MS)); /* A's end (10) is not taken yet */
+    CHECK(fb_turns_may_join(&t, 9 * MS));
     fb_turns_done(&t, &G[0], 0, 20 * MS);
+    /* A, between steps at 10, acts before B's end at 15, however late its thread comes */
+    CHECK(fb_turns_is_next(&t, &G[0]));
+    CHECK(!fb_turns_may_end(&t, &G[1], 20 * MS));
     /* at A's end C still waits for device 1; A waits behind C, who leads by less */
     fb_turns_ask(&t, &G[0], 20 * MS);
     CHECK_STR_EQ(granted, "BA");
@@ -330,6 +335,13 @@ static void test_scripted_ends(void)
     CHECK_STR_EQ(granted, "BACAB");
     CHECK_INT_EQ(G[0].end_ns, 45 * MS);
     CHECK_INT_EQ(G[1].end_ns, 50 * MS);
+    /* a turn given back unstepped is held to its end, uncharged: A is at 45 then, and its
+     * next event comes before B's end at 50 */
+    fb_turns_ask(&t, &G[2], 40 * MS);
+    fb_turns_cancel(&t, &G[0], 40 * MS);
+    CHECK(G[0].vtime[0] == 10.0);
+    CHECK_INT_EQ(G[0].at_ns, 45 * MS);
+    CHECK(fb_turns_is_next(&t, &G[0])); /* at 45, before B's end at 50 */
     for (int i = 0; i < 3; i++) fb_turns_leave(&t, &G[i], 0);
 }
 
