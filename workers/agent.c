@@ -583,9 +583,9 @@ static void turns_wake(fb_agent *a)
 }
 
 /* Scripted with a step hook: each decision of the turns as a line of HOOK_DIR/turns.log,
- * "EVENT GROUP AT_MS VALUE" (docs/worker.md, "Scripted step times"), so that a test reads
- * the order the turns were granted in.  Called under the turns' lock; one write per line,
- * which O_APPEND keeps whole. */
+ * "EVENT GROUP AT_MS VALUE" (docs/worker.md, "Test clock and scripted step times"), so
+ * that a test reads the order the turns were granted in.  Called under the turns' lock;
+ * one write per line, which O_APPEND keeps whole. */
 static void turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns,
                         double value)
 {
@@ -2805,6 +2805,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
 
     fb_agent *a = calloc(1, sizeof *a);
     if (!a) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    a->turns_log = -1;
     if (strlen(dd) >= sizeof a->data_dir) {
         err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
         goto fail;
@@ -2822,7 +2823,6 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->progress_ms = pr;
     a->comm_timeout_ms = ct;
     a->device_turns = o->device_turns;
-    a->turns_log = -1;
     if (o->test_step_hook) {
         snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
         agent_log("the test step hook is on (%s): arrays hold at the steps its files name",

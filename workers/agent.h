@@ -77,7 +77,7 @@ typedef struct fb_agent_opts {
     /* tests only: a clock file (base/clock.h) the worker reads its time from instead of the
      * monotonic clock, so that a test steps it; same rule.  NULL = the monotonic clock */
     const char *test_clock;
-    /* tests only: scripted step times (docs/worker.md, "Scripted step times"),
+    /* tests only: scripted step times (docs/worker.md, "Test clock and scripted step times"),
      * "KEY=MS[,KEY=MS...]" with KEY a job's name or id or "*" (any other array) and MS in
      * [1, 3600000]: each step of an array lasts exactly MS on the clock and is charged and
      * reported as that, and turns are granted in an order that depends only on the script

@@ -1,8 +1,6 @@
 /* Device turns (turns.h): the pure core, then the locked wrapper. */
 #include "turns.h"
 
-#include <errno.h>
-#include <math.h>
 #include <string.h>
 #include <time.h>
 

@@ -23,7 +23,8 @@ static char gids[GROUPS][FB_WIRE_ID_LEN + 1];
 static long long last_step[GROUPS] = {-1, -1, -1};
 static double device_ms[GROUPS]; /* (compute + io) per step x steps, summed over reports */
 
-/* An ASSIGN (time share `share`) of one endless job (the worker is killed at the end) on D devices. */
+/* An ASSIGN (time share `share`) of one endless job (the worker is killed at the end) on D
+ * devices. */
 static void assign(wu_server *s, int g, int D, const int *devices, const int64_t *split,
                    double share)
 {
@@ -118,7 +119,8 @@ int main(void)
     pump(&s, 3000, shared);
     double r_alone = alone[0] / 2.0, r_shared = shared[0] / 3.0;
     CHECK(alone[0] > 0 && shared[0] > 0 && shared[1] > 0 && shared[2] > 0);
-    printf("| overlap | G0 alone | G0 beside G1, G2 | ratio | G1 | G2 |\n|---|---|---|---|---|---|\n");
+    printf("| overlap | G0 alone | G0 beside G1, G2 | ratio | G1 | G2 |\n"
+           "|---|---|---|---|---|---|\n");
     printf("| steps/s | %.0f | %.0f | %.2f | %.0f | %.0f |\n", r_alone, r_shared,
            r_shared / r_alone, shared[1] / 3.0, shared[2] / 3.0);
     for (int g = 0; g < GROUPS; g++) {

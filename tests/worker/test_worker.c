@@ -24,7 +24,8 @@
  *   auth     a worker whose key is not admitted gets no message through
  *   cli      --help, bad flags and variables (exit 2), --gen-key, names
  *   hook     the test step hook: refused without FUSEBOX_TEST_HOOKS=1 (exit 2, by
- *            the executable and by fb_agent_new); an array held at a step stays
+ *            the executable and by fb_agent_new), as are the test clock and the step
+ *            time script, and bad clock files and scripts; an array held at a step stays
  *            there while the worker heartbeats, follows a moved hold, lets a
  *            member detach and drains at the held step; resumed from there it
  *            starts at the next step and ends bit-identical to the uninterrupted run
