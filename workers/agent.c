@@ -533,6 +533,8 @@ static bool interrupted(const group *g)
     return atomic_load(&g->stop) || atomic_load(&g->drain);
 }
 
+_Static_assert(FB_TURNS_MAX_DEVICES == FB_WIRE_MAX_DEVICES, "a group's turns cover its devices");
+
 static bool turn_stopped(const fb_turn *t)
 {
     return interrupted(t->user);

@@ -20,10 +20,10 @@
  * order a pure function of the scripted step times and of the clock's steps:
  * each group's step lasts exactly its scripted time on the clock and is
  * charged that; a device waits without a deadline for a group ahead of the
- * others that is between two steps (no LEADER wait in real time); and events
- * carry the time they happen at in the script (a step ends at its grant plus
- * its length, and steps that end are taken in the order of their ends), not
- * the moment a thread got there.
+ * others that is between two steps (no wait bounded in real time); and every
+ * event (a step's end, a group's next ask, a join) carries the time it happens
+ * at in the script and is taken in the order of those times, whichever thread
+ * brings it first (fb_turns_is_next).
  */
 #ifndef FB_WORKERS_TURNS_H
 #define FB_WORKERS_TURNS_H
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FB_TURNS_MAX_DEVICES 64
+#define FB_TURNS_MAX_DEVICES 64 /* = FB_WIRE_MAX_DEVICES, which agent.c checks */
 
 /* Where a group stands in the turns. */
 typedef enum fb_turn_state {
