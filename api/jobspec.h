@@ -7,7 +7,8 @@
  * and FLOPs.  A parsed spec can be written back in canonical form (sorted keys,
  * defaults filled, numbers printed round-trip exactly) and carries its fusion
  * key: a hash of the canonical form of the fields that must be equal for two
- * jobs to train inside one fused array (DESIGN.md, "Job spec").
+ * jobs to train inside one fused array (docs/architecture.md, "Job spec and
+ * fusion key").
  *
  * Per-sample shapes are written (C, H, W) for images and (F) for features; the
  * batch dimensions N and B never appear in a spec.

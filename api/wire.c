@@ -13,6 +13,7 @@
 #include "wire.h"
 
 #include "jobspec.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1240,29 +1241,6 @@ static void enc_nomem(enc *e)
     if (!e->err) e->err = fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
 }
 
-static bool utf8_ok(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80             ? 0
-                : (*p & 0xe0) == 0xc0 ? 1
-                : (*p & 0xf0) == 0xe0 ? 2
-                : (*p & 0xf8) == 0xf0 ? 3
-                                      : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2) || (n == 3 && *p > 0xf4)) return false;
-        uint32_t cp = *p & (0x3f >> n);
-        for (int k = 1; k <= n; k++) {
-            if ((p[k] & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (p[k] & 0x3f);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        p += n + 1;
-    }
-    return true;
-}
-
 /* Jansson's *_new setters release v when they fail, also when o is NULL. */
 static void put(enc *e, json_t *o, const char *key, json_t *v)
 {
@@ -1281,7 +1259,7 @@ static json_t *str_of(enc *e, const char *field, const char *s, size_t cap)
         enc_fail(e, field, "not NUL-terminated within its %zu bytes", cap);
         return NULL;
     }
-    if (!utf8_ok(s)) {
+    if (!fb_utf8_valid_str(s)) {
         enc_fail(e, field, "not valid UTF-8");
         return NULL;
     }

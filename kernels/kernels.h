@@ -98,7 +98,7 @@ void fb_backend_sync(fb_backend_t *be);
 
 /*
  * out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O], Bi = shared ? 1 : B.
- * The shared case is one wide GEMM against w viewed as [B*O, I].
+ * Each member is a GEMM of its solo shape, shared input or not (cpu/fast_linear.c).
  * bias may be NULL.
  */
 void fb_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,

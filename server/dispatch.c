@@ -1625,7 +1625,7 @@ done:
 }
 
 /*
- * Slowdown (DESIGN.md): (elapsed + remaining steps x step time) / (total steps x
+ * Slowdown (docs/architecture.md): (elapsed + remaining steps x step time) / (total steps x
  * isolated step time), elapsed from submission.  The isolated step time is
  * the profile of (fusion key, array size, device kind): measured whenever an
  * array has its devices to itself (no other unfinished array on any of them)

@@ -39,7 +39,7 @@
  *    on it or not.  New placements already prefer the least loaded devices
  *    (planner.h).
  *
- * Slowdown (DESIGN.md): job j of group g has
+ * Slowdown (docs/architecture.md, "Slowdown"): job j of group g has
  *     S_j = (elapsed_j + remaining_steps_j * step_time_g)
  *           / (total_steps_j * isolated_step_time_g),
  * and a group's slowdown is the largest of its members': a time share is

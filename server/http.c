@@ -34,13 +34,14 @@
 #include "db.h"
 #include "log.h"
 #include "server_impl.h"
+#include "utf8.h"
 
 #define MAX_EXTRA_HEADERS 6
 #define DISCARD_FACTOR 8 /* declared bodies past this many times the limit: answer at once */
 
 typedef struct req_impl {
     struct MHD_Connection *conn;
-    int route_index; /* fb_n_routes when no route matched */
+    int route_index; /* srv->routes.n when no route matched */
     int64_t start_ns;
     char request_id[32];
     /* refusal decided before the handler */
@@ -303,16 +304,18 @@ static int find_route(const char *method, const char *path, fb_req *req, char *a
     *path_known = false;
     allow[0] = '\0';
     size_t used = 0;
-    for (int i = 0; i < fb_n_routes; i++) {
-        if (!fb_http_match_pattern(fb_routes[i].pattern, path, NULL)) continue;
+    const fb_http_routes *rt = &req->srv->routes;
+    for (int i = 0; i < rt->n; i++) {
+        const fb_route *r = &rt->routes[i];
+        if (!fb_http_match_pattern(r->pattern, path, NULL)) continue;
         *path_known = true;
-        if (strcmp(fb_routes[i].method, method) == 0) {
-            fb_http_match_pattern(fb_routes[i].pattern, path, req->params);
+        if (strcmp(r->method, method) == 0) {
+            fb_http_match_pattern(r->pattern, path, req->params);
             return i;
         }
-        if (!strstr(allow, fb_routes[i].method) && used < allow_cap)
+        if (!strstr(allow, r->method) && used < allow_cap)
             used += (size_t)snprintf(allow + used, allow_cap - used, "%s%s", used ? ", " : "",
-                                     fb_routes[i].method);
+                                     r->method);
     }
     return -1;
 }
@@ -459,7 +462,7 @@ bool fb_http_is_stream_type(const char *ct)
 }
 
 /* The checks of a FB_BODY_STREAM route: its media type, then where the body
- * goes and how long it may be (fb_route_stream_open). */
+ * goes and how long it may be (the routes' stream hook). */
 static void check_stream(fb_req *req, uint64_t declared)
 {
     req_impl *im = impl_of(req);
@@ -469,7 +472,7 @@ static void check_stream(fb_req *req, uint64_t declared)
     } else {
         int fd = -1;
         uint64_t limit = 0;
-        int err = fb_route_stream_open(req, declared, &fd, &limit);
+        int err = req->srv->routes.stream_open(req, declared, &fd, &limit);
         if (!err && declared > limit) {
             close(fd);
             fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
@@ -504,7 +507,7 @@ static void check_headers(fb_req *req, const char *method)
         return;
     }
     im->route_index = ri;
-    req->route = &fb_routes[ri];
+    req->route = &req->srv->routes.routes[ri];
     if (req->route->auth != FB_AUTH_NONE && check_auth(req)) return;
     uint64_t declared;
     bool body = has_body(req, &declared);
@@ -528,52 +531,6 @@ static void check_headers(fb_req *req, const char *method)
             return;
         }
     }
-}
-
-bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t len;
-        unsigned min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            len = 2;
-            min = 0x80;
-            c &= 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            len = 3;
-            min = 0x800;
-            c &= 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            len = 4;
-            min = 0x10000;
-            c &= 0x07;
-        } else {
-            *bad_at = i;
-            return false;
-        }
-        if (i + len > n) {
-            *bad_at = i;
-            return false;
-        }
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) {
-                *bad_at = i;
-                return false;
-            }
-            c = (c << 6) | (s[i + k] & 0x3f);
-        }
-        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) {
-            *bad_at = i;
-            return false;
-        }
-        i += len;
-    }
-    return true;
 }
 
 int fb_http_json_depth(const char *s, size_t n, int limit)
@@ -612,7 +569,7 @@ static int parse_body(fb_req *req)
         return fb_req_fail(req, FB_ERR_JSON_SYNTAX, NULL, "the body is empty; send a JSON object");
     }
     size_t bad_at;
-    if (!fb_http_valid_utf8((const unsigned char *)im->body, im->body_len, &bad_at))
+    if (!fb_utf8_valid(im->body, im->body_len, &bad_at))
         return fb_req_fail(req, FB_ERR_BAD_ENCODING, NULL,
                            "the body is not valid UTF-8 (byte offset %zu)", bad_at);
     int max = req->srv->cfg.json_max_depth;
@@ -772,7 +729,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         im->conn = conn;
         im->file_fd = -1;
         im->body_fd = -1;
-        im->route_index = fb_n_routes;
+        im->route_index = srv->routes.n;
         im->start_ns = now_ns();
         snprintf(im->request_id, sizeof im->request_id, "%s-%llu", srv->instance,
                  (unsigned long long)atomic_fetch_add(&srv->next_request, 1));
@@ -942,8 +899,29 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     fb_log_json(FB_LOG_WARN, "libmicrohttpd", json_pack("{s:s}", "detail", clean));
 }
 
-struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap)
+int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap)
 {
+    if (!routes || !routes->routes || routes->n <= 0)
+        return fb_errf(msg, cap, FB_ERR_INTERNAL, "the HTTP layer was given no routes");
+    for (int i = 0; i < routes->n; i++) {
+        const fb_route *r = &routes->routes[i];
+        if (!r->method || !r->pattern || r->pattern[0] != '/' || !r->fn)
+            return fb_errf(msg, cap, FB_ERR_INTERNAL,
+                           "route %d has no method, no handler or a pattern not starting with /",
+                           i);
+        if (r->body == FB_BODY_STREAM && !routes->stream_open)
+            return fb_errf(msg, cap, FB_ERR_INTERNAL,
+                           "%s %s streams its body but no stream hook was given", r->method,
+                           r->pattern);
+    }
+    return FB_OK;
+}
+
+struct MHD_Daemon *fb_http_start(fb_server_t *srv, const fb_http_routes *routes, char *msg,
+                                 size_t cap)
+{
+    if (fb_http_check_routes(routes, msg, cap)) return NULL;
+    srv->routes = *routes;
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;

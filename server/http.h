@@ -1,7 +1,9 @@
 /*
- * fuseboxd's HTTP layer over libmicrohttpd: the route table, the checks
- * every request passes before a handler runs, and the request and response
- * types handlers use.
+ * fuseboxd's HTTP layer over libmicrohttpd: the route table's types, the
+ * checks every request passes before a handler runs, and the request and
+ * response types handlers use.  The table itself and the upload hook are the
+ * routes' (routes.h); fb_http_start() is given them, so this layer links to
+ * no handler by name.
  *
  * In the order of Redis's processCommand, a request is refused before any
  * handler runs when its route is unknown (404), its method is not the
@@ -39,7 +41,7 @@ typedef enum fb_route_body {
     FB_BODY_NONE,          /* a body, if any, is read (size-limited) and ignored */
     FB_BODY_JSON,          /* a JSON object is required */
     FB_BODY_JSON_OPTIONAL, /* a JSON object or nothing */
-    FB_BODY_STREAM         /* any bytes, written to the file fb_route_stream_open() gives */
+    FB_BODY_STREAM         /* any bytes, written to the file the stream hook gives */
 } fb_route_body;
 
 /* A handler fills the response through fb_req_reply_* and returns FB_OK, or
@@ -57,10 +59,6 @@ typedef struct fb_route {
 #define FB_MAX_PATH_PARAMS 4
 #define FB_PATH_PARAM_MAX 128
 #define FB_MSG_MAX 512
-
-/* The route table (routes.c) and its length. */
-extern const fb_route fb_routes[];
-extern const int fb_n_routes;
 
 /*
  * Per-request state, owned by the HTTP layer from the first byte of the
@@ -131,15 +129,23 @@ void fb_req_add_header(fb_req *req, const char *name, const char *value);
  * FB_BODY_STREAM routes (uploads) never hold their body in memory and are not
  * bound by --max-body-bytes.  Once the headers passed every other check
  * (route, method, key, rate, and a Content-Type that is absent,
- * application/octet-stream or text/csv), the HTTP layer calls
- * fb_route_stream_open(), which the routes implement: declared is the
- * Content-Length (0 when absent or chunked).  It returns FB_OK with *fd, a
- * descriptor open for writing that the HTTP layer then owns and writes the
- * body into, and *limit, the most bytes the body may have (more answers 413);
- * or a negative fb_err after fb_req_fail(), and the request is refused before
- * its body is read.
+ * application/octet-stream or text/csv), the HTTP layer calls the stream
+ * hook the routes gave fb_http_start(): declared is the Content-Length (0
+ * when absent or chunked).  It returns FB_OK with *fd, a descriptor open for
+ * writing that the HTTP layer then owns and writes the body into, and
+ * *limit, the most bytes the body may have (more answers 413); or a negative
+ * fb_err after fb_req_fail(), and the request is refused before its body is
+ * read.
  */
-int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limit);
+typedef int (*fb_stream_open_fn)(fb_req *req, uint64_t declared, int *fd, uint64_t *limit);
+
+/* What the HTTP layer serves: the route table (n routes, matched in order)
+ * and the hook of its FB_BODY_STREAM routes (NULL when it has none). */
+typedef struct fb_http_routes {
+    const fb_route *routes;
+    int n;
+    fb_stream_open_fn stream_open;
+} fb_http_routes;
 
 /* The file a FB_BODY_STREAM body was written to (req->body_len bytes, the
  * offset at its end), handed to the caller, who closes it; -1 when there is
@@ -171,16 +177,20 @@ bool fb_http_is_json_type(const char *ct);
  * text/csv; a parameter such as a charset does not matter to a file. */
 bool fb_http_is_stream_type(const char *ct);
 
-/* Strict UTF-8 over n bytes (no overlong forms, no surrogates, nothing above
- * U+10FFFF); false with the offset of the first bad sequence in *bad_at. */
-bool fb_http_valid_utf8(const unsigned char *s, size_t n, size_t *bad_at);
-
 /* The deepest nesting of arrays and objects in n bytes of JSON text, strings
  * skipped; returns as soon as it exceeds limit. */
 int fb_http_json_depth(const char *s, size_t n, int limit);
 
-/* Starts the daemon on cfg's address; NULL with msg on failure. */
-struct MHD_Daemon *fb_http_start(fb_server_t *srv, char *msg, size_t cap);
+/* Checks the route table (not empty, every route with a handler, a stream
+ * hook when a route streams); FB_OK, or FB_ERR_INTERNAL with msg. */
+int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap);
+
+/* Starts the daemon on srv's configured address, serving routes (copied into
+ * srv; the table it points to must outlive the daemon, and srv->metrics must
+ * have been made for the same table: requests are counted by route index);
+ * NULL with msg on failure, a bad table included. */
+struct MHD_Daemon *fb_http_start(fb_server_t *srv, const fb_http_routes *routes, char *msg,
+                                 size_t cap);
 
 /* The bound port of a started daemon. */
 int fb_http_port(struct MHD_Daemon *d);

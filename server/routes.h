@@ -14,6 +14,16 @@
 #include "http.h"
 #include "jobspec.h"
 
+/* The route table (routes.c) and its length; fb_server_new() gives them to
+ * the HTTP layer (fb_http_start). */
+extern const fb_route fb_routes[];
+extern const int fb_n_routes;
+
+/* The stream hook of the FB_BODY_STREAM routes (routes_datasets.c), as
+ * http.h's fb_stream_open_fn describes: where an upload's body goes and how
+ * long it may be. */
+int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limit);
+
 /*
  * The handlers.  Each is called by the HTTP layer after the request passed
  * every check of its route (http.h); it reads its path parameters, query
@@ -56,7 +66,7 @@ int fb_route_sweep_get(fb_req *req);
 int fb_route_sweep_cancel(fb_req *req);
 
 /* routes_datasets.c: register a built-in, import from a server path, upload
- * a CSV split (an FB_BODY_STREAM route: see fb_route_stream_open in http.h),
+ * a CSV split (an FB_BODY_STREAM route: see fb_route_stream_open below),
  * list, read and delete datasets. */
 int fb_route_dataset_create(fb_req *req);
 int fb_route_dataset_list(fb_req *req);

@@ -23,6 +23,7 @@
 #include "http.h"
 #include "log.h"
 #include "migrate.h"
+#include "routes.h"
 #include "server_impl.h"
 
 #define AUTH_CACHE_TTL_MS 5000
@@ -261,7 +262,9 @@ fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
     }
     /* the control loop first: jobs accepted over HTTP find it running */
     if (!(s->dispatch = fb_dispatch_start(cfg, s->artifacts_real, msg, cap))) goto fail;
-    if (!(s->mhd = fb_http_start(s, msg, cap))) goto fail;
+    fb_http_routes routes = {
+        .routes = fb_routes, .n = fb_n_routes, .stream_open = fb_route_stream_open};
+    if (!(s->mhd = fb_http_start(s, &routes, msg, cap))) goto fail;
     s->port = fb_http_port(s->mhd);
     if (write_port_file(cfg, s->port, msg, cap)) goto fail;
     fb_log_json(FB_LOG_INFO, "listening",

@@ -4,12 +4,13 @@
  *
  * fb_server_new() connects to PostgreSQL (waiting for it a while), applies
  * the schema migrations, creates the admin tenant and its key file on first
- * start, and starts the HTTP thread pool.  fb_server_run() blocks until
- * SIGTERM or SIGINT and then shuts down gracefully: it stops accepting
- * connections, lets in-flight requests finish (up to the shutdown timeout)
- * and closes the database pool.  The control loop of DESIGN.md (planner,
- * scheduler, fair-share, ZeroMQ dispatch) will be started and stopped here
- * as well; until it exists, jobs wait in the queue.
+ * start, starts the control loop (docs/architecture.md, "The control loop":
+ * planner, scheduler, fair-share, ZeroMQ dispatch) and then the HTTP thread
+ * pool, so that jobs accepted over HTTP find the loop running.
+ * fb_server_run() blocks until SIGTERM or SIGINT and then shuts down
+ * gracefully: it stops accepting connections, lets in-flight requests finish
+ * (up to the shutdown timeout), stops the control loop and closes the
+ * database pool.
  */
 #ifndef FB_SERVER_SERVER_H
 #define FB_SERVER_SERVER_H

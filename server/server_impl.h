@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "config.h"
 #include "db.h"
+#include "http.h"
 #include "metrics.h"
 
 struct MHD_Daemon;
@@ -24,6 +25,7 @@ struct fb_server {
     fb_auth_t *auth;
     fb_metrics_t *metrics;
     struct MHD_Daemon *mhd;
+    fb_http_routes routes;        /* what mhd serves (fb_http_start) */
     struct fb_dispatch *dispatch; /* the control loop (dispatch.h) */
     int port;                      /* bound port */
     int schema_latest;             /* highest migration version this binary knows */

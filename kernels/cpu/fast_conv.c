@@ -167,7 +167,8 @@ void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const 
                            const float *bias, const fb_conv_geom *g, float *scratch)
 {
     const bool pw = conv_is_pointwise(g);
-    const int groups = g->shared ? 1 : g->B, Mg = g->shared ? g->B * g->K : g->K;
+    /* groups of input channels; per: the members that read one group (all when shared) */
+    const int groups = g->shared ? 1 : g->B, per = g->shared ? g->B : 1;
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
     const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K;
     FB_ASSERT(pw || scratch != NULL);
@@ -194,9 +195,11 @@ void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const 
                     conv_im2col(col_buf, x, g);
                     col = col_buf;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, HoWo, CKK, 1.0f,
-                            w + (size_t)gi * Mg * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
-                            out_n + (size_t)gi * Mg * HoWo, HoWo);
+                /* one GEMM per member, of its solo shape (fast_linear.c says why) */
+                for (int b = gi * per; b < (gi + 1) * per; b++)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->K, HoWo, CKK, 1.0f,
+                                w + (size_t)b * g->K * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
+                                out_n + (size_t)b * g->K * HoWo, HoWo);
             }
         }
     }
@@ -214,7 +217,9 @@ void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbia
                             const fb_conv_geom *g, float *scratch)
 {
     const bool pw = conv_is_pointwise(g);
+    /* groups of input channels; per: the members that read one group (all when shared) */
     const int groups = g->shared ? 1 : g->B, Mg = g->shared ? g->B * g->K : g->K;
+    const int per = g->shared ? g->B : 1;
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
     const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K, dw_n = BK * CKK;
     FB_ASSERT(pw || scratch != NULL);
@@ -247,8 +252,10 @@ void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbia
                     conv_im2col(col_buf, x, g);
                     col = col_buf;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Mg, CKK, HoWo, 1.0f, dout_g,
-                            HoWo, col, HoWo, 1.0f, my_dw + (size_t)gi * Mg * CKK, CKK);
+                for (int b = gi * per; b < (gi + 1) * per; b++)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
+                                dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo, 1.0f,
+                                my_dw + (size_t)b * g->K * CKK, CKK);
                 if (!din_g) continue;
                 if (pw) {
                     /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */

@@ -2,15 +2,20 @@
  * Fast linear layer and GEMM on OpenBLAS.
  *
  * The [N, B, F] layout lets every member's activations be read in place: the
- * member-b matrix [N, F] starts at b*F with leading dimension B*F.  Not
- * shared, each member is one GEMM on those strided views; shared, the weights
- * of all members are one [B*O, I] matrix and the whole layer is one GEMM.
+ * member-b matrix [N, F] starts at b*F with leading dimension B*F.  Each
+ * member's forward and weight gradient is one GEMM of exactly the shape a
+ * solo job of that member runs, shared input or not (shared, the member reads
+ * the one [N, I] input): OpenBLAS picks its kernel by shape (AVX-512 builds
+ * have a separate kernel for small matrices, which sums in another order), so
+ * one wide GEMM over all members' weights would give a member results that
+ * depend on B.  This way a member's trajectory is the same at every B.  The
+ * shared input's gradient (the sum over members) stays one GEMM.
  *
- * Threads (cpu.h): not shared, members are dealt out to threads, and a member
- * is cut into row ranges only when there are fewer members than threads;
- * shared, the one GEMM is cut into column (forward), weight-row (dw) and
- * sample-row (din) ranges.  Every piece is an ordinary single-threaded
- * OpenBLAS call on a sub-matrix, so no two threads write the same element.
+ * Threads (cpu.h): members are dealt out to threads, and a member is cut into
+ * row ranges only when there are fewer members than threads; the shared
+ * input's gradient is cut into sample-row ranges.  Every piece is an ordinary
+ * single-threaded OpenBLAS call on a sub-matrix, so no two threads write the
+ * same element.
  */
 #include "cpu.h"
 
@@ -61,22 +66,8 @@ void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const 
     const float beta = bias ? 1.0f : 0.0f;
     if (N == 0) return;
     const int nt = fb_cpu_team(be, 2.0 * N * (double)BO * I, GEMM_GRAIN);
-    if (shared) {
-        /* out [N, B*O] = in [N, I] . w[B*O, I]^T, cut into column ranges */
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-            size_t c0, c1;
-            fb_cpu_split(BO, omp_get_thread_num(), omp_get_num_threads(), 16, &c0, &c1);
-            if (c1 > c0) {
-                if (bias)
-                    for (int n = 0; n < N; n++)
-                        memcpy(out + (size_t)n * BO + c0, bias + c0, (c1 - c0) * sizeof(float));
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, (int)(c1 - c0), I, 1.0f,
-                            in, I, w + c0 * I, I, beta, out + c0, (int)BO);
-            }
-        }
-        return;
-    }
+    /* member b's input rows: its own columns of [N, B, I], or the one [N, I] */
+    const size_t in_ld = shared ? (size_t)I : (size_t)B * I, in_b = shared ? 0 : (size_t)I;
     const int R = row_ranges(B, nt);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int t = 0; t < B * R; t++) {
@@ -89,7 +80,7 @@ void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const 
             for (size_t n = n0; n < n1; n++)
                 memcpy(o + (n - n0) * BO, bias + (size_t)b * O, (size_t)O * sizeof(float));
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(n1 - n0), O, I, 1.0f,
-                    in + n0 * B * I + (size_t)b * I, B * I, w + (size_t)b * O * I, I, beta, o,
+                    in + n0 * in_ld + b * in_b, (int)in_ld, w + (size_t)b * O * I, I, beta, o,
                     (int)BO);
     }
 }
@@ -109,7 +100,8 @@ static void bias_grad(float *restrict db, const float *restrict dout, int N, siz
  * dout[N, B, O], in[N, Bi, I], w[B, O, I]; accumulates
  *   dw_b[O, I] += dout_b^T . in_b,  din_b[N, I] += dout_b . w_b,
  *   dbias[B*O] += column sums of dout viewed as [N, B*O].
- * Shared: dw[B*O, I] += dout^T . in and din[N, I] += dout . w, one GEMM each.
+ * Shared, in_b is the one input [N, I] and din[N, I] += dout . w is one GEMM
+ * over all members (their sum), w viewed as [B*O, I].
  */
 void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w, int N, int B, int I,
@@ -118,28 +110,8 @@ void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbia
     const size_t BO = (size_t)B * O;
     if (N == 0) return;
     const int nt = fb_cpu_team(be, (din ? 4.0 : 2.0) * N * (double)BO * I, GEMM_GRAIN);
-    if (shared) {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-            const int t = omp_get_thread_num(), T = omp_get_num_threads();
-            size_t r0, r1;
-            if (dbias) {
-                fb_cpu_split(BO, t, T, 16, &r0, &r1);
-                bias_grad(dbias, dout, N, BO, r0, r1);
-            }
-            /* dw rows [r0, r1) of [B*O, I] */
-            fb_cpu_split(BO, t, T, 16, &r0, &r1);
-            if (r1 > r0)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), I, N, 1.0f,
-                            dout + r0, (int)BO, in, I, 1.0f, dw + r0 * I, I);
-            /* din sample rows [r0, r1) of [N, I] */
-            fb_cpu_split((size_t)N, t, T, 1, &r0, &r1);
-            if (din && r1 > r0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), I, (int)BO,
-                            1.0f, dout + r0 * BO, (int)BO, w, I, 1.0f, din + r0 * I, I);
-        }
-        return;
-    }
+    /* member b's input rows: its own columns of [N, B, I], or the one [N, I] */
+    const size_t in_ld = shared ? (size_t)I : (size_t)B * I, in_b = shared ? 0 : (size_t)I;
     const int R = row_ranges(B, nt);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -156,11 +128,19 @@ void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbia
             fb_cpu_split((size_t)O, t % R, R, 1, &o0, &o1);
             if (o1 > o0)
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), I, N, 1.0f,
-                            dout + (size_t)b * O + o0, (int)BO, in + (size_t)b * I, B * I, 1.0f,
+                            dout + (size_t)b * O + o0, (int)BO, in + b * in_b, (int)in_ld, 1.0f,
                             dw + ((size_t)b * O + o0) * I, I);
         }
+        /* shared: din sample rows [n0, n1) of [N, I] += dout[n0:n1] . w, w as [B*O, I] */
+        if (din && shared) {
+            size_t n0, n1;
+            fb_cpu_split((size_t)N, omp_get_thread_num(), omp_get_num_threads(), 1, &n0, &n1);
+            if (n1 > n0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(n1 - n0), I, (int)BO,
+                            1.0f, dout + n0 * BO, (int)BO, w, I, 1.0f, din + n0 * I, I);
+        }
         /* din_b rows [n0, n1) += dout_b[n0:n1] . w_b */
-        if (din) {
+        if (din && !shared) {
 #pragma omp for schedule(static) nowait
             for (int t = 0; t < B * R; t++) {
                 const int b = t / R;

@@ -1,5 +1,5 @@
 /*
- * The engine's central invariant (DESIGN.md, "The engine"): a member trained
+ * The engine's central invariant (docs/architecture.md, "The engine"): a member trained
  * inside a fused array of any B follows the same trajectory as the same job
  * trained alone.
  *

@@ -1,6 +1,6 @@
 /*
  * The fair-share controller (server/fairshare.h) on hand-made snapshots:
- * slowdown as DESIGN.md defines it, splits proportional to measured shard
+ * slowdown as docs/architecture.md defines it, splits proportional to measured shard
  * speed, hysteresis (a steady gap closed exactly, noise left alone, shares
  * already at their target not rewritten), convergence of time shares to equal slowdown over
  * repeated periods (applying each result to a small model of a device), no

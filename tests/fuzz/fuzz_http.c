@@ -13,8 +13,8 @@
  * most one route per method and a match rebuilds the path from the pattern
  * and its parameters; unescaping never grows a value nor hides a NUL; an
  * integer query value that is accepted lies in its range and one refused
- * leaves the output alone; the UTF-8 check agrees with the table of
- * well-formed sequences in the Unicode standard (Table 3-7); the nesting
+ * leaves the output alone; the UTF-8 check (base/utf8.h) agrees with the
+ * table of well-formed sequences in the Unicode standard (Table 3-7); the nesting
  * depth of any JSON that jansson accepts is the depth of the parsed tree; a
  * path accepted as a safe artifact path (paths.h: what an init reference
  * resolves to) has no empty, "." or ".." segment and is relative.
@@ -22,6 +22,7 @@
 #include "http.h"
 #include "paths.h"
 #include "routes.h"
+#include "utf8.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -183,7 +184,7 @@ static int tree_depth(const json_t *j)
 static void check_body(const uint8_t *body, size_t n)
 {
     size_t bad_at = (size_t)-1;
-    bool ok = fb_http_valid_utf8(body, n, &bad_at);
+    bool ok = fb_utf8_valid(body, n, &bad_at);
     size_t i = 0, len;
     while (i < n && (len = utf8_len_reference(body + i, n - i)) > 0)
         i += len;

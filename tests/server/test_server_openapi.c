@@ -12,7 +12,7 @@
 
 #include "check.h"
 #include "errors.h"
-#include "http.h"
+#include "routes.h"
 
 int main(void)
 {

@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include "utf8.h"
+
 /* Tensor data is read and written as raw bytes; the format is little-endian. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "fb_io's safetensors code assumes a little-endian host"
@@ -96,37 +98,6 @@ static char *st_strdup(const char *s)
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
-}
-
-/* 1 when s is well-formed UTF-8 (no overlong forms, surrogates or code points
- * above U+10FFFF), which JSON strings require. */
-static int st_utf8_valid(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s) {
-        unsigned c = *s;
-        int extra;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            s++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            extra = 1, cp = c & 0x1F, min = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            extra = 2, cp = c & 0x0F, min = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            extra = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return 0;
-        }
-        for (int i = 1; i <= extra; i++) {
-            if ((s[i] & 0xC0) != 0x80) return 0;
-            cp = (cp << 6) | (s[i] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-        s += extra + 1;
-    }
-    return 1;
 }
 
 /* ------------------------------------------------------------------ reader */
@@ -754,7 +725,7 @@ int fb_st_writer_add(fb_st_writer *w, const char *name, fb_st_dtype dtype, const
 {
     if (!w || !name)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_st_writer_add: NULL argument");
-    if (!*name || strcmp(name, "__metadata__") == 0 || !st_utf8_valid(name))
+    if (!*name || strcmp(name, "__metadata__") == 0 || !fb_utf8_valid_str(name))
         return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "tensor name \"%.64s\" is empty, reserved or not valid UTF-8", name);
     if ((unsigned)dtype >= FB_ST_DTYPE_COUNT)
@@ -825,7 +796,7 @@ int fb_st_writer_set_metadata(fb_st_writer *w, const char *key, const char *valu
 {
     if (!w || !key || !value)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_st_writer_set_metadata: NULL argument");
-    if (!st_utf8_valid(key) || !st_utf8_valid(value))
+    if (!fb_utf8_valid_str(key) || !fb_utf8_valid_str(value))
         return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "metadata key \"%.64s\" or its value is not valid UTF-8", key);
     char *v = st_strdup(value);
