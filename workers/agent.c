@@ -6,10 +6,10 @@
  * Ownership: the main thread owns the group list, the outbox and both
  * sockets.  A group's thread owns its session and its PUSH socket (created
  * by the main thread, handed over at pthread_create).  What both read is
- * guarded: a group's member states and step count by the group's mutex, the
- * device turns (each group's virtual time, share, split, waiting; each
- * device's busy flag and group list) by the agent's turn mutex, and the stop
- * and drain requests are atomics.  A group reports its end
+ * guarded: a group's member states, step count and batch split by the
+ * group's mutex, the device turns (turns.h: each group's virtual time and
+ * share, each device's groups) by the turns' own lock, and the stop and
+ * drain requests are atomics.  A group reports its end
  * with an EXIT message through its PUSH socket; the main thread joins it and
  * frees it only then, so a group pointer in a message is always valid.
  */
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,7 +40,9 @@
 #include "comm.h"
 #include "session.h"
 #include "train.h"
+#include "turns.h"
 #include "wire.h"
+#include "clock.h"
 
 #ifdef FB_HAVE_CUDA
 #include "cuda/cuda_device.h"
@@ -83,11 +86,13 @@ static void agent_log(const char *fmt, ...)
     fprintf(stderr, "%s.%03dZ fusebox-worker: %s\n", stamp, (int)(ts.tv_nsec / 1000000), line);
 }
 
+/* Milliseconds on the process clock (base/clock.h).  Every time decision of the worker reads
+ * it: the heartbeat cadence and the server's silence, the progress cadence, step times (which
+ * the turns charge and the reports carry), the drain's wait for acknowledgements; so a test
+ * with --test-clock steps them instead of sleeping. */
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+    return (double)fb_clock_ns() / 1e6;
 }
 
 /* ---- names ------------------------------------------------------------------------------- */
@@ -222,13 +227,7 @@ typedef struct dataset_ref {
     struct dataset_ref *next;
 } dataset_ref;
 
-/*
- * One device and the turns of the groups placed on it: stride scheduling at
- * step granularity.  Each group has a virtual time advanced by (its step's
- * duration / its time share) after each step; the group with the smallest
- * virtual time goes next, so over time each group gets device time in
- * proportion to its share whatever its step length.
- */
+/* One device; the groups placed on it take turns (turns.h). */
 typedef struct agent_device {
     fb_wire_device info;
     fb_backend_t *be;
@@ -236,9 +235,6 @@ typedef struct agent_device {
      * be then points to (the math ops size their thread teams from a backend's count) */
     struct fb_backend own_be;
     int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
-    /* under the agent's turn_mu */
-    bool busy;            /* a group is stepping */
-    struct group *groups; /* registered groups, linked by their dev_next[its index] */
 } agent_device;
 
 /* A member of an assigned group. */
@@ -287,27 +283,20 @@ typedef struct group {
     pthread_mutex_t mu;
     int64_t steps_done;
     bool detach_pending;
-
-    /* under the agent's turn_mu */
-    double time_share;
-    /* its virtual time on device k, for each k of turn_devs (dev_register) */
-    double vtime[FB_WIRE_MAX_DEVICES];
-    uint64_t ticket; /* breaks ties of virtual time: the older group first */
-    bool waiting; /* for its turn on its devices */
     int n_split;
     int64_t split[FB_WIRE_MAX_DEVICES];
     uint64_t split_gen; /* bumped by each REBALANCE that carries a split */
-    struct group *dev_next[FB_WIRE_MAX_DEVICES]; /* the next group on device k */
+
+    /* its place in the device turns (under the agent's turns lock): its share, its virtual
+     * times, the devices it takes a turn on for each step (every device of its layout once,
+     * or its first only: a->device_turns) */
+    fb_turn turn;
 
     /* hybrid parallelism, set at ASSIGN: n_dp data shards x pipeline stages on the worker's
      * devices dp_devs (shard d, stage p at d * pipeline + p); 1 x 1 = one device */
     int n_dp;
     int pipeline;
     int dp_devs[FB_WIRE_MAX_DEVICES];
-    /* the devices it takes a turn on for each step: every device of its layout once, in
-     * ascending index order; turn_devs[0] == dev when the layout is one device */
-    int n_turn_devs;
-    int turn_devs[FB_WIRE_MAX_DEVICES];
 
     /* a group that spans workers (world >= 2; 0: it lives here only): this worker's n_dp
      * devices are ranks rank_base.. of world; the leader (rank_base 0) listens at
@@ -343,11 +332,9 @@ struct fb_agent {
     uint64_t outbox_limit;
     int n_devices;
     agent_device dev[FB_WIRE_MAX_DEVICES];
-    /* the device turns of every group: their order, shares, splits (group and device
-     * fields marked so) */
-    pthread_mutex_t turn_mu;
-    pthread_cond_t turn_cv;
-    bool turn_init;
+    /* the device turns of every group: their order and shares (turns.h) */
+    fb_turns_sync turns;
+    bool turns_init;
     const char *backend;
     bool sync_bn; /* --sync-batchnorm */
     /* --comm-addr ("" = none) and --comm-timeout-ms */
@@ -355,6 +342,14 @@ struct fb_agent {
     int comm_port_lo, comm_port_hi, comm_timeout_ms;
     int device_turns; /* FB_AGENT_TURNS_* */
     char hook_dir[1024]; /* --test-step-hook, "" = none (tests only) */
+    /* --test-step-ms (tests only): scripted step times by job name or id ("*": any other) */
+    bool scripted;
+    struct script_entry {
+        char key[FB_SPEC_NAME_MAX + 1];
+        int64_t ns;
+    } script[FB_AGENT_SCRIPT_MAX];
+    int n_script;
+    int turns_log; /* scripted with a step hook: HOOK_DIR/turns.log, the turns' decisions; -1 */
 
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
@@ -365,6 +360,7 @@ struct fb_agent {
     bool connected, auth_logged; /* what the connection monitor last said */
     char worker_id[FB_WIRE_ID_LEN + 1];
     double last_rx, last_beat, drained_at;
+    bool drain_timed; /* drained_at is set (a manual clock may read 0) */
     group *groups;
     uint64_t next_ticket;
     outmsg *outbox, *outbox_tail, *unsent; /* unsent: the first one not yet on the wire */
@@ -554,94 +550,22 @@ static bool interrupted(const group *g)
     return atomic_load(&g->stop) || atomic_load(&g->drain);
 }
 
-/*
- * Virtual times are per device: each device's groups run on its own clock, which a
- * newcomer joins at the smallest time there, and each step adds its time over the share
- * to the clock of every device the group held.  One clock for all devices would not do:
- * a device whose groups have run for hours and one whose groups just started have clocks
- * hours apart, and a group on both would start hours behind the first device's groups
- * (which would then wait until it caught up) or hours ahead of the second's (waiting
- * itself).  Which of two waiting groups goes first must still be one order on every
- * device, or two groups on the same two devices could each wait for the other there.
- * So groups are ordered by their lead: how far a group's clock is ahead of the smallest
- * on each of its devices, the largest of these.  On one device this is the order of the
- * virtual times, as it always was; a group on several devices goes when it is not ahead
- * on any of them, which is the pace of its busiest device, as a step that needs all its
- * devices must be.
- */
+_Static_assert(FB_TURNS_MAX_DEVICES == FB_WIRE_MAX_DEVICES, "a group's turns cover its devices");
 
-/* The smallest virtual time on device k (0 when it has no groups). */
-static double dev_vmin(const fb_agent *a, int k)
+static bool turn_stopped(const fb_turn *t)
 {
-    double v = 0;
-    bool any = false;
-    for (const group *h = a->dev[k].groups; h; h = h->dev_next[k])
-        if (!any || h->vtime[k] < v) {
-            v = h->vtime[k];
-            any = true;
-        }
-    return v;
+    return interrupted(t->user);
 }
 
-static double lead(const group *g)
-{
-    double l = 0;
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        double d = g->vtime[k] - dev_vmin(g->a, k);
-        if (d > l) l = d;
-    }
-    return l;
-}
-
-/*
- * Who should step on device k before g, whose lead is g_lead: 2 when a waiting group has
- * a smaller lead (or an equal one and an older ticket), 1 when only groups between two of
- * their steps (registered, not waiting yet) do, 0 when g is first.
- */
-static int ahead_of(const agent_device *d, int k, const group *g, double g_lead)
-{
-    int ahead = 0;
-    for (const group *h = d->groups; h; h = h->dev_next[k]) {
-        if (h == g) continue;
-        double l = lead(h);
-        if (l < g_lead || (l == g_lead && h->ticket < g->ticket))
-            ahead = h->waiting ? 2 : ahead > 1 ? ahead : 1;
-    }
-    return ahead;
-}
-
-/* Enters the rotation of each device g takes turns on, at the smallest virtual time there,
- * so that it neither waits for the groups there to catch up nor jumps ahead of them.  Each
- * device links its groups through their own dev_next[k]. */
+/* Enters the rotation of each device g takes turns on (turns.h). */
 static void dev_register(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    g->waiting = false;
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        g->vtime[k] = dev_vmin(a, k);
-        g->dev_next[k] = a->dev[k].groups;
-        a->dev[k].groups = g;
-    }
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_join(&g->a->turns, &g->turn);
 }
 
 static void dev_unregister(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        int k = g->turn_devs[i];
-        for (group **p = &a->dev[k].groups; *p; p = &(*p)->dev_next[k])
-            if (*p == g) {
-                *p = g->dev_next[k];
-                break;
-            }
-    }
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_leave(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /*
@@ -651,75 +575,49 @@ static void dev_unregister(group *g)
  * threads would drive one backend at once.  It takes none of them until it can take all,
  * so that it never holds one device while waiting for another (a group that spans workers
  * waits in its sums while holding its devices; a hold-and-wait here could close a cycle
- * through two such groups).  While it waits it counts as waiting on each of its devices,
- * so a group behind it in virtual time on any of them lets the device go idle rather
- * than overtake it, which keeps it from starving.
- * A group ahead of g that is between two of its steps (sending its events) is about to ask
- * for the device: without waiting for it, two groups that alternate would never meet at
- * this point and the shares would not matter.  It gets LEADER_WAIT_MS at most, so that a
- * group held up elsewhere does not leave the device idle.  False when a stop or drain
- * request came first.
+ * through two such groups).  False when a stop or drain request came first.
  */
 static bool turns_acquire(group *g)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    g->waiting = true;
-    struct timespec until = {0, 0};
-    bool timed = false, expired = false;
-    while (!interrupted(g)) {
-        int ahead = 0;
-        double g_lead = lead(g);
-        for (int i = 0; i < g->n_turn_devs && ahead < 2; i++) {
-            const agent_device *d = &a->dev[g->turn_devs[i]];
-            int here = d->busy ? 2 : ahead_of(d, g->turn_devs[i], g, g_lead);
-            if (here > ahead) ahead = here;
-        }
-        if (ahead == 0 || (ahead == 1 && expired)) break;
-        if (ahead == 2) {
-            pthread_cond_wait(&a->turn_cv, &a->turn_mu);
-            continue;
-        }
-        if (!timed) {
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += LEADER_WAIT_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            timed = true;
-        }
-        if (pthread_cond_timedwait(&a->turn_cv, &a->turn_mu, &until) == ETIMEDOUT)
-            expired = true;
-    }
-    g->waiting = false;
-    bool ok = !interrupted(g);
-    if (ok)
-        for (int i = 0; i < g->n_turn_devs; i++) a->dev[g->turn_devs[i]].busy = true;
-    else
-        pthread_cond_broadcast(&a->turn_cv); /* the line changed */
-    pthread_mutex_unlock(&a->turn_mu);
-    return ok;
+    return fb_turns_sync_acquire(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /* Ends g's turn on its devices, charging it step_ms of device time weighted by its share
  * on each (it held all of them for the step). */
 static void turns_release(group *g, double step_ms)
 {
-    fb_agent *a = g->a;
-    pthread_mutex_lock(&a->turn_mu);
-    for (int i = 0; i < g->n_turn_devs; i++) {
-        g->vtime[g->turn_devs[i]] += step_ms / g->time_share;
-        a->dev[g->turn_devs[i]].busy = false;
-    }
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_release(&g->a->turns, &g->turn, step_ms, turn_stopped);
+}
+
+/* Ends a turn g took without stepping: nothing is charged. */
+static void turns_return(group *g)
+{
+    fb_turns_sync_return(&g->a->turns, &g->turn, turn_stopped);
 }
 
 /* Wakes the groups waiting for their turns, after a stop or drain request. */
 static void turns_wake(fb_agent *a)
 {
-    pthread_mutex_lock(&a->turn_mu);
-    pthread_cond_broadcast(&a->turn_cv);
-    pthread_mutex_unlock(&a->turn_mu);
+    fb_turns_sync_wake(&a->turns);
+}
+
+/* Scripted with a step hook: each decision of the turns as a line of HOOK_DIR/turns.log,
+ * "EVENT GROUP AT_MS VALUE" (docs/worker.md, "Test clock and scripted step times"), so
+ * that a test reads the order the turns were granted in.  Called under the turns' lock;
+ * one write per line, which O_APPEND keeps whole. */
+static void turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns,
+                        double value)
+{
+    static const char *const names[] = {[FB_TURN_EV_JOIN] = "join", [FB_TURN_EV_GRANT] = "grant",
+                                        [FB_TURN_EV_DONE] = "done", [FB_TURN_EV_LEAVE] = "leave",
+                                        [FB_TURN_EV_SHARE] = "share"};
+    const fb_agent *a = user;
+    const group *g = t->user;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s %s %.3f %g\n", names[ev], g->id, (double)at_ns / 1e6,
+                     value);
+    if (n > 0 && (size_t)n < sizeof line && write(a->turns_log, line, (size_t)n) != n)
+        agent_log("group %s: cannot write the turns log: %s", g->id, strerror(errno));
 }
 
 /* ---- the group thread -------------------------------------------------------------------- */
@@ -994,6 +892,14 @@ static void send_progress(runner *r, double now)
     o->w.io_ms = t.io_ms / (double)steps;
     o->w.idle_ms = (r->idle_ms + t.idle_ms) / (double)steps;
     o->w.samples_per_s = elapsed_s > 0 ? r->samples / elapsed_s : 0;
+    double script_ms = (double)g->turn.step_ns / 1e6;
+    if (g->a->scripted) {
+        /* a scripted step is its script's time of compute, and nothing else: the session's
+         * own measures are of the machine, which the test does not set */
+        o->w.compute_ms = script_ms;
+        o->w.comm_ms = o->w.io_ms = 0;
+        o->w.idle_ms = r->idle_ms / (double)steps;
+    }
     /* each device's own breakdown, so that the server sees which one is slower; waiting for
      * the group's turn on its device is every device's wait */
     int n_dev = g->n_dp * g->pipeline;
@@ -1009,6 +915,14 @@ static void send_progress(runner *r, double now)
                 .idle_ms = (r->idle_ms + dt->idle_ms) / (double)steps,
                 .steps = t.steps,
                 .samples = dt->samples};
+            if (g->a->scripted)
+                o->w.device_steps[k] = (fb_wire_device_step){
+                    .device = o->w.device_steps[k].device,
+                    .compute_ms = script_ms,
+                    .pass_ms = script_ms,
+                    .idle_ms = r->idle_ms / (double)steps,
+                    .steps = t.steps,
+                    .samples = dt->samples};
         }
         o->w.n_device_steps = n_dev;
     }
@@ -1098,7 +1012,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         dpo.sync_bn = a->sync_bn && devs[0].kind == FB_DEVICE_CPU;
         o.dp = &dpo;
         /* the split of the ASSIGN, when it fits; the session checks it */
-        pthread_mutex_lock(&a->turn_mu);
+        pthread_mutex_lock(&g->mu);
         if (g->n_split == (g->world ? g->world : g->n_dp)) {
             memcpy(split, g->split, sizeof split);
             o.split = split;
@@ -1108,7 +1022,7 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         o.comm = r->nccl ? r->nccl : r->comm;
         o.control_comm = r->nccl ? r->comm : NULL;
         r->split_gen = g->split_gen;
-        pthread_mutex_unlock(&a->turn_mu);
+        pthread_mutex_unlock(&g->mu);
     }
     o.test = ds->has_test ? &ds->test : NULL;
     int err = fb_session_new(&r->s, a->dev[g->dev].be, specs, g->n_sess, train, &ds->val, &o,
@@ -1191,14 +1105,14 @@ static bool apply_split(runner *r, int64_t *split, int *n_out)
 {
     group *g = r->g;
     int n = 0;
-    pthread_mutex_lock(&g->a->turn_mu);
+    pthread_mutex_lock(&g->mu);
     bool changed = g->split_gen != r->split_gen;
     if (changed) {
         n = g->n_split;
         memcpy(split, g->split, sizeof g->split);
         r->split_gen = g->split_gen;
     }
-    pthread_mutex_unlock(&g->a->turn_mu);
+    pthread_mutex_unlock(&g->mu);
     if (!changed || fb_session_shards(r->s) < 2) return false;
     char msg[256];
     if (fb_session_set_split(r->s, split, n, msg, sizeof msg) != FB_OK) {
@@ -1271,9 +1185,7 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
             v[CV_HAS_SPLIT] = 1;
             memcpy(v + CV_SPLIT, split, (size_t)g->world * sizeof *split);
         }
-        pthread_mutex_lock(&g->a->turn_mu);
-        share = g->time_share;
-        pthread_mutex_unlock(&g->a->turn_mu);
+        share = fb_turns_sync_share(&g->a->turns, &g->turn);
         v[CV_MAGIC] = SPAN_MAGIC;
         v[CV_STEP] = fb_session_steps_done(r->s);
         v[CV_MEMBERS] = (int64_t)g->members_hash;
@@ -1298,11 +1210,9 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
     *cmd = (int)v[CV_CMD];
     if (!g->follower || (*cmd != SPAN_GO && *cmd != SPAN_HOLD)) return FB_OK;
     memcpy(&share, &v[CV_SHARE], sizeof share);
-    if (*cmd == SPAN_GO && share > 0 && share <= 1) {
-        pthread_mutex_lock(&g->a->turn_mu);
-        g->time_share = share;
-        pthread_mutex_unlock(&g->a->turn_mu);
-    }
+    char why[128];
+    if (*cmd == SPAN_GO && share > 0 && share <= 1)
+        fb_turns_sync_set_share(&g->a->turns, &g->turn, share, why, sizeof why);
     if (v[CV_HAS_SPLIT]) {
         if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, cap))) return err;
         agent_log("group %s: the leader's batch split from step %lld", g->id,
@@ -1444,6 +1354,8 @@ static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
     int err = fb_session_step(r->s, msg, cap);
     double t2 = now_ms();
     turns_release(g, t2 - t1);
+    /* scripted: the step ended when the clock reached its end, which the release waited for */
+    if (g->a->scripted) t2 = now_ms();
     r->samples += (double)batch * size;
     pthread_mutex_lock(&g->mu);
     g->steps_done = fb_session_steps_done(r->s);
@@ -1483,6 +1395,8 @@ static void train_loop(runner *r)
             return;
         }
         if (hook_holds(r)) {
+            /* no device waits for a held group to come back for its turn */
+            fb_turns_sync_park(&g->a->turns, &g->turn, true, turn_stopped);
             /* members the server sends away leave at the held step, on the group's turn
              * (leaving touches the device) */
             pthread_mutex_lock(&g->mu);
@@ -1490,7 +1404,7 @@ static void train_loop(runner *r)
             pthread_mutex_unlock(&g->mu);
             if (detach && turns_acquire(g)) {
                 apply_detaches(r);
-                turns_release(g, 0);
+                turns_return(g);
             }
             if (!fb_session_done(r->s)) hook_sleep();
             continue;
@@ -1498,11 +1412,12 @@ static void train_loop(runner *r)
         double t0 = now_ms();
         bool turn = turns_acquire(g);
         double t1 = now_ms();
-        r->idle_ms += t1 - t0;
+        /* scripted: the wait in the script's times, not the clock's reading */
+        r->idle_ms += g->a->scripted && turn ? (double)g->turn.waited_ns / 1e6 : t1 - t0;
         if (!turn) continue;
         apply_detaches(r);
         if (fb_session_done(r->s)) {
-            turns_release(g, 0);
+            turns_return(g);
             break;
         }
         int64_t split[FB_WIRE_MAX_DEVICES];
@@ -1544,7 +1459,7 @@ static void span_loop(runner *r)
         int err = span_exchange(r, hold, &cmd, msg, sizeof msg);
         if (!err && cmd == SPAN_HOLD) {
             /* no step: members may have left; the followers wait in the next exchange */
-            if (turn) turns_release(g, 0);
+            if (turn) turns_return(g);
             if (!g->follower && !fb_session_done(r->s)) hook_sleep();
             continue;
         }
@@ -2105,6 +2020,23 @@ static void fail_members(fb_agent *a, const fb_wire_msg *m, const char *why)
     for (int i = 0; i < m->n_members; i++) fail_member(a, m, &m->members[i], "%s", why);
 }
 
+/* The scripted step of g: the entry of its first member (in the ASSIGN's order) that names
+ * one by name or id, else the "*" entry; -1 when there is neither. */
+static int64_t script_step_ns(const fb_agent *a, const group *g)
+{
+    for (int i = 0; i < g->n_members; i++) {
+        const member *mb = &g->m[i];
+        if (mb->sidx < 0) continue;
+        for (int k = 0; k < a->n_script; k++)
+            if (strcmp(a->script[k].key, mb->job_id) == 0 ||
+                (mb->spec.name[0] && strcmp(a->script[k].key, mb->spec.name) == 0))
+                return a->script[k].ns;
+    }
+    for (int k = 0; k < a->n_script; k++)
+        if (strcmp(a->script[k].key, "*") == 0) return a->script[k].ns;
+    return -1;
+}
+
 static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
 {
     if (a->draining) {
@@ -2153,7 +2085,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     snprintf(g->dataset_tenant, sizeof g->dataset_tenant, "%s", m->dataset_tenant);
     snprintf(g->source, sizeof g->source, "%s", m->builtin[0] ? m->builtin : m->dataset);
     g->dev = m->n_group_devices > 0 ? m->group_devices[0] : 0;
-    g->time_share = m->time_share > 0 ? m->time_share : 1;
+    double share = m->time_share > 0 ? m->time_share : 1;
     g->n_split = m->n_split;
     memcpy(g->split, m->split, sizeof g->split);
     g->n_dp = 1;
@@ -2166,26 +2098,13 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         g->pipeline = want_p;
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
     }
-    /* the devices of its turns: each of the layout's once, ascending (insertion into a
-     * sorted list; the wire allows the same device twice in a layout), or its first only
-     * (a->device_turns; all devices of a worker are of one kind) */
+    /* the devices of its turns: each of the layout's once (the wire allows the same device
+     * twice in a layout), or its first only (a->device_turns; all devices of a worker are of
+     * one kind) */
     bool all_turns = a->device_turns == FB_AGENT_TURNS_ALL ||
                      (a->device_turns == FB_AGENT_TURNS_AUTO &&
                       strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
     int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
-    g->n_turn_devs = 0;
-    for (int k = 0; k < n_layout; k++) {
-        int dev = n_layout > 1 ? g->dp_devs[k] : g->dev, i = g->n_turn_devs;
-        bool seen = false;
-        for (int j = 0; j < g->n_turn_devs; j++) seen |= g->turn_devs[j] == dev;
-        if (seen) continue;
-        while (i > 0 && g->turn_devs[i - 1] > dev) {
-            g->turn_devs[i] = g->turn_devs[i - 1];
-            i--;
-        }
-        g->turn_devs[i] = dev;
-        g->n_turn_devs++;
-    }
     if (m->world) {
         g->world = m->world;
         g->rank_base = m->rank_base;
@@ -2203,7 +2122,6 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
                 h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
         g->members_hash = h;
     }
-    g->ticket = a->next_ticket++;
     g->m = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->m);
     g->by_sidx = calloc((size_t)(m->n_members ? m->n_members : 1), sizeof *g->by_sidx);
     if (!g->m || !g->by_sidx) {
@@ -2255,6 +2173,21 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         group_free(g);
         return;
     }
+    char why[256];
+    int64_t step_ns = a->scripted ? script_step_ns(a, g) : 0;
+    if (step_ns < 0)
+        snprintf(why, sizeof why, "the scripted step times (--test-step-ms) name none of its "
+                 "jobs and have no '*' entry");
+    if (step_ns < 0 || fb_turn_init(&g->turn, a->n_devices, a->next_ticket++, share,
+                                    n_layout > 1 ? g->dp_devs : &g->dev, n_layout, step_ns, g,
+                                    why, sizeof why) != FB_OK) {
+        /* the wire checked the share and the devices: only a script can be wrong here */
+        agent_log("group %s: %s", m->group_id, why);
+        for (int i = 0; i < g->n_members; i++)
+            if (g->m[i].sidx >= 0) fail_member(a, m, &m->members[i], "%s", why);
+        group_free(g);
+        return;
+    }
     if (g->world)
         agent_log("group %s: ranks %d..%d of %d across workers (%s, rendezvous %s)", m->group_id,
                   g->rank_base, g->rank_base + g->n_dp - 1, g->world,
@@ -2279,7 +2212,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     agent_log("group %s generation %lld: %d of %d members on device %d, dataset %s, from step "
               "%lld, time share %.3g",
               g->id, (long long)g->generation, g->n_sess, g->n_members, g->dev, g->dataset,
-              (long long)g->start_step, g->time_share);
+              (long long)g->start_step, fb_turn_share(&g->turn));
 }
 
 static void on_detach(fb_agent *a, const fb_wire_msg *m)
@@ -2334,14 +2267,17 @@ static void on_rebalance(fb_agent *a, const fb_wire_msg *m)
                   g->id);
         return;
     }
-    pthread_mutex_lock(&a->turn_mu);
-    if (m->time_share > 0) g->time_share = m->time_share;
+    char why[128];
+    if (m->time_share > 0 &&
+        fb_turns_sync_set_share(&a->turns, &g->turn, m->time_share, why, sizeof why) != FB_OK)
+        agent_log("group %s: REBALANCE share not applied: %s", g->id, why);
     if (m->n_split > 0) {
+        pthread_mutex_lock(&g->mu);
         g->n_split = m->n_split;
         memcpy(g->split, m->split, sizeof g->split);
         g->split_gen++;
+        pthread_mutex_unlock(&g->mu);
     }
-    pthread_mutex_unlock(&a->turn_mu);
     agent_log("group %s: time share %.3g", g->id, m->time_share);
 }
 
@@ -2540,6 +2476,9 @@ static void recv_monitor(fb_agent *a)
             agent_log("connected to %s", a->server);
             a->connected = true;
             a->auth_logged = false;
+            /* register now rather than at the next heartbeat: the HELLO sent at start found
+             * no connection yet, and a test's manual clock may not reach the next beat */
+            if (!a->welcomed) send_hello(a);
             break;
         case ZMQ_EVENT_DISCONNECTED:
             if (a->connected) agent_log("connection to %s lost; reconnecting", a->server);
@@ -2604,7 +2543,8 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
         double now = now_ms();
         if (atomic_load(&a->drain_req)) start_drain(a, "requested");
         if (a->draining && !a->groups) {
-            if (a->drained_at == 0) {
+            if (!a->drain_timed) {
+                a->drain_timed = true;
                 a->drained_at = now;
                 if (a->outbox)
                     agent_log("every group drained; waiting up to %d ms for %s",
@@ -2623,13 +2563,12 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
             }
         }
         on_timer(a, now);
-        double wait = a->last_beat + a->heartbeat_ms - now_ms();
-        if (wait > POLL_MAX_MS) wait = POLL_MAX_MS;
-        if (wait < 0) wait = 0;
+        /* the next heartbeat's time on the clock; a manual one is polled */
+        int wait = fb_clock_wait_ms((int64_t)ceil(a->last_beat + a->heartbeat_ms), POLL_MAX_MS);
         zmq_pollitem_t items[3] = {{.socket = a->dealer, .events = ZMQ_POLLIN},
                                    {.socket = a->pull, .events = ZMQ_POLLIN},
                                    {.socket = a->mon, .events = ZMQ_POLLIN}};
-        int rc = zmq_poll(items, 3, (long)wait);
+        int rc = zmq_poll(items, 3, wait);
         if (rc < 0) {
             if (errno == EINTR) continue;
             return fb_errf(msg, cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
@@ -2745,6 +2684,58 @@ static int check_key(const char *key, const char *what, char *msg, size_t cap)
     return FB_OK;
 }
 
+/*
+ * Parses --test-step-ms: "KEY=MS[,KEY=MS...]", at most FB_AGENT_SCRIPT_MAX entries, KEY
+ * 1..FB_SPEC_NAME_MAX bytes without ',' or '=' (a job's name or id, or "*"), each once, MS
+ * an integer in [1, 3600000].  FB_OK, or FB_ERR_OUT_OF_RANGE naming the entry.
+ */
+static int parse_script(const char *spec, struct script_entry *out, int *n_out, char *msg,
+                        size_t cap)
+{
+    int n = 0;
+    for (const char *p = spec;; p++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        size_t klen = eq ? (size_t)(eq - p) : 0;
+        if (!eq || klen == 0 || klen > FB_SPEC_NAME_MAX || len - klen - 1 == 0)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: '%.*s' is not KEY=MS (KEY a job's name or id, "
+                           "or *)",
+                           (int)len, p);
+        char num[16];
+        size_t nlen = len - klen - 1;
+        long long ms = -1;
+        if (nlen < sizeof num) {
+            memcpy(num, eq + 1, nlen);
+            num[nlen] = '\0';
+            char *e;
+            errno = 0;
+            ms = strtoll(num, &e, 10);
+            if (errno || *e || num[0] < '0' || num[0] > '9') ms = -1;
+        }
+        if (ms < 1 || ms > 3600000)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: '%.*s' needs an integer of ms in [1, 3600000]",
+                           (int)len, p);
+        if (n == FB_AGENT_SCRIPT_MAX)
+            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                           "scripted step times: more than %d entries", FB_AGENT_SCRIPT_MAX);
+        for (int k = 0; k < n; k++)
+            if (strlen(out[k].key) == klen && memcmp(out[k].key, p, klen) == 0)
+                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                               "scripted step times: '%.*s' is named twice", (int)klen, p);
+        memcpy(out[n].key, p, klen);
+        out[n].key[klen] = '\0';
+        out[n].ns = ms * 1000000LL;
+        n++;
+        if (!end) break;
+        p = end;
+    }
+    *n_out = n;
+    return FB_OK;
+}
+
 int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
 {
     int err;
@@ -2804,14 +2795,23 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     if (ct < 1 || ct > 3600000)
         return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
                        "the comm timeout must be in [1, 3600000] ms, not %d", o->comm_timeout_ms);
-    if (o->test_step_hook) {
-        /* a hook holds training at a file's word: only where a test says it is one */
+    static const char *const hook_names[] = {"the test step hook", "the test clock",
+                                             "the step time script"};
+    const char *hooks[] = {o->test_step_hook, o->test_clock, o->test_step_ms};
+    for (int i = 0; i < 3; i++) {
+        /* a hook holds training at a file's word, or replaces time: only where a test says
+         * it is one */
         const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
-        if (!on || strcmp(on, "1") != 0)
+        if (hooks[i] && (!on || strcmp(on, "1") != 0))
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                           "the test step hook is for tests only: it needs %s=1 in the "
-                           "environment",
-                           FB_AGENT_TEST_HOOKS_ENV);
+                           "%s is for tests only: it needs %s=1 in the environment",
+                           hook_names[i], FB_AGENT_TEST_HOOKS_ENV);
+    }
+    struct script_entry script[FB_AGENT_SCRIPT_MAX];
+    int n_script = 0;
+    if (o->test_step_ms && (err = parse_script(o->test_step_ms, script, &n_script, msg, cap)))
+        return err;
+    if (o->test_step_hook) {
         struct stat st;
         if (!o->test_step_hook[0] || strlen(o->test_step_hook) >= sizeof((fb_agent *)0)->hook_dir)
             return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
@@ -2822,12 +2822,16 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
                            "the test step hook's directory %s is not a directory",
                            o->test_step_hook);
     }
+    /* last of the checks: from here on the process reads that clock */
+    if (o->test_clock && fb_clock_use_file(o->test_clock, msg, cap) != 0)
+        return FB_ERR_OUT_OF_RANGE;
     const char *dd = o->data_dir;
     if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
     if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
 
     fb_agent *a = calloc(1, sizeof *a);
     if (!a) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    a->turns_log = -1;
     if (strlen(dd) >= sizeof a->data_dir) {
         err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
         goto fail;
@@ -2850,6 +2854,24 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
         agent_log("the test step hook is on (%s): arrays hold at the steps its files name",
                   a->hook_dir);
     }
+    if (o->test_clock)
+        agent_log("the test clock is on (%s): time moves only when the test moves it",
+                  o->test_clock);
+    if (o->test_step_ms) {
+        a->scripted = true;
+        memcpy(a->script, script, sizeof script);
+        a->n_script = n_script;
+        agent_log("scripted step times are on (%s)", o->test_step_ms);
+        if (a->hook_dir[0]) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/turns.log", a->hook_dir);
+            a->turns_log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+            if (a->turns_log < 0) {
+                err = fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+                goto fail;
+            }
+        }
+    }
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
         a->comm_port_lo = o->comm_port_lo;
@@ -2865,24 +2887,12 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->ds_mu_init = true;
 
     find_devices(a, cpu_devices);
-    if (pthread_mutex_init(&a->turn_mu, NULL) != 0) {
+    if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, a->scripted,
+                           a->turns_log >= 0 ? turn_logged : NULL, a) != FB_OK) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    /* turns wait with deadlines on the monotonic clock, immune to clock changes */
-    pthread_condattr_t ca;
-    bool cv_ok = pthread_condattr_init(&ca) == 0;
-    if (cv_ok) {
-        cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-                pthread_cond_init(&a->turn_cv, &ca) == 0;
-        pthread_condattr_destroy(&ca);
-    }
-    if (!cv_ok) {
-        pthread_mutex_destroy(&a->turn_mu);
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    a->turn_init = true;
+    a->turns_init = true;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     a->threads =
         o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
@@ -2969,10 +2979,8 @@ void fb_agent_free(fb_agent *a)
     if (a->mon) zmq_close(a->mon);
     if (a->pull) zmq_close(a->pull);
     if (a->ctx) zmq_ctx_term(a->ctx);
-    if (a->turn_init) {
-        pthread_mutex_destroy(&a->turn_mu);
-        pthread_cond_destroy(&a->turn_cv);
-    }
+    if (a->turns_init) fb_turns_sync_destroy(&a->turns);
+    if (a->turns_log >= 0) close(a->turns_log);
     if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
     free(a);
 }

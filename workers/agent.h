@@ -31,6 +31,7 @@
 #define FB_AGENT_DRAIN_WAIT_MS 10000 /* how long a drain waits for the last ACKs */
 #define FB_AGENT_DEFAULT_COMM_TIMEOUT_MS 60000
 #define FB_AGENT_COMM_PORTS 1024 /* ports of a worker's comm range, at most */
+#define FB_AGENT_SCRIPT_MAX 64    /* entries of --test-step-ms */
 
 typedef struct fb_agent fb_agent;
 
@@ -73,10 +74,19 @@ typedef struct fb_agent_opts {
      * test stop an array at an exact step boundary and let it go on; refused unless the
      * environment has FB_AGENT_TEST_HOOKS_ENV=1.  NULL = none */
     const char *test_step_hook;
+    /* tests only: a clock file (base/clock.h) the worker reads its time from instead of the
+     * monotonic clock, so that a test steps it; same rule.  NULL = the monotonic clock */
+    const char *test_clock;
+    /* tests only: scripted step times (docs/worker.md, "Test clock and scripted step times"),
+     * "KEY=MS[,KEY=MS...]" with KEY a job's name or id or "*" (any other array) and MS in
+     * [1, 3600000]: each step of an array lasts exactly MS on the clock and is charged and
+     * reported as that, and turns are granted in an order that depends only on the script
+     * and the clock's steps; same rule.  NULL = steps take what they take */
+    const char *test_step_ms;
 } fb_agent_opts;
 
-/* The variable that must be "1" for a test step hook to be accepted, so that a stray flag
- * or variable cannot switch it on in a deployment. */
+/* The variable that must be "1" for a test hook (step hook, clock, scripted steps) to be
+ * accepted, so that a stray flag or variable cannot switch one on in a deployment. */
 #define FB_AGENT_TEST_HOOKS_ENV "FUSEBOX_TEST_HOOKS"
 
 enum { FB_AGENT_TURNS_AUTO = 0, FB_AGENT_TURNS_ALL = 1, FB_AGENT_TURNS_FIRST = 2 };

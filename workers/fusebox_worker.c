@@ -71,6 +71,14 @@ static void usage(FILE *f)
                "                        DIR name (docs/worker.md); refused unless the\n"
                "                        environment has FUSEBOX_TEST_HOOKS=1\n"
                "                        [FUSEBOX_WORKER_TEST_STEP_HOOK]\n"
+               "  --test-clock FILE     for tests only: read time from the clock file FILE\n"
+               "                        (8 bytes, nanoseconds) that the test moves, instead of\n"
+               "                        the monotonic clock; same rule\n"
+               "                        [FUSEBOX_WORKER_TEST_CLOCK]\n"
+               "  --test-step-ms KEY=MS[,KEY=MS...]  for tests only: each step of an array of\n"
+               "                        job KEY (a name or id; * for any other) lasts exactly\n"
+               "                        MS on the clock, and turns follow the script alone\n"
+               "                        (docs/worker.md); same rule [FUSEBOX_WORKER_TEST_STEP_MS]\n"
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
@@ -134,6 +142,8 @@ enum {
     OPT_COMM_TIMEOUT,
     OPT_DEVICE_TURNS,
     OPT_TEST_STEP_HOOK,
+    OPT_TEST_CLOCK,
+    OPT_TEST_STEP_MS,
     OPT_COUNT
 };
 
@@ -158,6 +168,8 @@ static const struct {
     {"comm-timeout-ms", "FUSEBOX_WORKER_COMM_TIMEOUT_MS"},
     {"device-turns", "FUSEBOX_WORKER_DEVICE_TURNS"},
     {"test-step-hook", "FUSEBOX_WORKER_TEST_STEP_HOOK"},
+    {"test-clock", "FUSEBOX_WORKER_TEST_CLOCK"},
+    {"test-step-ms", "FUSEBOX_WORKER_TEST_STEP_MS"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -207,6 +219,8 @@ int main(int argc, char **argv)
         {"comm-timeout-ms", required_argument, NULL, OPT_COMM_TIMEOUT},
         {"device-turns", required_argument, NULL, OPT_DEVICE_TURNS},
         {"test-step-hook", required_argument, NULL, OPT_TEST_STEP_HOOK},
+        {"test-clock", required_argument, NULL, OPT_TEST_CLOCK},
+        {"test-step-ms", required_argument, NULL, OPT_TEST_STEP_MS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *val[OPT_COUNT] = {0};
@@ -322,19 +336,24 @@ int main(int argc, char **argv)
         }
         o.comm_host = comm_host;
     }
-    if (val[OPT_TEST_STEP_HOOK]) {
-        /* a hook that holds training must never be one stray flag away in a deployment */
+    static const int test_hooks[] = {OPT_TEST_STEP_HOOK, OPT_TEST_CLOCK, OPT_TEST_STEP_MS};
+    for (size_t i = 0; i < sizeof test_hooks / sizeof test_hooks[0]; i++) {
+        /* a hook that holds training or replaces time must never be one stray flag away in
+         * a deployment */
+        int k = test_hooks[i];
         const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
-        if (!on || strcmp(on, "1") != 0) {
-            origin(where, sizeof where, OPT_TEST_STEP_HOOK, from_env[OPT_TEST_STEP_HOOK]);
+        if (val[k] && (!on || strcmp(on, "1") != 0)) {
+            origin(where, sizeof where, k, from_env[k]);
             fprintf(stderr,
                     "fusebox-worker: %s is for tests only and needs %s=1 in the environment; "
                     "refusing to start\n",
                     where, FB_AGENT_TEST_HOOKS_ENV);
             return EXIT_USAGE;
         }
-        o.test_step_hook = val[OPT_TEST_STEP_HOOK];
     }
+    o.test_step_hook = val[OPT_TEST_STEP_HOOK];
+    o.test_clock = val[OPT_TEST_CLOCK];
+    o.test_step_ms = val[OPT_TEST_STEP_MS];
     if (o.name && !fb_agent_name_valid(o.name)) {
         origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);
         fprintf(stderr,

@@ -13,7 +13,8 @@
  *            second worker resumes them (new generation) and the finished
  *            models equal the uninterrupted run's bit for bit
  *   share    two groups on one device take turns in proportion to their time shares,
- *            which REBALANCE changes; DETACH without a job stops a group silently
+ *            which REBALANCE changes, on scripted step times and the test's clock: the
+ *            exact order of their turns; DETACH without a job stops a group silently
  *   outbox   (an agent in this process) past its bound, unacknowledged checkpoints
  *            that a newer one supersedes are dropped, the rest is resent in order
  *   bad      garbage, a wrong version, stale and unknown groups, bad members
@@ -23,12 +24,14 @@
  *   auth     a worker whose key is not admitted gets no message through
  *   cli      --help, bad flags and variables (exit 2), --gen-key, names
  *   hook     the test step hook: refused without FUSEBOX_TEST_HOOKS=1 (exit 2, by
- *            the executable and by fb_agent_new); an array held at a step stays
+ *            the executable and by fb_agent_new), as are the test clock and the step
+ *            time script, and bad clock files and scripts; an array held at a step stays
  *            there while the worker heartbeats, follows a moved hold, lets a
  *            member detach and drains at the held step; resumed from there it
  *            starts at the next step and ends bit-identical to the uninterrupted run
  */
 #include "worker_util.h"
+#include "turns_script.h"
 
 #include "agent.h"
 #include "kernels.h"
@@ -725,53 +728,56 @@ static void scenario_drain(void)
 
 /* ---- time sharing ------------------------------------------------------------------------ */
 
-/* What two groups sharing a device reported. */
+/* What the PROGRESS reports of the two groups sharing a device said. */
 typedef struct share_obs {
     const char *id[2];
-    int64_t steps[2];    /* at the last heartbeat */
-    int64_t last[2];     /* step of the last PROGRESS, -1 before the first */
-    double device_ms[2]; /* device time since the last reset: (compute + io) per step x steps */
-    double idle_max[2];  /* the largest idle time per step in a PROGRESS */
+    int reports[2];
+    bool compute_exact; /* every report: 10 ms of compute per step, no I/O, no communication */
+    double idle_max[2]; /* the largest idle time per step in a PROGRESS */
 } share_obs;
 
-/* Serves the worker for ms milliseconds (answering heartbeats, acknowledging events) and
- * adds up what it reports about the two groups. */
-static void watch(wu_server *s, int ms, share_obs *o)
+static void share_watch(const wu_msg *w, void *arg)
 {
-    double end = wu_now_ms() + ms;
-    for (;;) {
-        wu_msg w;
-        int left = (int)(end - wu_now_ms());
-        if (left <= 0) break;
-        if (!wu_recv(s, left, &w)) continue;
-        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply) {
-            for (int k = 0; k < w.m.n_running; k++)
-                for (int g = 0; g < 2; g++)
-                    if (strcmp(w.m.running[k].group_id, o->id[g]) == 0)
-                        o->steps[g] = w.m.running[k].steps[0];
-            wu_send_heartbeat_reply(s, w.from, true);
-        } else if (w.m.type == FB_WIRE_EVENT) {
-            CHECK_INT_EQ(w.m.event, FB_EV_STARTED);
-            wu_send_ack(s, w.from, &w.m);
-        } else if (w.m.type == FB_WIRE_PROGRESS) {
-            int g = strcmp(w.m.group_id, o->id[0]) == 0 ? 0 : 1;
-            CHECK_STR_EQ(w.m.group_id, o->id[g]);
-            int64_t step = w.m.progress[0].step;
-            /* the means cover the steps since the group's previous report */
-            if (o->last[g] >= 0)
-                o->device_ms[g] += (w.m.compute_ms + w.m.io_ms) * (double)(step - o->last[g]);
-            o->last[g] = step;
-            if (w.m.idle_ms > o->idle_max[g]) o->idle_max[g] = w.m.idle_ms;
+    share_obs *o = arg;
+    if (w->m.type != FB_WIRE_PROGRESS) return;
+    int g = strcmp(w->m.group_id, o->id[0]) == 0 ? 0 : 1;
+    CHECK_STR_EQ(w->m.group_id, o->id[g]);
+    o->reports[g]++;
+    if (w->m.compute_ms != 10.0 || w->m.io_ms != 0 || w->m.comm_ms != 0)
+        o->compute_exact = false;
+    if (w->m.idle_ms > o->idle_max[g]) o->idle_max[g] = w->m.idle_ms;
+}
+
+/* The grants of the model's log from line `from` on as letters (A, B), and each one's count. */
+static void share_grants(const ts_model *m, int from, char *out, size_t cap, int count[2])
+{
+    char words[4096];
+    ts_model_grants(m, from, words, sizeof words);
+    size_t n = 0;
+    count[0] = count[1] = 0;
+    for (const char *p = words; *p && n + 1 < cap; p++)
+        if ((p == words || p[-1] == ' ') && (*p == 'A' || *p == 'B')) {
+            out[n++] = *p;
+            count[*p - 'A']++;
         }
-        wu_msg_free(&w);
-    }
+    out[n] = '\0';
 }
 
 static void scenario_share(void)
 {
+    /* two groups of the same model on one device, for good, on scripted steps of 10 ms and
+     * the test's clock (tests/worker/turns_script.h) */
     scene c;
-    scene_start(&c, "share", 15, "w-share", NULL, NULL);
-    /* two groups of the same model on one device, for good */
+    memset(&c, 0, sizeof c);
+    c.name = "w-share";
+    wu_server_start(&c.s, "share", true);
+    wu_make_dataset(c.s.data_dir, "synth", 512, 128, F_IN, CLASSES, 15);
+    ts_script t;
+    ts_start(&c.s, &t, 1000);
+    const char *const extra[] = {"--test-clock", t.clock_path, "--test-step-ms", "*=10",
+                                 "--test-step-hook", t.hook_dir, NULL};
+    c.extra = extra;
+    scene_worker(&c, NULL);
     group_def *ga = &c.g;
     group_def gb = {0};
     mlp_job(ga, 256, 0, 100000000, 0.01, 1, 0, 0);
@@ -780,9 +786,21 @@ static void scenario_share(void)
     char id_a[FB_WIRE_ID_LEN + 1], id_b[FB_WIRE_ID_LEN + 1];
     wu_uuid(id_a, 0x6, 20);
     wu_uuid(id_b, 0x6, 21);
-    wu_msg w;
+    share_obs o = {.id = {id_a, id_b}, .compute_exact = true};
+    ts_on_msg = share_watch;
+    ts_on_msg_arg = &o;
+    const int dev0[1] = {0};
+    ts_model m;
+    ts_model_init(&m, 1);
+
+    /* A first (so that it is the older), then B, both at 1000 ms; B's share becomes 0.25 */
     send_assign(&c.s, "w-share", ga, id_a, 1, "synth", 0, 0, NULL, NULL);
+    ts_model_join(&m, id_a, dev0, 1, 1.0, 10, 1000);
+    ts_model_run(&m, 1000);
+    ts_wait(&c.s, &t, m.log.n, NULL, NULL);
     send_assign(&c.s, "w-share", &gb, id_b, 1, "synth", 0, 0, NULL, NULL);
+    ts_model_join(&m, id_b, dev0, 1, 1.0, 10, 1000);
+    ts_wait(&c.s, &t, 1, "join", id_b);
     fb_wire_msg rb = {.type = FB_WIRE_REBALANCE,
                       .generation = 1,
                       .n_split = 1,
@@ -790,32 +808,46 @@ static void scenario_share(void)
                       .time_share = 0.25};
     snprintf(rb.group_id, sizeof rb.group_id, "%s", id_b);
     wu_send(&c.s, "w-share", &rb, NULL, NULL, 0);
+    ts_wait(&c.s, &t, 1, "share", id_b);
+    ts_model_share(&m, 1, 0.25, 1000);
 
-    /* Shares 1 : 0.25 give A four times B's device time.  Device time, not steps: a step
-     * that the machine's other load slows down is charged as it was. */
-    share_obs o = {.id = {id_a, id_b}, .steps = {-1, -1}, .last = {-1, -1}};
-    watch(&c.s, 1000, &o);
-    int64_t b0 = o.steps[1];
-    o.device_ms[0] = o.device_ms[1] = 0;
-    watch(&c.s, 2000, &o);
-    CHECK(o.steps[1] > b0); /* the smaller share is not starved */
-    double r1 = o.device_ms[0] / fmax(o.device_ms[1], 1e-9);
-    printf("shares 1 : 0.25: %.0f and %.0f ms on the device, ratio %.2f\n", o.device_ms[0],
-           o.device_ms[1], r1);
-    CHECK(r1 > 2.5 && r1 < 6.5);
+    /* Shares 1 : 0.25 give A four times B's device time: 500 ms in one jump */
+    int from = m.log.n;
+    ts_set(&t, 1500);
+    ts_model_run(&m, 1500);
+    ts_wait(&c.s, &t, m.log.n, NULL, NULL);
+    ts_expect(&t, &m.log);
+    char order[512];
+    int count[2];
+    share_grants(&m, from, order, sizeof order, count);
+    printf("shares 1 : 0.25, 1000..1500 ms: %s\n", order);
+    /* worked out by hand: B goes when A's first step ends (B's clock 0, A's 10), then A four
+     * times until their clocks meet at 40 (A first at a tie: older), and so on */
+    CHECK(strncmp(order, "BAAAABAAAAB", 11) == 0);
+    CHECK_INT_EQ(count[0], 40);
+    CHECK_INT_EQ(count[1], 10); /* the smaller share is not starved */
 
-    /* equal shares give equal time */
+    /* equal shares give equal time: they alternate from the next turn on */
     rb.time_share = 1.0;
     wu_send(&c.s, "w-share", &rb, NULL, NULL, 0);
-    watch(&c.s, 500, &o);
-    o.device_ms[0] = o.device_ms[1] = 0;
-    watch(&c.s, 2000, &o);
-    double r2 = o.device_ms[0] / fmax(o.device_ms[1], 1e-9);
-    printf("shares 1 : 1: %.0f and %.0f ms on the device, ratio %.2f\n", o.device_ms[0],
-           o.device_ms[1], r2);
-    CHECK(r2 > 0.6 && r2 < 1.6);
-    /* each waited for the device while the other had its turn */
+    ts_wait(&c.s, &t, 2, "share", id_b);
+    ts_model_share(&m, 1, 1.0, 1500);
+    from = m.log.n;
+    for (int64_t ms = 1510; ms <= 1700; ms += 10) {
+        ts_set(&t, ms);
+        ts_model_run(&m, ms);
+        ts_wait(&c.s, &t, m.log.n, NULL, NULL);
+        ts_expect(&t, &m.log);
+    }
+    share_grants(&m, from, order, sizeof order, count);
+    printf("shares 1 : 1, 1500..1700 ms: %s\n", order);
+    CHECK_STR_EQ(order, "BABABABABABABABABABA");
+    /* every report says the script's 10 ms per step, and each group waited for the device
+     * while the other had its turn */
+    CHECK(o.reports[0] > 0 && o.reports[1] > 0);
+    CHECK(o.compute_exact);
     CHECK(o.idle_max[0] > 0 && o.idle_max[1] > 0);
+    ts_on_msg = NULL;
 
     /* a DETACH without a job id stops a whole group at once, without a word */
     for (int k = 0; k < 2; k++) {
@@ -823,16 +855,21 @@ static void scenario_share(void)
         snprintf(d.group_id, sizeof d.group_id, "%s", k ? id_b : id_a);
         wu_send(&c.s, "w-share", &d, NULL, NULL, 0);
     }
+    wu_msg w;
     double end = wu_now_ms() + 10000;
-    for (;;) {
+    for (bool empty = false; !empty;) {
         CHECK(wu_now_ms() < end);
-        CHECK(wu_recv(&c.s, 5000, &w));
-        CHECK(w.m.type != FB_WIRE_EVENT);
-        bool empty = w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply && w.m.n_running == 0;
-        if (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply)
-            wu_send_heartbeat_reply(&c.s, w.from, true);
-        wu_msg_free(&w);
-        if (empty) break;
+        /* a heartbeat per 200 ms of the clock, or a HELLO: a worker whose replies came
+         * after three of its heartbeats' times registers again (WELCOMEd here) */
+        ts_set(&t, t.now_ms + 200);
+        for (bool beat = false; !beat;) {
+            CHECK(wu_recv(&c.s, 5000, &w));
+            CHECK(w.m.type != FB_WIRE_EVENT);
+            beat = (w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply) || w.m.type == FB_WIRE_HELLO;
+            empty = w.m.type == FB_WIRE_HEARTBEAT && !w.m.reply && w.m.n_running == 0;
+            wu_answer(&c.s, &w, false);
+            wu_msg_free(&w);
+        }
     }
     run_log L;
     log_init(&L, id_a, 1, ga->ids, 1);
@@ -840,6 +877,8 @@ static void scenario_share(void)
     CHECK_INT_EQ(L.n_seen, 0);
     log_free(&L);
     group_free(&gb);
+    ts_stop(&t);
+    ts_log_free(&m.log);
 }
 
 /* ---- the outbox bound (an agent in this process) ------------------------------------------ */
@@ -1426,8 +1465,13 @@ static void scenario_hook(void)
     snprintf(dir, sizeof dir, "%s/hooks", s.dir);
     CHECK(mkdir(dir, 0755) == 0);
     snprintf(file, sizeof file, "%s/server.key", s.dir);
-    char env_dir[800];
+    char env_dir[800], clock[700], env_clock[800];
     snprintf(env_dir, sizeof env_dir, "FUSEBOX_WORKER_TEST_STEP_HOOK=%s", dir);
+    snprintf(clock, sizeof clock, "%s/clock", s.dir);
+    char cmsg[256];
+    fb_clock_file *cf = fb_clock_file_create(clock, 5000000000LL, cmsg, sizeof cmsg);
+    CHECK(cf != NULL);
+    snprintf(env_clock, sizeof env_clock, "FUSEBOX_WORKER_TEST_CLOCK=%s", clock);
     /* keys that do not exist: a hook that is accepted gets past its check and fails on them;
      * with the real keys a refused directory reaches the agent's own check */
     static const char *const nokeys[] = {"--server", "tcp://127.0.0.1:1", "--server-key",
@@ -1436,34 +1480,60 @@ static void scenario_hook(void)
                           s.server_key_file, "--key",             s.worker_key_file};
     static const char refused[] = "is for tests only and needs FUSEBOX_TEST_HOOKS=1 in the "
                                   "environment; refusing to start";
+    static const char *const on[] = {"FUSEBOX_TEST_HOOKS=1", NULL};
     const struct {
         bool real_keys;
-        const char *flag_value; /* --test-step-hook's, NULL: none */
+        const char *flag, *value; /* a test hook's flag and value; NULL: none */
         const char *env[3];
         int rc;
         const char *has;
     } cases[] = {
-        {false, dir, {NULL}, 2, "--test-step-hook is for tests only"},
-        {false, NULL, {env_dir, NULL}, 2, "FUSEBOX_WORKER_TEST_STEP_HOOK is for tests only"},
-        {false, dir, {"FUSEBOX_TEST_HOOKS=0", NULL}, 2, refused},
-        {false, dir, {"FUSEBOX_TEST_HOOKS=yes", NULL}, 2, refused},
-        {false, dir, {"FUSEBOX_TEST_HOOKS=", NULL}, 2, refused},
-        {false, dir, {"FUSEBOX_TEST_HOOKS=1 ", NULL}, 2, refused},
-        {true, "/nonexistent/hooks", {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "is not a directory"},
-        {true, file, {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "is not a directory"},
-        {false, dir, {"FUSEBOX_TEST_HOOKS=1", NULL}, 2, "server key"}, /* accepted */
+        {false, "--test-step-hook", dir, {NULL}, 2, "--test-step-hook is for tests only"},
+        {false, NULL, NULL, {env_dir, NULL}, 2, "FUSEBOX_WORKER_TEST_STEP_HOOK is for tests only"},
+        {false, "--test-step-hook", dir, {"FUSEBOX_TEST_HOOKS=0", NULL}, 2, refused},
+        {false, "--test-step-hook", dir, {"FUSEBOX_TEST_HOOKS=yes", NULL}, 2, refused},
+        {false, "--test-step-hook", dir, {"FUSEBOX_TEST_HOOKS=", NULL}, 2, refused},
+        {false, "--test-step-hook", dir, {"FUSEBOX_TEST_HOOKS=1 ", NULL}, 2, refused},
+        {true, "--test-step-hook", "/nonexistent/hooks", {on[0], NULL}, 2, "is not a directory"},
+        {true, "--test-step-hook", file, {on[0], NULL}, 2, "is not a directory"},
+        {false, "--test-step-hook", dir, {on[0], NULL}, 2, "server key"}, /* accepted */
+        /* the test clock and the step time script, under the same rule */
+        {false, "--test-clock", clock, {NULL}, 2, "--test-clock is for tests only"},
+        {false, NULL, NULL, {env_clock, NULL}, 2, "FUSEBOX_WORKER_TEST_CLOCK is for tests only"},
+        {false, "--test-clock", clock, {"FUSEBOX_TEST_HOOKS=true", NULL}, 2, refused},
+        {false, "--test-step-ms", "*=10", {NULL}, 2, "--test-step-ms is for tests only"},
+        {false, NULL, NULL, {"FUSEBOX_WORKER_TEST_STEP_MS=*=10", NULL}, 2,
+         "FUSEBOX_WORKER_TEST_STEP_MS is for tests only"},
+        {true, "--test-clock", "/nonexistent/clock", {on[0], NULL}, 2,
+         "clock file /nonexistent/clock: No such file"},
+        {true, "--test-clock", dir, {on[0], NULL}, 2, "not a regular file of 8 bytes"},
+        {true, "--test-clock", file, {on[0], NULL}, 2, "not a regular file of 8 bytes"},
+        {true, "--test-step-ms", "x", {on[0], NULL}, 2, "'x' is not KEY=MS"},
+        {true, "--test-step-ms", "=5", {on[0], NULL}, 2, "'=5' is not KEY=MS"},
+        {true, "--test-step-ms", "a=", {on[0], NULL}, 2, "'a=' is not KEY=MS"},
+        {true, "--test-step-ms", "a=1,", {on[0], NULL}, 2, "'' is not KEY=MS"},
+        {true, "--test-step-ms", "a=0", {on[0], NULL}, 2, "'a=0' needs an integer of ms"},
+        {true, "--test-step-ms", "a=3600001", {on[0], NULL}, 2, "in [1, 3600000]"},
+        {true, "--test-step-ms", "a=5ms", {on[0], NULL}, 2, "'a=5ms' needs an integer"},
+        {true, "--test-step-ms", "a=+5", {on[0], NULL}, 2, "'a=+5' needs an integer"},
+        {true, "--test-step-ms", "a=1,b=2,a=3", {on[0], NULL}, 2, "'a' is named twice"},
+        {false, "--test-clock", clock, {on[0], NULL}, 2, "server key"}, /* accepted */
+        {false, "--test-step-ms", "m0=5,*=7", {on[0], NULL}, 2, "server key"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *args[10];
         int n = 0;
         for (int k = 0; k < 6; k++) args[n++] = cases[i].real_keys ? keys[k] : nokeys[k];
-        if (cases[i].flag_value) {
-            args[n++] = "--test-step-hook";
-            args[n++] = cases[i].flag_value;
+        if (cases[i].flag) {
+            args[n++] = cases[i].flag;
+            args[n++] = cases[i].value;
         }
         args[n] = NULL;
         wu_expect_run(s.dir, args, cases[i].env, cases[i].rc, cases[i].has);
     }
+    /* no refused clock file was touched */
+    CHECK_INT_EQ(fb_clock_file_get(cf), 5000000000LL);
+    fb_clock_file_close(cf);
     /* the agent's own check, for callers other than the executable */
     char pub[41], sec[41], spub[41], ssec[41], msg[512];
     CHECK(zmq_curve_keypair(pub, sec) == 0 && zmq_curve_keypair(spub, ssec) == 0);
@@ -1473,6 +1543,16 @@ static void scenario_hook(void)
     CHECK_INT_EQ(fb_agent_new(&a, &ao, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
     CHECK(strstr(msg, "the test step hook is for tests only") != NULL);
     CHECK(a == sentinel);
+    ao.test_step_hook = NULL;
+    ao.test_clock = "/nonexistent/clock";
+    CHECK_INT_EQ(fb_agent_new(&a, &ao, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
+    CHECK(strstr(msg, "the test clock is for tests only") != NULL);
+    ao.test_clock = NULL;
+    ao.test_step_ms = "*=10";
+    CHECK_INT_EQ(fb_agent_new(&a, &ao, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
+    CHECK(strstr(msg, "the step time script is for tests only") != NULL);
+    CHECK(a == sentinel);
+    CHECK(!fb_clock_is_manual());
     wu_server_stop(&s);
 
     /* a held array: the hook directory outlives the scene's first worker */
