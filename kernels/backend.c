@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "../api/errors.h"
+#include "errors.h"
 
 #define FB_OP_FN(be, fn)                                                                           \
     do {                                                                                           \
@@ -23,14 +23,14 @@
 /* Without CUDA built in there is no CUDA backend; kernels/cuda provides this
  * function and those of cuda/cuda_backend.h when FB_HAVE_CUDA is defined.
  * These stand-ins let callers use them without #ifdef. */
-fb_backend_t *fb_backend_cuda(int device)
+fb_backend *fb_backend_cuda(int device)
 {
     (void)device;
     return NULL;
 }
 
 /* No CUDA backend exists in this build: FB_ERR_UNSUPPORTED, *out untouched. */
-int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, size_t cap)
+int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap)
 {
     (void)out;
     if (msg && cap > 0)
@@ -39,14 +39,14 @@ int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, size_t cap)
 }
 
 /* Always false: no backend of this build is CUDA. */
-bool fb_backend_is_cuda(const fb_backend_t *be)
+bool fb_backend_is_cuda(const fb_backend *be)
 {
     (void)be;
     return false;
 }
 
 /* No stream outside CUDA. */
-void *fb_cuda_backend_stream(fb_backend_t *be, int which)
+void *fb_cuda_backend_stream(fb_backend *be, int which)
 {
     (void)be;
     (void)which;
@@ -54,7 +54,7 @@ void *fb_cuda_backend_stream(fb_backend_t *be, int which)
 }
 
 /* A backend that is not CUDA has no recorded error. */
-int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap)
+int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap)
 {
     (void)be;
     (void)msg;
@@ -63,40 +63,40 @@ int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap)
 }
 
 /* Nothing to clear outside CUDA. */
-void fb_cuda_backend_clear_error(fb_backend_t *be)
+void fb_cuda_backend_clear_error(fb_backend *be)
 {
     (void)be;
 }
 
 /* TF32 exists only on CUDA. */
-void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on)
+void fb_cuda_backend_set_tf32(fb_backend *be, bool on)
 {
     (void)be;
     (void)on;
 }
 
 /* Zero counters outside CUDA. */
-void fb_cuda_backend_pool_stats(fb_backend_t *be, fb_cuda_pool_stats *out)
+void fb_cuda_backend_pool_stats(fb_backend *be, fb_cuda_pool_stats *out)
 {
     (void)be;
     if (out) memset(out, 0, sizeof *out);
 }
 
 /* No pool to trim outside CUDA. */
-void fb_cuda_backend_trim(fb_backend_t *be)
+void fb_cuda_backend_trim(fb_backend *be)
 {
     (void)be;
 }
 #endif
 
 /* The backend's short name ("cpu", "cpu-ref", "cuda"); "(null)" for NULL. */
-const char *fb_backend_name(const fb_backend_t *be)
+const char *fb_backend_name(const fb_backend *be)
 {
     return be ? be->name : "(null)";
 }
 
 /* Whether every table entry op needs is present. */
-bool fb_backend_supports(const fb_backend_t *be, fb_op op)
+bool fb_backend_supports(const fb_backend *be, fb_op op)
 {
     if (!be) return false;
     const struct fb_backend_ops *o = be->ops;
@@ -138,7 +138,7 @@ bool fb_backend_supports(const fb_backend_t *be, fb_op op)
 /* Records n and passes it to the backend (on the fast CPU backend, the
  * OpenMP threads its ops use, with OpenBLAS single-threaded inside each).
  * n <= 0 asks for the backend's default. */
-void fb_backend_set_threads(fb_backend_t *be, int n)
+void fb_backend_set_threads(fb_backend *be, int n)
 {
     FB_ASSERT(be != NULL);
     be->threads = n > 0 ? n : 0;
@@ -148,14 +148,14 @@ void fb_backend_set_threads(fb_backend_t *be, int n)
 /* ---- memory -------------------------------------------------------------- */
 
 /* Zeroed, 64-byte aligned backend memory of `bytes`, or NULL. */
-void *fb_backend_alloc(fb_backend_t *be, size_t bytes)
+void *fb_backend_alloc(fb_backend *be, size_t bytes)
 {
     FB_OP_FN(be, alloc);
     return be->ops->alloc(be, bytes);
 }
 
 /* Releases memory from fb_backend_alloc; accepts NULL. */
-void fb_backend_free(fb_backend_t *be, void *p)
+void fb_backend_free(fb_backend *be, void *p)
 {
     if (!p) return;
     FB_OP_FN(be, free);
@@ -163,35 +163,35 @@ void fb_backend_free(fb_backend_t *be, void *p)
 }
 
 /* Sets `bytes` of backend memory at p to zero. */
-void fb_backend_zero(fb_backend_t *be, void *p, size_t bytes)
+void fb_backend_zero(fb_backend *be, void *p, size_t bytes)
 {
     FB_OP_FN(be, zero);
     if (bytes) be->ops->zero(be, p, bytes);
 }
 
 /* Copies within backend memory; the ranges must not overlap. */
-void fb_backend_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes)
+void fb_backend_copy(fb_backend *be, void *dst, const void *src, size_t bytes)
 {
     FB_OP_FN(be, copy);
     if (bytes) be->ops->copy(be, dst, src, bytes);
 }
 
 /* Copies host memory into backend memory. */
-void fb_backend_upload(fb_backend_t *be, void *dst, const void *host, size_t bytes)
+void fb_backend_upload(fb_backend *be, void *dst, const void *host, size_t bytes)
 {
     FB_OP_FN(be, upload);
     if (bytes) be->ops->upload(be, dst, host, bytes);
 }
 
 /* Copies backend memory into host memory. */
-void fb_backend_download(fb_backend_t *be, void *host, const void *src, size_t bytes)
+void fb_backend_download(fb_backend *be, void *host, const void *src, size_t bytes)
 {
     FB_OP_FN(be, download);
     if (bytes) be->ops->download(be, host, src, bytes);
 }
 
 /* Waits until queued work has finished (no-op on the CPU). */
-void fb_backend_sync(fb_backend_t *be)
+void fb_backend_sync(fb_backend *be)
 {
     FB_ASSERT(be != NULL);
     if (be->ops->sync) be->ops->sync(be);
@@ -200,7 +200,7 @@ void fb_backend_sync(fb_backend_t *be)
 /* ---- linear -------------------------------------------------------------- */
 
 /* See kernels.h: out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O]. */
-void fb_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                        const float *bias, int N, int B, int I, int O, bool shared)
 {
     FB_OP_FN(be, linear_forward);
@@ -209,7 +209,7 @@ void fb_linear_forward(fb_backend_t *be, float *out, const float *in, const floa
 }
 
 /* See kernels.h: accumulates din (may be NULL), dw and dbias (may be NULL). */
-void fb_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fb_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                         const float *in, const float *w, int N, int B, int I, int O, bool shared)
 {
     FB_OP_FN(be, linear_backward);
@@ -246,7 +246,7 @@ static void fb_conv_geom_check(const fb_conv_geom *g)
 }
 
 /* Floats of scratch the backend's conv2d needs for g (0: pass NULL). */
-size_t fb_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g)
+size_t fb_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g)
 {
     FB_ASSERT(be != NULL);
     fb_conv_geom_check(g);
@@ -254,7 +254,7 @@ size_t fb_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g)
 }
 
 /* See kernels.h: B-batched (grouped, or shared-input) 2-D convolution. */
-void fb_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                        const float *bias, const fb_conv_geom *g, float *scratch)
 {
     FB_OP_FN(be, conv2d_forward);
@@ -264,7 +264,7 @@ void fb_conv2d_forward(fb_backend_t *be, float *out, const float *in, const floa
 
 /* See kernels.h: accumulates din (NULL when shared), dw and dbias (may be
  * NULL). */
-void fb_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fb_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                         const float *in, const float *w, const fb_conv_geom *g, float *scratch)
 {
     FB_OP_FN(be, conv2d_backward);
@@ -293,7 +293,7 @@ static void fb_pool_geom_check(const fb_pool_geom *g)
 }
 
 /* See kernels.h: max pooling with -inf padding and argmax for backward. */
-void fb_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                           const fb_pool_geom *g)
 {
     FB_OP_FN(be, maxpool2d_forward);
@@ -302,7 +302,7 @@ void fb_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const f
 }
 
 /* Accumulates dout into din at the positions argmax recorded. */
-void fb_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout, const int32_t *argmax,
+void fb_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
                            const fb_pool_geom *g)
 {
     FB_OP_FN(be, maxpool2d_backward);
@@ -311,7 +311,7 @@ void fb_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout, cons
 }
 
 /* See kernels.h: average pooling, padding counted in the divisor. */
-void fb_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g)
+void fb_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g)
 {
     FB_OP_FN(be, avgpool2d_forward);
     fb_pool_geom_check(g);
@@ -319,7 +319,7 @@ void fb_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const f
 }
 
 /* Accumulates dout / (kh kw) into every input of each window. */
-void fb_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout, const fb_pool_geom *g)
+void fb_avgpool2d_backward(fb_backend *be, float *din, const float *dout, const fb_pool_geom *g)
 {
     FB_OP_FN(be, avgpool2d_backward);
     fb_pool_geom_check(g);
@@ -327,7 +327,7 @@ void fb_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout, cons
 }
 
 /* out [N, BC] = mean over HW of in [N, BC, HW]. */
-void fb_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC, int HW)
+void fb_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC, int HW)
 {
     FB_OP_FN(be, global_avgpool_forward);
     FB_ASSERT(N >= 0 && BC >= 1 && HW >= 1);
@@ -335,7 +335,7 @@ void fb_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, in
 }
 
 /* din [N, BC, HW] += dout [N, BC] / HW. */
-void fb_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                 int HW)
 {
     FB_OP_FN(be, global_avgpool_backward);
@@ -346,7 +346,7 @@ void fb_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout,
 /* ---- elementwise --------------------------------------------------------- */
 
 /* out[i] = act(in[i]) over n floats (out may equal in). */
-void fb_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n)
+void fb_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n)
 {
     FB_OP_FN(be, act_forward);
     FB_ASSERT(act >= FB_ACT_RELU && act <= FB_ACT_SIGMOID);
@@ -354,7 +354,7 @@ void fb_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, s
 }
 
 /* din += dout * act'(in); relu and gelu read in, tanh and sigmoid read out. */
-void fb_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout, const float *in,
+void fb_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
                      const float *out, size_t n)
 {
     FB_OP_FN(be, act_backward);
@@ -364,21 +364,21 @@ void fb_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout
 }
 
 /* out = a + b over n floats (out may alias a or b). */
-void fb_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n)
+void fb_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n)
 {
     FB_OP_FN(be, add_forward);
     be->ops->add_forward(be, out, a, b, n);
 }
 
 /* y += x over n floats; y and x must not overlap. */
-void fb_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
+void fb_accumulate(fb_backend *be, float *y, const float *x, size_t n)
 {
     FB_OP_FN(be, accumulate);
     be->ops->accumulate(be, y, x, n);
 }
 
 /* See kernels.h: inverted dropout with a per-member counter-based mask. */
-void fb_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+void fb_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
                         uint64_t stream, float p, int N, int B, int F, int64_t n_offset)
 {
     FB_OP_FN(be, dropout_forward);
@@ -388,7 +388,7 @@ void fb_dropout_forward(fb_backend_t *be, float *out, const float *in, const uin
 }
 
 /* din += dout * mask * scale, the mask regenerated from the same arguments. */
-void fb_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+void fb_dropout_backward(fb_backend *be, float *din, const float *dout, const uint64_t *seeds,
                          uint64_t stream, float p, int N, int B, int F, int64_t n_offset)
 {
     FB_OP_FN(be, dropout_backward);
@@ -401,7 +401,7 @@ void fb_dropout_backward(fb_backend_t *be, float *din, const float *dout, const 
 
 /* See kernels.h: batch statistics per channel; running_mean and running_var
  * may be NULL (not updated). */
-void fb_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                 float *running_mean, float *running_var, const float *in,
                                 const float *gamma, const float *beta, int N, int BC, int HW,
                                 float eps, float momentum)
@@ -413,7 +413,7 @@ void fb_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float
 }
 
 /* Normalises with the running statistics. */
-void fb_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in, const float *gamma,
+void fb_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
                                const float *beta, const float *running_mean,
                                const float *running_var, int N, int BC, int HW, float eps)
 {
@@ -424,7 +424,7 @@ void fb_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in, co
 }
 
 /* Accumulates din, dgamma and dbeta (the last two may be NULL). */
-void fb_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                            const float *dout, const float *in, const float *mean, const float *rstd,
                            const float *gamma, int N, int BC, int HW)
 {
@@ -434,7 +434,7 @@ void fb_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *d
 }
 
 /* See kernels.h: layer norm of each [n, b] row of F features. */
-void fb_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd, const float *in,
+void fb_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
                           const float *gamma, const float *beta, int N, int B, int F, float eps)
 {
     FB_OP_FN(be, layernorm_forward);
@@ -443,7 +443,7 @@ void fb_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd
 }
 
 /* Accumulates din, dgamma and dbeta (the last two may be NULL). */
-void fb_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                            const float *dout, const float *in, const float *mean, const float *rstd,
                            const float *gamma, int N, int B, int F)
 {
@@ -455,7 +455,7 @@ void fb_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *d
 /* ---- losses -------------------------------------------------------------- */
 
 /* See kernels.h: per-member mean softmax cross-entropy; overwrites outputs. */
-void fb_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                      const float *logits, const int32_t *labels, int N, int B, int K,
                      float grad_scale)
 {
@@ -465,7 +465,7 @@ void fb_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *corre
 }
 
 /* See kernels.h: per-member mean squared error; overwrites outputs. */
-void fb_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
             int N, int B, int K, float grad_scale)
 {
     FB_OP_FN(be, mse);
@@ -477,7 +477,7 @@ void fb_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, cons
 
 /* See kernels.h: one fused torch.optim update of all members.  Active members
  * must have t >= 1; the state buffers a kind reads must be present. */
-void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                    float *state1, float *state2, const fb_param_block *blocks, int n_blocks, int B,
                    const fb_optim_hparams *hp)
 {
@@ -499,7 +499,7 @@ void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const fl
 /* ---- bf16 ---------------------------------------------------------------- */
 
 /* See kernels.h: out = in rounded to bfloat16, elementwise. */
-void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
+void fb_round_bf16(fb_backend *be, float *out, const float *in, size_t n)
 {
     FB_OP_FN(be, round_bf16);
     if (n) be->ops->round_bf16(be, out, in, n);
@@ -507,7 +507,7 @@ void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
 
 /* See kernels.h: each member's gradients times its inverse scale, and
  * flags[b] = 1 when member b's gradients were not all finite. */
-void fb_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                      const fb_param_block *blocks, int n_blocks, int B)
 {
     FB_OP_FN(be, grad_unscale);
@@ -517,7 +517,7 @@ void fb_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *
 }
 
 /* See kernels.h: x [N, B, F] times scales[b] per member. */
-void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F)
+void fb_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F)
 {
     FB_OP_FN(be, scale_members);
     FB_ASSERT(N >= 0 && B >= 1 && scales != NULL);
@@ -527,7 +527,7 @@ void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, in
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* C[M, N] = A[M, K] . B[K, N], row-major; the backend's best GEMM. */
-void fb_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K)
+void fb_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K)
 {
     FB_OP_FN(be, sgemm);
     FB_ASSERT(M >= 0 && N >= 0 && K >= 0);

@@ -6,7 +6,7 @@
  * activation [N, B, C, H, W] is also [N, B*C, H, W].  An op whose input is the
  * shared minibatch ("shared" = true) reads [N, ...] once for all members.
  *
- * Ops are reached through a backend handle (fb_backend_t): the plain-C
+ * Ops are reached through a backend handle (fb_backend): the plain-C
  * reference ("cpu-ref"), the fast CPU path ("cpu": OpenBLAS, vectorised loops)
  * and, where built, CUDA.  Pointers given to ops are memory of that backend
  * (fb_backend_alloc).  Argument order: outputs first, then inputs, then sizes.
@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-typedef struct fb_backend fb_backend_t;
+typedef struct fb_backend fb_backend;
 
 /* Invariant check for fusebox code at and above the kernels: prints the
  * expression, file and line, then aborts.  Never compiled out. */
@@ -71,28 +71,28 @@ typedef enum fb_act {
 /* ---- backends ---------------------------------------------------------- */
 
 /* The plain-C reference backend: short, readable loops; the ground truth. */
-fb_backend_t *fb_backend_cpu_ref(void);
+fb_backend *fb_backend_cpu_ref(void);
 /* The fast CPU backend: OpenBLAS GEMMs and loops the compiler vectorises. */
-fb_backend_t *fb_backend_cpu(void);
+fb_backend *fb_backend_cpu(void);
 /* The CUDA backend on device `device`, or NULL where CUDA is not built or no
  * such device exists. */
-fb_backend_t *fb_backend_cuda(int device);
+fb_backend *fb_backend_cuda(int device);
 
-const char *fb_backend_name(const fb_backend_t *be);
+const char *fb_backend_name(const fb_backend *be);
 /* Whether the backend implements op; callers must not call a missing op. */
-bool fb_backend_supports(const fb_backend_t *be, fb_op op);
+bool fb_backend_supports(const fb_backend *be, fb_op op);
 /* Number of threads the backend's CPU work may use (OpenBLAS included). */
-void fb_backend_set_threads(fb_backend_t *be, int n);
+void fb_backend_set_threads(fb_backend *be, int n);
 
 /* Backend memory.  alloc returns zeroed memory aligned to 64 bytes or NULL. */
-void *fb_backend_alloc(fb_backend_t *be, size_t bytes);
-void fb_backend_free(fb_backend_t *be, void *p); /* accepts NULL */
-void fb_backend_zero(fb_backend_t *be, void *p, size_t bytes);
-void fb_backend_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes);   /* within */
-void fb_backend_upload(fb_backend_t *be, void *dst, const void *host, size_t bytes); /* host->be */
-void fb_backend_download(fb_backend_t *be, void *host, const void *src, size_t bytes);
+void *fb_backend_alloc(fb_backend *be, size_t bytes);
+void fb_backend_free(fb_backend *be, void *p); /* accepts NULL */
+void fb_backend_zero(fb_backend *be, void *p, size_t bytes);
+void fb_backend_copy(fb_backend *be, void *dst, const void *src, size_t bytes);   /* within */
+void fb_backend_upload(fb_backend *be, void *dst, const void *host, size_t bytes); /* host->be */
+void fb_backend_download(fb_backend *be, void *host, const void *src, size_t bytes);
 /* Waits for queued work (no-op on CPU). */
-void fb_backend_sync(fb_backend_t *be);
+void fb_backend_sync(fb_backend *be);
 
 /* ---- linear ------------------------------------------------------------ */
 
@@ -101,11 +101,11 @@ void fb_backend_sync(fb_backend_t *be);
  * Each member is a GEMM of its solo shape, shared input or not (cpu/fast_linear.c).
  * bias may be NULL.
  */
-void fb_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                        const float *bias, int N, int B, int I, int O, bool shared);
 /* din[N, Bi, I] (may be NULL; shared: summed over members), dw[B, O, I],
  * dbias[B, O] (may be NULL); all accumulate. */
-void fb_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fb_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                         const float *in, const float *w, int N, int B, int I, int O, bool shared);
 
 /* ---- conv2d ------------------------------------------------------------ */
@@ -128,11 +128,11 @@ void fb_conv_geom_finish(fb_conv_geom *g);
 /* Floats of scratch memory conv2d forward/backward need for this geometry.
  * On a multi-threaded backend the size grows with the thread count: size
  * scratch after fb_backend_set_threads, and again after raising the count. */
-size_t fb_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g);
-void fb_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+size_t fb_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g);
+void fb_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                        const float *bias, const fb_conv_geom *g, float *scratch);
 /* din may be NULL (and is NULL-only when shared), dbias may be NULL. */
-void fb_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fb_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                         const float *in, const float *w, const fb_conv_geom *g, float *scratch);
 
 /* ---- pooling ----------------------------------------------------------- */
@@ -147,30 +147,30 @@ typedef struct fb_pool_geom {
 void fb_pool_geom_finish(fb_pool_geom *g);
 /* Max pooling; padding counts as -inf.  argmax [N, BC, Ho, Wo] records the
  * winning input index within its (n, channel) plane, for backward. */
-void fb_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                           const fb_pool_geom *g);
-void fb_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                            const int32_t *argmax, const fb_pool_geom *g);
 /* Average pooling, padding counted in the divisor (count_include_pad). */
-void fb_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
-void fb_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                            const fb_pool_geom *g);
 /* out [N, BC] = mean over HW of in [N, BC, HW]. */
-void fb_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fb_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                int HW);
-void fb_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                 int HW);
 
 /* ---- elementwise ------------------------------------------------------- */
 
-void fb_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
+void fb_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
 /* din += dout * act'(in); out is the forward output (used by tanh/sigmoid). */
-void fb_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fb_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                      const float *in, const float *out, size_t n);
 /* out = a + b over n floats (out may alias a or b). */
-void fb_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void fb_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 /* y += x over n floats. */
-void fb_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
+void fb_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 
 /*
  * Inverted dropout over x [N, B, F]: member b keeps element (n, f) when
@@ -181,9 +181,9 @@ void fb_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
  * masks are the same fused or alone.  seeds is host memory [B].  Backward
  * regenerates the mask from the same arguments.
  */
-void fb_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+void fb_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
                         uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
-void fb_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+void fb_dropout_backward(fb_backend *be, float *din, const float *dout, const uint64_t *seeds,
                          uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
 
 /* ---- normalisation ----------------------------------------------------- */
@@ -195,25 +195,25 @@ void fb_dropout_backward(fb_backend_t *be, float *din, const float *dout, const 
  * running_var (unbiased variance) with PyTorch's momentum.  gamma and beta
  * [BC] may be NULL (no affine).
  */
-void fb_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                 float *running_mean, float *running_var, const float *in,
                                 const float *gamma, const float *beta, int N, int BC, int HW,
                                 float eps, float momentum);
-void fb_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+void fb_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                const float *gamma, const float *beta,
                                const float *running_mean, const float *running_var, int N,
                                int BC, int HW, float eps);
 /* dgamma/dbeta may be NULL (no affine). */
-void fb_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                            const float *dout, const float *in, const float *mean,
                            const float *rstd, const float *gamma, int N, int BC, int HW);
 
 /* Layer norm of each x[n, b, :] over its F features; gamma, beta [B, F] or
  * NULL; mean and rstd [N, B] saved for backward. */
-void fb_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                           const float *in, const float *gamma, const float *beta, int N, int B,
                           int F, float eps);
-void fb_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                            const float *dout, const float *in, const float *mean,
                            const float *rstd, const float *gamma, int N, int B, int F);
 
@@ -228,13 +228,13 @@ void fb_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *d
  * the count of samples whose argmax equals the label.  loss and correct are
  * backend memory.
  */
-void fb_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                      const float *logits, const int32_t *labels, int N, int B, int K,
                      float grad_scale);
 /* Mean squared error of pred [N, B, K] against target [N, K]: loss[B] = mean
  * over N*K; dpred (may be NULL) OVERWRITTEN with 2 (pred - target) * grad_scale
  * / K (grad_scale = 1/N for a whole batch). */
-void fb_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
             int N, int B, int K, float grad_scale);
 
 /* ---- optimizers -------------------------------------------------------- */
@@ -270,7 +270,7 @@ typedef struct fb_optim_hparams {
  * moment (adam/adamw; may be NULL for sgd).  A member whose hp.lr is 0 and
  * whose t is 0 is skipped (an empty slot).
  */
-void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                    float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                    int B, const fb_optim_hparams *hp);
 
@@ -284,7 +284,7 @@ void fb_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const fl
  * before calling the float ops, so that every backend computes the same
  * thing: products of bf16 values accumulated in float.
  */
-void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
+void fb_round_bf16(fb_backend *be, float *out, const float *in, size_t n);
 
 /*
  * The unscaling of bf16 dynamic loss scaling, in one pass over the parameter
@@ -305,19 +305,19 @@ void fb_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
  * infinity reaches the optimizer.  On the device this is one launch; B
  * floats come back when the caller reads the flags.
  */
-void fb_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                      const fb_param_block *blocks, int n_blocks, int B);
 
 /*
  * x[n, b, f] *= scales[b] over x [N, B, F]: the per-member loss scale applied
  * to the loss gradient [N, B, K].  scales [B] is host memory.
  */
-void fb_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
+void fb_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* ---- GEMM (benchmarks) ------------------------------------------------- */
 
 /* C[M, N] = A[M, K] . B[K, N], row-major, float; the backend's best GEMM. */
-void fb_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+void fb_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 #ifdef __cplusplus
 }

@@ -105,9 +105,9 @@ bool fb_auth_hash_equal(const uint8_t *a, const uint8_t *b)
     return sodium_memcmp(a, b, FB_KEY_HASH_BYTES) == 0;
 }
 
-fb_auth_t *fb_auth_new(int ttl_ms)
+fb_auth *fb_auth_new(int ttl_ms)
 {
-    fb_auth_t *a = calloc(1, sizeof *a);
+    fb_auth *a = calloc(1, sizeof *a);
     if (!a) return NULL;
     a->ttl_ms = ttl_ms;
     pthread_mutex_init(&a->cache_mu, NULL);
@@ -115,7 +115,7 @@ fb_auth_t *fb_auth_new(int ttl_ms)
     return a;
 }
 
-static void cache_clear(fb_auth_t *a)
+static void cache_clear(fb_auth *a)
 {
     for (int i = 0; i < N_BUCKETS; i++) {
         cache_node *n = a->cache[i];
@@ -130,7 +130,7 @@ static void cache_clear(fb_auth_t *a)
     a->n_cache = 0;
 }
 
-static void buckets_clear(fb_auth_t *a)
+static void buckets_clear(fb_auth *a)
 {
     for (int i = 0; i < N_BUCKETS; i++) {
         bucket_node *n = a->buckets[i];
@@ -144,7 +144,7 @@ static void buckets_clear(fb_auth_t *a)
     a->n_buckets = 0;
 }
 
-void fb_auth_free(fb_auth_t *a)
+void fb_auth_free(fb_auth *a)
 {
     if (!a) return;
     cache_clear(a);
@@ -154,7 +154,7 @@ void fb_auth_free(fb_auth_t *a)
     free(a);
 }
 
-bool fb_auth_cache_get(fb_auth_t *a, const char *key_id, fb_auth_entry *out)
+bool fb_auth_cache_get(fb_auth *a, const char *key_id, fb_auth_entry *out)
 {
     bool found = false;
     int64_t now = now_ms();
@@ -172,7 +172,7 @@ bool fb_auth_cache_get(fb_auth_t *a, const char *key_id, fb_auth_entry *out)
     return found;
 }
 
-void fb_auth_cache_put(fb_auth_t *a, const fb_auth_entry *e)
+void fb_auth_cache_put(fb_auth *a, const fb_auth_entry *e)
 {
     int64_t expires = now_ms() + a->ttl_ms;
     unsigned s = slot_of(e->key_id);
@@ -197,7 +197,7 @@ void fb_auth_cache_put(fb_auth_t *a, const fb_auth_entry *e)
     pthread_mutex_unlock(&a->cache_mu);
 }
 
-void fb_auth_forget_key(fb_auth_t *a, const char *key_id)
+void fb_auth_forget_key(fb_auth *a, const char *key_id)
 {
     pthread_mutex_lock(&a->cache_mu);
     for (cache_node **p = &a->cache[slot_of(key_id)]; *p; p = &(*p)->next) {
@@ -213,7 +213,7 @@ void fb_auth_forget_key(fb_auth_t *a, const char *key_id)
     pthread_mutex_unlock(&a->cache_mu);
 }
 
-void fb_auth_forget_tenant(fb_auth_t *a, const char *tenant_id)
+void fb_auth_forget_tenant(fb_auth *a, const char *tenant_id)
 {
     pthread_mutex_lock(&a->cache_mu);
     for (int i = 0; i < N_BUCKETS; i++) {
@@ -233,7 +233,7 @@ void fb_auth_forget_tenant(fb_auth_t *a, const char *tenant_id)
     pthread_mutex_unlock(&a->cache_mu);
 }
 
-bool fb_auth_rate_take(fb_auth_t *a, const char *tenant_id, double rate, int burst,
+bool fb_auth_rate_take(fb_auth *a, const char *tenant_id, double rate, int burst,
                        int *retry_after_s)
 {
     int64_t now = now_ms();

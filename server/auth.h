@@ -51,31 +51,31 @@ typedef struct fb_auth_entry {
     int rate_burst;
 } fb_auth_entry;
 
-typedef struct fb_auth fb_auth_t;
+typedef struct fb_auth fb_auth;
 
 /* Creates the key cache and rate limiter; entries live ttl_ms.  NULL when
  * out of memory. */
-fb_auth_t *fb_auth_new(int ttl_ms);
+fb_auth *fb_auth_new(int ttl_ms);
 
 /* Frees everything; accepts NULL. */
-void fb_auth_free(fb_auth_t *auth);
+void fb_auth_free(fb_auth *auth);
 
 /* Copies the cached entry of key_id into *out; false when absent or stale. */
-bool fb_auth_cache_get(fb_auth_t *auth, const char *key_id, fb_auth_entry *out);
+bool fb_auth_cache_get(fb_auth *auth, const char *key_id, fb_auth_entry *out);
 
 /* Stores (or replaces) the entry for e->key_id. */
-void fb_auth_cache_put(fb_auth_t *auth, const fb_auth_entry *e);
+void fb_auth_cache_put(fb_auth *auth, const fb_auth_entry *e);
 
 /* Drops the cached entry of one key, or of every key of one tenant. */
-void fb_auth_forget_key(fb_auth_t *auth, const char *key_id);
-void fb_auth_forget_tenant(fb_auth_t *auth, const char *tenant_id);
+void fb_auth_forget_key(fb_auth *auth, const char *key_id);
+void fb_auth_forget_tenant(fb_auth *auth, const char *tenant_id);
 
 /*
  * Takes one token from the tenant's bucket (rate per second, burst tokens
  * at most).  Returns true when the request may go on; otherwise false and
  * *retry_after_s gets the whole seconds until a token is back (>= 1).
  */
-bool fb_auth_rate_take(fb_auth_t *auth, const char *tenant_id, double rate, int burst,
+bool fb_auth_rate_take(fb_auth *auth, const char *tenant_id, double rate, int burst,
                        int *retry_after_s);
 
 #endif

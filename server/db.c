@@ -62,13 +62,13 @@ static void sleep_ms(int64_t ms)
     }
 }
 
-fb_db_pool_t *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap)
+fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap)
 {
     if (!opt || !opt->url || opt->size < 1) {
         fb_errf(msg, cap, FB_ERR_INTERNAL, "database pool: bad options");
         return NULL;
     }
-    fb_db_pool_t *p = calloc(1, sizeof *p);
+    fb_db_pool *p = calloc(1, sizeof *p);
     if (!p) goto fail_nomem;
     p->size = opt->size;
     p->statement_timeout_ms = opt->statement_timeout_ms;
@@ -108,7 +108,7 @@ static void conn_close(fb_db_conn *c)
     c->broken = false;
 }
 
-void fb_db_pool_free(fb_db_pool_t *pool)
+void fb_db_pool_free(fb_db_pool *pool)
 {
     if (!pool) return;
     for (int i = 0; i < pool->size; i++)
@@ -121,12 +121,12 @@ void fb_db_pool_free(fb_db_pool_t *pool)
     free(pool);
 }
 
-int fb_db_pool_wait_ms(const fb_db_pool_t *pool)
+int fb_db_pool_wait_ms(const fb_db_pool *pool)
 {
     return pool->wait_ms;
 }
 
-int fb_db_pool_open_count(fb_db_pool_t *pool)
+int fb_db_pool_open_count(fb_db_pool *pool)
 {
     int n = 0;
     pthread_mutex_lock(&pool->mu);
@@ -153,7 +153,7 @@ void fb_db_route_notices(PGconn *pg)
 
 /* Opens c's libpq connection with the session settings every request relies
  * on (UTC timestamps, statement and idle-transaction limits). */
-static int conn_open(fb_db_pool_t *pool, fb_db_conn *c, char *msg, size_t cap)
+static int conn_open(fb_db_pool *pool, fb_db_conn *c, char *msg, size_t cap)
 {
     char options[256];
     snprintf(options, sizeof options,
@@ -177,7 +177,7 @@ static int conn_open(fb_db_pool_t *pool, fb_db_conn *c, char *msg, size_t cap)
     return FB_OK;
 }
 
-int fb_db_acquire(fb_db_pool_t *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap)
+int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap)
 {
     pthread_mutex_lock(&pool->mu);
     while (pool->n_free == 0) {
@@ -220,7 +220,7 @@ int fb_db_acquire(fb_db_pool_t *pool, int64_t deadline_ms, fb_db_conn **out, cha
     return FB_OK;
 }
 
-void fb_db_release(fb_db_pool_t *pool, fb_db_conn *c)
+void fb_db_release(fb_db_pool *pool, fb_db_conn *c)
 {
     if (!c) return;
     if (c->pg && !c->broken && PQstatus(c->pg) == CONNECTION_OK &&
@@ -346,7 +346,7 @@ void fb_db_rollback(fb_db_conn *c)
     }
 }
 
-int fb_db_run(fb_db_pool_t *pool, fb_db_fn fn, void *arg, char *msg, size_t cap)
+int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t cap)
 {
     int64_t deadline = fb_db_now_ms() + pool->wait_ms;
     int64_t backoff = 25;

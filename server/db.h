@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct fb_db_pool fb_db_pool_t;
+typedef struct fb_db_pool fb_db_pool;
 typedef struct fb_db_conn fb_db_conn;
 
 typedef struct fb_db_options {
@@ -35,22 +35,22 @@ typedef struct fb_db_options {
  * needs one, so a pool can be created while PostgreSQL is still down.
  * Returns NULL with a message on bad options or allocation failure.
  */
-fb_db_pool_t *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap);
+fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap);
 
 /* Closes every connection and frees the pool; accepts NULL.  No connection
  * may be borrowed. */
-void fb_db_pool_free(fb_db_pool_t *pool);
+void fb_db_pool_free(fb_db_pool *pool);
 
 /*
  * Borrows a connection, opening or reopening it as needed, waiting until
  * deadline_ms (a fb_db_now_ms() value) with exponential backoff.  Returns
  * FB_OK and *out, or FB_ERR_UNAVAILABLE with a message.
  */
-int fb_db_acquire(fb_db_pool_t *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap);
+int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap);
 
 /* Returns a connection to the pool, rolling back any transaction left open;
  * a broken connection is closed so that the next borrower reconnects. */
-void fb_db_release(fb_db_pool_t *pool, fb_db_conn *c);
+void fb_db_release(fb_db_pool *pool, fb_db_conn *c);
 
 /* Milliseconds on the monotonic clock.  Real time on purpose, not base/clock.h's: it
  * bounds how long a request waits for a connection or a reconnect (real latency, which
@@ -70,10 +70,10 @@ int64_t fb_db_now_ms(void);
 const char *fb_db_clock_now(char *buf, size_t cap);
 
 /* The pool's configured wait, in milliseconds. */
-int fb_db_pool_wait_ms(const fb_db_pool_t *pool);
+int fb_db_pool_wait_ms(const fb_db_pool *pool);
 
 /* Connections currently open (for /metrics). */
-int fb_db_pool_open_count(fb_db_pool_t *pool);
+int fb_db_pool_open_count(fb_db_pool *pool);
 
 /*
  * Runs one statement with text parameters (vals[i] NULL is SQL NULL).  When
@@ -127,6 +127,6 @@ typedef int (*fb_db_fn)(fb_db_conn *c, void *arg, char *msg, size_t cap);
  * connection with backoff until the pool's wait time is spent.  Returns fn's
  * result or FB_ERR_UNAVAILABLE.
  */
-int fb_db_run(fb_db_pool_t *pool, fb_db_fn fn, void *arg, char *msg, size_t cap);
+int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t cap);
 
 #endif

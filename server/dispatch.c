@@ -396,19 +396,19 @@ static int64_t real_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static bool load_groups(fb_dispatch_t *d);
+static bool load_groups(fb_dispatch *d);
 static int parse_ints(const char *p, int64_t *out, int cap);
-static int write_reasons(fb_dispatch_t *d, double budget_s);
-static void take_notifies(fb_dispatch_t *d);
-static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t);
-static bool update_utilization(fb_dispatch_t *d, const char *group_id);
-static void flush_progress(fb_dispatch_t *d);
+static int write_reasons(fb_dispatch *d, double budget_s);
+static void take_notifies(fb_dispatch *d);
+static bool detach_recent(fb_dispatch *d, const char *key, int64_t t);
+static bool update_utilization(fb_dispatch *d, const char *group_id);
+static void flush_progress(fb_dispatch *d);
 struct pending;
-static bool record_slowdown(fb_dispatch_t *d, const struct pending *p, const char *ids,
+static bool record_slowdown(fb_dispatch *d, const struct pending *p, const char *ids,
                             const char *steps, const char *totals);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
-static bool db_ok(fb_dispatch_t *d)
+static bool db_ok(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
     int64_t t = fb_clock_ms();
@@ -455,7 +455,7 @@ static bool db_ok(fb_dispatch_t *d)
 }
 
 /* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
-static PGresult *q(fb_dispatch_t *d, const char *sql, int n, const char *const *vals)
+static PGresult *q(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
     if (!d->pg) return NULL;
     PGresult *r = PQexecParams(d->pg, sql, n, NULL, vals, NULL, NULL, 0);
@@ -468,17 +468,17 @@ static PGresult *q(fb_dispatch_t *d, const char *sql, int n, const char *const *
     return NULL;
 }
 
-static bool exec1(fb_dispatch_t *d, const char *sql, int n, const char *const *vals)
+static bool exec1(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
     PGresult *r = q(d, sql, n, vals);
     PQclear(r);
     return r != NULL;
 }
 
-static bool begin(fb_dispatch_t *d) { return exec1(d, "BEGIN", 0, NULL); }
+static bool begin(fb_dispatch *d) { return exec1(d, "BEGIN", 0, NULL); }
 /* COMMIT; false also when PostgreSQL rolled the transaction back instead (a
  * statement of it had failed), which it reports as a successful ROLLBACK. */
-static bool commit(fb_dispatch_t *d)
+static bool commit(fb_dispatch *d)
 {
     PGresult *r = q(d, "COMMIT", 0, NULL);
     bool ok = r && strcmp(PQcmdStatus(r), "COMMIT") == 0;
@@ -488,34 +488,34 @@ static bool commit(fb_dispatch_t *d)
     PQclear(r);
     return ok;
 }
-static void rollback(fb_dispatch_t *d)
+static void rollback(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) PQclear(PQexec(d->pg, "ROLLBACK"));
 }
 
 /* ---- registry of workers and groups -------------------------------------- */
 
-static worker *find_worker(fb_dispatch_t *d, const char *name)
+static worker *find_worker(fb_dispatch *d, const char *name)
 {
     for (int i = 0; i < d->n_workers; i++)
         if (strcmp(d->workers[i].name, name) == 0) return &d->workers[i];
     return NULL;
 }
 
-static void drop_worker(fb_dispatch_t *d, worker *w)
+static void drop_worker(fb_dispatch *d, worker *w)
 {
     int i = (int)(w - d->workers);
     d->workers[i] = d->workers[--d->n_workers];
 }
 
-static group *find_group(fb_dispatch_t *d, const char *id)
+static group *find_group(fb_dispatch *d, const char *id)
 {
     for (int i = 0; i < d->n_groups; i++)
         if (strcmp(d->groups[i].id, id) == 0) return &d->groups[i];
     return NULL;
 }
 
-static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char *worker_name)
+static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name)
 {
     if (d->n_groups == d->cap_groups) {
         int cap = d->cap_groups ? 2 * d->cap_groups : 64;
@@ -544,7 +544,7 @@ static bool add_group(fb_dispatch_t *d, const char *id, int64_t gen, const char 
     return true;
 }
 
-static void drop_group(fb_dispatch_t *d, const char *id)
+static void drop_group(fb_dispatch *d, const char *id)
 {
     group *g = find_group(d, id);
     if (!g) return;
@@ -603,7 +603,7 @@ static bool span_add(group *g, int world, int port, const char *name, int rank_b
 }
 
 /* The groups that are not finished, from the database (once per start). */
-static bool load_groups(fb_dispatch_t *d)
+static bool load_groups(fb_dispatch *d)
 {
     PGresult *r = q(d,
                     "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
@@ -648,7 +648,7 @@ static bool load_groups(fb_dispatch_t *d)
 /* ---- sending ------------------------------------------------------------- */
 
 /* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
-static bool send_to(fb_dispatch_t *d, const char *name, const fb_wire_msg *m,
+static bool send_to(fb_dispatch *d, const char *name, const fb_wire_msg *m,
                     const void *const *blobs, const size_t *lens, int n_blobs)
 {
     char err[256];
@@ -670,7 +670,7 @@ static bool send_to(fb_dispatch_t *d, const char *name, const fb_wire_msg *m,
     return ok;
 }
 
-static void send_detach(fb_dispatch_t *d, const char *worker_name, const char *group_id,
+static void send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
                         int64_t gen, const char *job_id, const char *why, bool keep_state)
 {
     fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen, .keep_state = keep_state};
@@ -700,7 +700,7 @@ static int mkdirs(const char *path)
  * fsync and rename; rel receives the path relative to the artifacts
  * directory and sha its SHA-256 in hex.
  */
-static int write_artifact(fb_dispatch_t *d, const char *tenant, const char *job, const char *file,
+static int write_artifact(fb_dispatch *d, const char *tenant, const char *job, const char *file,
                           const void *buf, size_t len, char *rel, size_t rel_cap, char sha[65])
 {
     char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX];
@@ -768,14 +768,14 @@ static void *read_under(const char *root, const char *rel, size_t *len)
     return buf;
 }
 
-static void *read_artifact(fb_dispatch_t *d, const char *rel, size_t *len)
+static void *read_artifact(fb_dispatch *d, const char *rel, size_t *len)
 {
     return read_under(d->artifacts, rel, len);
 }
 
 /* Reads an artifact of the tenant's: rel must lie under <tenant id>/ and resolve, every
  * link followed, inside that tenant's own directory; NULL otherwise. */
-static void *read_tenant_artifact(fb_dispatch_t *d, const char *tenant, const char *rel,
+static void *read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel,
                                   size_t *len)
 {
     size_t tl = strlen(tenant);
@@ -796,7 +796,7 @@ static void *read_tenant_artifact(fb_dispatch_t *d, const char *tenant, const ch
  * progress reach POISON_WORKERS different workers in a row: then it is a job
  * fault (sql_requeue_group).
  */
-static bool requeue_group(fb_dispatch_t *d, const char *group_id, const char *why,
+static bool requeue_group(fb_dispatch *d, const char *group_id, const char *why,
                           const char *lost_on)
 {
     const group *g = find_group(d, group_id);
@@ -841,7 +841,7 @@ fail:
  * since one worker's fault stops the whole group.  g is gone afterwards
  * when this returns true.
  */
-static bool requeue_spanning(fb_dispatch_t *d, group *g, const char *why, const char *lost_on)
+static bool requeue_spanning(fb_dispatch *d, group *g, const char *why, const char *lost_on)
 {
     char id[FB_WIRE_ID_LEN + 1];
     snprintf(id, sizeof id, "%s", g->id);
@@ -866,7 +866,7 @@ static bool requeue_spanning(fb_dispatch_t *d, group *g, const char *why, const 
 
 /* Finishes a group once none of its jobs trains in it any more; *finished
  * says whether it did (the caller forgets the group after COMMIT). */
-static bool maybe_finish_group(fb_dispatch_t *d, const char *group_id, bool *finished)
+static bool maybe_finish_group(fb_dispatch *d, const char *group_id, bool *finished)
 {
     const char *v[1] = {group_id};
     PGresult *r = q(d,
@@ -899,7 +899,7 @@ static void fmt_num(char *buf, size_t cap, double x)
 }
 
 /* Records a full-state checkpoint of a job (file, row, resume point). */
-static int record_state(fb_dispatch_t *d, const pending *e, const char *tenant)
+static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
 {
     const fb_wire_msg *m = &e->m;
     char file[64], rel[PATH_MAX], sha[65], step[24], bytes[24];
@@ -931,13 +931,13 @@ static int record_state(fb_dispatch_t *d, const pending *e, const char *tenant)
  * next evaluation).  asha_end returns false only when the transaction itself
  * is lost.
  */
-static bool asha_end(fb_dispatch_t *d, bool ok)
+static bool asha_end(fb_dispatch *d, bool ok)
 {
     return exec1(d, ok ? "RELEASE SAVEPOINT asha" : "ROLLBACK TO SAVEPOINT asha", 0, NULL);
 }
 
 /* The rung result of an evaluation, and its decision (see asha_on_evaluated). */
-static bool asha_rung(fb_dispatch_t *d, const fb_wire_msg *m, bool *stop)
+static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 {
     const char *v1[1] = {m->job_id};
     PGresult *r = q(d,
@@ -1073,7 +1073,7 @@ static bool asha_rung(fb_dispatch_t *d, const fb_wire_msg *m, bool *stop)
  * (asha_send_stop).  A trial's last evaluation is not a rung result.  Runs
  * in apply_event's transaction; false when that is lost.
  */
-static bool asha_on_evaluated(fb_dispatch_t *d, const fb_wire_msg *m, bool *stop)
+static bool asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 {
     *stop = false;
     if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
@@ -1085,7 +1085,7 @@ static bool asha_on_evaluated(fb_dispatch_t *d, const fb_wire_msg *m, bool *stop
 /* Detaches a member its rule stopped; after COMMIT, so that the decision is on
  * record before the member leaves.  The array must still be the one the
  * evaluation came from: a member that moved since has left that one. */
-static void asha_send_stop(fb_dispatch_t *d, const fb_wire_msg *m)
+static void asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
 {
     group *g = find_group(d, m->group_id);
     if (!g || g->generation != m->generation || !find_worker(d, g->worker)) {
@@ -1106,7 +1106,7 @@ static void asha_send_stop(fb_dispatch_t *d, const fb_wire_msg *m)
  * *stopped says whether m was such a departure.  Runs in apply_event's
  * transaction; false when that is lost.
  */
-static bool asha_on_detached(fb_dispatch_t *d, const fb_wire_msg *m, bool *stopped)
+static bool asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
 {
     *stopped = false;
     if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
@@ -1149,7 +1149,7 @@ static bool asha_on_detached(fb_dispatch_t *d, const fb_wire_msg *m, bool *stopp
  * ASSIGN carried, and an older checkpoint must never move a resume point
  * back.
  */
-static int apply_late_checkpoint(fb_dispatch_t *d, pending *e)
+static int apply_late_checkpoint(fb_dispatch *d, pending *e)
 {
     const fb_wire_msg *m = &e->m;
     char gen[24], step[24];
@@ -1208,7 +1208,7 @@ fail:
  * needs no record: its job left the group already), else an error and the
  * event is retried later.
  */
-static int apply_event(fb_dispatch_t *d, pending *e)
+static int apply_event(fb_dispatch *d, pending *e)
 {
     fb_wire_msg *m = &e->m;
     const char *kind = fb_wire_event_name(m->event);
@@ -1440,7 +1440,7 @@ static pending *pop(queue *qq)
 }
 
 /* Writes queued events in order and acknowledges each once committed. */
-static void flush_events(fb_dispatch_t *d)
+static void flush_events(fb_dispatch *d)
 {
     while (d->events.head) {
         if (!db_ok(d)) return;
@@ -1489,7 +1489,7 @@ static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
  * summed over the unfinished arrays there, from their latest reports.
  * Recomputed for the devices of group_id (after its report, or its end).
  */
-static bool update_utilization(fb_dispatch_t *d, const char *group_id)
+static bool update_utilization(fb_dispatch *d, const char *group_id)
 {
     const char *v[1] = {group_id};
     /* an array's devices are group_devices (schema 008): its worker's, or those of each of
@@ -1548,7 +1548,7 @@ static char *device_breakdown_json(const fb_wire_msg *m)
     return text;
 }
 
-static bool write_progress(fb_dispatch_t *d, const pending *p, bool full)
+static bool write_progress(fb_dispatch *d, const pending *p, bool full)
 {
     const fb_wire_msg *m = &p->m;
     size_t cap = (size_t)m->n_progress * 48 + 16;
@@ -1668,7 +1668,7 @@ done:
  * first warm report replaces (profiles.warm).  ids, steps and totals are the
  * report's members as the array literals write_progress built.
  */
-static bool record_slowdown(fb_dispatch_t *d, const pending *p, const char *ids,
+static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
                             const char *steps, const char *totals)
 {
     const fb_wire_msg *m = &p->m;
@@ -1790,7 +1790,7 @@ static bool superseded(const pending *p)
  * arrays, a slow database) neither starves planning and heartbeats nor
  * grows: the loop comes back for the rest on its next turn.
  */
-static void flush_progress_run(fb_dispatch_t *d)
+static void flush_progress_run(fb_dispatch *d)
 {
     int64_t t0 = real_ms();
     /* slices of one transaction each: PostgreSQL hands a listening session its
@@ -1823,7 +1823,7 @@ static void flush_progress_run(fb_dispatch_t *d)
 /* ---- messages from workers ----------------------------------------------- */
 
 /* Whether m's group is live, of m's generation, and run (in part) by this worker. */
-static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+static bool group_current(fb_dispatch *d, const char *name, const fb_wire_msg *m)
 {
     group *g = find_group(d, m->group_id);
     return g && g->generation == m->generation && group_has_worker(g, name);
@@ -1842,7 +1842,7 @@ static bool group_current(fb_dispatch_t *d, const char *name, const fb_wire_msg 
  * running in it.  now is the clock when the message was read: the answer to
  * it goes out first, and a test's manual clock may move once it is answered.
  */
-static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, bool full,
+static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bool full,
                       int64_t now)
 {
     for (int i = 0; i < m->n_running; i++) {
@@ -1894,7 +1894,7 @@ static void reconcile(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, 
  * that fell behind fell further behind with every HELLO it took (a stall of
  * a second grew to seconds, and the worker's groups looked lost).
  */
-static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_msg *m)
+static bool hello_same(const fb_dispatch *d, const worker *w, const fb_wire_msg *m)
 {
     if (!w->id[0] || fb_clock_ms() - w->hello_ms > d->cfg.heartbeat_timeout_ms ||
         strcmp(w->backend, m->backend) != 0 || strcmp(w->version, m->version) != 0 ||
@@ -1909,7 +1909,7 @@ static bool hello_same(const fb_dispatch_t *d, const worker *w, const fb_wire_ms
     return true;
 }
 
-static void on_hello(fb_dispatch_t *d, const char *name, const fb_wire_msg *m, int64_t now)
+static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int64_t now)
 {
     if (strcmp(m->worker, name) != 0) {
         fb_log_json(FB_LOG_WARN, "HELLO names another worker than its socket; dropped",
@@ -2009,7 +2009,7 @@ fail:
  * warm-up never counts.  *step_ms and *busy_ms receive the step and busy
  * time of a window this report closes, 0 when it closes none.
  */
-static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_ms,
+static void note_step_time(fb_dispatch *d, const fb_wire_msg *m, double *step_ms,
                            double *busy_ms)
 {
     *step_ms = *busy_ms = 0;
@@ -2044,7 +2044,7 @@ static void note_step_time(fb_dispatch_t *d, const fb_wire_msg *m, double *step_
  * worker reports on its own, so a rank's first report (its warm-up) gives no
  * rate.
  */
-static void note_span_steps(fb_dispatch_t *d, group *g, const char *name, const fb_wire_msg *m)
+static void note_span_steps(fb_dispatch *d, group *g, const char *name, const fb_wire_msg *m)
 {
     span *sp = g->span;
     for (int i = 0; i < m->n_device_steps; i++) {
@@ -2074,7 +2074,7 @@ static void note_span_steps(fb_dispatch_t *d, group *g, const char *name, const 
  * started), which says nothing about a device's speed: as for its step time
  * (note_step_time, called first), it gives no rate.
  */
-static void note_device_steps(fb_dispatch_t *d, const char *name, const fb_wire_msg *m)
+static void note_device_steps(fb_dispatch *d, const char *name, const fb_wire_msg *m)
 {
     group *g = find_group(d, m->group_id);
     if (!g || m->n_device_steps < 1) return;
@@ -2102,7 +2102,7 @@ static void note_device_steps(fb_dispatch_t *d, const char *name, const fb_wire_
  * elsewhere from the step it left at.  The leader's own drain is the
  * worker's business, as for an array on one worker.
  */
-static void drain_follower(fb_dispatch_t *d, const char *name)
+static void drain_follower(fb_dispatch *d, const char *name)
 {
     if (!db_ok(d)) return;
     for (int i = 0; i < d->n_groups; i++) {
@@ -2172,7 +2172,7 @@ static uint32_t census_hash(const char *name)
     return h;
 }
 
-static peer_reads *census_slot(const fb_dispatch_t *d, const char *name)
+static peer_reads *census_slot(const fb_dispatch *d, const char *name)
 {
     uint32_t h = census_hash(name) & (CENSUS_SLOTS - 1);
     while (d->census[h].name[0] && strcmp(d->census[h].name, name) != 0)
@@ -2181,7 +2181,7 @@ static peer_reads *census_slot(const fb_dispatch_t *d, const char *name)
 }
 
 /* Counts a read from peer name, while the tick's drain takes its census. */
-static void census_count(fb_dispatch_t *d, const char *name)
+static void census_count(fb_dispatch *d, const char *name)
 {
     if (!d->census_on) return;
     peer_reads *p = census_slot(d, name);
@@ -2198,7 +2198,7 @@ static void census_count(fb_dispatch_t *d, const char *name)
     if (++p->reads > d->census_max) d->census_max = p->reads;
 }
 
-static void census_reset(fb_dispatch_t *d)
+static void census_reset(fb_dispatch *d)
 {
     for (int i = 0; i < d->n_census; i++) d->census[d->census_used[i]].name[0] = '\0';
     d->n_census = d->census_max = d->census_anon = 0;
@@ -2232,7 +2232,7 @@ static void census_reset(fb_dispatch_t *d)
  * needs no count of the connected peers, which the loop does not have (a
  * peer with a valid key need not have registered).
  */
-static bool peer_settled(const fb_dispatch_t *d, const char *name)
+static bool peer_settled(const fb_dispatch *d, const char *name)
 {
     if (d->router_emptied) return true;
     if (d->census_lost) return false;
@@ -2242,7 +2242,7 @@ static bool peer_settled(const fb_dispatch_t *d, const char *name)
 }
 
 /* Receives one multipart message from the ROUTER and acts on it. */
-static void on_message(fb_dispatch_t *d)
+static void on_message(fb_dispatch *d)
 {
     enum { MAX_FRAMES = 2 + FB_WIRE_MAX_BLOBS };
     zmq_msg_t *fr = malloc(MAX_FRAMES * sizeof *fr);
@@ -2431,7 +2431,7 @@ done:
 
 /* ---- ZAP: only listed worker keys get in ---------------------------------- */
 
-static void reload_keys(fb_dispatch_t *d)
+static void reload_keys(fb_dispatch *d)
 {
     struct stat st;
     if (stat(d->cfg.worker_keys, &st) != 0) {
@@ -2458,7 +2458,7 @@ static void reload_keys(fb_dispatch_t *d)
     d->keys_mtime = st.st_mtim;
 }
 
-static void on_zap(fb_dispatch_t *d)
+static void on_zap(fb_dispatch *d)
 {
     zmq_msg_t fr[8];
     int n = 0;
@@ -2502,7 +2502,7 @@ static void on_zap(fb_dispatch_t *d)
 
 /* ---- planning -------------------------------------------------------------- */
 
-static const keyinfo *key_info(fb_dispatch_t *d, const char *key, const char *job_id)
+static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_id)
 {
     for (int i = 0; i < d->n_kinfo; i++)
         if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
@@ -2623,7 +2623,7 @@ static void assign_out_free(assign_out *a)
  * leader could not bind (another program holds it) is the last one tried
  * again.  0 when every port of the range is taken.
  */
-static int pick_port(fb_dispatch_t *d, worker *w, const assign_out *outq)
+static int pick_port(fb_dispatch *d, worker *w, const assign_out *outq)
 {
     int lo = w->comm_port_lo, hi = w->comm_port_hi;
     if (lo < 1 || hi < lo) return 0;
@@ -2655,7 +2655,7 @@ static void fmt_rendezvous(char *out, size_t cap, const char *host, int port)
  * for the disk, and a plan that started 67 arrays one transaction each took
  * 300 ms.
  */
-static void start_group(fb_dispatch_t *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
+static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
 {
     worker *w = &d->workers[c->dev_worker[g->devices[0]]];
     /* a group that spans workers: its workers in rank order (the planner lists the devices
@@ -2956,7 +2956,7 @@ out:
 /* After the plan's transaction: when it committed, tracks every group it
  * recorded and sends their ASSIGNs; frees the queue either way (a group
  * that did not commit left its jobs queued for the next plan). */
-static void deliver_groups(fb_dispatch_t *d, assign_out *q, bool committed)
+static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
 {
     /* queued newest first: deliver in the order the plan made them */
     assign_out *rev = NULL;
@@ -3009,7 +3009,7 @@ static void deliver_groups(fb_dispatch_t *d, assign_out *q, bool committed)
 }
 
 /* One planning round: snapshot, policy, decisions. */
-static void plan_run(fb_dispatch_t *d)
+static void plan_run(fb_dispatch *d)
 {
     d->plan_due = false;
     d->last_plan_ms = fb_clock_ms();
@@ -3237,7 +3237,7 @@ out:
  * writing them at once held the loop for a second: the head of the queue
  * gets its reasons with the plan, the rest a budget per tick.
  */
-static int write_reasons(fb_dispatch_t *d, double budget_s)
+static int write_reasons(fb_dispatch *d, double budget_s)
 {
     double t0 = real_s();
     int written = 0;
@@ -3273,7 +3273,7 @@ static int write_reasons(fb_dispatch_t *d, double budget_s)
  * last sending.  Entries ten periods old are forgotten when the list is
  * full, so that it stays as long as the DETACHes of the last minute.
  */
-static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t)
+static bool detach_recent(fb_dispatch *d, const char *key, int64_t t)
 {
     for (int i = 0; i < d->n_detached; i++)
         if (strcmp(d->detached[i].job, key) == 0) {
@@ -3301,7 +3301,7 @@ static bool detach_recent(fb_dispatch_t *d, const char *key, int64_t t)
 }
 
 /* Cancelled jobs still inside a running array are detached from it. */
-static void detach_cancelled(fb_dispatch_t *d)
+static void detach_cancelled(fb_dispatch *d)
 {
     PGresult *r = q(d,
                     "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
@@ -3385,7 +3385,7 @@ static int fair_device(const fair_ctx *c, int nd, int w, int64_t idx)
 }
 
 /* Records a decision of the controller and tells the group's worker. */
-static void fair_apply(fb_dispatch_t *d, const fb_fair_group *G, const fb_fair_decision *dec,
+static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_decision *dec,
                        const char *gid)
 {
     group *g = find_group(d, gid);
@@ -3427,7 +3427,7 @@ static void fair_apply(fb_dispatch_t *d, const fb_fair_group *G, const fb_fair_d
  * without losing a step, and the planner, which prefers the least loaded
  * devices, places it anew.
  */
-static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, int sg)
+static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, int sg)
 {
     const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
     group *g = find_group(d, gid);
@@ -3453,7 +3453,7 @@ static void fair_migrate(fb_dispatch_t *d, fair_ctx *c, const fb_fair_group *G, 
  * published.  The controller owns the shares of running groups; the planner
  * only sets a new group's first one.
  */
-static void rebalance_run(fb_dispatch_t *d)
+static void rebalance_run(fb_dispatch *d)
 {
     d->last_rebalance_ms = fb_clock_ms();
     if (!db_ok(d)) return;
@@ -3676,7 +3676,7 @@ out:
 /* ---- timed phases ---------------------------------------------------------- */
 
 /* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
-static void plan(fb_dispatch_t *d)
+static void plan(fb_dispatch *d)
 {
     double t0 = real_s();
     plan_run(d);
@@ -3684,7 +3684,7 @@ static void plan(fb_dispatch_t *d)
 }
 
 /* A flush of progress reports, timed when there was something to write. */
-static void flush_progress(fb_dispatch_t *d)
+static void flush_progress(fb_dispatch *d)
 {
     if (!d->progress.head) return;
     double t0 = real_s();
@@ -3693,7 +3693,7 @@ static void flush_progress(fb_dispatch_t *d)
 }
 
 /* A fair-share period, timed. */
-static void rebalance(fb_dispatch_t *d)
+static void rebalance(fb_dispatch *d)
 {
     double t0 = real_s();
     rebalance_run(d);
@@ -3701,7 +3701,7 @@ static void rebalance(fb_dispatch_t *d)
 }
 
 /* Whether a message waits on the worker socket. */
-static bool router_readable(fb_dispatch_t *d)
+static bool router_readable(fb_dispatch *d)
 {
     int ev = 0;
     size_t sz = sizeof ev;
@@ -3710,7 +3710,7 @@ static bool router_readable(fb_dispatch_t *d)
 
 /* Handles the messages waiting on the worker socket, at most 256 at a time so
  * that the loop's other duties keep their turn. */
-static void drain_router(fb_dispatch_t *d)
+static void drain_router(fb_dispatch *d)
 {
     for (int k = 0; k < 256 && router_readable(d); k++) on_message(d);
 }
@@ -3719,7 +3719,7 @@ static void drain_router(fb_dispatch_t *d)
  * them or until one peer (or the peers without a worker's routing id,
  * together) has had SETTLE_TURNS reads (a flood), and takes the census of
  * those reads that peer_settled judges by. */
-static void drain_router_all(fb_dispatch_t *d)
+static void drain_router_all(fb_dispatch *d)
 {
     census_reset(d);
     d->census_on = true;
@@ -3732,7 +3732,7 @@ static void drain_router_all(fb_dispatch_t *d)
 }
 
 /* Whether an event of group_id's current assignment waits to be written. */
-static bool events_waiting(const fb_dispatch_t *d, const char *group_id)
+static bool events_waiting(const fb_dispatch *d, const char *group_id)
 {
     for (const pending *e = d->events.head; e; e = e->next)
         if (!e->late && strcmp(e->m.group_id, group_id) == 0) return true;
@@ -3749,7 +3749,7 @@ static bool events_waiting(const fb_dispatch_t *d, const char *group_id)
  * timeouts.  The jobs go back to the queue with a reason and an event, the
  * arrays are finished and their devices freed, and each is logged.
  */
-static void check_stale(fb_dispatch_t *d)
+static void check_stale(fb_dispatch *d)
 {
     const char **ids = malloc((size_t)(d->n_groups ? d->n_groups : 1) * sizeof *ids);
     if (!ids) return;
@@ -3782,7 +3782,7 @@ static void check_stale(fb_dispatch_t *d)
     free(live);
 }
 
-static void tick(fb_dispatch_t *d)
+static void tick(fb_dispatch *d)
 {
     int64_t t = fb_clock_ms();
     d->ticks++;
@@ -3893,7 +3893,7 @@ static void tick(fb_dispatch_t *d)
 }
 
 /* A submission or cancellation was notified: plan soon. */
-static void take_notifies(fb_dispatch_t *d)
+static void take_notifies(fb_dispatch *d)
 {
     if (!d->pg) return;
     PGnotify *nt;
@@ -3905,7 +3905,7 @@ static void take_notifies(fb_dispatch_t *d)
 
 static void *loop(void *arg)
 {
-    fb_dispatch_t *d = arg;
+    fb_dispatch *d = arg;
     d->start_ms = fb_clock_ms();
     int64_t next_tick = d->start_ms;
     db_ok(d);
@@ -3958,7 +3958,7 @@ static void *loop(void *arg)
 
 /* ---- start and stop -------------------------------------------------------- */
 
-static int server_keys(fb_dispatch_t *d, char *msg, size_t cap)
+static int server_keys(fb_dispatch *d, char *msg, size_t cap)
 {
     const char *path = d->cfg.server_key;
     if (access(path, F_OK) != 0) {
@@ -3980,10 +3980,10 @@ static int server_keys(fb_dispatch_t *d, char *msg, size_t cap)
     return FB_OK;
 }
 
-fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
+fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
                                  size_t cap)
 {
-    fb_dispatch_t *d = calloc(1, sizeof *d);
+    fb_dispatch *d = calloc(1, sizeof *d);
     if (!d) {
         fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         return NULL;
@@ -4069,7 +4069,7 @@ fail:
     return NULL;
 }
 
-void fb_dispatch_stop(fb_dispatch_t *d)
+void fb_dispatch_stop(fb_dispatch *d)
 {
     if (!d) return;
     if (d->thread_started) {

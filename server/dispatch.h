@@ -25,7 +25,7 @@
 
 #include "config.h"
 
-typedef struct fb_dispatch fb_dispatch_t;
+typedef struct fb_dispatch fb_dispatch;
 
 /*
  * Creates the server's CURVE keypair on first start (cfg->server_key, with
@@ -34,11 +34,11 @@ typedef struct fb_dispatch fb_dispatch_t;
  * artifacts is the canonical artifacts directory.  Returns NULL with msg
  * filled when the key, the endpoint or the thread cannot be set up.
  */
-fb_dispatch_t *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
+fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
                                  size_t msg_cap);
 
 /* Stops the loop (pending reports are flushed when the database is up),
  * closes the socket and frees everything.  Accepts NULL. */
-void fb_dispatch_stop(fb_dispatch_t *d);
+void fb_dispatch_stop(fb_dispatch *d);
 
 #endif

@@ -34,7 +34,7 @@ int main(int argc, char **argv)
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     fb_server_block_signals();
-    fb_server_t *srv = fb_server_new(&cfg, msg, sizeof msg);
+    fb_server *srv = fb_server_new(&cfg, msg, sizeof msg);
     if (!srv) {
         fb_log_json(FB_LOG_ERROR, "fuseboxd cannot start", json_pack("{s:s}", "detail", msg));
         return 1;

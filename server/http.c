@@ -86,7 +86,7 @@ static int64_t now_ns(void)
 
 /* ---- handler-facing helpers -------------------------------------------- */
 
-fb_db_pool_t *fb_req_db(fb_req *req)
+fb_db_pool *fb_req_db(fb_req *req)
 {
     return req->srv->db;
 }
@@ -713,7 +713,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   size_t *upload_data_size, void **con_cls)
 {
     (void)version;
-    fb_server_t *srv = cls;
+    fb_server *srv = cls;
     fb_req *req = *con_cls;
     if (!req) {
         req = calloc(1, sizeof *req);
@@ -850,7 +850,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     (void)conn;
-    fb_server_t *srv = cls;
+    fb_server *srv = cls;
     fb_req *req = *con_cls;
     if (!req) return;
     req_impl *im = impl_of(req);
@@ -917,7 +917,7 @@ int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap)
     return FB_OK;
 }
 
-struct MHD_Daemon *fb_http_start(fb_server_t *srv, const fb_http_routes *routes, char *msg,
+struct MHD_Daemon *fb_http_start(fb_server *srv, const fb_http_routes *routes, char *msg,
                                  size_t cap)
 {
     if (fb_http_check_routes(routes, msg, cap)) return NULL;

@@ -15,7 +15,7 @@
  * Uploads (FB_BODY_STREAM) are streamed to a file under a limit their route
  * sets instead.
  * Every error answer is {"error": {"code", "message", "field"?}} with a code
- * from api/errors.h, and is counted per code for /metrics.
+ * from base/errors.h, and is counted per code for /metrics.
  */
 #ifndef FB_SERVER_HTTP_H
 #define FB_SERVER_HTTP_H
@@ -28,7 +28,7 @@
 #include "errors.h"
 #include "metrics.h"
 
-typedef struct fb_server fb_server_t;
+typedef struct fb_server fb_server;
 typedef struct fb_req fb_req;
 
 typedef enum fb_route_auth {
@@ -65,7 +65,7 @@ typedef struct fb_route {
  * request until its response is sent.  Handlers read the public fields.
  */
 struct fb_req {
-    fb_server_t *srv;
+    fb_server *srv;
     const fb_route *route;
     const char *method;
     char path[1024];
@@ -189,7 +189,7 @@ int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap);
  * srv; the table it points to must outlive the daemon, and srv->metrics must
  * have been made for the same table: requests are counted by route index);
  * NULL with msg on failure, a bad table included. */
-struct MHD_Daemon *fb_http_start(fb_server_t *srv, const fb_http_routes *routes, char *msg,
+struct MHD_Daemon *fb_http_start(fb_server *srv, const fb_http_routes *routes, char *msg,
                                  size_t cap);
 
 /* The bound port of a started daemon. */

@@ -78,10 +78,10 @@ void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...)
     }
 }
 
-fb_metrics_t *fb_metrics_new(int n_routes, const char *const *route_names,
+fb_metrics *fb_metrics_new(int n_routes, const char *const *route_names,
                              const char *const *route_methods)
 {
-    fb_metrics_t *m = calloc(1, sizeof *m);
+    fb_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->routes = calloc((size_t)n_routes + 1, sizeof *m->routes);
     if (!m->routes) {
@@ -94,14 +94,14 @@ fb_metrics_t *fb_metrics_new(int n_routes, const char *const *route_names,
     return m;
 }
 
-void fb_metrics_free(fb_metrics_t *m)
+void fb_metrics_free(fb_metrics *m)
 {
     if (!m) return;
     free(m->routes);
     free(m);
 }
 
-void fb_metrics_record(fb_metrics_t *m, int route, int status, double seconds, int err)
+void fb_metrics_record(fb_metrics *m, int route, int status, double seconds, int err)
 {
     if (route < 0 || route > m->n_routes) route = m->n_routes;
     route_stats *r = &m->routes[route];
@@ -129,7 +129,7 @@ void fb_metrics_record(fb_metrics_t *m, int route, int status, double seconds, i
     }
 }
 
-void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b)
+void fb_metrics_render(fb_metrics *m, fb_textbuf *b)
 {
     fb_textbuf_printf(b, "# HELP fusebox_http_requests_total HTTP requests by route, method and "
                          "status.\n# TYPE fusebox_http_requests_total counter\n");
@@ -187,7 +187,7 @@ void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b)
                           name, method, (unsigned long long)total);
     }
     fb_textbuf_printf(b, "# HELP fusebox_errors_total Failed requests by error code "
-                         "(api/errors.h).\n# TYPE fusebox_errors_total counter\n");
+                         "(base/errors.h).\n# TYPE fusebox_errors_total counter\n");
     for (int i = 0; i < N_ERRS; i++) {
         if (err_values[i] == FB_OK) continue;
         uint64_t v = atomic_load_explicit(&m->errors[i], memory_order_relaxed);

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct fb_metrics fb_metrics_t;
+typedef struct fb_metrics fb_metrics;
 
 /* Text buffer that grows; used to render the exposition. */
 typedef struct fb_textbuf {
@@ -30,24 +30,24 @@ void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...) __attribute__((forma
  * such as "/v1/jobs/{id}", borrowed for the lifetime of the metrics); index
  * n_routes stands for requests that matched no route.  NULL when out of memory.
  */
-fb_metrics_t *fb_metrics_new(int n_routes, const char *const *route_names,
+fb_metrics *fb_metrics_new(int n_routes, const char *const *route_names,
                              const char *const *route_methods);
 
 /* Frees the counters; accepts NULL. */
-void fb_metrics_free(fb_metrics_t *m);
+void fb_metrics_free(fb_metrics *m);
 
 /* Records one finished request: route index (n_routes = none), HTTP status,
  * latency in seconds, and the fb_err code when it failed (0 otherwise). */
-void fb_metrics_record(fb_metrics_t *m, int route, int status, double seconds, int err);
+void fb_metrics_record(fb_metrics *m, int route, int status, double seconds, int err);
 
 /* Appends every counter and histogram to b, and the fair-share gauges below
  * once the control loop has published them. */
-void fb_metrics_render(fb_metrics_t *m, fb_textbuf *b);
+void fb_metrics_render(fb_metrics *m, fb_textbuf *b);
 
 /*
  * Fair-share gauges.  The control loop (dispatch.c) publishes the outcome of
  * each fair-share period here; the scrape renders the latest one.  They are
- * process-wide rather than part of an fb_metrics_t because the control loop
+ * process-wide rather than part of an fb_metrics because the control loop
  * does not hold the HTTP side's counters: one fuseboxd runs one control loop.
  * A period is published by fb_metrics_fair_begin, one fb_metrics_fair_group
  * per running group, then fb_metrics_fair_end, all from one thread (the

@@ -205,7 +205,7 @@ static int write_port_file(const fb_config *cfg, int port, char *msg, size_t cap
     return FB_OK;
 }
 
-fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
+fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
 {
     static const char *route_names[64], *route_methods[64];
     if (sodium_init() < 0) {
@@ -220,7 +220,7 @@ fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
         route_names[i] = fb_routes[i].pattern;
         route_methods[i] = fb_routes[i].method;
     }
-    fb_server_t *s = calloc(1, sizeof *s);
+    fb_server *s = calloc(1, sizeof *s);
     PGconn *c = NULL;
     if (!s) {
         fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
@@ -278,7 +278,7 @@ fail:
     return NULL;
 }
 
-int fb_server_run(fb_server_t *s)
+int fb_server_run(fb_server *s)
 {
     sigset_t set;
     sigemptyset(&set);
@@ -309,7 +309,7 @@ int fb_server_run(fb_server_t *s)
     return left > 0;
 }
 
-void fb_server_free(fb_server_t *s)
+void fb_server_free(fb_server *s)
 {
     if (!s) return;
     if (s->mhd) MHD_stop_daemon(s->mhd);

@@ -19,7 +19,7 @@
 
 #include "config.h"
 
-typedef struct fb_server fb_server_t;
+typedef struct fb_server fb_server;
 
 /*
  * Starts a server for cfg (copied).  The caller must have blocked SIGTERM,
@@ -28,16 +28,16 @@ typedef struct fb_server fb_server_t;
  * msg on failure (database unreachable past the startup wait, a bad
  * migration, an unwritable data directory, a port in use).
  */
-fb_server_t *fb_server_new(const fb_config *cfg, char *msg, size_t cap);
+fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap);
 
 /* Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread. */
 void fb_server_block_signals(void);
 
 /* Waits for SIGTERM or SIGINT, then drains in-flight requests and stops the
  * HTTP daemon.  Returns 0 when every in-flight request finished in time. */
-int fb_server_run(fb_server_t *srv);
+int fb_server_run(fb_server *srv);
 
 /* Frees the server (stopping it first if still running); accepts NULL. */
-void fb_server_free(fb_server_t *srv);
+void fb_server_free(fb_server *srv);
 
 #endif

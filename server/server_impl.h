@@ -1,6 +1,6 @@
 /*
  * The server's state as the HTTP layer and the route handlers see it.
- * Private to server/: everything outside uses the opaque fb_server_t of
+ * Private to server/: everything outside uses the opaque fb_server of
  * server.h.
  */
 #ifndef FB_SERVER_SERVER_IMPL_H
@@ -21,9 +21,9 @@ struct fb_dispatch;
 
 struct fb_server {
     fb_config cfg;
-    fb_db_pool_t *db;
-    fb_auth_t *auth;
-    fb_metrics_t *metrics;
+    fb_db_pool *db;
+    fb_auth *auth;
+    fb_metrics *metrics;
     struct MHD_Daemon *mhd;
     fb_http_routes routes;        /* what mhd serves (fb_http_start) */
     struct fb_dispatch *dispatch; /* the control loop (dispatch.h) */

@@ -230,7 +230,7 @@ typedef struct dataset_ref {
 /* One device; the groups placed on it take turns (turns.h). */
 typedef struct agent_device {
     fb_wire_device info;
-    fb_backend_t *be;
+    fb_backend *be;
     /* a CPU device with a thread count of its own: the CPU backend with that count, which
      * be then points to (the math ops size their thread teams from a backend's count) */
     struct fb_backend own_be;
@@ -626,8 +626,8 @@ static void turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t 
 typedef struct runner {
     group *g;
     fb_session *s;
-    fb_comm_t *comm;                /* a spanning group's communicator; freed after the session */
-    fb_comm_t *nccl; /* a spanning CUDA group's gradient communicator (comm is then the
+    fb_comm *comm;                /* a spanning group's communicator; freed after the session */
+    fb_comm *nccl; /* a spanning CUDA group's gradient communicator (comm is then the
                       * control's); freed after the session */
     outmsg *pending, *pending_tail; /* events of the step in progress */
     double last_progress, samples, idle_ms;

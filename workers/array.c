@@ -82,7 +82,7 @@ struct node {
 };
 
 struct fb_array {
-    fb_backend_t *be;
+    fb_backend *be;
     const fb_job_spec **specs; /* [Bcap], slot order */
     uint64_t *seeds;           /* [Bcap] */
     int64_t *bn_tracked;       /* [Bcap * n_bn] */
@@ -650,13 +650,13 @@ static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t cap)
     return FB_OK;
 }
 
-int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+int fb_array_new(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
                  fb_array **out, char *msg, size_t cap)
 {
     return fb_array_new_planned(be, specs, B, max_n, FB_ARRAY_PLAN_SHARED, out, msg, cap);
 }
 
-int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
                          fb_array_plan plan, fb_array **out, char *msg, size_t cap)
 {
     if (B < 1 || max_n < 1)
@@ -919,7 +919,7 @@ static void forward_nodes(fb_array *a, node *nodes, int n, int N, bool train, ui
 
 static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stream)
 {
-    fb_backend_t *be = a->be;
+    fb_backend *be = a->be;
     int B = a->B;
     size_t count = (size_t)N * (size_t)B * (size_t)nd->out_numel;
     /* a residual block's step is its sum, after its branches (plan_forward) */
@@ -1046,7 +1046,7 @@ static void zero_param_grad(fb_array *a, int t)
 
 static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
 {
-    fb_backend_t *be = a->be;
+    fb_backend *be = a->be;
     int B = a->B;
     size_t count = (size_t)N * (size_t)B * (size_t)nd->out_numel;
     a->step++;

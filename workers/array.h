@@ -39,7 +39,7 @@ typedef struct fb_array fb_array;
  * pointers to the specs, which must outlive it.  Returns FB_OK or a negative
  * fb_err with msg filled; *out is untouched on failure.
  */
-int fb_array_new(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+int fb_array_new(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
                  fb_array **out, char *msg, size_t msg_cap);
 
 /* How an array lays out its activation slab (activations, their gradients
@@ -58,7 +58,7 @@ typedef enum fb_array_plan {
  * FB_ERR_OUT_OF_RANGE).  Both plans train identically; they differ only in
  * memory.
  */
-int fb_array_new_planned(fb_backend_t *be, const fb_job_spec *const *specs, int B, int max_n,
+int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
                          fb_array_plan plan, fb_array **out, char *msg, size_t msg_cap);
 
 /* Releases the array and all of its memory.  Accepts NULL. */

@@ -12,7 +12,7 @@
 
 #include "errors.h"
 
-static int shm_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int shm_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
 {
     (void)msg;
     (void)cap;
@@ -30,7 +30,7 @@ static int shm_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, 
     return FB_OK;
 }
 
-static void shm_free(fb_comm_t *c)
+static void shm_free(fb_comm *c)
 {
     (void)c;
 }
@@ -42,14 +42,14 @@ static const struct fb_comm_ops shm_ops = {
     .free = shm_free,
 };
 
-int fb_comm_shm_new(int n_local, fb_comm_t **out, char *msg, size_t msg_cap)
+int fb_comm_shm_new(int n_local, fb_comm **out, char *msg, size_t msg_cap)
 {
     if (!out) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "no output pointer");
     if (n_local < 1 || n_local > FB_COMM_MAX_LOCAL)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "a shared-memory communicator holds 1..%d ranks, not %d",
                        FB_COMM_MAX_LOCAL, n_local);
-    fb_comm_t *c = calloc(1, sizeof *c);
+    fb_comm *c = calloc(1, sizeof *c);
     if (!c) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     c->ops = &shm_ops;
     c->n_local = n_local;
@@ -57,29 +57,29 @@ int fb_comm_shm_new(int n_local, fb_comm_t **out, char *msg, size_t msg_cap)
     return FB_OK;
 }
 
-int fb_comm_local_size(const fb_comm_t *c)
+int fb_comm_local_size(const fb_comm *c)
 {
     return c ? c->n_local : 0;
 }
 
-const char *fb_comm_name(const fb_comm_t *c)
+const char *fb_comm_name(const fb_comm *c)
 {
     return c ? c->ops->name : "(null)";
 }
 
-int fb_comm_host_memory(const fb_comm_t *c)
+int fb_comm_host_memory(const fb_comm *c)
 {
     return c ? c->ops->host_memory : 0;
 }
 
-int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
+int fb_comm_allreduce_sum(fb_comm *c, float *const *bufs, size_t n, char *msg,
                           size_t msg_cap)
 {
     if (n == 0) return FB_OK;
     return c->ops->allreduce_sum(c, bufs, n, msg, msg_cap);
 }
 
-void fb_comm_layout(const fb_comm_t *c, int *base, int *world)
+void fb_comm_layout(const fb_comm *c, int *base, int *world)
 {
     int b = 0, w = c ? c->n_local : 0;
     /* shared memory: the local ranks are the whole world */
@@ -95,7 +95,7 @@ void fb_comm_layout(const fb_comm_t *c, int *base, int *world)
 /* The id's status word as the leader sends it. */
 enum { ID_VALID = 1, ID_MISSING = 2 };
 
-int fb_comm_share_id(fb_comm_t *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
+int fb_comm_share_id(fb_comm *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
                      size_t msg_cap)
 {
     if (!c || !id) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
@@ -151,7 +151,7 @@ done:
     return err;
 }
 
-void fb_comm_free(fb_comm_t *c)
+void fb_comm_free(fb_comm *c)
 {
     if (!c) return;
     c->ops->free(c);
@@ -160,7 +160,7 @@ void fb_comm_free(fb_comm_t *c)
 
 int fb_comm_nccl_check_args(int n_local, const int *devices, int base, int world,
                             const unsigned char *id, const fb_comm_nccl_opts *opts,
-                            fb_comm_t **out, int *timeout_ms, char *msg, size_t msg_cap)
+                            fb_comm **out, int *timeout_ms, char *msg, size_t msg_cap)
 {
     if (!out || !devices || !id || !timeout_ms)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
@@ -193,7 +193,7 @@ int fb_comm_nccl_check_args(int n_local, const int *devices, int base, int world
 }
 
 int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
-                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
+                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm **out, char *msg,
                      size_t msg_cap)
 {
     return fb_comm_nccl_new_opts(n_local, devices, base, world, id, NULL, out, msg, msg_cap);
@@ -207,7 +207,7 @@ int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t
     return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this build has no CUDA, hence no NCCL");
 }
 
-int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap)
+int fb_comm_nccl_layout(const fb_comm *c, int *base, int *world, char *msg, size_t msg_cap)
 {
     (void)c;
     (void)base;
@@ -217,7 +217,7 @@ int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, si
 
 int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
                           const unsigned char id[FB_COMM_ID_BYTES], const fb_comm_nccl_opts *opts,
-                          fb_comm_t **out, char *msg, size_t msg_cap)
+                          fb_comm **out, char *msg, size_t msg_cap)
 {
     int timeout_ms = 0;
     int err = fb_comm_nccl_check_args(n_local, devices, base, world, id, opts, out, &timeout_ms,

@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct fb_comm fb_comm_t;
+typedef struct fb_comm fb_comm;
 
 /* The size of an NCCL unique id (ncclUniqueId), which the server hands every
  * worker of a multi-worker group so that they join one communicator. */
@@ -41,7 +41,7 @@ typedef struct fb_comm fb_comm_t;
  * process.  Returns FB_OK, FB_ERR_OUT_OF_RANGE (msg says why) or
  * FB_ERR_NOMEM; *out is untouched on failure.
  */
-int fb_comm_shm_new(int n_local, fb_comm_t **out, char *msg, size_t msg_cap);
+int fb_comm_shm_new(int n_local, fb_comm **out, char *msg, size_t msg_cap);
 
 /*
  * Fills id with a fresh NCCL unique id (rank 0 of a group makes it; the
@@ -87,14 +87,14 @@ typedef struct fb_comm_nccl_opts {
  */
 int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
                           const unsigned char id[FB_COMM_ID_BYTES], const fb_comm_nccl_opts *opts,
-                          fb_comm_t **out, char *msg, size_t msg_cap);
+                          fb_comm **out, char *msg, size_t msg_cap);
 
 /*
  * fb_comm_nccl_new_opts with the default deadline
  * (FB_COMM_NCCL_DEFAULT_TIMEOUT_MS).
  */
 int fb_comm_nccl_new(int n_local, const int *devices, int base, int world,
-                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm_t **out, char *msg,
+                     const unsigned char id[FB_COMM_ID_BYTES], fb_comm **out, char *msg,
                      size_t msg_cap);
 
 /* The size of a group's secret, which every process of a TCP communicator
@@ -154,28 +154,28 @@ void fb_comm_tcp_listener_free(fb_comm_tcp_listener *l);
  */
 int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
                     fb_comm_tcp_listener *listener, const unsigned char token[FB_COMM_TOKEN_BYTES],
-                    int timeout_ms, fb_comm_t **out, char *msg, size_t msg_cap);
+                    int timeout_ms, fb_comm **out, char *msg, size_t msg_cap);
 
 /*
  * The place of a TCP communicator's ranks: *base, its first local rank, and
  * *world (either may be NULL).  Returns FB_OK, or FB_ERR_UNSUPPORTED for a
  * communicator of another backend (its ranks are all in this process).
  */
-int fb_comm_tcp_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap);
+int fb_comm_tcp_layout(const fb_comm *c, int *base, int *world, char *msg, size_t msg_cap);
 
 /*
  * The place of an NCCL communicator's ranks, as fb_comm_tcp_layout: *base
  * and *world as given to fb_comm_nccl_new.  FB_ERR_UNSUPPORTED for another
  * backend, or in a build without CUDA.
  */
-int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap);
+int fb_comm_nccl_layout(const fb_comm *c, int *base, int *world, char *msg, size_t msg_cap);
 
 /*
  * The place of any communicator's ranks: *base, its first local rank, and
  * *world (either may be NULL).  A shared-memory communicator is its whole
  * world (base 0, world = its local ranks).
  */
-void fb_comm_layout(const fb_comm_t *c, int *base, int *world);
+void fb_comm_layout(const fb_comm *c, int *base, int *world);
 
 /*
  * Gives every process of c the FB_COMM_ID_BYTES bytes of id held by the
@@ -196,17 +196,17 @@ void fb_comm_layout(const fb_comm_t *c, int *base, int *world);
  * argument), FB_ERR_NOMEM or FB_ERR_IO (the sum failed, the leader had no
  * id, or the result is not an id); id is untouched on failure.
  */
-int fb_comm_share_id(fb_comm_t *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
+int fb_comm_share_id(fb_comm *c, int leader_ok, unsigned char id[FB_COMM_ID_BYTES], char *msg,
                      size_t msg_cap);
 
 /* Number of local ranks. */
-int fb_comm_local_size(const fb_comm_t *c);
+int fb_comm_local_size(const fb_comm *c);
 
 /* The backend's name: "shm", "tcp" or "nccl". */
-const char *fb_comm_name(const fb_comm_t *c);
+const char *fb_comm_name(const fb_comm *c);
 
 /* Whether the buffers are host memory (the shared-memory backend). */
-int fb_comm_host_memory(const fb_comm_t *c);
+int fb_comm_host_memory(const fb_comm *c);
 
 /*
  * Sums bufs[r][0..n) over every rank of the world and leaves the sum in
@@ -216,10 +216,10 @@ int fb_comm_host_memory(const fb_comm_t *c);
  * communicator's deadline; msg says why).  After FB_ERR_IO from TCP or NCCL
  * the communicator is broken: every later sum fails at once.
  */
-int fb_comm_allreduce_sum(fb_comm_t *c, float *const *bufs, size_t n, char *msg,
+int fb_comm_allreduce_sum(fb_comm *c, float *const *bufs, size_t n, char *msg,
                           size_t msg_cap);
 
 /* Closes the communicator.  Accepts NULL. */
-void fb_comm_free(fb_comm_t *c);
+void fb_comm_free(fb_comm *c);
 
 #endif

@@ -14,8 +14,8 @@
 struct fb_comm_ops {
     const char *name;
     int host_memory;
-    int (*allreduce_sum)(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t msg_cap);
-    void (*free)(fb_comm_t *c);
+    int (*allreduce_sum)(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t msg_cap);
+    void (*free)(fb_comm *c);
 };
 
 struct fb_comm {
@@ -33,6 +33,6 @@ struct fb_comm {
  */
 int fb_comm_nccl_check_args(int n_local, const int *devices, int base, int world,
                             const unsigned char *id, const fb_comm_nccl_opts *opts,
-                            fb_comm_t **out, int *timeout_ms, char *msg, size_t msg_cap);
+                            fb_comm **out, int *timeout_ms, char *msg, size_t msg_cap);
 
 #endif

@@ -170,7 +170,7 @@ static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size
     }
 }
 
-static int nccl_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int nccl_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
 {
     nccl_ctx *x = c->ctx;
     if (x->broken)
@@ -205,7 +205,7 @@ static void nccl_release(nccl_ctx *x)
     free(x);
 }
 
-static void nccl_free(fb_comm_t *c)
+static void nccl_free(fb_comm *c)
 {
     if (c->ctx) nccl_release(c->ctx);
 }
@@ -217,7 +217,7 @@ static const struct fb_comm_ops nccl_ops = {
     .free = nccl_free,
 };
 
-int fb_comm_nccl_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap)
+int fb_comm_nccl_layout(const fb_comm *c, int *base, int *world, char *msg, size_t msg_cap)
 {
     if (!c || c->ops != &nccl_ops)
         return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "the %s communicator is not NCCL's",
@@ -242,7 +242,7 @@ int fb_comm_nccl_unique_id(unsigned char id[FB_COMM_ID_BYTES], char *msg, size_t
 
 int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
                           const unsigned char id[FB_COMM_ID_BYTES], const fb_comm_nccl_opts *opts,
-                          fb_comm_t **out, char *msg, size_t msg_cap)
+                          fb_comm **out, char *msg, size_t msg_cap)
 {
     int timeout_ms = 0;
     int err = fb_comm_nccl_check_args(n_local, devices, base, world, id, opts, out, &timeout_ms,
@@ -250,7 +250,7 @@ int fb_comm_nccl_new_opts(int n_local, const int *devices, int base, int world,
     if (err) return err;
     int prev = 0;
     cudaGetDevice(&prev);
-    fb_comm_t *c = calloc(1, sizeof *c);
+    fb_comm *c = calloc(1, sizeof *c);
     nccl_ctx *x = calloc(1, sizeof *x);
     if (!c || !x) {
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");

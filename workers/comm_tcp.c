@@ -767,7 +767,7 @@ static int member_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_
     return FB_OK;
 }
 
-static int tcp_allreduce(fb_comm_t *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int tcp_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
 {
     tcp_ctx *x = c->ctx;
     if (x->broken)
@@ -819,7 +819,7 @@ static void tcp_release(tcp_ctx *x)
     free(x);
 }
 
-static void tcp_free(fb_comm_t *c)
+static void tcp_free(fb_comm *c)
 {
     if (c->ctx) tcp_release(c->ctx);
 }
@@ -833,7 +833,7 @@ static const struct fb_comm_ops tcp_ops = {
 
 int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
                     fb_comm_tcp_listener *listener, const unsigned char token[FB_COMM_TOKEN_BYTES],
-                    int timeout_ms, fb_comm_t **out, char *msg, size_t msg_cap)
+                    int timeout_ms, fb_comm **out, char *msg, size_t msg_cap)
 {
     if (!out || !token) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
     if (world < 1 || world > FB_COMM_MAX_WORLD)
@@ -850,7 +850,7 @@ int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "only the process holding rank 0 listens; this one starts at rank %d",
                        base);
-    fb_comm_t *c = calloc(1, sizeof *c);
+    fb_comm *c = calloc(1, sizeof *c);
     tcp_ctx *x = calloc(1, sizeof *x);
     fb_comm_tcp_listener *own = NULL;
     int err = FB_OK;
@@ -887,7 +887,7 @@ fail:
     return err;
 }
 
-int fb_comm_tcp_layout(const fb_comm_t *c, int *base, int *world, char *msg, size_t msg_cap)
+int fb_comm_tcp_layout(const fb_comm *c, int *base, int *world, char *msg, size_t msg_cap)
 {
     if (!c || c->ops != &tcp_ops)
         return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,

@@ -32,7 +32,7 @@ int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *
     for (int i = 0; i < n_gpu; i++) {
         struct fb_cuda_device_info info;
         char m[128];
-        fb_backend_t *be = fb_backend_cuda(i);
+        fb_backend *be = fb_backend_cuda(i);
         if (!be || fb_cuda_device_info(i, &info, m, sizeof m) != FB_OK) continue;
         found++;
     }
@@ -41,7 +41,7 @@ int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *
         for (int i = 0; i < n_gpu; i++) {
             struct fb_cuda_device_info info;
             char m[128];
-            fb_backend_t *be = fb_backend_cuda(i);
+            fb_backend *be = fb_backend_cuda(i);
             if (!be || fb_cuda_device_info(i, &info, m, sizeof m) != FB_OK) continue;
             fb_device *d = &out[k++];
             memset(d, 0, sizeof *d);

@@ -22,7 +22,7 @@ typedef struct fb_device {
     int ordinal;             /* CUDA: the runtime's device number; CPU: 0.. */
     char name[FB_DEVICE_NAME_MAX];
     uint64_t memory_bytes;   /* what the device offers */
-    fb_backend_t *be;        /* the backend its ops run on */
+    fb_backend *be;        /* the backend its ops run on */
     /* CPU: the cores the threads that compute for it run on, cpu_first.. (modulo the
      * machine's cores), cpu_count of them; cpu_count 0 = wherever the kernel puts them */
     int cpu_first, cpu_count;

@@ -60,7 +60,7 @@ typedef enum job_kind { JOB_NONE, JOB_FB, JOB_FWD, JOB_STEP, JOB_QUIT } job_kind
 typedef struct rank {
     struct fb_backend be; /* the hooking backend; first, so a handle casts to its rank */
     struct fb_backend_ops ops;
-    fb_backend_t *inner;
+    fb_backend *inner;
     fb_device dev; /* its device, whose cores (if it owns any) the rank thread runs on */
     fb_dp *dp;
     int r;
@@ -92,8 +92,8 @@ struct fb_dp {
     int D, B, max_n;
     int world, first; /* the ranks of the world (W) and this process's first */
     fb_dp_opts opts;
-    fb_comm_t *comm; /* the gradient sums */
-    fb_comm_t *ctl;  /* host-memory sums: world losses, synchronised batch norm, broadcasts;
+    fb_comm *comm; /* the gradient sums */
+    fb_comm *ctl;  /* host-memory sums: world losses, synchronised batch norm, broadcasts;
                       * comm itself except for CUDA ranks across processes */
     bool own_comm;
     bool host;
@@ -250,12 +250,12 @@ static void *comm_main(void *arg)
 
 /* ---- the hooking backend ---------------------------------------------------- */
 
-static rank *rank_of(fb_backend_t *be)
+static rank *rank_of(fb_backend *be)
 {
     return (rank *)be;
 }
 
-static void h_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+static void h_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                               const float *dout, const float *in, const float *w, int N, int B,
                               int I, int O, bool shared)
 {
@@ -273,7 +273,7 @@ static void h_linear_backward(fb_backend_t *be, float *din, float *dw, float *db
     grad_ready(r, dbias, (size_t)B * (size_t)O);
 }
 
-static void h_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+static void h_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                               const float *dout, const float *in, const float *w,
                               const fb_conv_geom *g, float *scratch)
 {
@@ -291,7 +291,7 @@ static void h_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *db
     grad_ready(r, dbias, (size_t)g->B * (size_t)g->K);
 }
 
-static void h_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+static void h_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                  const float *dout, const float *in, const float *mean,
                                  const float *rstd, const float *gamma, int N, int B, int F)
 {
@@ -319,7 +319,7 @@ static float *bn_scratch(rank *r, size_t n)
 /* Batch norm over the global batch: per channel, the shards' sums are
  * all-reduced twice (the mean, then the squared deviations from it), as the
  * single-device two-pass variance does. */
-static void h_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+static void h_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                       float *running_mean, float *running_var, const float *in,
                                       const float *gamma, const float *beta, int N, int BC,
                                       int HW, float eps, float momentum)
@@ -369,7 +369,7 @@ static void h_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean,
 /* The backward of synchronised batch norm: the input gradient needs the
  * global sums of dout and dout * xhat; the parameter gradients keep the
  * shard's own sums, which the gradient all-reduce then adds up. */
-static void h_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+static void h_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                  const float *dout, const float *in, const float *mean,
                                  const float *rstd, const float *gamma, int N, int BC, int HW)
 {
@@ -426,7 +426,7 @@ static void inject(rank *r, float *dlogits, size_t n)
         fb_backend_upload(&r->be, dlogits, r->inject, n * sizeof(float));
 }
 
-static void h_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+static void h_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                            const float *logits, const int32_t *labels, int N, int B, int K,
                            float grad_scale)
 {
@@ -436,7 +436,7 @@ static void h_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float 
     inject(r, dlogits, (size_t)N * (size_t)B * (size_t)K);
 }
 
-static void h_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred,
+static void h_mse(fb_backend *be, float *loss, float *dpred, const float *pred,
                   const float *target, int N, int B, int K, float grad_scale)
 {
     rank *r = rank_of(be);
@@ -446,7 +446,7 @@ static void h_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred
 }
 
 /* Dropout masks follow the sample's position in the global batch. */
-static void h_dropout_forward(fb_backend_t *be, float *out, const float *in,
+static void h_dropout_forward(fb_backend *be, float *out, const float *in,
                               const uint64_t *seeds, uint64_t stream, float p, int N, int B, int F,
                               int64_t n_offset)
 {
@@ -455,7 +455,7 @@ static void h_dropout_forward(fb_backend_t *be, float *out, const float *in,
                                    n_offset + (r->hooks ? r->dp->base + r->off : 0));
 }
 
-static void h_dropout_backward(fb_backend_t *be, float *din, const float *dout,
+static void h_dropout_backward(fb_backend *be, float *din, const float *dout,
                                const uint64_t *seeds, uint64_t stream, float p, int N, int B,
                                int F, int64_t n_offset)
 {
@@ -466,7 +466,7 @@ static void h_dropout_backward(fb_backend_t *be, float *din, const float *dout,
 
 /* Makes rank r's backend: the device's, with the data-parallel entries
  * overridden where the device has them. */
-static void hook_backend(rank *r, fb_backend_t *inner, int threads)
+static void hook_backend(rank *r, fb_backend *inner, int threads)
 {
     const struct fb_backend_ops *o = inner->ops;
     r->inner = inner;
@@ -634,7 +634,7 @@ int fb_dp_new(const fb_device *devs, int D, const fb_job_spec *const *specs, int
         return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
                        "a control communicator needs a gradient communicator (opts.comm)");
     if (o.comm) {
-        fb_comm_t *ctl = o.control_comm ? o.control_comm : o.comm;
+        fb_comm *ctl = o.control_comm ? o.control_comm : o.comm;
         int err = fb_comm_tcp_layout(ctl, &base, &world, msg, msg_cap);
         if (err) return err;
         if (!host && !o.control_comm)

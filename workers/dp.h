@@ -74,12 +74,12 @@ typedef struct fb_dp_opts {
     /* ranks in several processes: a communicator that spans them (TCP, comm.h),
      * holding D local ranks; dp borrows it (the caller frees it after fb_dp_free).
      * NULL: the D devices are the whole world, joined by shared memory or NCCL. */
-    fb_comm_t *comm;
+    fb_comm *comm;
     /* ranks in several processes on CUDA devices: comm is then an NCCL communicator (the
      * gradient sums, device memory) and control_comm a TCP one over the same ranks (host
      * memory: the step's world loss and fb_dp_broadcast_i64), borrowed alike.  NULL: comm
      * carries both (CPU devices, or one process).  Not without comm. */
-    fb_comm_t *control_comm;
+    fb_comm *control_comm;
 } fb_dp_opts;
 
 /* Where a group's time went since the last fb_dp_take_times, ms, summed over steps. */

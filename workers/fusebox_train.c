@@ -210,7 +210,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    fb_backend_t *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
+    fb_backend *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
                        : strcmp(backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
                                                           : NULL;
     if (!be) {

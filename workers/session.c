@@ -60,7 +60,7 @@ typedef struct member_metrics {
 } member_metrics;
 
 struct fb_session {
-    fb_backend_t *be;
+    fb_backend *be;
     const fb_job_spec **specs; /* [n], by member index */
     int n;
     const fb_dataset *train;
@@ -388,7 +388,7 @@ static bool params_finite(const fb_session *s, int b, float *tmp)
 
 /* ---- the session ----------------------------------------------------------- */
 
-int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const *specs, int n,
+int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *specs, int n,
                    const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                    char *msg, size_t cap)
 {

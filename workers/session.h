@@ -76,7 +76,7 @@ typedef struct fb_session_times {
  * here.  Returns FB_OK or a negative fb_err with msg filled; *out untouched
  * on failure.
  */
-int fb_session_new(fb_session **out, fb_backend_t *be, const fb_job_spec *const *specs, int n,
+int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *specs, int n,
                    const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                    char *msg, size_t msg_cap);
 

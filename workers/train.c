@@ -33,7 +33,7 @@ static void run_event(const fb_train_event *ev, void *user)
     if (c->caller && c->caller->cb) c->caller->cb(ev, c->caller->user);
 }
 
-int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
+int fb_train_run(fb_backend *be, const fb_job_spec *const *specs, int n,
                  const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                  double *final_loss, double *final_acc, char *msg, size_t cap)
 {

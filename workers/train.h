@@ -126,7 +126,7 @@ int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train);
  * accuracy (NaN without a validation set or for a member that failed).  Returns FB_OK or a
  * negative fb_err with msg filled.
  */
-int fb_train_run(fb_backend_t *be, const fb_job_spec *const *specs, int n,
+int fb_train_run(fb_backend *be, const fb_job_spec *const *specs, int n,
                  const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
                  double *final_loss, double *final_acc, char *msg, size_t msg_cap);
 

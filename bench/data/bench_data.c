@@ -275,7 +275,7 @@ static void consumer_init(consumer *c, int threads)
             die("spec", msg);
         sp[b] = &c->specs[b];
     }
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, threads);
     if (fb_array_new(be, sp, MEMBERS, BATCH, &c->a, msg, sizeof msg)) die("array", msg);
     c->x = malloc(sizeof(float) * BATCH * 784);

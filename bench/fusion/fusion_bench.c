@@ -82,7 +82,7 @@ typedef struct trainer {
     int64_t t;
 } trainer;
 
-static void trainer_init(trainer *tr, fb_backend_t *be, const char *model, int B, int first)
+static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, int first)
 {
     char msg[MSG_CAP];
     memset(tr, 0, sizeof *tr);
@@ -123,7 +123,7 @@ static void trainer_step(trainer *tr, const data_pool *d)
 
 /* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs
  * one after another (solo), warm-up steps excluded. */
-static double run_train(fb_backend_t *be, const char *model, int B, bool fused, int steps,
+static double run_train(fb_backend *be, const char *model, int B, bool fused, int steps,
                         int warmup, const data_pool *d, double *cpu)
 {
     double timed = 0;
@@ -144,7 +144,7 @@ static double run_train(fb_backend_t *be, const char *model, int B, bool fused, 
 
 /* GFLOP/s of OpenBLAS's own SGEMM, with its own threads, on square n x n
  * matrices: the median of reps calls after one warm-up call. */
-static double sgemm_gflops(fb_backend_t *be, int n, int reps, int threads)
+static double sgemm_gflops(fb_backend *be, int n, int reps, int threads)
 {
     size_t nn = (size_t)n * n;
     float *a = fb_backend_alloc(be, nn * sizeof(float)), *b = fb_backend_alloc(be, nn * sizeof(float));
@@ -173,7 +173,7 @@ static double sgemm_gflops(fb_backend_t *be, int n, int reps, int threads)
 }
 
 /* Peak RSS (KiB) of a child that trains B members fused (or 1 member). */
-static long child_rss(fb_backend_t *be, const char *model, int B, int steps, const data_pool *d)
+static long child_rss(fb_backend *be, const char *model, int B, int steps, const data_pool *d)
 {
     fflush(stdout);
     pid_t pid = fork();
@@ -223,7 +223,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0) usage();
     if (threads < 1 || steps < 0 || work < 1 || warmup < 0 || n < 1 || reps < 1) usage();
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, threads);
 
     if (strcmp(cmd, "sgemm") == 0) {

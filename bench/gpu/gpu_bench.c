@@ -48,7 +48,7 @@
 #define MAX_B 64
 #define MSG_CAP 1024
 
-static fb_backend_t *g_be;
+static fb_backend *g_be;
 
 static double real_s(void)
 {

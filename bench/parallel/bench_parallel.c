@@ -76,7 +76,7 @@ static void fill(float *x, int32_t *y, int N, uint64_t *st)
 static result run_single(fb_job_spec **specs, int B, int N, int steps)
 {
     char msg[256];
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     fb_array *a = NULL;
     if (fb_array_new(be, (const fb_job_spec *const *)specs, B, N, &a, msg, sizeof msg))

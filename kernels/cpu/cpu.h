@@ -16,142 +16,142 @@
 #include <omp.h>
 
 /* ---- memory shared by both CPU backends (cpu_mem.c) ---- */
-void *fb_cpumem_alloc(fb_backend_t *be, size_t bytes);
-void fb_cpumem_free(fb_backend_t *be, void *p);
-void fb_cpumem_zero(fb_backend_t *be, void *p, size_t bytes);
-void fb_cpumem_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes);
+void *fb_cpumem_alloc(fb_backend *be, size_t bytes);
+void fb_cpumem_free(fb_backend *be, void *p);
+void fb_cpumem_zero(fb_backend *be, void *p, size_t bytes);
+void fb_cpumem_copy(fb_backend *be, void *dst, const void *src, size_t bytes);
 
 /* ---- bf16, shared by both CPU backends (cpu_bf16.c) ---- */
-void fb_cpu_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
-void fb_ref_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_cpu_round_bf16(fb_backend *be, float *out, const float *in, size_t n);
+void fb_ref_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                          const fb_param_block *blocks, int n_blocks, int B);
-void fb_cpu_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_cpu_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                          const fb_param_block *blocks, int n_blocks, int B);
-void fb_cpu_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
+void fb_cpu_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* ---- reference ---- */
-void fb_ref_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_ref_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w, int N, int B, int I,
                             int O, bool shared);
-void fb_ref_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+void fb_ref_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
-void fb_ref_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_ref_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_ref_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
                             const fb_conv_geom *g, float *scratch);
 
-void fb_ref_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_ref_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_ref_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g);
-void fb_ref_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
-void fb_ref_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_ref_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_ref_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
-void fb_ref_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fb_ref_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                    int HW);
-void fb_ref_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_ref_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                     int HW);
 
-void fb_ref_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
-void fb_ref_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fb_ref_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
+void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n);
-void fb_ref_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
-void fb_ref_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
-void fb_ref_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+void fb_ref_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
+void fb_ref_accumulate(fb_backend *be, float *y, const float *x, size_t n);
+void fb_ref_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
                             uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
-void fb_ref_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+void fb_ref_dropout_backward(fb_backend *be, float *din, const float *dout, const uint64_t *seeds,
                              uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
 
-void fb_ref_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_ref_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_ref_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                    const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
-void fb_ref_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_ref_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_ref_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                               const float *in, const float *gamma, const float *beta, int N, int B,
                               int F, float eps);
-void fb_ref_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
 
-void fb_ref_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_ref_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
                          float grad_scale);
-void fb_ref_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_ref_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
                 int N, int B, int K, float grad_scale);
 
-void fb_ref_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_ref_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp);
 
 /* ---- fast ---- */
-void fb_cpu_set_threads(fb_backend_t *be, int n);
-void fb_cpu_zero(fb_backend_t *be, void *p, size_t bytes);
+void fb_cpu_set_threads(fb_backend *be, int n);
+void fb_cpu_zero(fb_backend *be, void *p, size_t bytes);
 
-void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_cpu_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w, int N, int B, int I,
                             int O, bool shared);
-void fb_cpu_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+void fb_cpu_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
-size_t fb_cpu_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g);
-void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g);
+void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
                             const fb_conv_geom *g, float *scratch);
 
-void fb_cpu_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_cpu_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g);
-void fb_cpu_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
-void fb_cpu_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_cpu_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
+void fb_cpu_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
-void fb_cpu_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fb_cpu_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                    int HW);
-void fb_cpu_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_cpu_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                     int HW);
 
-void fb_cpu_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
-void fb_cpu_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
+void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n);
-void fb_cpu_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
-void fb_cpu_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
+void fb_cpu_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
+void fb_cpu_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 
-void fb_cpu_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_cpu_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                    const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
-void fb_cpu_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_cpu_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                               const float *in, const float *gamma, const float *beta, int N, int B,
                               int F, float eps);
-void fb_cpu_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
 
-void fb_cpu_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_cpu_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
                          float grad_scale);
-void fb_cpu_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_cpu_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
                 int N, int B, int K, float grad_scale);
 
-void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_cpu_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp);
 
@@ -168,14 +168,14 @@ void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, cons
 void fb_cpu_blas_init(void);
 
 /* The threads the fast backend may use: the count set, or OpenMP's default. */
-static inline int fb_cpu_threads(const fb_backend_t *be)
+static inline int fb_cpu_threads(const fb_backend *be)
 {
     return be->threads > 0 ? be->threads : omp_get_max_threads();
 }
 
 /* Threads worth waking for `work` units when each should get at least
  * `grain` of them (1 when the work is too small to share). */
-static inline int fb_cpu_team(const fb_backend_t *be, double work, double grain)
+static inline int fb_cpu_team(const fb_backend *be, double work, double grain)
 {
     int t = fb_cpu_threads(be);
     double cap = work / grain;

@@ -15,7 +15,7 @@
 #include "../bf16.h"
 
 /* out[i] = fb_bf16_round(in[i]) over n floats; out may equal in. */
-void fb_cpu_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
+void fb_cpu_round_bf16(fb_backend *be, float *out, const float *in, size_t n)
 {
     (void)be;
     for (size_t i = 0; i < n; i++)
@@ -27,7 +27,7 @@ void fb_cpu_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
  * g[i] *= inv_scales[b], and flags[b] = 1 if a product is NaN or infinite.
  * grads: block k is [B, per_member] at blocks[k].offset; flags [B]; inv_scales [B].
  */
-void fb_ref_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_ref_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                          const fb_param_block *blocks, int n_blocks, int B)
 {
     (void)be;
@@ -66,7 +66,7 @@ static uint32_t unscale_range(float *restrict g, size_t n, float s)
 /* Fast path of fb_ref_grad_unscale: the same products, with a member's part
  * of a large block cut into one range per thread (gradient slabs of a wide
  * array are tens of megabytes, and one core cannot keep the memory bus busy). */
-void fb_cpu_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fb_cpu_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                          const fb_param_block *blocks, int n_blocks, int B)
 {
     for (int b = 0; b < B; b++) {
@@ -92,7 +92,7 @@ void fb_cpu_grad_unscale(fb_backend_t *be, float *flags, float *grads, const flo
 }
 
 /* x[n, b, f] *= scales[b] over x [N, B, F]. */
-void fb_cpu_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F)
+void fb_cpu_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F)
 {
     (void)be;
     for (int n = 0; n < N; n++)

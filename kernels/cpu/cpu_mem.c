@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* Zeroed host memory of `bytes` (at least one cache line), aligned to 64. */
-void *fb_cpumem_alloc(fb_backend_t *be, size_t bytes)
+void *fb_cpumem_alloc(fb_backend *be, size_t bytes)
 {
     (void)be;
     size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
@@ -29,7 +29,7 @@ void *fb_cpumem_alloc(fb_backend_t *be, size_t bytes)
 }
 
 /* Releases memory from fb_cpumem_alloc; accepts NULL. */
-void fb_cpumem_free(fb_backend_t *be, void *p)
+void fb_cpumem_free(fb_backend *be, void *p)
 {
     (void)be;
     if (!p) return;
@@ -39,7 +39,7 @@ void fb_cpumem_free(fb_backend_t *be, void *p)
 }
 
 /* Sets bytes at p to zero. */
-void fb_cpumem_zero(fb_backend_t *be, void *p, size_t bytes)
+void fb_cpumem_zero(fb_backend *be, void *p, size_t bytes)
 {
     (void)be;
     memset(p, 0, bytes);
@@ -47,7 +47,7 @@ void fb_cpumem_zero(fb_backend_t *be, void *p, size_t bytes)
 
 /* Copies bytes from src to dst; serves copy, upload and download alike,
  * since backend memory is host memory. */
-void fb_cpumem_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes)
+void fb_cpumem_copy(fb_backend *be, void *dst, const void *src, size_t bytes)
 {
     (void)be;
     memmove(dst, src, bytes);

@@ -45,10 +45,10 @@ static const struct fb_backend_ops fb_cpu_ops = {
     .sgemm = fb_cpu_sgemm,
 };
 
-static fb_backend_t fb_cpu_backend = {.name = "cpu", .ops = &fb_cpu_ops};
+static fb_backend fb_cpu_backend = {.name = "cpu", .ops = &fb_cpu_ops};
 
 /* The process-wide fast CPU backend; never freed. */
-fb_backend_t *fb_backend_cpu(void)
+fb_backend *fb_backend_cpu(void)
 {
     fb_cpu_blas_init();
     return &fb_cpu_backend;

@@ -138,7 +138,7 @@ static size_t partial_floats(const fb_conv_geom *g)
 #define CONV_GRAIN 2e6
 
 /* Threads for a conv of geometry g: never more than the scratch was sized for. */
-static int conv_team(const fb_backend_t *be, const fb_conv_geom *g)
+static int conv_team(const fb_backend *be, const fb_conv_geom *g)
 {
     double flops = 2.0 * g->N * (double)g->B * g->K * g->C * g->kh * g->kw * g->Ho * g->Wo;
     int nt = fb_cpu_team(be, flops, CONV_GRAIN);
@@ -152,7 +152,7 @@ static int conv_team(const fb_backend_t *be, const fb_conv_geom *g)
  * contributes to every weight).  The size depends on the thread count, so
  * scratch is sized after fb_backend_set_threads.
  */
-size_t fb_cpu_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *g)
+size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g)
 {
     const size_t T = (size_t)fb_cpu_threads(be);
     return T * col_floats(g) + (T - 1) * partial_floats(g);
@@ -163,7 +163,7 @@ size_t fb_cpu_conv2d_scratch_floats(const fb_backend_t *be, const fb_conv_geom *
  * scratch holds fb_cpu_conv2d_scratch_floats() floats.  Threads take
  * contiguous ranges of samples, each unfolding into its own part of scratch.
  */
-void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch)
 {
     const bool pw = conv_is_pointwise(g);
@@ -212,7 +212,7 @@ void fb_cpu_conv2d_forward(fb_backend_t *be, float *out, const float *in, const 
  * accumulates straight into dw and dbias, the others into private copies in
  * scratch that are added in afterwards, in thread order.
  */
-void fb_cpu_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
                             const fb_conv_geom *g, float *scratch)
 {

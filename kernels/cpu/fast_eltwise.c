@@ -98,13 +98,13 @@ static void act_backward(fb_act act, float *din, const float *dout, const float 
     } while (0)
 
 /* out[n] = act(in[n]); out may equal in. */
-void fb_cpu_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n)
+void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n)
 {
     ELT_PARALLEL(be, n, act_forward(act, out + lo, in + lo, hi - lo));
 }
 
 /* din[n] += dout * act'(in or out). */
-void fb_cpu_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n)
 {
     ELT_PARALLEL(be, n,
@@ -127,13 +127,13 @@ static void accumulate_range(float *y, const float *x, size_t n)
 }
 
 /* out[n] = a[n] + b[n]; out may alias a or b. */
-void fb_cpu_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n)
+void fb_cpu_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n)
 {
     ELT_PARALLEL(be, n, add_range(out + lo, a + lo, b + lo, hi - lo));
 }
 
 /* y[n] += x[n]; y and x do not overlap. */
-void fb_cpu_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
+void fb_cpu_accumulate(fb_backend *be, float *y, const float *x, size_t n)
 {
     ELT_PARALLEL(be, n, accumulate_range(y + lo, x + lo, hi - lo));
 }
@@ -143,7 +143,7 @@ void fb_cpu_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
 
 /* Sets bytes at p to zero, cut over threads when large (gradient buffers of
  * a wide array are tens of megabytes; one core cannot fill the memory bus). */
-void fb_cpu_zero(fb_backend_t *be, void *p, size_t bytes)
+void fb_cpu_zero(fb_backend *be, void *p, size_t bytes)
 {
     const int nt = fb_cpu_team(be, (double)bytes, ZERO_GRAIN);
 #pragma omp parallel num_threads(nt) if (nt > 1)

@@ -42,7 +42,7 @@ void fb_cpu_blas_init(void)
 
 /* Records nothing beyond be->threads (done by the caller): OpenBLAS stays at
  * one thread and the fast ops size their OpenMP teams from be->threads. */
-void fb_cpu_set_threads(fb_backend_t *be, int n)
+void fb_cpu_set_threads(fb_backend *be, int n)
 {
     (void)be;
     (void)n;
@@ -59,7 +59,7 @@ static int row_ranges(int B, int nt)
  * out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O].
  * Rows of out start as the bias, then GEMMs add (beta = 1).
  */
-void fb_cpu_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_cpu_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared)
 {
     const size_t BO = (size_t)B * O;
@@ -103,7 +103,7 @@ static void bias_grad(float *restrict db, const float *restrict dout, int N, siz
  * Shared, in_b is the one input [N, I] and din[N, I] += dout . w is one GEMM
  * over all members (their sum), w viewed as [B*O, I].
  */
-void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w, int N, int B, int I,
                             int O, bool shared)
 {
@@ -158,7 +158,7 @@ void fb_cpu_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbia
 
 /* c[M, N] = a[M, K] . b[K, N], row-major, with cblas_sgemm, cut into row
  * ranges over the backend's threads. */
-void fb_cpu_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K)
+void fb_cpu_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K)
 {
     if (M == 0 || N == 0) return;
     if (K == 0) {

@@ -11,7 +11,7 @@
  * argmax, max-shifted exponentials, lse = max + log(sum); dlogits =
  * (exp / sum - onehot) grad_scale.
  */
-void fb_cpu_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_cpu_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
                          float grad_scale)
 {
@@ -58,7 +58,7 @@ void fb_cpu_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *c
  * pred, dpred [N, B, K]; target [N, K]; loss [B] = mean of squares;
  * dpred = (2 grad_scale / K) (pred - target).
  */
-void fb_cpu_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_cpu_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
                 int N, int B, int K, float grad_scale)
 {
     const float k2 = (float)(2.0 * grad_scale / K);

@@ -82,7 +82,7 @@ static void bn_train_rows(float *out, float *mean, float *rstd, float *running_m
  * in, out [N, BC, HW]; mean, rstd [BC]; running_mean, running_var [BC] (may be
  * NULL).  Biased batch variance for normalising, unbiased for running_var.
  */
-void fb_cpu_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum)
@@ -116,7 +116,7 @@ void fb_cpu_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, f
 }
 
 /* out [N, BC, HW] = (in - running_mean) / sqrt(running_var + eps) gamma + beta. */
-void fb_cpu_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                    const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps)
 {
@@ -183,7 +183,7 @@ static void bn_backward_rows(float *din, float *dgamma, float *dbeta, const floa
  *   din += a dout + k1 (x - mean) + k0, a = gamma rstd,
  *   k0 = -a sum(dout) / M, k1 = -a rstd sum(dout xhat) / M.
  */
-void fb_cpu_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW)
 {
@@ -219,7 +219,7 @@ void fb_cpu_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, floa
 /*
  * in, out [N, B, F]; gamma, beta [B, F] (may be NULL); mean, rstd [N, B].
  */
-void fb_cpu_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                               const float *in, const float *gamma, const float *beta, int N, int B,
                               int F, float eps)
 {
@@ -255,7 +255,7 @@ void fb_cpu_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *
  *   din += rstd (dxhat - sum(dxhat)/F - xhat sum(dxhat xhat)/F)
  *   dgamma[b] += dout xhat, dbeta[b] += dout
  */
-void fb_cpu_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F)
 {

@@ -76,7 +76,7 @@ static void optim_range(fb_optim_kind kind, float *params, const float *grads, f
  * Every (member, block) range is cut into pieces of OPTIM_CHUNK floats that
  * the threads take in turn; the update of an element does not depend on any
  * other, so the cut changes nothing in the result. */
-void fb_cpu_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_cpu_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp)
 {

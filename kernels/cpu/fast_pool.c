@@ -85,7 +85,7 @@ static void maxpool_plane_2x2(float *restrict o, int32_t *restrict a, const floa
  * out, argmax [N, BC, Ho, Wo] from in [N, BC, H, W]; same semantics as the
  * reference: first maximum wins, NaN wins, argmax -1 for an empty window.
  */
-void fb_cpu_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
@@ -108,7 +108,7 @@ void fb_cpu_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, con
 }
 
 /* din [N, BC, H, W] += dout routed to argmax. */
-void fb_cpu_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
@@ -129,7 +129,7 @@ void fb_cpu_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
 }
 
 /* out [N, BC, Ho, Wo] = window sums / (kh kw) (count_include_pad). */
-void fb_cpu_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g)
+void fb_cpu_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
     const size_t HW = (size_t)H * W, HoWo = (size_t)Ho * Wo, P = (size_t)g->N * g->BC;
@@ -154,7 +154,7 @@ void fb_cpu_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, con
 }
 
 /* din [N, BC, H, W] += dout / (kh kw) over the in-image part of each window. */
-void fb_cpu_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_cpu_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
@@ -179,7 +179,7 @@ void fb_cpu_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
 }
 
 /* out [N, BC] = mean over HW of in [N, BC, HW]. */
-void fb_cpu_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fb_cpu_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                    int HW)
 {
     const size_t P = (size_t)N * BC;
@@ -188,7 +188,7 @@ void fb_cpu_global_avgpool_forward(fb_backend_t *be, float *out, const float *in
 }
 
 /* din [N, BC, HW] += dout [N, BC] / HW. */
-void fb_cpu_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_cpu_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                     int HW)
 {
     const size_t P = (size_t)N * BC;

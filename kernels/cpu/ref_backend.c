@@ -43,10 +43,10 @@ static const struct fb_backend_ops fb_ref_ops = {
     .sgemm = fb_ref_sgemm,
 };
 
-static fb_backend_t fb_ref_backend = {.name = "cpu-ref", .ops = &fb_ref_ops};
+static fb_backend fb_ref_backend = {.name = "cpu-ref", .ops = &fb_ref_ops};
 
 /* The process-wide reference backend; never freed. */
-fb_backend_t *fb_backend_cpu_ref(void)
+fb_backend *fb_backend_cpu_ref(void)
 {
     return &fb_ref_backend;
 }

@@ -34,7 +34,7 @@ static double conv_window(const float *in, const float *w, const fb_conv_geom *g
  * out[N, B*K, Ho, Wo]: out[n, b, k, oh, ow] = bias[b, k] + conv_window(...)
  * with in [N, Bi*C, H, W], slot = shared ? 0 : b, w [B, K, C, kh, kw].
  */
-void fb_ref_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_ref_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch)
 {
     const int B = g->B, K = g->K, Ho = g->Ho, Wo = g->Wo;
@@ -128,7 +128,7 @@ static void ref_conv_din(float *din, const float *dout, const float *w, const fb
  * (not shared) din [N, B*C, H, W] as above.  din (NULL when shared) and dbias
  * may be NULL.
  */
-void fb_ref_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
                             const fb_conv_geom *g, float *scratch)
 {

@@ -52,7 +52,7 @@ static double ref_act_grad(fb_act act, double x, double y)
 }
 
 /* out[n] = act(in[n]); out may equal in. */
-void fb_ref_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n)
+void fb_ref_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = (float)ref_act(act, in[i]);
@@ -60,7 +60,7 @@ void fb_ref_act_forward(fb_backend_t *be, fb_act act, float *out, const float *i
 
 /* din[n] += dout * act'(in); relu and gelu read in, tanh and sigmoid out.
  * relu passes the gradient where in > 0 (or is NaN), as PyTorch. */
-void fb_ref_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -74,14 +74,14 @@ void fb_ref_act_backward(fb_backend_t *be, fb_act act, float *din, const float *
 }
 
 /* out[n] = a[n] + b[n]; out may alias a or b. */
-void fb_ref_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n)
+void fb_ref_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
 
 /* y[n] += x[n]. */
-void fb_ref_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
+void fb_ref_accumulate(fb_backend *be, float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
@@ -99,7 +99,7 @@ static float ref_dropout_factor(const uint64_t *seeds, uint64_t stream, float p,
 
 /* out[N, B, F] = in * factor, the factor from member b's seed, the stream and
  * the element's position (n_offset + n, f) in the global batch. */
-void fb_ref_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+void fb_ref_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
                             uint64_t stream, float p, int N, int B, int F, int64_t n_offset)
 {
     for (int n = 0; n < N; n++)
@@ -111,7 +111,7 @@ void fb_ref_dropout_forward(fb_backend_t *be, float *out, const float *in, const
 }
 
 /* din[N, B, F] += dout * factor, the same factor as the forward. */
-void fb_ref_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+void fb_ref_dropout_backward(fb_backend *be, float *din, const float *dout, const uint64_t *seeds,
                              uint64_t stream, float p, int N, int B, int F, int64_t n_offset)
 {
     for (int n = 0; n < N; n++)

@@ -7,7 +7,7 @@
  * out[N, B, O] = in[N, Bi, I] . w[B, O, I]^T + bias[B, O]
  * Bi = shared ? 1 : B; member b reads input slot (shared ? 0 : b).
  */
-void fb_ref_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared)
 {
     int Bi = shared ? 1 : B;
@@ -32,7 +32,7 @@ void fb_ref_linear_forward(fb_backend_t *be, float *out, const float *in, const 
  *   dbias[B, O]   += sum over n of dout[n, b, o]
  * din and dbias may be NULL.
  */
-void fb_ref_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w, int N, int B, int I,
                             int O, bool shared)
 {
@@ -75,7 +75,7 @@ void fb_ref_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbia
 }
 
 /* c[M, N] = a[M, K] . b[K, N], row-major. */
-void fb_ref_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K)
+void fb_ref_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K)
 {
     for (int m = 0; m < M; m++) {
         for (int n = 0; n < N; n++) {

@@ -12,7 +12,7 @@
  *   dlogits = (softmax(z) - onehot(label)) grad_scale   (if not NULL);
  *   correct[b] = count of rows whose first maximum is the label (if not NULL).
  */
-void fb_ref_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fb_ref_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
                          float grad_scale)
 {
@@ -48,7 +48,7 @@ void fb_ref_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *c
  *   loss[b] = mean over n, k of (pred - target)^2
  *   dpred = 2 (pred - target) grad_scale / K   (if not NULL)
  */
-void fb_ref_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fb_ref_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
                 int N, int B, int K, float grad_scale)
 {
     for (int b = 0; b < B; b++) {

@@ -16,7 +16,7 @@
  *   running = (1 - momentum) running + momentum stat, with the unbiased
  *   variance var M / (M - 1) for running_var.
  */
-void fb_ref_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_ref_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum)
@@ -51,7 +51,7 @@ void fb_ref_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, f
 
 /* out [N, BC, HW] = (in - running_mean[c]) / sqrt(running_var[c] + eps)
  * gamma[c] + beta[c]. */
-void fb_ref_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                    const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps)
 {
@@ -70,7 +70,7 @@ void fb_ref_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in
  *   dbeta += sum dout, dgamma += sum dout xhat
  *   din += gamma rstd (dout - sum dout / M - xhat sum(dout xhat) / M)
  */
-void fb_ref_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_ref_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW)
 {
@@ -102,7 +102,7 @@ void fb_ref_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, floa
  * Per row (n, b): mean, biased variance over F, rstd = 1/sqrt(var + eps),
  * out = (x - mean) rstd gamma[b] + beta[b].
  */
-void fb_ref_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                               const float *in, const float *gamma, const float *beta, int N, int B,
                               int F, float eps)
 {
@@ -133,7 +133,7 @@ void fb_ref_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *
  *   din += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
  *   dgamma[b] += sum over n of dout xhat, dbeta[b] += sum over n of dout
  */
-void fb_ref_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F)
 {

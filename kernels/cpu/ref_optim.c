@@ -22,7 +22,7 @@ static bool ref_skip(const fb_optim_hparams *h)
  *          p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *   adamw: p *= 1 - lr wd, then adam with wd = 0.
  */
-void fb_ref_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fb_ref_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                        float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                        int B, const fb_optim_hparams *hp)
 {

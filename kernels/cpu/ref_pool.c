@@ -11,7 +11,7 @@
  * row-major window order wins, and a NaN wins over (and after) anything.
  * argmax is ih * W + iw within the plane, or -1 for a window of padding only.
  */
-void fb_ref_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fb_ref_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
@@ -38,7 +38,7 @@ void fb_ref_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, con
 }
 
 /* din [N, BC, H, W] += dout [N, BC, Ho, Wo] routed to argmax. */
-void fb_ref_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
@@ -51,7 +51,7 @@ void fb_ref_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
 
 /* out [N, BC, Ho, Wo] = sum of each window of in [N, BC, H, W] / (kh kw):
  * padding counts as zeros in the divisor (count_include_pad). */
-void fb_ref_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g)
+void fb_ref_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
     for (size_t p = 0; p < (size_t)g->N * g->BC; p++)
@@ -69,7 +69,7 @@ void fb_ref_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, con
 }
 
 /* din [N, BC, H, W] += dout / (kh kw) over every in-image tap of each window. */
-void fb_ref_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fb_ref_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
@@ -88,7 +88,7 @@ void fb_ref_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
 }
 
 /* out [N, BC] = mean over HW of in [N, BC, HW]. */
-void fb_ref_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fb_ref_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                    int HW)
 {
     for (size_t p = 0; p < (size_t)N * BC; p++) {
@@ -100,7 +100,7 @@ void fb_ref_global_avgpool_forward(fb_backend_t *be, float *out, const float *in
 }
 
 /* din [N, BC, HW] += dout [N, BC] / HW. */
-void fb_ref_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fb_ref_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                     int HW)
 {
     const float inv = 1.0f / (float)HW;

@@ -62,7 +62,7 @@ bool fbc_dnn_ok(struct fbc_ctx *c, cudnnStatus_t s, const char *what, const char
     return false;
 }
 
-struct fbc_ctx *fbc_begin(fb_backend_t *be)
+struct fbc_ctx *fbc_begin(fb_backend *be)
 {
     struct fbc_ctx *c = fbc_ctx_of(be);
     if (c->err != FB_OK) return NULL;
@@ -166,7 +166,7 @@ static void pool_release_cached(struct fbc_ctx *c)
  * class or at most a quarter larger when there is one, else a new cudaMalloc
  * (after returning the cache to the device if memory ran out).  NULL on
  * failure, which is not a sticky error: the caller reports it. */
-static void *cuda_alloc(fb_backend_t *be, size_t bytes)
+static void *cuda_alloc(fb_backend *be, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return NULL;
@@ -224,7 +224,7 @@ fail:
 /* Returns a block to the pool's cache.  Kernels still queued on the compute
  * stream that use it run before any later reuse, since every op is on that
  * stream.  A pointer the pool did not hand out is an invariant failure. */
-static void cuda_free(fb_backend_t *be, void *p)
+static void cuda_free(fb_backend *be, void *p)
 {
     struct fbc_ctx *c = fbc_ctx_of(be);
     pthread_mutex_lock(&c->lock);
@@ -241,31 +241,31 @@ static void cuda_free(fb_backend_t *be, void *p)
     pthread_mutex_unlock(&c->lock);
 }
 
-void *fbc_pool_alloc(fb_backend_t *be, size_t bytes)
+void *fbc_pool_alloc(fb_backend *be, size_t bytes)
 {
     return cuda_alloc(be, bytes);
 }
 
-void fbc_pool_free(fb_backend_t *be, void *p)
+void fbc_pool_free(fb_backend *be, void *p)
 {
     if (p) cuda_free(be, p);
 }
 
-static void cuda_zero(fb_backend_t *be, void *p, size_t bytes)
+static void cuda_zero(fb_backend *be, void *p, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
     FBC_CUDA(c, cudaMemsetAsync(p, 0, bytes, c->stream));
 }
 
-static void cuda_copy(fb_backend_t *be, void *dst, const void *src, size_t bytes)
+static void cuda_copy(fb_backend *be, void *dst, const void *src, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
     FBC_CUDA(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
-static void cuda_upload(fb_backend_t *be, void *dst, const void *host, size_t bytes)
+static void cuda_upload(fb_backend *be, void *dst, const void *host, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
@@ -274,7 +274,7 @@ static void cuda_upload(fb_backend_t *be, void *dst, const void *host, size_t by
 
 /* Waits for the copy (the caller reads host right after).  On a recorded
  * error host is left as it was. */
-static void cuda_download(fb_backend_t *be, void *host, const void *src, size_t bytes)
+static void cuda_download(fb_backend *be, void *host, const void *src, size_t bytes)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
@@ -283,7 +283,7 @@ static void cuda_download(fb_backend_t *be, void *host, const void *src, size_t 
 }
 
 /* Waits for queued work and turns a kernel's bad-input flag into an error. */
-static void cuda_sync(fb_backend_t *be)
+static void cuda_sync(fb_backend *be)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c) return;
@@ -345,7 +345,7 @@ static const struct fb_backend_ops fb_cuda_ops = {
 #define FBC_MAX_DEVICES 64
 
 static pthread_mutex_t fbc_create_lock = PTHREAD_MUTEX_INITIALIZER;
-static fb_backend_t *fbc_backends[FBC_MAX_DEVICES];
+static fb_backend *fbc_backends[FBC_MAX_DEVICES];
 
 static int create_errf(char *msg, size_t cap, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -388,10 +388,10 @@ static void destroy_ctx(struct fbc_ctx *c)
         }                                                                                          \
     } while (0)
 
-static int create_backend(int device, fb_backend_t **out, char *msg, size_t cap)
+static int create_backend(int device, fb_backend **out, char *msg, size_t cap)
 {
     struct fbc_ctx *c = NULL;
-    fb_backend_t *be = NULL;
+    fb_backend *be = NULL;
     cudaDeviceProp prop;
     cublasStatus_t bs;
     cudnnStatus_t ds;
@@ -416,7 +416,7 @@ static int create_backend(int device, fb_backend_t **out, char *msg, size_t cap)
                            search);
 
     c = (struct fbc_ctx *)calloc(1, sizeof *c);
-    be = (fb_backend_t *)calloc(1, sizeof *be);
+    be = (fb_backend *)calloc(1, sizeof *be);
     if (!c || !be) {
         free(be);
         free(c);
@@ -475,7 +475,7 @@ fail:
     return rc;
 }
 
-extern "C" int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, size_t cap)
+extern "C" int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap)
 {
     if (!out) return create_errf(msg, cap, FB_ERR_INTERNAL, "fb_cuda_backend_get: out is NULL");
     if (device < 0 || device >= FBC_MAX_DEVICES)
@@ -483,7 +483,7 @@ extern "C" int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, si
     pthread_mutex_lock(&fbc_create_lock);
     int rc = FB_OK;
     if (!fbc_backends[device]) {
-        fb_backend_t *be = NULL;
+        fb_backend *be = NULL;
         int prev = -1;
         if (cudaGetDevice(&prev) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -499,9 +499,9 @@ extern "C" int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, si
     return rc;
 }
 
-extern "C" fb_backend_t *fb_backend_cuda(int device)
+extern "C" fb_backend *fb_backend_cuda(int device)
 {
-    fb_backend_t *be = NULL;
+    fb_backend *be = NULL;
     char msg[256];
     return fb_cuda_backend_get(device, &be, msg, sizeof msg) == FB_OK ? be : NULL;
 }
@@ -509,14 +509,14 @@ extern "C" fb_backend_t *fb_backend_cuda(int device)
 /* By the table's memory functions rather than the table itself: a wrapper
  * that copies the table and the context to override a few ops (the
  * data-parallel ranks of workers/dp.c do) is still this backend. */
-extern "C" bool fb_backend_is_cuda(const fb_backend_t *be)
+extern "C" bool fb_backend_is_cuda(const fb_backend *be)
 {
     return be && be->ops && be->ops->sync == cuda_sync && be->ops->alloc == cuda_alloc && be->ctx;
 }
 
 /* ---- the controls of cuda_backend.h ------------------------------------------ */
 
-extern "C" void *fb_cuda_backend_stream(fb_backend_t *be, int which)
+extern "C" void *fb_cuda_backend_stream(fb_backend *be, int which)
 {
     if (!fb_backend_is_cuda(be)) return NULL;
     struct fbc_ctx *c = fbc_ctx_of(be);
@@ -525,7 +525,7 @@ extern "C" void *fb_cuda_backend_stream(fb_backend_t *be, int which)
     return NULL;
 }
 
-extern "C" int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap)
+extern "C" int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap)
 {
     if (!fb_backend_is_cuda(be)) return FB_OK;
     struct fbc_ctx *c = fbc_ctx_of(be);
@@ -534,7 +534,7 @@ extern "C" int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap)
     return create_errf(msg, cap, c->err, "%s", c->err_msg);
 }
 
-extern "C" void fb_cuda_backend_clear_error(fb_backend_t *be)
+extern "C" void fb_cuda_backend_clear_error(fb_backend *be)
 {
     if (!fb_backend_is_cuda(be)) return;
     struct fbc_ctx *c = fbc_ctx_of(be);
@@ -542,7 +542,7 @@ extern "C" void fb_cuda_backend_clear_error(fb_backend_t *be)
     c->err_msg[0] = '\0';
 }
 
-extern "C" void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on)
+extern "C" void fb_cuda_backend_set_tf32(fb_backend *be, bool on)
 {
     if (!fb_backend_is_cuda(be)) return;
     struct fbc_ctx *c = fbc_begin(be);
@@ -552,7 +552,7 @@ extern "C" void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on)
         c->tf32 = on ? 1 : 0; /* conv plans are keyed by it and made anew */
 }
 
-extern "C" void fb_cuda_backend_pool_stats(fb_backend_t *be, fb_cuda_pool_stats *out)
+extern "C" void fb_cuda_backend_pool_stats(fb_backend *be, fb_cuda_pool_stats *out)
 {
     if (!out) return;
     memset(out, 0, sizeof *out);
@@ -563,7 +563,7 @@ extern "C" void fb_cuda_backend_pool_stats(fb_backend_t *be, fb_cuda_pool_stats 
     pthread_mutex_unlock(&c->lock);
 }
 
-extern "C" void fb_cuda_backend_trim(fb_backend_t *be)
+extern "C" void fb_cuda_backend_trim(fb_backend *be)
 {
     if (!fb_backend_is_cuda(be)) return;
     struct fbc_ctx *c = fbc_begin(be);

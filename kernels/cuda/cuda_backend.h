@@ -32,11 +32,11 @@ extern "C" {
  * handle failed) with the reason in msg, *out untouched.  A failed creation
  * is retried on the next call.
  */
-int fb_cuda_backend_get(int device, fb_backend_t **out, char *msg, size_t cap);
+int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap);
 
 /* Whether be is a CUDA backend (false for NULL), or a wrapper that copied a
  * CUDA backend's table and context to override some of its ops. */
-bool fb_backend_is_cuda(const fb_backend_t *be);
+bool fb_backend_is_cuda(const fb_backend *be);
 
 /* Which stream fb_cuda_backend_stream returns. */
 enum { FB_CUDA_STREAM_COMPUTE = 0, FB_CUDA_STREAM_COMM = 1 };
@@ -48,7 +48,7 @@ enum { FB_CUDA_STREAM_COMPUTE = 0, FB_CUDA_STREAM_COMM = 1 };
  * not a CUDA backend or `which` is neither.  The stream belongs to the
  * backend; never destroy it.
  */
-void *fb_cuda_backend_stream(fb_backend_t *be, int which);
+void *fb_cuda_backend_stream(fb_backend *be, int which);
 
 /*
  * The first CUDA, cuBLAS or cuDNN failure since the backend was created (or
@@ -61,11 +61,11 @@ void *fb_cuda_backend_stream(fb_backend_t *be, int which);
  * Synchronises the compute stream first, so errors of queued kernels are seen.
  * FB_OK for a backend that is not CUDA.
  */
-int fb_cuda_backend_error(fb_backend_t *be, char *msg, size_t cap);
+int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap);
 
 /* Forgets a recorded error so the backend runs ops again (after an error
  * that left the device usable, such as an out-of-range label). */
-void fb_cuda_backend_clear_error(fb_backend_t *be);
+void fb_cuda_backend_clear_error(fb_backend *be);
 
 /*
  * Lets cuBLAS and cuDNN use TF32 tensor cores for float GEMMs and
@@ -73,7 +73,7 @@ void fb_cuda_backend_clear_error(fb_backend_t *be);
  * mantissa bits, accumulation stays float.  Off by default, which keeps every
  * product in full float precision (cuBLAS default math, cuDNN FMA math).
  */
-void fb_cuda_backend_set_tf32(fb_backend_t *be, bool on);
+void fb_cuda_backend_set_tf32(fb_backend *be, bool on);
 
 /* Counters of the device memory pool, and of the convolution plans (one
  * per shape, TF32 setting and FUSEBOX_CUDNN_SEARCH mode) and their timed
@@ -89,11 +89,11 @@ typedef struct fb_cuda_pool_stats {
 } fb_cuda_pool_stats;
 
 /* Fills *out with the pool's counters; zeroes it for a non-CUDA backend. */
-void fb_cuda_backend_pool_stats(fb_backend_t *be, fb_cuda_pool_stats *out);
+void fb_cuda_backend_pool_stats(fb_backend *be, fb_cuda_pool_stats *out);
 
 /* Returns the freed blocks the pool keeps to the device (cudaFree), after
  * waiting for queued work.  Live allocations are not affected. */
-void fb_cuda_backend_trim(fb_backend_t *be);
+void fb_cuda_backend_trim(fb_backend *be);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@ static bool fits_int(struct fbc_ctx *c, long long v, const char *what)
  * w_b [O, I] (stored [I, O], ld I, transposed) . in_b^T [I, N] (ld B*I).
  * Shared: out^T [B*O, N] = w^T . in^T [I, N] (ld I) in one GEMM.
  */
-extern "C" void fbc_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+extern "C" void fbc_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                                    const float *bias, int N, int B, int I, int O, bool shared)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -58,7 +58,7 @@ extern "C" void fbc_linear_forward(fb_backend_t *be, float *out, const float *in
  *   din^T [I, N] += w^T [I, B*O] . dout^T [B*O, N]     (shared: summed over members)
  *   dbias[B*O] += column sums of dout viewed [N, B*O]
  */
-extern "C" void fbc_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+extern "C" void fbc_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
                                     const float *dout, const float *in, const float *w, int N,
                                     int B, int I, int O, bool shared)
 {
@@ -90,7 +90,7 @@ extern "C" void fbc_linear_backward(fb_backend_t *be, float *din, float *dw, flo
 }
 
 /* c[M, N] = a[M, K] . b[K, N] row-major: c^T [N, M] = b^T [N, K] . a^T [K, M]. */
-extern "C" void fbc_sgemm(fb_backend_t *be, float *cm, const float *a, const float *b, int M, int N,
+extern "C" void fbc_sgemm(fb_backend *be, float *cm, const float *a, const float *b, int M, int N,
                           int K)
 {
     struct fbc_ctx *c = fbc_begin(be);

@@ -276,7 +276,7 @@ static cudnnStatus_t conv_exec(struct fbc_ctx *c, const struct fbc_conv_plan *p,
  * candidate runs, the heuristic order stays.  False with the error recorded
  * when a CUDA call fails.
  */
-static bool conv_search(fb_backend_t *be, struct fbc_ctx *c, struct fbc_conv_plan *p, int dir,
+static bool conv_search(fb_backend *be, struct fbc_ctx *c, struct fbc_conv_plan *p, int dir,
                         const float *a, const float *b, float beta)
 {
     struct fbc_conv_algos *al = plan_algos(p, dir);
@@ -321,7 +321,7 @@ static bool conv_search(fb_backend_t *be, struct fbc_ctx *c, struct fbc_conv_pla
 /* Runs direction dir with the current candidate (after the timed search on
  * the first call, when the plan asks for one), moving on to the next while
  * cuDNN refuses; false with the error recorded. */
-static bool conv_run(fb_backend_t *be, struct fbc_ctx *c, struct fbc_conv_plan *p, int dir,
+static bool conv_run(fb_backend *be, struct fbc_ctx *c, struct fbc_conv_plan *p, int dir,
                      const float *a, const float *b, float *dst, float beta)
 {
     struct fbc_conv_algos *al = plan_algos(p, dir);
@@ -342,7 +342,7 @@ static bool conv_run(fb_backend_t *be, struct fbc_ctx *c, struct fbc_conv_plan *
 }
 
 /* out [N, B*K, Ho, Wo] = conv(in, w) + bias [B*K] (bias may be NULL). */
-extern "C" void fbc_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+extern "C" void fbc_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                                    const float *bias, const fb_conv_geom *g, float *scratch)
 {
     (void)scratch;
@@ -355,7 +355,7 @@ extern "C" void fbc_conv2d_forward(fb_backend_t *be, float *out, const float *in
 
 /* Accumulates (beta = 1) dbias [B*K] (may be NULL), dw [B*K, C, kh, kw] and,
  * not shared, din [N, B*C, H, W] (may be NULL). */
-extern "C" void fbc_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias,
+extern "C" void fbc_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                                     const float *dout, const float *in, const float *w,
                                     const fb_conv_geom *g, float *scratch)
 {

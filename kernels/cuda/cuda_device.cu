@@ -18,7 +18,7 @@
 #include <string.h>
 
 extern "C" {
-#include "../../api/errors.h"
+#include "errors.h"
 }
 #include "cuda_device.h"
 

@@ -8,7 +8,7 @@
  * all load and compute correctly on a device.  Every function is safe to call
  * on a machine without a driver or a GPU: it reports zero devices or an error
  * code, never aborts.  Error codes are the negative fb_err values of
- * api/errors.h.
+ * base/errors.h.
  */
 #ifndef FB_KERNELS_CUDA_DEVICE_H
 #define FB_KERNELS_CUDA_DEVICE_H

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../../api/errors.h"
+#include "errors.h"
 }
 #include "../backend_impl.h"
 #include "cuda_backend.h"
@@ -105,7 +105,7 @@ struct fbc_ctx {
 };
 
 /* The context of a CUDA backend. */
-static inline struct fbc_ctx *fbc_ctx_of(fb_backend_t *be)
+static inline struct fbc_ctx *fbc_ctx_of(fb_backend *be)
 {
     return (struct fbc_ctx *)be->ctx;
 }
@@ -130,7 +130,7 @@ bool fbc_dnn_ok(struct fbc_ctx *c, cudnnStatus_t s, const char *what, const char
  * error stopped the backend or the device cannot be made current on this
  * thread (then the op returns without doing anything).
  */
-struct fbc_ctx *fbc_begin(fb_backend_t *be);
+struct fbc_ctx *fbc_begin(fb_backend *be);
 
 /* Device scratch of at least `bytes` in buf, grown (after waiting for queued
  * work that may still read the old one) when too small; NULL on failure. */
@@ -139,8 +139,8 @@ void *fbc_buf_get(struct fbc_ctx *c, struct fbc_buf *buf, size_t bytes, const ch
 /* Device memory from the backend's pool (fb_backend_alloc's), for an op's
  * short-lived scratch; NULL when the device is out of memory (no error is
  * recorded).  fbc_pool_free returns it to the pool. */
-void *fbc_pool_alloc(fb_backend_t *be, size_t bytes);
-void fbc_pool_free(fb_backend_t *be, void *p);
+void *fbc_pool_alloc(fb_backend *be, size_t bytes);
+void fbc_pool_free(fb_backend *be, void *p);
 
 /* Copies `bytes` of host memory into the staging buffer at byte offset `off`
  * (a multiple of 16) and returns the device address, or NULL.  The copy is
@@ -161,66 +161,66 @@ static inline unsigned fbc_grid(const struct fbc_ctx *c, size_t n, unsigned thre
 
 extern "C" {
 /* cuda_blas.cu */
-void fbc_linear_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fbc_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                         const float *bias, int N, int B, int I, int O, bool shared);
-void fbc_linear_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fbc_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                          const float *in, const float *w, int N, int B, int I, int O, bool shared);
-void fbc_sgemm(fb_backend_t *be, float *c, const float *a, const float *b, int M, int N, int K);
+void fbc_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 /* cuda_conv.cu */
-void fbc_conv2d_forward(fb_backend_t *be, float *out, const float *in, const float *w,
+void fbc_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                         const float *bias, const fb_conv_geom *g, float *scratch);
-void fbc_conv2d_backward(fb_backend_t *be, float *din, float *dw, float *dbias, const float *dout,
+void fbc_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
                          const float *in, const float *w, const fb_conv_geom *g, float *scratch);
 
 /* cuda_ops.cu */
-void fbc_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax, const float *in,
+void fbc_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                            const fb_pool_geom *g);
-void fbc_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout, const int32_t *argmax,
+void fbc_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
                             const fb_pool_geom *g);
-void fbc_avgpool2d_forward(fb_backend_t *be, float *out, const float *in, const fb_pool_geom *g);
-void fbc_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+void fbc_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
+void fbc_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                             const fb_pool_geom *g);
-void fbc_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N, int BC,
+void fbc_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N, int BC,
                                 int HW);
-void fbc_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N, int BC,
+void fbc_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N, int BC,
                                  int HW);
-void fbc_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n);
-void fbc_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+void fbc_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
+void fbc_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                       const float *in, const float *out, size_t n);
-void fbc_add_forward(fb_backend_t *be, float *out, const float *a, const float *b, size_t n);
-void fbc_accumulate(fb_backend_t *be, float *y, const float *x, size_t n);
-void fbc_dropout_forward(fb_backend_t *be, float *out, const float *in, const uint64_t *seeds,
+void fbc_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
+void fbc_accumulate(fb_backend *be, float *y, const float *x, size_t n);
+void fbc_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
                          uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
-void fbc_dropout_backward(fb_backend_t *be, float *din, const float *dout, const uint64_t *seeds,
+void fbc_dropout_backward(fb_backend *be, float *din, const float *dout, const uint64_t *seeds,
                           uint64_t stream, float p, int N, int B, int F, int64_t n_offset);
-void fbc_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+void fbc_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                  float *running_mean, float *running_var, const float *in,
                                  const float *gamma, const float *beta, int N, int BC, int HW,
                                  float eps, float momentum);
-void fbc_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in, const float *gamma,
+void fbc_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
                                 const float *beta, const float *running_mean,
                                 const float *running_var, int N, int BC, int HW, float eps);
-void fbc_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fbc_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                             const float *dout, const float *in, const float *mean,
                             const float *rstd, const float *gamma, int N, int BC, int HW);
-void fbc_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd, const float *in,
+void fbc_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
                            const float *gamma, const float *beta, int N, int B, int F, float eps);
-void fbc_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+void fbc_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                             const float *dout, const float *in, const float *mean,
                             const float *rstd, const float *gamma, int N, int B, int F);
-void fbc_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+void fbc_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                       const float *logits, const int32_t *labels, int N, int B, int K,
                       float grad_scale);
-void fbc_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred, const float *target,
+void fbc_mse(fb_backend *be, float *loss, float *dpred, const float *pred, const float *target,
              int N, int B, int K, float grad_scale);
-void fbc_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params, const float *grads,
+void fbc_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const float *grads,
                     float *state1, float *state2, const fb_param_block *blocks, int n_blocks,
                     int B, const fb_optim_hparams *hp);
-void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n);
-void fbc_grad_unscale(fb_backend_t *be, float *flags, float *grads, const float *inv_scales,
+void fbc_round_bf16(fb_backend *be, float *out, const float *in, size_t n);
+void fbc_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                       const fb_param_block *blocks, int n_blocks, int B);
-void fbc_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B, size_t F);
+void fbc_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F);
 
 /* Launches the per-channel sum: out[c] += sum over n, i of x[n, c, i] for x
  * [N, C, HW] (dbias of linear with HW = 1, of conv2d with HW = Ho Wo). */

@@ -215,7 +215,7 @@ __global__ static void k_avgpool_bwd(float *din, const float *dout, size_t total
     }
 }
 
-extern "C" void fbc_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *argmax,
+extern "C" void fbc_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax,
                                       const float *in, const fb_pool_geom *g)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -226,7 +226,7 @@ extern "C" void fbc_maxpool2d_forward(fb_backend_t *be, float *out, int32_t *arg
     FBC_LAUNCHED(c, "maxpool2d_forward");
 }
 
-extern "C" void fbc_maxpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+extern "C" void fbc_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                        const int32_t *argmax, const fb_pool_geom *g)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -237,7 +237,7 @@ extern "C" void fbc_maxpool2d_backward(fb_backend_t *be, float *din, const float
     FBC_LAUNCHED(c, "maxpool2d_backward");
 }
 
-extern "C" void fbc_avgpool2d_forward(fb_backend_t *be, float *out, const float *in,
+extern "C" void fbc_avgpool2d_forward(fb_backend *be, float *out, const float *in,
                                       const fb_pool_geom *g)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -248,7 +248,7 @@ extern "C" void fbc_avgpool2d_forward(fb_backend_t *be, float *out, const float 
     FBC_LAUNCHED(c, "avgpool2d_forward");
 }
 
-extern "C" void fbc_avgpool2d_backward(fb_backend_t *be, float *din, const float *dout,
+extern "C" void fbc_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                        const fb_pool_geom *g)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -281,7 +281,7 @@ __global__ static void k_gap_bwd(float *din, const float *dout, size_t total, in
     din[i] += dout[i / (size_t)HW] * inv;
 }
 
-extern "C" void fbc_global_avgpool_forward(fb_backend_t *be, float *out, const float *in, int N,
+extern "C" void fbc_global_avgpool_forward(fb_backend *be, float *out, const float *in, int N,
                                            int BC, int HW)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -294,7 +294,7 @@ extern "C" void fbc_global_avgpool_forward(fb_backend_t *be, float *out, const f
     FBC_LAUNCHED(c, "global_avgpool_forward");
 }
 
-extern "C" void fbc_global_avgpool_backward(fb_backend_t *be, float *din, const float *dout, int N,
+extern "C" void fbc_global_avgpool_backward(fb_backend *be, float *din, const float *dout, int N,
                                             int BC, int HW)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -372,7 +372,7 @@ __global__ static void k_act_bwd(int act, float *din, const float *dout, const f
     }
 }
 
-extern "C" void fbc_act_forward(fb_backend_t *be, fb_act act, float *out, const float *in, size_t n)
+extern "C" void fbc_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c || !n) return;
@@ -380,7 +380,7 @@ extern "C" void fbc_act_forward(fb_backend_t *be, fb_act act, float *out, const 
     FBC_LAUNCHED(c, "act_forward");
 }
 
-extern "C" void fbc_act_backward(fb_backend_t *be, fb_act act, float *din, const float *dout,
+extern "C" void fbc_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                                  const float *in, const float *out, size_t n)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -402,7 +402,7 @@ __global__ static void k_accumulate(float *y, const float *x, size_t n)
     y[i] += x[i];
 }
 
-extern "C" void fbc_add_forward(fb_backend_t *be, float *out, const float *a, const float *b,
+extern "C" void fbc_add_forward(fb_backend *be, float *out, const float *a, const float *b,
                                 size_t n)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -411,7 +411,7 @@ extern "C" void fbc_add_forward(fb_backend_t *be, float *out, const float *a, co
     FBC_LAUNCHED(c, "add_forward");
 }
 
-extern "C" void fbc_accumulate(fb_backend_t *be, float *y, const float *x, size_t n)
+extern "C" void fbc_accumulate(fb_backend *be, float *y, const float *x, size_t n)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c || !n) return;
@@ -442,7 +442,7 @@ __global__ static void k_dropout(float *dst, const float *src, const uint64_t *s
     }
 }
 
-static void dropout_run(fb_backend_t *be, float *dst, const float *src, const uint64_t *seeds,
+static void dropout_run(fb_backend *be, float *dst, const float *src, const uint64_t *seeds,
                         uint64_t stream, float p, int N, int B, int F, int64_t n_offset,
                         int backward)
 {
@@ -458,14 +458,14 @@ static void dropout_run(fb_backend_t *be, float *dst, const float *src, const ui
     FBC_LAUNCHED(c, backward ? "dropout_backward" : "dropout_forward");
 }
 
-extern "C" void fbc_dropout_forward(fb_backend_t *be, float *out, const float *in,
+extern "C" void fbc_dropout_forward(fb_backend *be, float *out, const float *in,
                                     const uint64_t *seeds, uint64_t stream, float p, int N, int B,
                                     int F, int64_t n_offset)
 {
     dropout_run(be, out, in, seeds, stream, p, N, B, F, n_offset, 0);
 }
 
-extern "C" void fbc_dropout_backward(fb_backend_t *be, float *din, const float *dout,
+extern "C" void fbc_dropout_backward(fb_backend *be, float *din, const float *dout,
                                      const uint64_t *seeds, uint64_t stream, float p, int N, int B,
                                      int F, int64_t n_offset)
 {
@@ -557,7 +557,7 @@ __global__ static void k_bn_bwd(float *din, float *dgamma, float *dbeta, const f
 
 #undef CH_AT
 
-extern "C" void fbc_batchnorm_forward_train(fb_backend_t *be, float *out, float *mean, float *rstd,
+extern "C" void fbc_batchnorm_forward_train(fb_backend *be, float *out, float *mean, float *rstd,
                                             float *running_mean, float *running_var,
                                             const float *in, const float *gamma, const float *beta,
                                             int N, int BC, int HW, float eps, float momentum)
@@ -569,7 +569,7 @@ extern "C" void fbc_batchnorm_forward_train(fb_backend_t *be, float *out, float 
     FBC_LAUNCHED(c, "batchnorm_forward_train");
 }
 
-extern "C" void fbc_batchnorm_forward_eval(fb_backend_t *be, float *out, const float *in,
+extern "C" void fbc_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
                                            const float *gamma, const float *beta,
                                            const float *running_mean, const float *running_var,
                                            int N, int BC, int HW, float eps)
@@ -582,7 +582,7 @@ extern "C" void fbc_batchnorm_forward_eval(fb_backend_t *be, float *out, const f
     FBC_LAUNCHED(c, "batchnorm_forward_eval");
 }
 
-extern "C" void fbc_batchnorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+extern "C" void fbc_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                        const float *dout, const float *in, const float *mean,
                                        const float *rstd, const float *gamma, int N, int BC, int HW)
 {
@@ -678,7 +678,7 @@ __global__ static void k_ln_bwd_params(float *dgamma, float *dbeta, const float 
     }
 }
 
-extern "C" void fbc_layernorm_forward(fb_backend_t *be, float *out, float *mean, float *rstd,
+extern "C" void fbc_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                                       const float *in, const float *gamma, const float *beta,
                                       int N, int B, int F, float eps)
 {
@@ -690,7 +690,7 @@ extern "C" void fbc_layernorm_forward(fb_backend_t *be, float *out, float *mean,
     FBC_LAUNCHED(c, "layernorm_forward");
 }
 
-extern "C" void fbc_layernorm_backward(fb_backend_t *be, float *din, float *dgamma, float *dbeta,
+extern "C" void fbc_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                        const float *dout, const float *in, const float *mean,
                                        const float *rstd, const float *gamma, int N, int B, int F)
 {
@@ -761,7 +761,7 @@ __global__ static void k_member_mean(float *loss, float *correct, const double *
     }
 }
 
-extern "C" void fbc_softmax_xent(fb_backend_t *be, float *loss, float *dlogits, float *correct,
+extern "C" void fbc_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                                  const float *logits, const int32_t *labels, int N, int B, int K,
                                  float grad_scale)
 {
@@ -796,7 +796,7 @@ __global__ static void k_mse_rows(double *row_loss, float *dpred, const float *p
     }
 }
 
-extern "C" void fbc_mse(fb_backend_t *be, float *loss, float *dpred, const float *pred,
+extern "C" void fbc_mse(fb_backend *be, float *loss, float *dpred, const float *pred,
                         const float *target, int N, int B, int K, float grad_scale)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -876,7 +876,7 @@ __global__ static void k_optim(int kind, float *params, const float *grads, floa
 
 /* Stages the hyperparameters and the block table (host memory, kernels.h)
  * and runs one kernel over all members' parameters. */
-extern "C" void fbc_optim_step(fb_backend_t *be, fb_optim_kind kind, float *params,
+extern "C" void fbc_optim_step(fb_backend *be, fb_optim_kind kind, float *params,
                                const float *grads, float *state1, float *state2,
                                const fb_param_block *blocks, int n_blocks, int B,
                                const fb_optim_hparams *hp)
@@ -948,7 +948,7 @@ __global__ static void k_round_bf16(float *out, const float *in, size_t n)
     GRID_STRIDE(i, n) out[i] = fb_bf16_round(in[i]);
 }
 
-extern "C" void fbc_round_bf16(fb_backend_t *be, float *out, const float *in, size_t n)
+extern "C" void fbc_round_bf16(fb_backend *be, float *out, const float *in, size_t n)
 {
     struct fbc_ctx *c = fbc_begin(be);
     if (!c || n == 0) return;
@@ -990,7 +990,7 @@ __global__ static void k_grad_unscale(float *flags, float *grads, const float *i
 
 /* See kernels.h: the B inverse scales and the non-empty blocks are staged in
  * one buffer, the flags zeroed, then one launch covers every block. */
-extern "C" void fbc_grad_unscale(fb_backend_t *be, float *flags, float *grads,
+extern "C" void fbc_grad_unscale(fb_backend *be, float *flags, float *grads,
                                  const float *inv_scales, const fb_param_block *blocks,
                                  int n_blocks, int B)
 {
@@ -1038,7 +1038,7 @@ __global__ static void k_scale_members(float *x, const float *scales, size_t F, 
 }
 
 /* See kernels.h: the B scales are staged, then one pass. */
-extern "C" void fbc_scale_members(fb_backend_t *be, float *x, const float *scales, int N, int B,
+extern "C" void fbc_scale_members(fb_backend *be, float *x, const float *scales, int N, int B,
                                   size_t F)
 {
     struct fbc_ctx *c = fbc_begin(be);

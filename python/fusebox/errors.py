@@ -49,7 +49,7 @@ class FileFormatError(FuseboxError, ValueError):
 class ApiError(FuseboxError):
     """An error answer of the fusebox REST API.
 
-    status is the HTTP status, code the stable error code of api/errors.h
+    status is the HTTP status, code the stable error code of base/errors.h
     (``unknown_field``, ``not_found``, ...), field the JSON path, query
     parameter or header the server names (None when it names none).
     """

@@ -212,7 +212,7 @@ static void check_part(const fb_array *a, const fb_array *p, fb_array_part part,
     }
 }
 
-static void run_case(fb_backend_t *be, const model_case *mc, double *ratio)
+static void run_case(fb_backend *be, const model_case *mc, double *ratio)
 {
     char msg[512], tag[96];
     snprintf(tag, sizeof tag, "%s/%s", fb_backend_name(be), mc->name);

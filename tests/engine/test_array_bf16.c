@@ -60,7 +60,7 @@ static fb_job_spec *mlp_spec(const char *precision, double lr, int seed)
                    seed, SIDE, SIDE, HID, K, N, lr, seed, precision);
 }
 
-static fb_array *new_array(fb_backend_t *be, fb_job_spec **specs, int B)
+static fb_array *new_array(fb_backend *be, fb_job_spec **specs, int B)
 {
     char msg[512];
     fb_array *a = NULL;
@@ -128,7 +128,7 @@ static float *rounded(const float *v, size_t n)
 
 static void test_definition(void)
 {
-    fb_backend_t *ref = fb_backend_cpu_ref();
+    fb_backend *ref = fb_backend_cpu_ref();
     fb_job_spec *specs[2] = {mlp_spec("bf16", 1e-3, 1), mlp_spec("bf16", 2e-3, 2)};
     fb_array *a = new_array(ref, specs, 2);
     float x[N * F], l[2], logits[N * K];
@@ -205,7 +205,7 @@ static void test_definition(void)
 static void test_definition_conv(void)
 {
     enum { C2 = 2, HW = F * C2 };
-    fb_backend_t *ref = fb_backend_cpu_ref();
+    fb_backend *ref = fb_backend_cpu_ref();
     fb_job_spec *specs[2];
     for (int i = 0; i < 2; i++)
         specs[i] = et_spec("{\"name\":\"c%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":"
@@ -315,7 +315,7 @@ static void test_scaling_exact(void)
  */
 static void test_overflow_isolated(void)
 {
-    fb_backend_t *ref = fb_backend_cpu_ref();
+    fb_backend *ref = fb_backend_cpu_ref();
     fb_job_spec *specs[3] = {mlp_spec("bf16", 1e-3, 5), mlp_spec("bf16", 1e-3, 6),
                              mlp_spec("bf16", 4e-3, 7)};
     fb_array *a = new_array(ref, specs, 3);

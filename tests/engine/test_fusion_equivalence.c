@@ -137,7 +137,7 @@ static void weights_path(char *path, size_t cap, const char *tag, int orig)
  * order.  loss[step][orig] receives each member's training loss (NaN once it
  * has left); survivors' final weights go to <dir>/<tag>-<orig>.safetensors.
  */
-static void train(fb_backend_t *be, fb_job_spec *const *specs, const int *orig_in, int B,
+static void train(fb_backend *be, fb_job_spec *const *specs, const int *orig_in, int B,
                   int remove_after, const int *remove, int n_remove, double loss[STEPS][MAX_B],
                   const char *tag)
 {
@@ -253,7 +253,7 @@ static void check_learning(double loss[STEPS][MAX_B], int B)
 static double fused_loss[STEPS][MAX_B], solo_loss[STEPS][MAX_B];
 
 /* One case: B members fused vs each alone. */
-static void run_case(fb_backend_t *be, model_kind m, fb_optim_type opt, int B)
+static void run_case(fb_backend *be, model_kind m, fb_optim_type opt, int B)
 {
     double t0 = et_now();
     fb_job_spec *specs[MAX_B];
@@ -291,7 +291,7 @@ static void run_case(fb_backend_t *be, model_kind m, fb_optim_type opt, int B)
 }
 
 /* Members 1 and 3 of five leave after 50 steps; the others are unaffected. */
-static void run_removal(fb_backend_t *be, model_kind m, fb_optim_type opt)
+static void run_removal(fb_backend *be, model_kind m, fb_optim_type opt)
 {
     double t0 = et_now();
     enum { B = 5 };
@@ -357,7 +357,7 @@ static void run_removal(fb_backend_t *be, model_kind m, fb_optim_type opt)
 
 /* The backend under test (the fast CPU one unless FUSEBOX_TEST_BACKEND says
  * otherwise) against the plain-C reference: same fused case on both. */
-static void run_backends(fb_backend_t *be, model_kind m, fb_optim_type opt, int B)
+static void run_backends(fb_backend *be, model_kind m, fb_optim_type opt, int B)
 {
     double t0 = et_now();
     static double fast[STEPS][MAX_B], ref[STEPS][MAX_B];
@@ -397,12 +397,12 @@ static void run_backends(fb_backend_t *be, model_kind m, fb_optim_type opt, int 
  * Exits 77 (skipped) for "cuda" where no device is usable, and 2 for a name
  * it does not know, before anything has run.
  */
-static fb_backend_t *test_backend(void)
+static fb_backend *test_backend(void)
 {
     const char *name = getenv("FUSEBOX_TEST_BACKEND");
     if (!name || !*name || strcmp(name, "cpu") == 0) return fb_backend_cpu();
     if (strcmp(name, "cuda") == 0) {
-        fb_backend_t *be = fb_backend_cuda(0);
+        fb_backend *be = fb_backend_cuda(0);
         if (!be) {
             printf("SKIPPED: FUSEBOX_TEST_BACKEND=cuda but no CUDA device is usable\n");
             exit(77);
@@ -418,7 +418,7 @@ static fb_backend_t *test_backend(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
-    fb_backend_t *be = test_backend();
+    fb_backend *be = test_backend();
     double t0 = et_now();
     ds = et_synthetic(N_TRAIN, SIDE, CLASSES, 42);
     /* one fixed sequence of minibatches: a fresh permutation per epoch */

@@ -25,7 +25,7 @@
  * allow_cpu false the variable is not read; *on_cpu (may be NULL) says
  * whether the CPU stands in.
  */
-static inline int gt_backends(bool allow_cpu, fb_backend_t **dev, fb_backend_t **ref,
+static inline int gt_backends(bool allow_cpu, fb_backend **dev, fb_backend **ref,
                               bool *on_cpu)
 {
     const char *which = allow_cpu ? getenv("FB_GPU_CROSSCHECK_BACKEND") : NULL;

@@ -15,7 +15,7 @@
 #include "errors.h"
 
 /* A value no constructor writes: *out must still hold it after a refusal. */
-static fb_comm_t *const SENTINEL = (fb_comm_t *)&SENTINEL;
+static fb_comm *const SENTINEL = (fb_comm *)&SENTINEL;
 
 static unsigned char id[FB_COMM_ID_BYTES];
 
@@ -25,7 +25,7 @@ static void refused(int n_local, const int *devices, int base, int world,
                     const fb_comm_nccl_opts *o, int err, const char *const *need)
 {
     char msg[256] = "";
-    fb_comm_t *c = SENTINEL;
+    fb_comm *c = SENTINEL;
     int got = fb_comm_nccl_new_opts(n_local, devices, base, world, id, o, &c, msg, sizeof msg);
     printf("n_local %d, base %d, world %d, deadline %d ms: %s (%s)\n", n_local, base, world,
            o ? o->timeout_ms : -1, fb_err_code(got), msg);
@@ -70,7 +70,7 @@ int main(void)
 
     /* missing arguments */
     char msg[256];
-    fb_comm_t *c = SENTINEL;
+    fb_comm *c = SENTINEL;
     CHECK_INT_EQ(fb_comm_nccl_new_opts(1, NULL, 0, 1, id, &ok, &c, msg, sizeof msg),
                  FB_ERR_INTERNAL);
     CHECK_INT_EQ(fb_comm_nccl_new_opts(1, dev, 0, 1, NULL, &ok, &c, msg, sizeof msg),

@@ -37,7 +37,7 @@
 #define B_CONV 5e-5
 #define B_DBL 1e-6
 
-static fb_backend_t *g_cu, *g_ref;
+static fb_backend *g_cu, *g_ref;
 static uint64_t g_rng;
 
 static float rnd_val(void)

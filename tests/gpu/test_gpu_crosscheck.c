@@ -34,7 +34,7 @@
 #define GUARD 64
 #define SENTINEL 12345.5f
 
-static fb_backend_t *g_cu, *g_ref;
+static fb_backend *g_cu, *g_ref;
 static uint64_t g_rng;
 static int g_failures, g_checks;
 
@@ -650,9 +650,9 @@ static void check_controls(void)
 {
     char msg[256];
     const int ndev = 64; /* more devices than the backend serves */
-    fb_backend_t *untouched = (fb_backend_t *)&msg;
+    fb_backend *untouched = (fb_backend *)&msg;
     CHECK_INT_EQ(fb_cuda_backend_get(ndev, &untouched, msg, sizeof msg), FB_ERR_NOT_FOUND);
-    CHECK(untouched == (fb_backend_t *)&msg);
+    CHECK(untouched == (fb_backend *)&msg);
     CHECK_INT_EQ(fb_cuda_backend_get(-1, &untouched, msg, sizeof msg), FB_ERR_NOT_FOUND);
     CHECK(fb_backend_cuda(ndev) == NULL);
     CHECK(fb_backend_cuda(0) == g_cu); /* one backend per device */

@@ -31,7 +31,7 @@
 #define B_DBL 1e-6
 #define B_EXACT 0.0
 
-static fb_backend_t *g_cu, *g_ref;
+static fb_backend *g_cu, *g_ref;
 static uint64_t g_rng;
 static int g_failures;
 

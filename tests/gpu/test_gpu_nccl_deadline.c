@@ -78,13 +78,13 @@ static void join_main(void *arg)
     CHECK_INT_EQ(fb_comm_nccl_unique_id(id, msg, sizeof msg), FB_OK);
     int dev = 0;
     fb_comm_nccl_opts o = {.timeout_ms = DEADLINE_MS};
-    fb_comm_t *c = (fb_comm_t *)&o; /* any value but what a constructor writes */
+    fb_comm *c = (fb_comm *)&o; /* any value but what a constructor writes */
     double t0 = xp_now();
     int err = fb_comm_nccl_new_opts(1, &dev, 0, 2, id, &o, &c, msg, sizeof msg);
     double ms = (xp_now() - t0) * 1e3;
     const char *need[] = {"device 0", "rank 0 of 2", "join", NULL};
     check_expired("join without rank 1", err, msg, ms, need);
-    CHECK(c == (fb_comm_t *)&o);
+    CHECK(c == (fb_comm *)&o);
 }
 
 typedef struct proc {
@@ -94,7 +94,7 @@ typedef struct proc {
 
 #ifdef FB_HAVE_CUDA
 /* One sum of N floats of value base + 1 on the device; returns FB_OK or the error. */
-static int sum_once(fb_comm_t *nccl, float *dbuf, int base, float *host, char *msg, size_t cap)
+static int sum_once(fb_comm *nccl, float *dbuf, int base, float *host, char *msg, size_t cap)
 {
     for (int i = 0; i < N; i++) host[i] = (float)(base + 1);
     CHECK(cudaMemcpy(dbuf, host, N * sizeof *host, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -109,7 +109,7 @@ static int sum_once(fb_comm_t *nccl, float *dbuf, int base, float *host, char *m
 static void sum_main(void *arg)
 {
     const proc *p = arg;
-    fb_comm_t *tcp = xp_join(&listener, 1, p->base, 2, root_addr, TOKEN, 60000);
+    fb_comm *tcp = xp_join(&listener, 1, p->base, 2, root_addr, TOKEN, 60000);
 #ifdef FB_HAVE_CUDA
     char msg[512] = "";
     unsigned char id[FB_COMM_ID_BYTES] = {0};
@@ -117,7 +117,7 @@ static void sum_main(void *arg)
     CHECK_INT_EQ(fb_comm_share_id(tcp, ok, id, msg, sizeof msg), FB_OK);
     int dev = p->base;
     fb_comm_nccl_opts o = {.timeout_ms = DEADLINE_MS};
-    fb_comm_t *nccl = NULL;
+    fb_comm *nccl = NULL;
     int err = fb_comm_nccl_new_opts(1, &dev, p->base, 2, id, &o, &nccl, msg, sizeof msg);
     if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
     CHECK_INT_EQ(err, FB_OK);

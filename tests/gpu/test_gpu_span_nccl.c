@@ -68,7 +68,7 @@ static void reference_main(void *arg)
     char msg[256];
     fb_job_spec *s[B];
     pu_make_bs(false, BS, s);
-    fb_backend_t *be = fb_backend_cuda(0);
+    fb_backend *be = fb_backend_cuda(0);
     CHECK(be != NULL);
     fb_array *a = NULL;
     CHECK_INT_EQ(fb_array_new(be, (const fb_job_spec *const *)s, B, BS, &a, msg, sizeof msg),
@@ -98,7 +98,7 @@ static void rank_main(void *arg)
 {
     const proc *p = arg;
     char msg[512];
-    fb_comm_t *tcp = xp_join(&listener, 1, p->base, WORLD, root_addr, TOKEN, 60000);
+    fb_comm *tcp = xp_join(&listener, 1, p->base, WORLD, root_addr, TOKEN, 60000);
     int err;
 
     unsigned char id[FB_COMM_ID_BYTES] = {0};
@@ -111,7 +111,7 @@ static void rank_main(void *arg)
     if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
     CHECK_INT_EQ(err, FB_OK);
     int ordinal = p->base;
-    fb_comm_t *nccl = NULL;
+    fb_comm *nccl = NULL;
     err = fb_comm_nccl_new(1, &ordinal, p->base, WORLD, id, &nccl, msg, sizeof msg);
     if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
     CHECK_INT_EQ(err, FB_OK);

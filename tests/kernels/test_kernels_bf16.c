@@ -80,7 +80,7 @@ static void test_known_values(void)
 
 /* fb_round_bf16 on a backend equals the scalar function bit for bit, in
  * place and not, and writes nothing outside its output. */
-static void test_backend_round(fb_backend_t *be)
+static void test_backend_round(fb_backend *be)
 {
     const size_t n = 1031;
     float *in = kt_guarded_new(n), *out = kt_guarded_new(n);
@@ -117,7 +117,7 @@ static void test_backend_round(fb_backend_t *be)
  * floats between and after the blocks (poisoned) and the guards of both
  * buffers untouched.  g holds n floats, guarded.
  */
-static void check_unscale(fb_backend_t *be, float *g, size_t n, const float *inv,
+static void check_unscale(fb_backend *be, float *g, size_t n, const float *inv,
                           const fb_param_block *blocks, int n_blocks, int B,
                           const float *want_flags)
 {
@@ -186,7 +186,7 @@ static float *unscale_slab(const fb_param_block *blocks, int n_blocks, int B, si
  * blocks, gaps between blocks, B = 1, no blocks, an inverse above 1 that
  * overflows a finite gradient, and a large block the fast backend splits
  * over threads. */
-static void test_unscale(fb_backend_t *be)
+static void test_unscale(fb_backend *be)
 {
     /* four members; block 1 is empty, a gap of 6 floats before block 2, 5
      * after block 3 */
@@ -301,7 +301,7 @@ static void test_linear_rounded(void)
 int main(void)
 {
     test_known_values();
-    fb_backend_t *bes[] = {fb_backend_cpu_ref(), fb_backend_cpu()};
+    fb_backend *bes[] = {fb_backend_cpu_ref(), fb_backend_cpu()};
     for (int i = 0; i < 2; i++) {
         CHECK(fb_backend_supports(bes[i], FB_OP_BF16));
         test_backend_round(bes[i]);

@@ -18,7 +18,7 @@
 typedef enum { OUT_ACCUM, OUT_OVERWRITE, OUT_EXACT } out_kind;
 
 typedef struct cc_case cc_case;
-typedef void (*cc_run_fn)(fb_backend_t *be, const cc_case *c, float **outs);
+typedef void (*cc_run_fn)(fb_backend *be, const cc_case *c, float **outs);
 
 struct cc_case {
     char name[112];
@@ -35,7 +35,7 @@ struct cc_case {
 };
 
 static int g_cases, g_failures;
-static fb_backend_t *g_fast, *g_ref;
+static fb_backend *g_fast, *g_ref;
 
 static cc_case cc_new(cc_run_fn run, const void *arg, double tol, const char *fmt, ...)
 {
@@ -71,7 +71,7 @@ static void cc_out(cc_case *c, const char *name, size_t n, out_kind kind, const 
 static void cc_run(cc_case *c)
 {
     float *bufs[2][MAX_OUT];
-    fb_backend_t *bes[2] = {g_fast, g_ref};
+    fb_backend *bes[2] = {g_fast, g_ref};
     bool ok = true;
     for (int k = 0; k < 2; k++) {
         for (int o = 0; o < c->n_out; o++) {
@@ -135,14 +135,14 @@ typedef struct {
     float *in, *w, *b, *dout;
 } lin_arg;
 
-static void run_linear_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_linear_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const lin_arg *a = c->arg;
     fb_linear_forward(be, outs[0], a->in, a->w, a->bias ? a->b : NULL, a->N, a->B, a->I, a->O,
                       a->shared);
 }
 
-static void run_linear_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_linear_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const lin_arg *a = c->arg;
     fb_linear_backward(be, a->din ? outs[2] : NULL, outs[0], a->bias ? outs[1] : NULL, a->dout,
@@ -199,7 +199,7 @@ typedef struct {
     float *in, *w, *b, *dout;
 } conv_arg;
 
-static float *scratch_for(fb_backend_t *be, const fb_conv_geom *g, size_t *n)
+static float *scratch_for(fb_backend *be, const fb_conv_geom *g, size_t *n)
 {
     *n = fb_conv2d_scratch_floats(be, g);
     return *n ? kt_guarded_new(*n) : NULL;
@@ -214,7 +214,7 @@ static void scratch_done(float *s, size_t n, const char *name)
     kt_guarded_free(s);
 }
 
-static void run_conv_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_conv_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const conv_arg *a = c->arg;
     size_t ns;
@@ -223,7 +223,7 @@ static void run_conv_fwd(fb_backend_t *be, const cc_case *c, float **outs)
     scratch_done(s, ns, c->name);
 }
 
-static void run_conv_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_conv_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const conv_arg *a = c->arg;
     size_t ns;
@@ -303,37 +303,37 @@ typedef struct {
     int32_t *argmax;
 } pool_arg;
 
-static void run_maxpool_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_maxpool_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_maxpool2d_forward(be, outs[0], (int32_t *)(void *)outs[1], a->in, &a->g);
 }
 
-static void run_maxpool_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_maxpool_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_maxpool2d_backward(be, outs[0], a->dout, a->argmax, &a->g);
 }
 
-static void run_avgpool_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_avgpool_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_avgpool2d_forward(be, outs[0], a->in, &a->g);
 }
 
-static void run_avgpool_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_avgpool_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_avgpool2d_backward(be, outs[0], a->dout, &a->g);
 }
 
-static void run_gap_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_gap_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_global_avgpool_forward(be, outs[0], a->in, a->g.N, a->g.BC, a->g.H * a->g.W);
 }
 
-static void run_gap_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_gap_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const pool_arg *a = c->arg;
     fb_global_avgpool_backward(be, outs[0], a->dout, a->g.N, a->g.BC, a->g.H * a->g.W);
@@ -422,26 +422,26 @@ typedef struct {
     float *in, *out, *dout, *other;
 } elt_arg;
 
-static void run_act_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_act_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const elt_arg *a = c->arg;
     fb_act_forward(be, a->act, outs[0], a->in, a->n);
 }
 
-static void run_act_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_act_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const elt_arg *a = c->arg;
     fb_act_backward(be, a->act, outs[0], a->dout, a->in, a->out, a->n);
 }
 
-static void run_act_inplace(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_act_inplace(fb_backend *be, const cc_case *c, float **outs)
 {
     const elt_arg *a = c->arg;
     memcpy(outs[0], a->in, a->n * sizeof(float));
     fb_act_forward(be, a->act, outs[0], outs[0], a->n);
 }
 
-static void run_add(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_add(fb_backend *be, const cc_case *c, float **outs)
 {
     const elt_arg *a = c->arg;
     fb_add_forward(be, outs[0], a->in, a->other, a->n);
@@ -450,7 +450,7 @@ static void run_add(fb_backend_t *be, const cc_case *c, float **outs)
     fb_add_forward(be, outs[1], outs[1], a->other, a->n);
 }
 
-static void run_accumulate(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_accumulate(fb_backend *be, const cc_case *c, float **outs)
 {
     const elt_arg *a = c->arg;
     fb_accumulate(be, outs[0], a->in, a->n);
@@ -516,13 +516,13 @@ typedef struct {
     float *in, *dout;
 } drop_arg;
 
-static void run_dropout_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_dropout_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const drop_arg *a = c->arg;
     fb_dropout_forward(be, outs[0], a->in, a->seeds, 77, a->p, a->N, a->B, a->F, a->n_offset);
 }
 
-static void run_dropout_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_dropout_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const drop_arg *a = c->arg;
     fb_dropout_backward(be, outs[0], a->dout, a->seeds, 77, a->p, a->N, a->B, a->F, a->n_offset);
@@ -562,7 +562,7 @@ typedef struct {
     float *in, *gamma, *beta, *dout, *mean, *rstd, *rmean, *rvar;
 } norm_arg;
 
-static void run_bn_train(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_bn_train(fb_backend *be, const cc_case *c, float **outs)
 {
     const norm_arg *a = c->arg;
     fb_batchnorm_forward_train(be, outs[0], outs[1], outs[2], outs[3], outs[4], a->in,
@@ -570,7 +570,7 @@ static void run_bn_train(fb_backend_t *be, const cc_case *c, float **outs)
                                a->HW, 1e-5f, 0.1f);
 }
 
-static void run_bn_eval(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_bn_eval(fb_backend *be, const cc_case *c, float **outs)
 {
     const norm_arg *a = c->arg;
     fb_batchnorm_forward_eval(be, outs[0], a->in, a->affine ? a->gamma : NULL,
@@ -578,7 +578,7 @@ static void run_bn_eval(fb_backend_t *be, const cc_case *c, float **outs)
                               1e-5f);
 }
 
-static void run_bn_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_bn_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const norm_arg *a = c->arg;
     fb_batchnorm_backward(be, outs[0], a->affine ? outs[1] : NULL, a->affine ? outs[2] : NULL,
@@ -586,14 +586,14 @@ static void run_bn_bwd(fb_backend_t *be, const cc_case *c, float **outs)
                           a->HW);
 }
 
-static void run_ln_fwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_ln_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const norm_arg *a = c->arg;
     fb_layernorm_forward(be, outs[0], outs[1], outs[2], a->in, a->affine ? a->gamma : NULL,
                          a->affine ? a->beta : NULL, a->N, a->C, a->HW, 1e-5f);
 }
 
-static void run_ln_bwd(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_ln_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const norm_arg *a = c->arg;
     fb_layernorm_backward(be, outs[0], a->affine ? outs[1] : NULL, a->affine ? outs[2] : NULL,
@@ -707,14 +707,14 @@ typedef struct {
     int32_t *labels;
 } loss_arg;
 
-static void run_xent(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_xent(fb_backend *be, const cc_case *c, float **outs)
 {
     const loss_arg *a = c->arg;
     fb_softmax_xent(be, outs[0], a->grads ? outs[1] : NULL, a->grads ? outs[2] : NULL, a->logits,
                     a->labels, a->N, a->B, a->K, 1.0f / (float)a->N);
 }
 
-static void run_mse(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_mse(fb_backend *be, const cc_case *c, float **outs)
 {
     const loss_arg *a = c->arg;
     fb_mse(be, outs[0], a->grads ? outs[1] : NULL, a->logits, a->target, a->N, a->B, a->K,
@@ -764,7 +764,7 @@ typedef struct {
     float *grads;
 } optim_arg;
 
-static void run_optim(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_optim(fb_backend *be, const cc_case *c, float **outs)
 {
     const optim_arg *a = c->arg;
     fb_optim_step(be, a->kind, outs[0], a->grads, outs[1],
@@ -833,7 +833,7 @@ typedef struct {
     float *a, *b;
 } gemm_arg;
 
-static void run_sgemm(fb_backend_t *be, const cc_case *c, float **outs)
+static void run_sgemm(fb_backend *be, const cc_case *c, float **outs)
 {
     const gemm_arg *a = c->arg;
     fb_sgemm(be, outs[0], a->a, a->b, a->M, a->N, a->K);
@@ -868,9 +868,9 @@ static void check_backends(void)
 #ifndef FB_HAVE_CUDA
     CHECK(fb_backend_cuda(0) == NULL);
 #endif
-    fb_backend_t *bes[2] = {g_fast, g_ref};
+    fb_backend *bes[2] = {g_fast, g_ref};
     for (int k = 0; k < 2; k++) {
-        fb_backend_t *be = bes[k];
+        fb_backend *be = bes[k];
         float host[37], back[37];
         for (int i = 0; i < 37; i++)
             host[i] = (float)i - 3.5f;

@@ -21,7 +21,7 @@ static float *ones(size_t n)
     return x;
 }
 
-static void check_slots(fb_backend_t *be)
+static void check_slots(fb_backend *be)
 {
     const int N = 6;
     const float p = 0.4f;
@@ -57,7 +57,7 @@ static void check_slots(fb_backend_t *be)
     kt_guarded_free(d4);
 }
 
-static void check_identity(fb_backend_t *be)
+static void check_identity(fb_backend *be)
 {
     const int N = 5, B = 3;
     const size_t n = (size_t)N * B * F;
@@ -74,7 +74,7 @@ static void check_identity(fb_backend_t *be)
     kt_guarded_free(d);
 }
 
-static void check_fraction(fb_backend_t *be, float p)
+static void check_fraction(fb_backend *be, float p)
 {
     const int N = 64, B = 2;
     const size_t n = (size_t)N * B * F;
@@ -103,7 +103,7 @@ static void check_fraction(fb_backend_t *be, float p)
     kt_guarded_free(y);
 }
 
-static void check_offset(fb_backend_t *be)
+static void check_offset(fb_backend *be)
 {
     const int N = 10, B = 2, k = 3, shard = 4;
     uint64_t seeds[2] = {31, 32};
@@ -125,7 +125,7 @@ static void check_offset(fb_backend_t *be)
 
 int main(void)
 {
-    fb_backend_t *bes[2] = {fb_backend_cpu_ref(), fb_backend_cpu()};
+    fb_backend *bes[2] = {fb_backend_cpu_ref(), fb_backend_cpu()};
     for (int i = 0; i < 2; i++) {
         check_slots(bes[i]);
         check_identity(bes[i]);

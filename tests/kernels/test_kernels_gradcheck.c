@@ -21,7 +21,7 @@
 typedef struct gc gc;
 struct gc {
     char name[96];
-    fb_backend_t *be;
+    fb_backend *be;
     int n_p;
     struct {
         const char *name;
@@ -111,7 +111,7 @@ static void gc_run(gc *g)
     kt_guarded_free(out);
 }
 
-static fb_backend_t *backends[2];
+static fb_backend *backends[2];
 
 /* ---- linear ---- */
 
@@ -134,7 +134,7 @@ static void lin_bwd(gc *g, const float *dout)
                        a->N, a->B, a->I, a->O, a->shared);
 }
 
-static void check_linear(fb_backend_t *be, int B, bool shared)
+static void check_linear(fb_backend *be, int B, bool shared)
 {
     lin_arg a = {4, B, 5, 3, shared};
     int Bi = shared ? 1 : B;
@@ -181,7 +181,7 @@ static void conv_bwd(gc *g, const float *dout)
     free(s);
 }
 
-static void check_conv(fb_backend_t *be, int B, bool shared, int k, int s, int pad)
+static void check_conv(fb_backend *be, int B, bool shared, int k, int s, int pad)
 {
     conv_arg a = {{.N = 2,
                    .B = B,
@@ -280,7 +280,7 @@ static void pool_bwd(gc *g, const float *dout)
     }
 }
 
-static void check_pool(fb_backend_t *be, int B, int kind, int k, int s, int pad)
+static void check_pool(fb_backend *be, int B, int kind, int k, int s, int pad)
 {
     static const char *names[] = {"maxpool2d", "avgpool2d", "global_avgpool"};
     pool_arg a = {{.N = 2,
@@ -331,7 +331,7 @@ static void act_bwd(gc *g, const float *dout)
     free(out);
 }
 
-static void check_act(fb_backend_t *be, int B, fb_act act)
+static void check_act(fb_backend *be, int B, fb_act act)
 {
     static const char *names[] = {"relu", "gelu", "gelu_tanh", "tanh", "sigmoid"};
     act_arg a = {act, (size_t)3 * B * 7};
@@ -356,7 +356,7 @@ static void add_bwd(gc *g, const float *dout)
     fb_accumulate(g->be, g->p[1].grad, dout, g->n_out);
 }
 
-static void check_add(fb_backend_t *be, int B)
+static void check_add(fb_backend *be, int B)
 {
     size_t n = (size_t)4 * B * 5;
     float *a = kt_rand(n, -1, 1), *b = kt_rand(n, -1, 1);
@@ -387,7 +387,7 @@ static void drop_bwd(gc *g, const float *dout)
     fb_dropout_backward(g->be, g->p[0].grad, dout, a->seeds, 5, a->p, a->N, a->B, a->F, 3);
 }
 
-static void check_dropout(fb_backend_t *be, int B)
+static void check_dropout(fb_backend *be, int B)
 {
     drop_arg a = {4, B, 6, 0.3f, {101, 202, 303}};
     size_t n = (size_t)a.N * B * a.F;
@@ -448,7 +448,7 @@ static void bn_bwd(gc *g, const float *dout)
     free(out);
 }
 
-static void check_batchnorm(fb_backend_t *be, int B, int HW)
+static void check_batchnorm(fb_backend *be, int B, int HW)
 {
     norm_arg a = {5, 2 * B, HW};
     size_t n = (size_t)a.N * a.C * HW;
@@ -489,7 +489,7 @@ static void ln_bwd(gc *g, const float *dout)
     free(out);
 }
 
-static void check_layernorm(fb_backend_t *be, int B)
+static void check_layernorm(fb_backend *be, int B)
 {
     norm_arg a = {3, B, 6};
     size_t n = (size_t)a.N * B * a.HW;
@@ -542,7 +542,7 @@ static void mse_bwd(gc *g, const float *dout)
     fb_mse(g->be, loss, g->p[0].grad, g->p[0].x, a->target, a->N, a->B, a->K, 1.0f / (float)a->N);
 }
 
-static void check_losses(fb_backend_t *be, int B)
+static void check_losses(fb_backend *be, int B)
 {
     loss_arg a = {6, B, 4, {0, 3, 1, 2, 3, 0, 0, 0}, NULL};
     size_t n = (size_t)a.N * B * a.K;
@@ -565,7 +565,7 @@ int main(void)
     backends[0] = fb_backend_cpu_ref();
     backends[1] = fb_backend_cpu();
     for (int k = 0; k < 2; k++) {
-        fb_backend_t *be = backends[k];
+        fb_backend *be = backends[k];
         for (int B = 1; B <= 3; B += 2) {
             check_linear(be, B, false);
             check_linear(be, B, true);

@@ -82,7 +82,7 @@ static void member_hparams(fb_optim_hparams hp[B], fb_optim_kind kind, int step)
     hp[2].t = 0;
 }
 
-static void run(fb_backend_t *be, fb_optim_kind kind, const char *name)
+static void run(fb_backend *be, fb_optim_kind kind, const char *name)
 {
     float *params = kt_guarded_new(total), *grads = kt_guarded_new(total);
     float *s1 = kt_guarded_new(total), *s2 = kt_guarded_new(total);
@@ -162,7 +162,7 @@ int main(void)
         off += per_member[k] * B + 3; /* a gap after each block */
     }
     total = off;
-    fb_backend_t *bes[2] = {fb_backend_cpu_ref(), fb_backend_cpu()};
+    fb_backend *bes[2] = {fb_backend_cpu_ref(), fb_backend_cpu()};
     static const char *names[] = {"sgd", "adam", "adamw"};
     for (int k = 0; k < 2; k++)
         for (int kind = FB_OPTIM_KIND_SGD; kind <= FB_OPTIM_KIND_ADAMW; kind++)

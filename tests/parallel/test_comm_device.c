@@ -19,7 +19,7 @@
 static void check_sum(int R, size_t n)
 {
     char msg[128];
-    fb_comm_t *c = NULL;
+    fb_comm *c = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(R, &c, msg, sizeof msg), FB_OK);
     CHECK_INT_EQ(fb_comm_local_size(c), R);
     CHECK_STR_EQ(fb_comm_name(c), "shm");
@@ -51,8 +51,8 @@ int main(void)
     }
 
     char msg[128] = "";
-    fb_comm_t *c = (fb_comm_t *)&msg; /* any non-NULL value: must stay */
-    fb_comm_t *keep = c;
+    fb_comm *c = (fb_comm *)&msg; /* any non-NULL value: must stay */
+    fb_comm *keep = c;
     CHECK_INT_EQ(fb_comm_shm_new(0, &c, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
     CHECK(c == keep);
     CHECK(strstr(msg, "1..64") != NULL);

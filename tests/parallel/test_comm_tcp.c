@@ -66,9 +66,9 @@ typedef struct proc {
 
 static int ready_pipe[2];
 
-static fb_comm_t *join(const proc *p, char *msg, size_t cap, int *err)
+static fb_comm *join(const proc *p, char *msg, size_t cap, int *err)
 {
-    fb_comm_t *c = NULL;
+    fb_comm *c = NULL;
     *err = fb_comm_tcp_new(p->n_local, p->base, p->world, root_addr,
                            p->base == 0 ? listener : NULL, p->token, p->timeout_ms, &c, msg, cap);
     return c;
@@ -84,7 +84,7 @@ static float *shm_sum(int world, size_t n)
         CHECK(bufs[r] != NULL);
         for (size_t i = 0; i < n; i++) bufs[r][i] = value(r, i);
     }
-    fb_comm_t *c = NULL;
+    fb_comm *c = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(world, &c, msg, sizeof msg), FB_OK);
     CHECK_INT_EQ(fb_comm_allreduce_sum(c, bufs, n, msg, sizeof msg), FB_OK);
     fb_comm_free(c);
@@ -101,7 +101,7 @@ static void proc_main(void *arg)
         fb_comm_tcp_listener_free(listener); /* the parent's, inherited */
         listener = NULL;
     }
-    fb_comm_t *c = join(p, msg, sizeof msg, &err);
+    fb_comm *c = join(p, msg, sizeof msg, &err);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     if (p->refused) {
@@ -348,7 +348,7 @@ static void wrong_length(void)
 static void bad_arguments(void)
 {
     char msg[256] = "";
-    fb_comm_t *c = (fb_comm_t *)&msg, *keep = c;
+    fb_comm *c = (fb_comm *)&msg, *keep = c;
     struct {
         int n_local, base, world, timeout;
         const char *addr;
@@ -406,7 +406,7 @@ static void bad_arguments(void)
     CHECK_INT_EQ(fb_comm_tcp_listen("localhost", &l, &port, msg, sizeof msg), FB_ERR_OUT_OF_RANGE);
     CHECK(l == (fb_comm_tcp_listener *)&msg && port == -7);
     /* the layout of a communicator that does not span processes */
-    fb_comm_t *shm = NULL;
+    fb_comm *shm = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(2, &shm, msg, sizeof msg), FB_OK);
     int base = -5;
     CHECK_INT_EQ(fb_comm_tcp_layout(shm, &base, NULL, msg, sizeof msg), FB_ERR_UNSUPPORTED);

@@ -121,7 +121,7 @@ static void reference_main(void *arg)
 }
 
 /* Refusals that must change nothing, made before the group trains. */
-static void refusals(const proc *p, fb_comm_t *comm, fb_device *devs, fb_job_spec **s)
+static void refusals(const proc *p, fb_comm *comm, fb_device *devs, fb_job_spec **s)
 {
     char msg[256];
     fb_dp *dp = (fb_dp *)&msg, *keep = dp;
@@ -135,7 +135,7 @@ static void refusals(const proc *p, fb_comm_t *comm, fb_device *devs, fb_job_spe
     CHECK(strstr(msg, "local ranks") != NULL);
     CHECK(dp == keep);
     /* a communicator whose ranks are all in this process */
-    fb_comm_t *shm = NULL;
+    fb_comm *shm = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(p->D, &shm, msg, sizeof msg), FB_OK);
     o.comm = shm;
     CHECK_INT_EQ(fb_dp_new(devs, p->D, (const fb_job_spec *const *)s, B, MAX_SHARD, &o, &dp, msg,
@@ -150,7 +150,7 @@ static void proc_main(void *arg)
 {
     const proc *p = arg;
     char msg[256];
-    fb_comm_t *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 20000);
+    fb_comm *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 20000);
     int err;
 
     fb_device devs[2];

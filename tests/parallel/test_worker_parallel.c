@@ -195,7 +195,7 @@ static void on_done(const fb_train_event *ev, void *user)
 /* Trains a job alone on one device in this process, reading the data as the worker does. */
 static model_out alone(const job *jb, const char *data_dir)
 {
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
     fb_dataset train = {0}, val = {0}, test = {0};

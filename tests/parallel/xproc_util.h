@@ -129,7 +129,7 @@ static inline fb_comm_tcp_listener *xp_listen(char *addr, size_t cap)
 /* Joins a TCP world as ranks base..base+n-1 through addr, or fails the test.  The
  * process of rank 0 listens on *l (made by the parent before it forked); the others close
  * their inherited copy first.  *l is closed and NULL afterwards. */
-static inline fb_comm_t *xp_join(fb_comm_tcp_listener **l, int n, int base, int world,
+static inline fb_comm *xp_join(fb_comm_tcp_listener **l, int n, int base, int world,
                                  const char *addr, const unsigned char *token, int timeout_ms)
 {
     char msg[512];
@@ -137,7 +137,7 @@ static inline fb_comm_t *xp_join(fb_comm_tcp_listener **l, int n, int base, int 
         fb_comm_tcp_listener_free(*l);
         *l = NULL;
     }
-    fb_comm_t *comm = NULL;
+    fb_comm *comm = NULL;
     int err = fb_comm_tcp_new(n, base, world, addr, *l, token, timeout_ms, &comm, msg, sizeof msg);
     if (err) fprintf(stderr, "rank %d: %s\n", base, msg);
     CHECK_INT_EQ(err, FB_OK);

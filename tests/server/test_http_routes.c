@@ -65,7 +65,7 @@ static const fb_route no_fn[] = {{"GET", "/probe", FB_AUTH_NONE, FB_BODY_NONE, N
 static const fb_route no_slash[] = {{"GET", "probe", FB_AUTH_NONE, FB_BODY_NONE, probe}};
 static const fb_route no_method[] = {{NULL, "/probe", FB_AUTH_NONE, FB_BODY_NONE, probe}};
 
-static void check_tables(fb_server_t *srv)
+static void check_tables(fb_server *srv)
 {
     const struct {
         const char *name;
@@ -131,7 +131,7 @@ static int exchange(int port, const char *request, char *body, size_t cap)
 
 int main(void)
 {
-    static fb_server_t srv; /* zeroed: no database, no key cache */
+    static fb_server srv; /* zeroed: no database, no key cache */
     fb_config_defaults(&srv.cfg);
     snprintf(srv.cfg.listen, sizeof srv.cfg.listen, "127.0.0.1");
     srv.cfg.port = 0;

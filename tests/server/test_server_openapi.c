@@ -2,7 +2,7 @@
  * api/openapi.yaml is linted (Redocly's recommended rules plus
  * tests/server/openapi/redocly.yaml, every warning an error) and compared
  * with the server: every route of fb_routes[] is documented and nothing
- * else is, and the error-code enum is exactly the table of api/errors.h.
+ * else is, and the error-code enum is exactly the table of base/errors.h.
  * Skipped when node or `npm ci` in tests/server is missing.
  */
 #include <stdio.h>

@@ -108,7 +108,7 @@ static void put_number(FILE *f, double v)
         fputs("null", f);
 }
 
-static int run_grad(fb_backend_t *be, const char *spec_path, const char *init_path,
+static int run_grad(fb_backend *be, const char *spec_path, const char *init_path,
                     const char *batch_path, const char *prefix, char *msg, size_t cap)
 {
     fb_job_spec spec;
@@ -170,7 +170,7 @@ done:
 }
 
 /* pairs: B (SPEC, INIT) path pairs. */
-static int run_traj(fb_backend_t *be, char **pairs, int B, const char *batch_path,
+static int run_traj(fb_backend *be, char **pairs, int B, const char *batch_path,
                     const char *out_path, char *msg, size_t cap)
 {
     fb_job_spec *specs = calloc((size_t)B, sizeof *specs);
@@ -273,7 +273,7 @@ int main(int argc, char **argv)
         }
         i += 2;
     }
-    fb_backend_t *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
+    fb_backend *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
                        : strcmp(backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
                                                           : NULL;
     if (strcmp(backend, "cuda") == 0) {

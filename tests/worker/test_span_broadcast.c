@@ -64,7 +64,7 @@ static void proc_main(void *arg)
 {
     const proc *p = arg;
     char msg[256];
-    fb_comm_t *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 3000);
+    fb_comm *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 3000);
     int err;
     fb_device devs[2];
     make_devs(devs, p->D);

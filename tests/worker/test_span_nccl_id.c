@@ -81,7 +81,7 @@ static void proc_main(void *arg)
 {
     const proc *p = arg;
     char msg[256];
-    fb_comm_t *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 3000);
+    fb_comm *comm = xp_join(&listener, p->D, p->base, WORLD, root_addr, TOKEN, 3000);
     int err;
 
     int base = -1, world = -1;
@@ -125,7 +125,7 @@ static void proc_main(void *arg)
     o.control_comm = comm;
     dp_refuses(devs, p->D, &o, FB_ERR_UNSUPPORTED, "cannot sum the gradients of CUDA");
     make_devs(devs, p->D, FB_DEVICE_CPU);
-    fb_comm_t *shm = NULL;
+    fb_comm *shm = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(p->D, &shm, msg, sizeof msg), FB_OK);
     o.comm = shm; /* the local ranks alone, against the control's world of 3 */
     dp_refuses(devs, p->D, &o, FB_ERR_OUT_OF_RANGE, "the gradient communicator holds ranks");
@@ -141,7 +141,7 @@ static void proc_main(void *arg)
 static void one_process(void)
 {
     char msg[256];
-    fb_comm_t *shm = NULL;
+    fb_comm *shm = NULL;
     CHECK_INT_EQ(fb_comm_shm_new(3, &shm, msg, sizeof msg), FB_OK);
     int base = -1, world = -1;
     fb_comm_layout(shm, &base, &world);

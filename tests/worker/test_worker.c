@@ -359,7 +359,7 @@ static void ref_event(const fb_train_event *ev, void *user)
 static void reference(ref_run *r, const fb_job_spec *const *specs, int n, const char *data_dir)
 {
     memset(r, 0, sizeof *r);
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
     fb_dataset train = {0}, val = {0}, test = {0};

@@ -499,7 +499,7 @@ static void reference(ref_run *r, const jobs *J, const char *data_dir, int devic
                       int64_t stop_at)
 {
     memset(r, 0, sizeof *r);
-    fb_backend_t *be = fb_backend_cpu();
+    fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, 1);
     char msg[1024];
     fb_dataset train = {0}, val = {0}, test = {0};

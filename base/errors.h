@@ -6,8 +6,8 @@
  * name (used as "code" in HTTP error bodies and wire messages) and the HTTP
  * status a server answers with.  Codes are only ever appended, never renumbered.
  */
-#ifndef FB_API_ERRORS_H
-#define FB_API_ERRORS_H
+#ifndef FB_BASE_ERRORS_H
+#define FB_BASE_ERRORS_H
 
 #include <stddef.h>
 
