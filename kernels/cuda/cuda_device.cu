@@ -159,74 +159,42 @@ static double rel_diff(double got, double want)
         }                                                                                          \
     } while (0)
 
-extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
+/* Our own kernel: y = a x + y over SAXPY_N floats, checked against the host.
+ * Values are small multiples of a power of two, so the result is exact.
+ * Sets *err to the largest relative difference seen. */
+static int selftest_saxpy(char *msg, size_t cap, double *err)
 {
-    /* Host buffers: saxpy x, y and result; gemm A [M,K], B [K,N], C [M,N],
-     * all column-major as cuBLAS expects.  Values are small integers (times
-     * a power of two), so every product and sum is exact in fp32 and in
-     * TF32 and the GPU must match the host bit for bit. */
-    const size_t n_saxpy = SAXPY_N;
-    const int m = GEMM_M, n = GEMM_N, k = GEMM_K;
-    const float a = 1.5f, alpha = 1.0f, beta = 0.5f;
-    float *hx = NULL, *hy = NULL, *hr = NULL, *ha = NULL, *hb = NULL, *hc = NULL, *hcr = NULL;
-    float *dx = NULL, *dy = NULL, *da = NULL, *db = NULL, *dc = NULL;
-    cublasHandle_t blas = NULL;
-    cudnnHandle_t dnn = NULL;
-    cublasStatus_t bs;
-    cudnnStatus_t ds;
-    ncclResult_t ns;
-    cudaDeviceProp prop;
-    double err_saxpy = 0.0, err_gemm = 0.0;
-    int nccl_version = 0;
-    size_t cudnn_version = 0;
-    int prev = -1, blocks, rc;
+    const size_t n = SAXPY_N;
+    const float a = 1.5f;
+    float *hx = NULL, *hy = NULL, *hr = NULL, *dx = NULL, *dy = NULL;
+    int blocks, rc = FB_OK;
 
-    rc = dev_check_ordinal(device, msg, cap);
-    if (rc != FB_OK) return rc;
-    if (cudaGetDevice(&prev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        prev = -1;
-    }
-    TRY_CUDA(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-    TRY_CUDA(cudaSetDevice(device), "cudaSetDevice");
-
-    hx = (float *)malloc(n_saxpy * sizeof *hx);
-    hy = (float *)malloc(n_saxpy * sizeof *hy);
-    hr = (float *)malloc(n_saxpy * sizeof *hr);
-    ha = (float *)malloc((size_t)m * k * sizeof *ha);
-    hb = (float *)malloc((size_t)k * n * sizeof *hb);
-    hc = (float *)malloc((size_t)m * n * sizeof *hc);
-    hcr = (float *)malloc((size_t)m * n * sizeof *hcr);
-    if (!hx || !hy || !hr || !ha || !hb || !hc || !hcr) {
+    *err = 0.0;
+    hx = (float *)malloc(n * sizeof *hx);
+    hy = (float *)malloc(n * sizeof *hy);
+    hr = (float *)malloc(n * sizeof *hr);
+    if (!hx || !hy || !hr) {
         rc = dev_errf(msg, cap, FB_ERR_NOMEM, "self-test: host allocation failed");
         goto fail;
     }
-    for (size_t i = 0; i < n_saxpy; i++) {
+    for (size_t i = 0; i < n; i++) {
         hx[i] = 0.25f * (float)((int)(i % 17) - 8);
         hy[i] = 0.5f * (float)(i % 5);
     }
-    for (int i = 0; i < m * k; i++)
-        ha[i] = (float)((i * 7) % 9 - 4);
-    for (int i = 0; i < k * n; i++)
-        hb[i] = (float)((i * 5) % 7 - 3);
-    for (int i = 0; i < m * n; i++)
-        hc[i] = (float)(i % 3 - 1);
-
-    /* Our own kernel. */
-    TRY_CUDA(cudaMalloc((void **)&dx, n_saxpy * sizeof *dx), "cudaMalloc");
-    TRY_CUDA(cudaMalloc((void **)&dy, n_saxpy * sizeof *dy), "cudaMalloc");
-    TRY_CUDA(cudaMemcpy(dx, hx, n_saxpy * sizeof *hx, cudaMemcpyHostToDevice), "cudaMemcpy");
-    TRY_CUDA(cudaMemcpy(dy, hy, n_saxpy * sizeof *hy, cudaMemcpyHostToDevice), "cudaMemcpy");
-    blocks = (int)((n_saxpy + 255) / 256);
+    TRY_CUDA(cudaMalloc((void **)&dx, n * sizeof *dx), "cudaMalloc");
+    TRY_CUDA(cudaMalloc((void **)&dy, n * sizeof *dy), "cudaMalloc");
+    TRY_CUDA(cudaMemcpy(dx, hx, n * sizeof *hx, cudaMemcpyHostToDevice), "cudaMemcpy");
+    TRY_CUDA(cudaMemcpy(dy, hy, n * sizeof *hy, cudaMemcpyHostToDevice), "cudaMemcpy");
+    blocks = (int)((n + 255) / 256);
     if (blocks > 4096) blocks = 4096;
-    fb_selftest_saxpy<<<blocks, 256>>>((int)n_saxpy, a, dx, dy);
+    fb_selftest_saxpy<<<blocks, 256>>>((int)n, a, dx, dy);
     TRY_CUDA(cudaGetLastError(), "saxpy launch");
     TRY_CUDA(cudaDeviceSynchronize(), "saxpy");
-    TRY_CUDA(cudaMemcpy(hr, dy, n_saxpy * sizeof *hr, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    for (size_t i = 0; i < n_saxpy; i++) {
+    TRY_CUDA(cudaMemcpy(hr, dy, n * sizeof *hr, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (size_t i = 0; i < n; i++) {
         double want = (double)a * hx[i] + hy[i];
         double d = rel_diff(hr[i], want);
-        if (d > err_saxpy) err_saxpy = d;
+        if (d > *err) *err = d;
         if (d > 1e-6) {
             rc = dev_errf(msg, cap, FB_ERR_INTERNAL,
                           "self-test: saxpy y[%zu] = %.9g on the device, %.9g on the host", i,
@@ -234,8 +202,43 @@ extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
             goto fail;
         }
     }
+fail:
+    cudaFree(dy);
+    cudaFree(dx);
+    free(hr);
+    free(hy);
+    free(hx);
+    return rc;
+}
 
-    /* cuBLAS: C = alpha * A B + beta * C. */
+/* cuBLAS: C = alpha A B + beta C with A [M,K], B [K,N], C [M,N], all
+ * column-major as cuBLAS expects.  Small integers, so every product and sum
+ * is exact in fp32 and in TF32 and the GPU must match the host.  Sets *err to
+ * the largest relative difference seen. */
+static int selftest_sgemm(char *msg, size_t cap, double *err)
+{
+    const int m = GEMM_M, n = GEMM_N, k = GEMM_K;
+    const float alpha = 1.0f, beta = 0.5f;
+    float *ha = NULL, *hb = NULL, *hc = NULL, *hcr = NULL, *da = NULL, *db = NULL, *dc = NULL;
+    cublasHandle_t blas = NULL;
+    cublasStatus_t bs;
+    int rc = FB_OK;
+
+    *err = 0.0;
+    ha = (float *)malloc((size_t)m * k * sizeof *ha);
+    hb = (float *)malloc((size_t)k * n * sizeof *hb);
+    hc = (float *)malloc((size_t)m * n * sizeof *hc);
+    hcr = (float *)malloc((size_t)m * n * sizeof *hcr);
+    if (!ha || !hb || !hc || !hcr) {
+        rc = dev_errf(msg, cap, FB_ERR_NOMEM, "self-test: host allocation failed");
+        goto fail;
+    }
+    for (int i = 0; i < m * k; i++)
+        ha[i] = (float)((i * 7) % 9 - 4);
+    for (int i = 0; i < k * n; i++)
+        hb[i] = (float)((i * 5) % 7 - 3);
+    for (int i = 0; i < m * n; i++)
+        hc[i] = (float)(i % 3 - 1);
     TRY_CUDA(cudaMalloc((void **)&da, (size_t)m * k * sizeof *da), "cudaMalloc");
     TRY_CUDA(cudaMalloc((void **)&db, (size_t)k * n * sizeof *db), "cudaMalloc");
     TRY_CUDA(cudaMalloc((void **)&dc, (size_t)m * n * sizeof *dc), "cudaMalloc");
@@ -264,7 +267,7 @@ extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
             for (int p = 0; p < k; p++)
                 want += (double)alpha * ha[i + p * m] * hb[p + j * k];
             double d = rel_diff(hcr[i + j * m], want);
-            if (d > err_gemm) err_gemm = d;
+            if (d > *err) *err = d;
             if (d > 1e-5) {
                 rc = dev_errf(msg, cap, FB_ERR_INTERNAL,
                               "self-test: sgemm C[%d,%d] = %.9g on the device, %.9g on the host", i,
@@ -273,45 +276,63 @@ extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
             }
         }
     }
-
-    /* cuDNN and NCCL: the libraries load and answer. */
-    ds = cudnnCreate(&dnn);
-    if (ds != CUDNN_STATUS_SUCCESS) {
-        dnn = NULL;
-        rc =
-            dev_errf(msg, cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s", cudnnGetErrorString(ds));
-        goto fail;
-    }
-    cudnn_version = cudnnGetVersion();
-    ns = ncclGetVersion(&nccl_version);
-    if (ns != ncclSuccess) {
-        rc = dev_errf(msg, cap, FB_ERR_IO, "NCCL: ncclGetVersion failed: %s",
-                      ncclGetErrorString(ns));
-        goto fail;
-    }
-
-    rc = dev_errf(msg, cap, FB_OK,
-                  "device %d %s (cc %d.%d, %d SMs): saxpy n=%zu max rel err %.3g, sgemm %dx%dx%d "
-                  "max rel err %.3g, cuDNN %zu, NCCL %d",
-                  device, prop.name, prop.major, prop.minor, prop.multiProcessorCount, n_saxpy,
-                  err_saxpy, m, n, k, err_gemm, cudnn_version, nccl_version);
-
 fail:
-    if (dnn) cudnnDestroy(dnn);
     if (blas) cublasDestroy(blas);
     cudaFree(dc);
     cudaFree(db);
     cudaFree(da);
-    cudaFree(dy);
-    cudaFree(dx);
-    (void)cudaGetLastError();
-    if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     free(hcr);
     free(hc);
     free(hb);
     free(ha);
-    free(hr);
-    free(hy);
-    free(hx);
+    return rc;
+}
+
+/* cuDNN and NCCL: the libraries load and answer with their versions. */
+static int selftest_libraries(char *msg, size_t cap, size_t *cudnn_version, int *nccl_version)
+{
+    cudnnHandle_t dnn = NULL;
+    cudnnStatus_t ds = cudnnCreate(&dnn);
+    if (ds != CUDNN_STATUS_SUCCESS)
+        return dev_errf(msg, cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s",
+                        cudnnGetErrorString(ds));
+    *cudnn_version = cudnnGetVersion();
+    cudnnDestroy(dnn);
+    ncclResult_t ns = ncclGetVersion(nccl_version);
+    if (ns != ncclSuccess)
+        return dev_errf(msg, cap, FB_ERR_IO, "NCCL: ncclGetVersion failed: %s",
+                        ncclGetErrorString(ns));
+    return FB_OK;
+}
+
+extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
+{
+    cudaDeviceProp prop;
+    double err_saxpy = 0.0, err_gemm = 0.0;
+    int nccl_version = 0;
+    size_t cudnn_version = 0;
+    int prev = -1, rc;
+
+    rc = dev_check_ordinal(device, msg, cap);
+    if (rc != FB_OK) return rc;
+    if (cudaGetDevice(&prev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        prev = -1;
+    }
+    TRY_CUDA(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    TRY_CUDA(cudaSetDevice(device), "cudaSetDevice");
+    rc = selftest_saxpy(msg, cap, &err_saxpy);
+    if (rc == FB_OK) rc = selftest_sgemm(msg, cap, &err_gemm);
+    if (rc == FB_OK) rc = selftest_libraries(msg, cap, &cudnn_version, &nccl_version);
+    if (rc == FB_OK)
+        rc = dev_errf(msg, cap, FB_OK,
+                      "device %d %s (cc %d.%d, %d SMs): saxpy n=%zu max rel err %.3g, sgemm "
+                      "%dx%dx%d max rel err %.3g, cuDNN %zu, NCCL %d",
+                      device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                      (size_t)SAXPY_N, err_saxpy, GEMM_M, GEMM_N, GEMM_K, err_gemm, cudnn_version,
+                      nccl_version);
+fail:
+    (void)cudaGetLastError();
+    if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     return rc;
 }
