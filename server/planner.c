@@ -908,59 +908,41 @@ static int prepare(plan *p, scratch *sc)
     return FB_OK;
 }
 
-int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result *out, char *msg,
-                size_t msg_cap)
+/* The working arrays of one run, all from the scratch arena (sc->failed on out of memory). */
+static void plan_alloc(plan *p, scratch *sc, int n, int T, int ND)
 {
-    if (!s || !out) return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "snapshot or result is NULL");
-    int rc = validate_counts(s, batch, msg, msg_cap);
-    if (rc) return rc;
+    p->reason = scratch_alloc(sc, (size_t)n, sizeof *p->reason);
+    p->assigned = scratch_alloc(sc, (size_t)n, 1);
+    p->held = scratch_alloc(sc, (size_t)T, sizeof *p->held);
+    p->tstream = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->toff = scratch_alloc(sc, (size_t)T + 1, sizeof(int));
+    p->tcur = scratch_alloc(sc, (size_t)T, sizeof(int));
+    p->border = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->job_lane = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->lane_start = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->lane_end = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->lane_cur = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->bucket_heap_n = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->aside = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->lane_bucket = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->bucket_first_lane = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->bucket_end_lane = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->lane_heap = scratch_alloc(sc, (size_t)n, sizeof(qent));
+    p->run_start = scratch_alloc(sc, (size_t)ND, sizeof(int));
+    p->run_end = scratch_alloc(sc, (size_t)ND, sizeof(int));
+    p->dcount = scratch_alloc(sc, (size_t)ND, sizeof(int));
+    p->dspan = scratch_alloc(sc, (size_t)ND, sizeof(bool));
+    p->dused = scratch_alloc(sc, (size_t)ND, sizeof(int64_t));
+    p->members = scratch_alloc(sc, (size_t)n, sizeof(int));
+    p->tstamp = scratch_alloc(sc, (size_t)T, sizeof(int));
+}
 
-    const int n = s->n_jobs, T = s->n_tenants, ND = s->n_devices, R = s->n_running;
-    scratch sc = {.n = 0};
-    fb_plan_result res = {0};
-    int *member_slab = NULL;
-    plan P = {.s = s, .batch = batch, .sc = &sc};
-    plan *p = &P;
-    seq_idx *seqs = scratch_alloc(&sc, (size_t)n, sizeof *seqs);
-    p->by_seq = scratch_alloc(&sc, (size_t)n, sizeof *p->by_seq);
-    int *run_workers = scratch_alloc(&sc, (size_t)ND, sizeof *run_workers);
-    int *dev_stamp = scratch_alloc(&sc, (size_t)ND, sizeof *dev_stamp);
-    if (sc.failed) goto nomem;
-    if ((rc = validate_jobs(s, batch, seqs, p->by_seq, msg, msg_cap)) ||
-        (rc = validate_tenants(s, msg, msg_cap)) ||
-        (rc = validate_devices(s, run_workers, msg, msg_cap)) ||
-        (rc = validate_running(s, dev_stamp, msg, msg_cap)))
-        goto done;
-
-    p->reason = scratch_alloc(&sc, (size_t)n, sizeof *p->reason);
-    p->assigned = scratch_alloc(&sc, (size_t)n, 1);
-    p->held = scratch_alloc(&sc, (size_t)T, sizeof *p->held);
-    p->tstream = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->toff = scratch_alloc(&sc, (size_t)T + 1, sizeof(int));
-    p->tcur = scratch_alloc(&sc, (size_t)T, sizeof(int));
-    p->border = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->job_lane = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->lane_start = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->lane_end = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->lane_cur = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->bucket_heap_n = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->aside = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->lane_bucket = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->bucket_first_lane = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->bucket_end_lane = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->lane_heap = scratch_alloc(&sc, (size_t)n, sizeof(qent));
-    p->run_start = scratch_alloc(&sc, (size_t)ND, sizeof(int));
-    p->run_end = scratch_alloc(&sc, (size_t)ND, sizeof(int));
-    p->dcount = scratch_alloc(&sc, (size_t)ND, sizeof(int));
-    p->dspan = scratch_alloc(&sc, (size_t)ND, sizeof(bool));
-    p->dused = scratch_alloc(&sc, (size_t)ND, sizeof(int64_t));
-    p->members = scratch_alloc(&sc, (size_t)n, sizeof(int));
-    p->tstamp = scratch_alloc(&sc, (size_t)T, sizeof(int));
-    int64_t *free_of = scratch_alloc(&sc, (size_t)ND, sizeof *free_of);
-    qent *theap = scratch_alloc(&sc, (size_t)T, sizeof *theap);
-    if (sc.failed) goto nomem;
-
-    /* what the running groups hold */
+/* What the running groups hold (devices, memory, spanning, each tenant's device count), the
+ * runs of devices that belong to one worker, and no memory failure known yet. */
+static void plan_account_running(plan *p)
+{
+    const fb_plan_snapshot *s = p->s;
+    const int ND = s->n_devices, R = s->n_running;
     for (int g = 0; g < R; g++) {
         const fb_plan_running *G = &s->running[g];
         bool spans = false;
@@ -987,22 +969,54 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
     for (int k = 0; k < KINDS; k++)
         for (int sp = 0; sp < 2; sp++)
             for (int i = 0; i <= FB_PLAN_MAX_GROUP_DEVICES; i++) p->fail_mem[k][sp][i] = INT64_MAX;
+}
 
-    if ((rc = prepare(p, &sc))) goto done;
+/* Records the formed group (p->members, led by j0) placed on G->devices as a result group:
+ * its members into the slab, its split, and what it now holds of devices and tenants. */
+static void plan_record_group(plan *p, int j0, int need, int64_t mem, fb_plan_group *G,
+                              int **member_slab)
+{
+    const fb_plan_snapshot *s = p->s;
+    const fb_plan_job *J0 = &s->jobs[j0];
+    G->n_jobs = p->n_members;
+    G->jobs = *member_slab;
+    memcpy(*member_slab, p->members, (size_t)p->n_members * sizeof(int));
+    *member_slab += p->n_members;
+    G->n_devices = need;
+    G->parallel_data = J0->parallel_data;
+    G->parallel_pipeline = J0->parallel_pipeline;
+    int64_t b = p->batch[j0], D = J0->parallel_data;
+    for (int i = 0; i < FB_PLAN_MAX_GROUP_DEVICES; i++)
+        G->split[i] = i < D ? b / D + (i < b % D) : 0;
+    for (int i = need; i < FB_PLAN_MAX_GROUP_DEVICES; i++) G->devices[i] = -1;
+    G->mem_per_device = mem;
+    G->time_share = 1.0;
+    G->n_workers = 1;
+    for (int i = 1; i < need; i++)
+        G->n_workers += s->devices[G->devices[i]].worker != s->devices[G->devices[i - 1]].worker;
+    for (int i = 0; i < need; i++) {
+        p->dcount[G->devices[i]]++;
+        p->dused[G->devices[i]] = sat_add(p->dused[G->devices[i]], mem);
+        if (G->n_workers > 1) p->dspan[G->devices[i]] = true;
+    }
+    p->stamp++;
+    for (int i = 0; i < p->n_members; i++) {
+        int mt = s->jobs[p->members[i]].tenant;
+        if (p->tstamp[mt] == p->stamp) continue;
+        p->tstamp[mt] = p->stamp;
+        p->held[mt] += need;
+    }
+}
 
-    /* The result's groups and their member lists are one allocation.  Every
-     * placed group holds a slot on some device, which bounds their number. */
-    int64_t cap_groups = (int64_t)ND * s->max_groups_per_device;
-    if (cap_groups > n) cap_groups = n;
-    size_t group_bytes = (size_t)cap_groups * sizeof(fb_plan_group);
-    res.groups = malloc(group_bytes + (size_t)(n ? n : 1) * sizeof(int));
-    res.reason = malloc((size_t)(n ? n : 1) * sizeof *res.reason);
-    res.position = malloc((size_t)(n ? n : 1) * sizeof *res.position);
-    if (!res.groups || !res.reason || !res.position) goto nomem_res;
-    member_slab = (int *)(void *)((char *)res.groups + group_bytes);
-
+/* Tenants take turns by their heads (the tenant heap theap, of T slots): each turn forms
+ * the head's group and places it, or marks why it waits.  Groups land in res->groups (at
+ * most cap_groups), their member lists in member_slab. */
+static void plan_place_groups(plan *p, qent *theap, int64_t *free_of, fb_plan_result *res,
+                              int64_t cap_groups, int *member_slab)
+{
+    const fb_plan_snapshot *s = p->s;
     int n_heap = 0;
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < s->n_tenants; t++) {
         int j = tenant_head(p, t);
         if (j >= 0) heap_push(theap, &n_heap, make_qent(p, t, j));
     }
@@ -1024,14 +1038,14 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
             forming f;
             form_group(p, j0, &f);
             int64_t mem = per_device(f.members, f.shared, f.pipeline);
-            fb_plan_group *G = &res.groups[res.n_groups];
+            fb_plan_group *G = &res->groups[res->n_groups];
             bool placed = false;
             /* an array that no single worker can take may span workers: purely data
              * parallel, on devices of one kind (CPU: TCP sums; CUDA: NCCL); of any kind,
              * CPU devices first */
             int sp = f.pipeline == 1 && J0->parallel_data >= 2;
             int64_t *fail = &p->fail_mem[f.kind][sp][need];
-            if (mem < *fail && res.n_groups < cap_groups) {
+            if (mem < *fail && res->n_groups < cap_groups) {
                 placed = choose_devices(p, f.kind, need, mem, free_of, G->devices) ||
                          (sp && f.kind != FB_PLAN_CUDA &&
                           choose_span(p, FB_PLAN_CPU, need, mem, free_of, G->devices)) ||
@@ -1042,73 +1056,91 @@ int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result 
             for (int i = 0; i < p->n_members; i++)
                 p->reason[p->members[i]] = placed ? FB_PLAN_PLACED : FB_PLAN_WAIT_DEVICES;
             if (placed) {
-                G->n_jobs = p->n_members;
-                G->jobs = member_slab;
-                memcpy(member_slab, p->members, (size_t)p->n_members * sizeof(int));
-                member_slab += p->n_members;
-                G->n_devices = need;
-                G->parallel_data = J0->parallel_data;
-                G->parallel_pipeline = J0->parallel_pipeline;
-                int64_t b = batch[j0], D = J0->parallel_data;
-                for (int i = 0; i < FB_PLAN_MAX_GROUP_DEVICES; i++)
-                    G->split[i] = i < D ? b / D + (i < b % D) : 0;
-                for (int i = need; i < FB_PLAN_MAX_GROUP_DEVICES; i++) G->devices[i] = -1;
-                G->mem_per_device = mem;
-                G->time_share = 1.0;
-                G->n_workers = 1;
-                for (int i = 1; i < need; i++)
-                    G->n_workers += s->devices[G->devices[i]].worker !=
-                                    s->devices[G->devices[i - 1]].worker;
-                res.n_groups++;
-                for (int i = 0; i < need; i++) {
-                    p->dcount[G->devices[i]]++;
-                    p->dused[G->devices[i]] = sat_add(p->dused[G->devices[i]], mem);
-                    if (G->n_workers > 1) p->dspan[G->devices[i]] = true;
-                }
-                p->stamp++;
-                for (int i = 0; i < p->n_members; i++) {
-                    int mt = s->jobs[p->members[i]].tenant;
-                    if (p->tstamp[mt] == p->stamp) continue;
-                    p->tstamp[mt] = p->stamp;
-                    p->held[mt] += need;
-                }
+                plan_record_group(p, j0, need, mem, G, &member_slab);
+                res->n_groups++;
             }
         }
         int j = tenant_head(p, t);
         if (j >= 0) heap_push(theap, &n_heap, make_qent(p, t, j));
     }
+}
 
-    /* time shares, when anything new shares a device or a running share is off the formula */
+/* Time shares, when anything new shares a device or a running share is off the formula:
+ * the new groups' shares, and res->shares for the running groups whose share changes.
+ * Returns non-zero on out of memory. */
+static int plan_assign_shares(plan *p, scratch *sc, fb_plan_result *res)
+{
+    const fb_plan_snapshot *s = p->s;
+    const int R = s->n_running;
     bool known = false;
     for (int g = 0; g < R; g++) known |= s->running[g].time_share > 0;
-    if (res.n_groups > 0 || known) {
-        double *old_share = scratch_alloc(&sc, (size_t)R + (size_t)res.n_groups, sizeof(double));
-        double *new_share = scratch_alloc(&sc, (size_t)R + (size_t)res.n_groups, sizeof(double));
-        if (sc.failed) goto nomem_res;
-        if ((rc = compute_shares(p, &sc, res.groups, res.n_groups, old_share, new_share)))
-            goto nomem_res;
-        for (int g = 0; g < R; g++)
-            if (s->running[g].time_share > 0) old_share[g] = s->running[g].time_share;
-        for (int G = 0; G < res.n_groups; G++) res.groups[G].time_share = new_share[R + G];
-        if (s->keep_running_shares) {
-            if (keep_running(p, &sc, res.groups, res.n_groups, old_share, new_share))
-                goto nomem_res;
-        }
-        int n_changed = 0;
-        for (int g = 0; g < R && !s->keep_running_shares; g++)
-            if (new_share[g] - old_share[g] > SHARE_EPS || old_share[g] - new_share[g] > SHARE_EPS)
-                n_changed++;
-        if (n_changed > 0) {
-            res.shares = malloc((size_t)n_changed * sizeof *res.shares);
-            if (!res.shares) goto nomem_res;
-            for (int g = 0; g < R; g++)
-                if (new_share[g] - old_share[g] > SHARE_EPS ||
-                    old_share[g] - new_share[g] > SHARE_EPS)
-                    res.shares[res.n_shares++] = (fb_plan_share){.running = g,
-                                                                 .time_share = new_share[g]};
-        }
-    }
+    if (res->n_groups == 0 && !known) return 0;
+    double *old_share = scratch_alloc(sc, (size_t)R + (size_t)res->n_groups, sizeof(double));
+    double *new_share = scratch_alloc(sc, (size_t)R + (size_t)res->n_groups, sizeof(double));
+    if (sc->failed) return -1;
+    if (compute_shares(p, sc, res->groups, res->n_groups, old_share, new_share)) return -1;
+    for (int g = 0; g < R; g++)
+        if (s->running[g].time_share > 0) old_share[g] = s->running[g].time_share;
+    for (int G = 0; G < res->n_groups; G++) res->groups[G].time_share = new_share[R + G];
+    if (s->keep_running_shares &&
+        keep_running(p, sc, res->groups, res->n_groups, old_share, new_share))
+        return -1;
+    int n_changed = 0;
+    for (int g = 0; g < R && !s->keep_running_shares; g++)
+        if (new_share[g] - old_share[g] > SHARE_EPS || old_share[g] - new_share[g] > SHARE_EPS)
+            n_changed++;
+    if (n_changed == 0) return 0;
+    res->shares = malloc((size_t)n_changed * sizeof *res->shares);
+    if (!res->shares) return -1;
+    for (int g = 0; g < R; g++)
+        if (new_share[g] - old_share[g] > SHARE_EPS || old_share[g] - new_share[g] > SHARE_EPS)
+            res->shares[res->n_shares++] = (fb_plan_share){.running = g, .time_share = new_share[g]};
+    return 0;
+}
 
+int fb_plan_run(const fb_plan_snapshot *s, const int64_t *batch, fb_plan_result *out, char *msg,
+                size_t msg_cap)
+{
+    if (!s || !out) return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "snapshot or result is NULL");
+    int rc = validate_counts(s, batch, msg, msg_cap);
+    if (rc) return rc;
+
+    const int n = s->n_jobs, T = s->n_tenants, ND = s->n_devices;
+    scratch sc = {.n = 0};
+    fb_plan_result res = {0};
+    plan P = {.s = s, .batch = batch, .sc = &sc};
+    plan *p = &P;
+    seq_idx *seqs = scratch_alloc(&sc, (size_t)n, sizeof *seqs);
+    p->by_seq = scratch_alloc(&sc, (size_t)n, sizeof *p->by_seq);
+    int *run_workers = scratch_alloc(&sc, (size_t)ND, sizeof *run_workers);
+    int *dev_stamp = scratch_alloc(&sc, (size_t)ND, sizeof *dev_stamp);
+    if (sc.failed) goto nomem;
+    if ((rc = validate_jobs(s, batch, seqs, p->by_seq, msg, msg_cap)) ||
+        (rc = validate_tenants(s, msg, msg_cap)) ||
+        (rc = validate_devices(s, run_workers, msg, msg_cap)) ||
+        (rc = validate_running(s, dev_stamp, msg, msg_cap)))
+        goto done;
+
+    plan_alloc(p, &sc, n, T, ND);
+    int64_t *free_of = scratch_alloc(&sc, (size_t)ND, sizeof *free_of);
+    qent *theap = scratch_alloc(&sc, (size_t)T, sizeof *theap);
+    if (sc.failed) goto nomem;
+    plan_account_running(p);
+    if ((rc = prepare(p, &sc))) goto done;
+
+    /* The result's groups and their member lists are one allocation.  Every
+     * placed group holds a slot on some device, which bounds their number. */
+    int64_t cap_groups = (int64_t)ND * s->max_groups_per_device;
+    if (cap_groups > n) cap_groups = n;
+    size_t group_bytes = (size_t)cap_groups * sizeof(fb_plan_group);
+    res.groups = malloc(group_bytes + (size_t)(n ? n : 1) * sizeof(int));
+    res.reason = malloc((size_t)(n ? n : 1) * sizeof *res.reason);
+    res.position = malloc((size_t)(n ? n : 1) * sizeof *res.position);
+    if (!res.groups || !res.reason || !res.position) goto nomem_res;
+
+    plan_place_groups(p, theap, free_of, &res, cap_groups,
+                      (int *)(void *)((char *)res.groups + group_bytes));
+    if (plan_assign_shares(p, &sc, &res)) goto nomem_res;
     if (fill_positions(p, &sc, res.position)) goto nomem_res;
     memcpy(res.reason, p->reason, (size_t)n * sizeof *res.reason);
     *out = res;
