@@ -199,8 +199,22 @@ static int gen_key(const char *path)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* What the command line and the environment say, and the buffers the agent's options point
+ * into while it runs. */
+struct args {
+    const char *val[OPT_COUNT];
+    bool from_env[OPT_COUNT];
+    int device_threads[FB_WIRE_MAX_DEVICES];
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    char server_pub[41], pub[41], sec[41];
+};
+
+/* The flags, then the environment for each one not given: A->val[opt] and where it came from.
+ * Returns true when main should exit now with *rc (help, a usage error). */
+static bool read_args(int argc, char **argv, struct args *A, int *rc)
 {
+    const char **val = A->val;
+    bool *from_env = A->from_env;
     static const struct option long_opts[] = {
         {"server", required_argument, NULL, OPT_SERVER},
         {"server-key", required_argument, NULL, OPT_SERVER_KEY},
@@ -223,24 +237,22 @@ int main(int argc, char **argv)
         {"test-step-ms", required_argument, NULL, OPT_TEST_STEP_MS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *val[OPT_COUNT] = {0};
-    bool from_env[OPT_COUNT] = {0};
     int opt;
     while ((opt = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         if (opt == 'h') {
             usage(stdout);
-            return 0;
+            return *rc = 0, true;
         }
         if (opt < 0 || opt >= OPT_COUNT) {
             usage(stderr);
-            return EXIT_USAGE;
+            return *rc = EXIT_USAGE, true;
         }
         val[opt] = optarg;
     }
     if (optind < argc) {
         fprintf(stderr, "fusebox-worker: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
-        return EXIT_USAGE;
+        return *rc = EXIT_USAGE, true;
     }
     for (int i = 0; i < OPT_COUNT; i++) {
         const char *e = getenv(g_opts[i].env);
@@ -249,14 +261,14 @@ int main(int argc, char **argv)
             from_env[i] = true;
         }
     }
-    char where[64], msg[1024];
+    char where[64];
     for (int i = 0; i < OPT_COUNT; i++)
         if (val[i] && !val[i][0]) {
             origin(where, sizeof where, i, from_env[i]);
             fprintf(stderr, "fusebox-worker: %s needs a value\n", where);
-            return EXIT_USAGE;
+            return *rc = EXIT_USAGE, true;
         }
-    if (val[OPT_GEN_KEY]) return gen_key(val[OPT_GEN_KEY]);
+    if (val[OPT_GEN_KEY]) return *rc = gen_key(val[OPT_GEN_KEY]), true;
 
     static const int need[] = {OPT_SERVER, OPT_SERVER_KEY, OPT_KEY};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
@@ -264,9 +276,20 @@ int main(int argc, char **argv)
             fprintf(stderr, "fusebox-worker: --%s (or %s) is required\n", g_opts[need[i]].flag,
                     g_opts[need[i]].env);
             usage(stderr);
-            return EXIT_USAGE;
+            return *rc = EXIT_USAGE, true;
         }
-    fb_agent_opts o = {
+    return false;
+}
+
+/* The agent's options from the values read: numbers, switches and names checked, the test
+ * hooks refused without their environment switch, the keys loaded into A's buffers.
+ * Returns 0, or EXIT_USAGE after saying what is wrong. */
+static int agent_opts_from(struct args *A, fb_agent_opts *o)
+{
+    const char **val = A->val;
+    const bool *from_env = A->from_env;
+    char where[64], msg[1024];
+    *o = (fb_agent_opts){
         .server = val[OPT_SERVER], .name = val[OPT_NAME], .data_dir = val[OPT_DATA_DIR]};
     static const struct {
         int opt, lo, hi;
@@ -275,8 +298,8 @@ int main(int argc, char **argv)
                 {OPT_HEARTBEAT, 100, 60000},
                 {OPT_PROGRESS, 10, 3600000},
                 {OPT_COMM_TIMEOUT, 1, 3600000}};
-    int *dst[] = {&o.cpu_devices, &o.threads_per_device, &o.heartbeat_ms, &o.progress_ms,
-                  &o.comm_timeout_ms};
+    int *dst[] = {&o->cpu_devices, &o->threads_per_device, &o->heartbeat_ms, &o->progress_ms,
+                  &o->comm_timeout_ms};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         int k = ints[i].opt;
         if (val[k] && parse_int(val[k], ints[i].lo, ints[i].hi, dst[i])) {
@@ -287,7 +310,7 @@ int main(int argc, char **argv)
         }
     }
     static const int onoff[] = {OPT_SYNC_BN, OPT_PIN_DEVICES};
-    bool *onoff_dst[] = {&o.sync_batchnorm, &o.pin_devices};
+    bool *onoff_dst[] = {&o->sync_batchnorm, &o->pin_devices};
     for (size_t i = 0; i < sizeof onoff / sizeof onoff[0]; i++) {
         int k = onoff[i];
         if (!val[k]) continue;
@@ -303,20 +326,19 @@ int main(int argc, char **argv)
         static const char *const turns[] = {[FB_AGENT_TURNS_AUTO] = "auto",
                                             [FB_AGENT_TURNS_ALL] = "all",
                                             [FB_AGENT_TURNS_FIRST] = "first"};
-        o.device_turns = -1;
+        o->device_turns = -1;
         for (int i = 0; i < 3; i++)
-            if (strcmp(val[OPT_DEVICE_TURNS], turns[i]) == 0) o.device_turns = i;
-        if (o.device_turns < 0) {
+            if (strcmp(val[OPT_DEVICE_TURNS], turns[i]) == 0) o->device_turns = i;
+        if (o->device_turns < 0) {
             origin(where, sizeof where, OPT_DEVICE_TURNS, from_env[OPT_DEVICE_TURNS]);
             fprintf(stderr, "fusebox-worker: %s needs auto, all or first, not '%s'\n", where,
                     val[OPT_DEVICE_TURNS]);
             return EXIT_USAGE;
         }
     }
-    int device_threads[FB_WIRE_MAX_DEVICES];
     if (val[OPT_DEVICE_THREADS]) {
-        if (parse_int_list(val[OPT_DEVICE_THREADS], 1, 1024, device_threads, FB_WIRE_MAX_DEVICES,
-                           &o.n_device_threads)) {
+        if (parse_int_list(val[OPT_DEVICE_THREADS], 1, 1024, A->device_threads, FB_WIRE_MAX_DEVICES,
+                           &o->n_device_threads)) {
             origin(where, sizeof where, OPT_DEVICE_THREADS, from_env[OPT_DEVICE_THREADS]);
             fprintf(stderr,
                     "fusebox-worker: %s needs 1..%d comma-separated integers in [1, 1024], "
@@ -324,17 +346,16 @@ int main(int argc, char **argv)
                     where, FB_WIRE_MAX_DEVICES, val[OPT_DEVICE_THREADS]);
             return EXIT_USAGE;
         }
-        o.device_threads = device_threads;
+        o->device_threads = A->device_threads;
     }
-    char comm_host[FB_WIRE_NAME_MAX + 1];
     if (val[OPT_COMM_ADDR]) {
-        if (fb_agent_parse_comm_addr(val[OPT_COMM_ADDR], comm_host, sizeof comm_host,
-                                     &o.comm_port_lo, &o.comm_port_hi, msg, sizeof msg)) {
+        if (fb_agent_parse_comm_addr(val[OPT_COMM_ADDR], A->comm_host, sizeof A->comm_host,
+                                     &o->comm_port_lo, &o->comm_port_hi, msg, sizeof msg)) {
             origin(where, sizeof where, OPT_COMM_ADDR, from_env[OPT_COMM_ADDR]);
             fprintf(stderr, "fusebox-worker: %s: %s\n", where, msg);
             return EXIT_USAGE;
         }
-        o.comm_host = comm_host;
+        o->comm_host = A->comm_host;
     }
     static const int test_hooks[] = {OPT_TEST_STEP_HOOK, OPT_TEST_CLOCK, OPT_TEST_STEP_MS};
     for (size_t i = 0; i < sizeof test_hooks / sizeof test_hooks[0]; i++) {
@@ -351,35 +372,46 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    o.test_step_hook = val[OPT_TEST_STEP_HOOK];
-    o.test_clock = val[OPT_TEST_CLOCK];
-    o.test_step_ms = val[OPT_TEST_STEP_MS];
-    if (o.name && !fb_agent_name_valid(o.name)) {
+    o->test_step_hook = val[OPT_TEST_STEP_HOOK];
+    o->test_clock = val[OPT_TEST_CLOCK];
+    o->test_step_ms = val[OPT_TEST_STEP_MS];
+    if (o->name && !fb_agent_name_valid(o->name)) {
         origin(where, sizeof where, OPT_NAME, from_env[OPT_NAME]);
         fprintf(stderr,
                 "fusebox-worker: %s '%s' is not a worker name: 1..63 of a-z 0-9 . _ -, "
                 "starting with a letter or digit\n",
-                where, o.name);
+                where, o->name);
         return EXIT_USAGE;
     }
 
-    char server_pub[41], pub[41], sec[41];
-    int err = fb_wire_key_load(val[OPT_SERVER_KEY], server_pub, NULL, msg, sizeof msg);
+    int err = fb_wire_key_load(val[OPT_SERVER_KEY], A->server_pub, NULL, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "fusebox-worker: server key: %s (%s)\n", msg, fb_err_code(err));
         return EXIT_USAGE;
     }
-    err = fb_wire_key_load(val[OPT_KEY], pub, sec, msg, sizeof msg);
+    err = fb_wire_key_load(val[OPT_KEY], A->pub, A->sec, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "fusebox-worker: worker key: %s (%s)\n", msg, fb_err_code(err));
         return EXIT_USAGE;
     }
-    o.server_key = server_pub;
-    o.public_key = pub;
-    o.secret_key = sec;
+    o->server_key = A->server_pub;
+    o->public_key = A->pub;
+    o->secret_key = A->sec;
 
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct args A;
+    int rc;
+    if (read_args(argc, argv, &A, &rc)) return rc;
+    fb_agent_opts o;
+    if ((rc = agent_opts_from(&A, &o))) return rc;
+
+    char msg[1024];
     fb_agent *a = NULL;
-    err = fb_agent_new(&a, &o, msg, sizeof msg);
+    int err = fb_agent_new(&a, &o, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "fusebox-worker: %s (%s)\n", msg, fb_err_code(err));
         return err == FB_ERR_OUT_OF_RANGE ? EXIT_USAGE : 1;
