@@ -65,9 +65,22 @@ static void remove_stale(const fb_manifest *m, const char *dir, const char *spli
     closedir(d);
 }
 
-int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
-                      int ndim, const int64_t *shape, const void *values, const int32_t *labels,
-                      int64_t n, char *msg, size_t msg_cap)
+/* How an import of n records will be laid out, from checked arguments. */
+typedef struct import_plan {
+    size_t esz;        /* bytes a value */
+    int64_t numel;     /* values a record */
+    int64_t chunk;     /* records a chunk */
+    int64_t per_shard; /* records a shard */
+    int64_t n_shards;
+    int32_t max_label;
+    int level; /* zstd */
+} import_plan;
+
+/* Checks fb_datadir_import's arguments and every record (labels in range, values finite)
+ * before anything is written, and plans the chunks and shards. */
+static int import_check(import_plan *pl, const fb_import_opts *o, fb_data_dtype dtype, int ndim,
+                        const int64_t *shape, const void *values, const int32_t *labels,
+                        int64_t n, char *msg, size_t msg_cap)
 {
     if (!o || !o->out_dir || !o->name || !o->split || !shape || (!values && n) || (!labels && n))
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import: NULL argument");
@@ -113,7 +126,6 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "%" PRId64 " shards of %" PRId64 " records; a split may have at most %d",
                        n_shards, per_shard, FB_MANIFEST_MAX_SHARDS);
-    int level = o->level ? o->level : FB_IMPORT_DEFAULT_LEVEL;
     int32_t max_label = 0;
     for (int64_t i = 0; i < n; i++) {
         if (labels[i] < 0 || labels[i] >= DD_MAX_LABEL)
@@ -130,13 +142,64 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
                                "is not finite", i / numel);
     }
 
+    *pl = (import_plan){.esz = esz, .numel = numel, .chunk = chunk, .per_shard = per_shard,
+                        .n_shards = n_shards, .max_label = max_label,
+                        .level = o->level ? o->level : FB_IMPORT_DEFAULT_LEVEL};
+    return FB_OK;
+}
+
+/* Writes the n records as pl->n_shards shards under o->out_dir/o->split, filling shards[]
+ * (paths relative to out_dir, sizes, checksums) and the counts of *r. */
+static int import_write_shards(fb_import_result *r, fb_manifest_shard *shards,
+                               const import_plan *pl, const fb_import_opts *o,
+                               fb_data_dtype dtype, const void *values, const int32_t *labels,
+                               int64_t n, char *msg, size_t msg_cap)
+{
+    char path[DD_PATH + 300];
+    int rc = FB_OK;
+    const int64_t numel = pl->numel, per_shard = pl->per_shard;
+    fb_shard_params sp = {.dtype = dtype, .sample_numel = numel, .chunk_records = pl->chunk,
+                          .level = pl->level};
+    for (int64_t s = 0; s < pl->n_shards; s++) {
+        fb_shard_writer *w = NULL;
+        snprintf(shards[s].path, sizeof shards[s].path, "%s/%s-%05" PRId64 ".fbs", o->split,
+                 o->split, s);
+        snprintf(path, sizeof path, "%s/%s", o->out_dir, shards[s].path);
+        if ((rc = fb_shard_writer_open(&w, path, &sp, msg, msg_cap))) return rc;
+        int64_t a = s * per_shard, b = a + per_shard < n ? a + per_shard : n;
+        for (int64_t i = a; i < b && !rc; i++)
+            rc = fb_shard_writer_add(w, (const uint8_t *)values + (size_t)(i * numel) * pl->esz,
+                                     numel, labels[i], msg, msg_cap);
+        fb_shard_info info;
+        if (!rc) rc = fb_shard_writer_finish(&info, w, msg, msg_cap);
+        fb_shard_writer_free(w);
+        if (rc) return rc;
+        shards[s].bytes = info.bytes;
+        shards[s].records = info.records;
+        shards[s].chunks = info.chunks;
+        shards[s].crc32c = info.crc32c;
+        r->chunks += info.chunks;
+        r->bytes += info.bytes;
+        r->raw_bytes += info.raw_bytes;
+    }
+    return rc;
+}
+
+int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
+                      int ndim, const int64_t *shape, const void *values, const int32_t *labels,
+                      int64_t n, char *msg, size_t msg_cap)
+{
+    import_plan pl = {0};
+    int rc = import_check(&pl, o, dtype, ndim, shape, values, labels, n, msg, msg_cap);
+    if (rc) return rc;
+    const int64_t numel = pl.numel, n_shards = pl.n_shards;
+
     /* the manifest to extend, or a new one */
     char path[DD_PATH + 300];
     fb_manifest m, old;
     memset(&m, 0, sizeof m);
     memset(&old, 0, sizeof old);
     fb_manifest_shard *shards = NULL;
-    int rc;
     if ((rc = dd_mkdir(o->out_dir, msg, msg_cap))) return rc;
     snprintf(path, sizeof path, "%s/%s", o->out_dir, FB_MANIFEST_FILE);
     struct stat st;
@@ -167,30 +230,8 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
         goto done;
     }
     fb_import_result r = {.samples = n, .shards = n_shards};
-    fb_shard_params sp = {.dtype = dtype, .sample_numel = numel, .chunk_records = chunk,
-                          .level = level};
-    for (int64_t s = 0; s < n_shards; s++) {
-        fb_shard_writer *w = NULL;
-        snprintf(shards[s].path, sizeof shards[s].path, "%s/%s-%05" PRId64 ".fbs", o->split,
-                 o->split, s);
-        snprintf(path, sizeof path, "%s/%s", o->out_dir, shards[s].path);
-        if ((rc = fb_shard_writer_open(&w, path, &sp, msg, msg_cap))) goto done;
-        int64_t a = s * per_shard, b = a + per_shard < n ? a + per_shard : n;
-        for (int64_t i = a; i < b && !rc; i++)
-            rc = fb_shard_writer_add(w, (const uint8_t *)values + (size_t)(i * numel) * esz,
-                                     numel, labels[i], msg, msg_cap);
-        fb_shard_info info;
-        if (!rc) rc = fb_shard_writer_finish(&info, w, msg, msg_cap);
-        fb_shard_writer_free(w);
-        if (rc) goto done;
-        shards[s].bytes = info.bytes;
-        shards[s].records = info.records;
-        shards[s].chunks = info.chunks;
-        shards[s].crc32c = info.crc32c;
-        r.chunks += info.chunks;
-        r.bytes += info.bytes;
-        r.raw_bytes += info.raw_bytes;
-    }
+    if ((rc = import_write_shards(&r, shards, &pl, o, dtype, values, labels, n, msg, msg_cap)))
+        goto done;
 
     /* the new manifest: the old one's other splits, then this split */
     snprintf(m.name, sizeof m.name, "%s", o->name);
@@ -198,7 +239,7 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
     m.ndim = ndim;
     memcpy(m.shape, shape, (size_t)ndim * sizeof *shape);
     m.sample_numel = numel;
-    m.n_classes = max_label + 1 < 2 ? 2 : max_label + 1;
+    m.n_classes = pl.max_label + 1 < 2 ? 2 : pl.max_label + 1;
     if (have_old && old.n_classes > m.n_classes) m.n_classes = old.n_classes;
     for (int i = 0; i < old.n_splits; i++)
         if (strcmp(old.splits[i].name, o->split) != 0) m.splits[m.n_splits++] = old.splits[i];
@@ -370,18 +411,14 @@ static int csv_number(const char *s, double *out)
     return 1;
 }
 
-int fb_datadir_import_csv(fb_import_result *res, const fb_import_opts *o, const char *csv_path,
-                          const char *label_column, fb_csv_header header, char *msg,
-                          size_t msg_cap)
+/* Reads all of path (at most FB_CSV_MAX_BYTES) into *text, NUL-terminated, its length in
+ * *len; *text is the caller's to free, also on error. */
+static int csv_read_file(const char *csv_path, char **text_out, size_t *len_out, char *msg,
+                         size_t msg_cap)
 {
-    if (!o || !csv_path || !label_column)
-        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import_csv: NULL argument");
     FILE *f = fopen(csv_path, "rb");
     if (!f) return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot open %s: %s", csv_path, strerror(errno));
-    char *text = NULL, **hdr_names = NULL;
-    float *x = NULL;
-    int32_t *y = NULL;
-    csv_row row = {0};
+    char *text = NULL;
     int rc = 0;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -414,12 +451,79 @@ int fb_datadir_import_csv(fb_import_result *res, const fb_import_opts *o, const 
         }
     }
     fclose(f);
-    if (rc) goto done;
-    if (!text || len == 0) {
-        rc = fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: empty file", csv_path);
-        goto done;
-    }
+    *text_out = text;
+    *len_out = len;
+    if (rc) return rc;
+    if (!text || len == 0) return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: empty file", csv_path);
     text[len] = '\0';
+    return FB_OK;
+}
+
+/* The first row of a CSV: its column count, whether it is a header (header says, or "auto":
+ * a field that is not a number), and which column holds the label (by header name, else as
+ * an index). The header's names point into the row's fields (*hdr_names, the caller's to
+ * free). */
+static int csv_first_row(const csv_row *row, fb_csv_header header, const char *label_column,
+                         const char *csv_path, int64_t line_no, int *ncol_out, int *label_out,
+                         bool *is_header_out, char ***hdr_out, char *msg, size_t msg_cap)
+{
+    int rc = FB_OK, ncol, label = -1;
+    char **hdr_names = NULL;
+    *ncol_out = ncol = row->n;
+    if (ncol < 2) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA, "%s:%" PRId64 ": %d column%s; a CSV to "
+                     "import needs a label column and at least one feature",
+                     csv_path, line_no, ncol, ncol == 1 ? "" : "s");
+        return rc;
+    }
+    bool is_header = header == FB_CSV_HEADER_YES;
+    if (header == FB_CSV_HEADER_AUTO) {
+        double v;
+        for (int c = 0; c < row->n; c++) is_header |= !csv_number(row->f[c], &v);
+    }
+    if (is_header) {
+        *hdr_out = hdr_names = calloc((size_t)ncol, sizeof *hdr_names);
+        if (!hdr_names) {
+            rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+            return rc;
+        }
+        for (int c = 0; c < ncol; c++) {
+            hdr_names[c] = row->f[c];
+            if (strcmp(row->f[c], label_column) == 0 && label < 0) label = c;
+        }
+    }
+    if (label < 0) {
+        char *end;
+        errno = 0;
+        long v = strtol(label_column, &end, 10);
+        if (*label_column && !*end && !errno && v >= 0 && v < ncol) label = (int)v;
+    }
+    if (label < 0) {
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                     "%s: no label column \"%.64s\": %s, and not a column index "
+                     "0..%d", csv_path, label_column,
+                     hdr_names ? "no header field has that name" : "the file has no header",
+                     ncol - 1);
+        return rc;
+    }
+    *label_out = label;
+    *is_header_out = is_header;
+    return rc;
+}
+
+int fb_datadir_import_csv(fb_import_result *res, const fb_import_opts *o, const char *csv_path,
+                          const char *label_column, fb_csv_header header, char *msg,
+                          size_t msg_cap)
+{
+    if (!o || !csv_path || !label_column)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import_csv: NULL argument");
+    char *text = NULL, **hdr_names = NULL;
+    float *x = NULL;
+    int32_t *y = NULL;
+    csv_row row = {0};
+    size_t len = 0;
+    int rc = csv_read_file(csv_path, &text, &len, msg, msg_cap);
+    if (rc) goto done;
     if (memchr(text, '\0', len)) {
         rc = fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: contains NUL bytes; not a text CSV file",
                      csv_path);
@@ -453,43 +557,10 @@ int fb_datadir_import_csv(fb_import_result *res, const fb_import_opts *o, const 
         }
         if (first) {
             first = false;
-            ncol = row.n;
-            if (ncol < 2) {
-                rc = fb_errf(msg, msg_cap, FB_ERR_DATA, "%s:%" PRId64 ": %d column%s; a CSV to "
-                             "import needs a label column and at least one feature",
-                             csv_path, line_no, ncol, ncol == 1 ? "" : "s");
+            bool is_header = false;
+            if ((rc = csv_first_row(&row, header, label_column, csv_path, line_no, &ncol, &label,
+                                    &is_header, &hdr_names, msg, msg_cap)))
                 goto done;
-            }
-            bool is_header = header == FB_CSV_HEADER_YES;
-            if (header == FB_CSV_HEADER_AUTO) {
-                double v;
-                for (int c = 0; c < row.n; c++) is_header |= !csv_number(row.f[c], &v);
-            }
-            if (is_header) {
-                hdr_names = calloc((size_t)ncol, sizeof *hdr_names);
-                if (!hdr_names) {
-                    rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-                    goto done;
-                }
-                for (int c = 0; c < ncol; c++) {
-                    hdr_names[c] = row.f[c];
-                    if (strcmp(row.f[c], label_column) == 0 && label < 0) label = c;
-                }
-            }
-            if (label < 0) {
-                char *end;
-                errno = 0;
-                long v = strtol(label_column, &end, 10);
-                if (*label_column && !*end && !errno && v >= 0 && v < ncol) label = (int)v;
-            }
-            if (label < 0) {
-                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                             "%s: no label column \"%.64s\": %s, and not a column index "
-                             "0..%d", csv_path, label_column,
-                             hdr_names ? "no header field has that name" : "the file has no header",
-                             ncol - 1);
-                goto done;
-            }
             F = ncol - 1;
             if (is_header) continue;
         }
