@@ -695,14 +695,10 @@ static int open_shards(fb_loader *l, const char *dir, char (*staged)[FB_STAGE_PA
     return 0;
 }
 
-int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t msg_cap)
+/* The options' bounds, before anything is allocated. */
+static int loader_check_opts(const fb_loader_opts *o, int threads, int Q, int64_t sbuf,
+                             char *msg, size_t msg_cap)
 {
-    if (!out || !o || !o->dir || !o->split)
-        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_loader_open: NULL argument");
-    double t_open = now_s();
-    int threads = o->threads ? o->threads : 1, world = o->world ? o->world : 1;
-    int Q = o->queue_batches ? o->queue_batches : FB_LOADER_DEFAULT_QUEUE;
-    int64_t sbuf = o->shuffle_buffer ? o->shuffle_buffer : FB_LOADER_DEFAULT_SHUFFLE_BUFFER;
     if (threads < 1 || threads > FB_LOADER_MAX_THREADS)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%d reader threads; allowed 1 to %d",
                        threads, FB_LOADER_MAX_THREADS);
@@ -727,57 +723,42 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
                        "validation fraction %g; allowed 0 to %g", o->val_fraction,
                        FB_DATA_MAX_VAL_FRACTION);
 
+    return FB_OK;
+}
+
+/* Reads the manifest and its split, stages the shards when asked, opens them, and takes the
+ * record counts the batches come from. */
+static int loader_open_dataset(fb_loader *l, const fb_loader_opts *o, char *msg, size_t msg_cap)
+{
     int rc;
     char (*staged)[FB_STAGE_PATH_MAX] = NULL;
-    fb_loader *l = calloc(1, sizeof *l);
-    if (!l) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-    l->held = -1;
-    l->plan_epoch = -1;
-    atomic_init(&l->work_seq, 0);
-    atomic_init(&l->sleepers, 0);
-    if (pthread_mutex_init(&l->mu, NULL) != 0) {
-        free(l);
-        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a mutex");
-    }
-    if (pthread_cond_init(&l->cv_work, NULL) != 0) {
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a condition variable");
-    }
-    if (pthread_cond_init(&l->cv_ready, NULL) != 0) {
-        pthread_cond_destroy(&l->cv_work);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a condition variable");
-    }
-
     char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/%s", o->dir, FB_MANIFEST_FILE);
-    if ((rc = fb_manifest_read(&l->m, mpath, msg, msg_cap))) goto fail;
+    if ((rc = fb_manifest_read(&l->m, mpath, msg, msg_cap))) goto done;
     l->sp = fb_manifest_find_split(&l->m, o->split);
     if (!l->sp) {
         rc = fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "dataset %s (%s) has no split \"%.32s\"",
                      l->m.name, o->dir, o->split);
-        goto fail;
+        goto done;
     }
     if (l->m.sample_numel == 0) {
         rc = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
                      "dataset %s has variable-size records; the loader needs fixed-size ones",
                      l->m.name);
-        goto fail;
+        goto done;
     }
     if (o->cache_dir) {
         staged = calloc((size_t)l->sp->n_shards, sizeof *staged);
         if (!staged) {
             rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-            goto fail;
+            goto done;
         }
         if ((rc = fb_stage_split(staged, &l->st.stage, o->cache_dir, o->cache_bytes, o->dir, &l->m,
                                  o->split, msg, msg_cap)))
-            goto fail;
+            goto done;
     }
     l->val_fraction = o->val_fraction;
-    if ((rc = open_shards(l, o->dir, staged, msg, msg_cap))) goto fail;
+    if ((rc = open_shards(l, o->dir, staged, msg, msg_cap))) goto done;
     l->numel = l->m.sample_numel;
     l->n_classes = l->m.n_classes;
     l->N = o->batch_size;
@@ -790,14 +771,26 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
         rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                      "dataset %s (%s): every record is held out for validation (val_fraction %g)",
                      l->m.name, o->split, l->val_fraction);
-        goto fail;
+        goto done;
     }
     if (l->drop_last && l->n < l->N) {
         rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                      "dataset %s (%s) has %" PRId64 " samples, fewer than the batch size %" PRId64,
                      l->m.name, o->split, l->n, l->N);
-        goto fail;
+        goto done;
     }
+    rc = FB_OK;
+done:
+    free(staged);
+    return rc;
+}
+
+/* The shuffle windows, the epochs and this rank's share of each batch, and the window slots
+ * the queue needs. */
+static int loader_plan(fb_loader *l, const fb_loader_opts *o, int world, int Q, int64_t sbuf,
+                       char *msg, size_t msg_cap)
+{
+    int rc;
     /* W chunks per window: the shuffle buffer's worth of records on average */
     {
         long double w = (long double)sbuf * (long double)l->G / (long double)l->n;
@@ -820,11 +813,11 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
     l->counts = calloc(FB_LOADER_MAX_WORLD, sizeof *l->counts);
     if (!l->counts) {
         rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-        goto fail;
+        return rc;
     }
     if ((rc = check_split(&l->off_r, &l->cnt_r, o->rank, world, o->split_counts, l->N, l->counts,
                           msg, msg_cap)))
-        goto fail;
+        return rc;
     l->rank = o->rank;
     l->world = world;
 
@@ -839,12 +832,19 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
                          "a queue of %d batches of %" PRId64 " spans too many shuffle windows of "
                          "%" PRId64 " samples; raise the shuffle buffer or the chunk size",
                          Q, l->N, per);
-            goto fail;
+            return rc;
         }
         l->nws = (int)need;
     }
     l->Q = Q;
     l->nbs = Q + 1;
+    return FB_OK;
+}
+
+/* The window slots, the batch queue and each reader thread's scratch. */
+static int loader_alloc(fb_loader *l, int threads, char *msg, size_t msg_cap)
+{
+    int rc;
     l->ws = calloc((size_t)l->nws, sizeof *l->ws);
     l->bs = calloc((size_t)l->nbs, sizeof *l->bs);
     l->plan_perm = malloc((size_t)l->G * sizeof *l->plan_perm);
@@ -853,14 +853,14 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
     l->args = calloc((size_t)threads, sizeof *l->args);
     if (!l->ws || !l->bs || !l->plan_perm || !l->plan_wstart || !l->th || !l->args) {
         rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-        goto fail;
+        return rc;
     }
     for (int i = 0; i < l->nbs; i++) {
         l->bs[i].x = malloc((size_t)l->N * (size_t)l->numel * sizeof(float));
         l->bs[i].y = malloc((size_t)l->N * sizeof(int32_t));
         if (!l->bs[i].x || !l->bs[i].y) {
             rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory for the batch queue");
-            goto fail;
+            return rc;
         }
     }
     l->nth = threads;
@@ -870,9 +870,49 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
         l->args[t].list = calloc((size_t)l->nws, sizeof *l->args[t].list);
         if (!l->args[t].scratch || !l->args[t].list) {
             rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
-            goto fail;
+            return rc;
         }
     }
+    return FB_OK;
+}
+
+int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t msg_cap)
+{
+    if (!out || !o || !o->dir || !o->split)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_loader_open: NULL argument");
+    double t_open = now_s();
+    int threads = o->threads ? o->threads : 1, world = o->world ? o->world : 1;
+    int Q = o->queue_batches ? o->queue_batches : FB_LOADER_DEFAULT_QUEUE;
+    int64_t sbuf = o->shuffle_buffer ? o->shuffle_buffer : FB_LOADER_DEFAULT_SHUFFLE_BUFFER;
+    int rc = loader_check_opts(o, threads, Q, sbuf, msg, msg_cap);
+    if (rc) return rc;
+
+    fb_loader *l = calloc(1, sizeof *l);
+    if (!l) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    l->held = -1;
+    l->plan_epoch = -1;
+    atomic_init(&l->work_seq, 0);
+    atomic_init(&l->sleepers, 0);
+    if (pthread_mutex_init(&l->mu, NULL) != 0) {
+        free(l);
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a mutex");
+    }
+    if (pthread_cond_init(&l->cv_work, NULL) != 0) {
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a condition variable");
+    }
+    if (pthread_cond_init(&l->cv_ready, NULL) != 0) {
+        pthread_cond_destroy(&l->cv_work);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "cannot create a condition variable");
+    }
+
+    if ((rc = loader_open_dataset(l, o, msg, msg_cap)) ||
+        (rc = loader_plan(l, o, world, Q, sbuf, msg, msg_cap)) ||
+        (rc = loader_alloc(l, threads, msg, msg_cap)))
+        goto fail;
     l->st.open_s = now_s() - t_open;
     for (int t = 0; t < threads; t++) {
         if (pthread_create(&l->th[t], NULL, reader_main, &l->args[t]) != 0) {
@@ -882,11 +922,9 @@ int fb_loader_open(fb_loader **out, const fb_loader_opts *o, char *msg, size_t m
         }
         l->started++;
     }
-    free(staged);
     *out = l;
     return 0;
 fail:
-    free(staged);
     fb_loader_free(l);
     return rc;
 }
