@@ -69,6 +69,7 @@ typedef struct req_impl {
     int n_headers;
     char *hdr_name[MAX_EXTRA_HEADERS];
     char *hdr_value[MAX_EXTRA_HEADERS];
+    bool conditional; /* fb_req_revalidate: an ETag, and 304 when it matches */
     bool responded;
 } req_impl;
 
@@ -213,6 +214,64 @@ void fb_req_reply_json(fb_req *req, int status, json_t *body)
         return;
     }
     set_response(im, status, text, strlen(text), "application/json");
+}
+
+void fb_req_revalidate(fb_req *req)
+{
+    impl_of(req)->conditional = true;
+}
+
+/* The entity tag of a response's bytes: their length and 64-bit FNV-1a hash, so that equal
+ * tags mean equal bytes for any practical purpose (a poller re-reads at most its own page). */
+static void body_etag(char *tag, size_t cap, const char *data, size_t len)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)data[i]) * 1099511628211ULL;
+    snprintf(tag, cap, "\"%zx-%016llx\"", len, (unsigned long long)h);
+}
+
+/* Whether an If-None-Match value names tag: a comma-separated list of entity tags, each
+ * possibly weak (W/), compared weakly as RFC 9110 asks of If-None-Match, or "*". */
+static bool none_match_hits(const char *inm, const char *tag)
+{
+    size_t tn = strlen(tag);
+    const char *p = inm;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        if (!*p) break;
+        if (*p == '*') return true;
+        if (p[0] == 'W' && p[1] == '/') p += 2;
+        const char *e = p;
+        if (*e == '"') {
+            e = strchr(e + 1, '"');
+            if (!e) return false;
+            e++;
+        } else {
+            while (*e && *e != ',') e++;
+        }
+        if ((size_t)(e - p) == tn && memcmp(p, tag, tn) == 0) return true;
+        p = e;
+    }
+    return false;
+}
+
+/* A revalidated 200 gets its ETag and "private, no-cache" (stored, revalidated each time);
+ * when the request's If-None-Match names that tag the answer becomes 304 without a body. */
+static void apply_conditional(fb_req *req, req_impl *im)
+{
+    if (!im->conditional || im->err || im->status != 200 || im->file_fd >= 0 || !im->resp_data)
+        return;
+    char tag[48];
+    body_etag(tag, sizeof tag, im->resp_data, im->resp_len);
+    fb_req_add_header(req, "ETag", tag);
+    fb_req_add_header(req, MHD_HTTP_HEADER_CACHE_CONTROL, "private, no-cache");
+    const char *inm = fb_req_header(req, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    if (inm && none_match_hits(inm, tag)) {
+        free(im->resp_data);
+        im->resp_data = NULL;
+        im->resp_len = 0;
+        im->status = 304;
+    }
 }
 
 void fb_req_reply_text(fb_req *req, int status, const char *content_type, const char *text,
@@ -622,6 +681,7 @@ static enum MHD_Result send_response(fb_req *req)
         if (!text) text = strdup("{\"error\":{\"code\":\"out_of_memory\",\"message\":\"\"}}");
         set_response(im, im->status, text, text ? strlen(text) : 0, "application/json");
     }
+    apply_conditional(req, im);
     if (im->file_fd >= 0) {
         r = MHD_create_response_from_fd64(im->file_size, im->file_fd);
         if (r) {

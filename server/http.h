@@ -109,6 +109,11 @@ int fb_req_fail_msg(fb_req *req, int err, const char *msg, const char *field_pre
 /* Responds with a JSON document (stolen) and status. */
 void fb_req_reply_json(fb_req *req, int status, json_t *body);
 
+/* Lets a client revalidate the 200 response the handler gave: it carries an ETag of its
+ * bytes, and a request whose If-None-Match names the same bytes gets 304 Not Modified and
+ * no body.  For the reads that dashboards poll. */
+void fb_req_revalidate(fb_req *req);
+
 /* Responds with text (copied) of the given content type. */
 void fb_req_reply_text(fb_req *req, int status, const char *content_type, const char *text,
                        size_t len);

@@ -16,7 +16,7 @@
 
 #include "errors.h"
 
-static const int statuses[] = {200, 201, 204, 400, 401, 403, 404, 405,
+static const int statuses[] = {200, 201, 204, 304, 400, 401, 403, 404, 405,
                                409, 413, 415, 422, 429, 500, 501, 503};
 #define N_STATUS ((int)(sizeof statuses / sizeof statuses[0]) + 1) /* + "other" */
 

@@ -82,6 +82,7 @@ int fb_route_workers(fb_req *req)
     }
     if (!x.out) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
     fb_req_reply_json(req, 200, json_pack("{s:o}", "workers", x.out));
+    fb_req_revalidate(req);
     return FB_OK;
 }
 
@@ -165,5 +166,6 @@ int fb_route_cluster(fb_req *req)
     }
     if (!x.out) return fb_req_fail(req, FB_ERR_NOMEM, NULL, "out of memory");
     fb_req_reply_json(req, 200, x.out);
+    fb_req_revalidate(req);
     return FB_OK;
 }

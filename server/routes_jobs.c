@@ -242,6 +242,7 @@ int fb_route_job_get(fb_req *req)
     }
     if (!x.text) return fb_req_fail(req, FB_ERR_NOT_FOUND, NULL, "no such job");
     fb_req_reply_owned(req, 200, "application/json", x.text, x.len);
+    fb_req_revalidate(req);
     return FB_OK;
 }
 
@@ -313,7 +314,9 @@ int fb_route_job_list(fb_req *req)
     x.vals[3] = name[0] ? name : NULL;
     x.vals[4] = cursor[0] ? cursor : NULL;
     x.vals[5] = limit_s;
-    return fb_route_reply_page(req, job_list_txn, &x, &x.items, x.next, "jobs");
+    err = fb_route_reply_page(req, job_list_txn, &x, &x.items, x.next, "jobs");
+    if (!err) fb_req_revalidate(req);
+    return err;
 }
 
 /* ---- cancel ---- */

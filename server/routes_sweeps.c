@@ -126,7 +126,9 @@ int fb_route_sweep_get(fb_req *req)
     int err;
     if ((err = fb_req_check_query(req, none))) return err;
     if (!fb_is_uuid(id)) return fb_req_fail(req, FB_ERR_NOT_FOUND, NULL, "no such sweep");
-    return reply_sweep(req, id, 200);
+    err = reply_sweep(req, id, 200);
+    if (!err) fb_req_revalidate(req);
+    return err;
 }
 
 /* ---- create ---- */
@@ -376,7 +378,9 @@ int fb_route_sweep_list(fb_req *req)
     x.vals[0] = req->key.tenant_id;
     x.vals[1] = cursor[0] ? cursor : NULL;
     x.vals[2] = limit_s;
-    return fb_route_reply_page(req, sweep_list_txn, &x, &x.items, x.next, "sweeps");
+    err = fb_route_reply_page(req, sweep_list_txn, &x, &x.items, x.next, "sweeps");
+    if (!err) fb_req_revalidate(req);
+    return err;
 }
 
 /* ---- cancel ---- */
