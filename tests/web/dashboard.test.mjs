@@ -228,6 +228,8 @@ try {
   page.on('pageerror', (e) => pageErrors.push(String(e)));
   const requests = [];
   page.on('request', (r) => requests.push(r.url()));
+  const statuses = []; // [url, status] of every answer the page got
+  page.on('response', (r) => statuses.push([r.url(), r.status()]));
   const base = `http://127.0.0.1:${port}`;
   const shot = (name) => page.screenshot({ path: path.join(artifacts, `${name}.png`), fullPage: true });
   onFail = shot;
@@ -422,6 +424,11 @@ try {
   await check('a completed job lists its final checkpoint and its model downloads', async () => {
     await page.goto(`${base}/#/jobs/${jobs[0]}`);
     await until('the final checkpoint', async () => /final/.test(await text('#checkpoints tbody')), 15000);
+    // the job no longer changes: the page's polls revalidate it (304, no body) and it stays drawn
+    const jobUrl = `${base}/v1/jobs/${jobs[0]}`;
+    await until('a 304 for the unchanged job', async () =>
+      statuses.some(([u, st]) => u === jobUrl && st === 304), 15000);
+    expect(/completed/.test(await text('#main')), 'the job is still shown after a 304');
     const [dl] = await Promise.all([page.waitForEvent('download'), page.click('#download')]);
     const file = path.join(artifacts, dl.suggestedFilename());
     await dl.saveAs(file);
