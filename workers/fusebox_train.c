@@ -3,7 +3,8 @@
  *
  * Specs that share a fusion key train together as one fused array; groups
  * with different keys train one after another.  Progress goes to stdout: a
- * progress bar per member on a terminal, JSON lines otherwise.
+ * progress bar per member on a terminal, JSON lines (written by Jansson)
+ * otherwise.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -13,11 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "datadir.h"
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
 #include "train.h"
+#include "utf8.h"
 
 #define EXIT_USAGE 2
 
@@ -58,18 +62,94 @@ static void usage(FILE *f)
             "  -h, --help      this text\n");
 }
 
-static void json_str(const char *s)
+/* Significant digits Jansson writes a number with: more than any format of
+ * put_real keeps, fewer than a double's 17, so a value rounded to its
+ * format reads as that format wrote it, without a binary tail. */
+#define JSON_DIGITS 15
+
+/* An integer member of a line.  Members keep the order they are added in
+ * (Jansson keeps insertion order), which is the order of the event table. */
+static void put_int(json_t *o, const char *key, long long v)
 {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
+    json_object_set_new(o, key, json_integer(v));
+}
+
+/* A number rounded to the digits the printf format fmt keeps; null when it
+ * is not finite, as JSON has no NaN or infinity. */
+static void put_real(json_t *o, const char *key, double v, const char *fmt)
+{
+    if (!isfinite(v)) {
+        json_object_set_new(o, key, json_null());
+        return;
     }
-    putchar('"');
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, v);
+    json_object_set_new(o, key, json_real(strtod(buf, NULL)));
+}
+
+/* A string; a byte that is not UTF-8 (a path from the command line may hold
+ * one, JSON text cannot) becomes U+FFFD. */
+static void put_str(json_t *o, const char *key, const char *s)
+{
+    json_t *v = json_string(s);
+    size_t n = strlen(s), at = 0, out = 0, bad;
+    char *fixed = v ? NULL : malloc(3 * n + 1);
+    if (fixed) {
+        while (!fb_utf8_valid(s + at, n - at, &bad)) {
+            memcpy(fixed + out, s + at, bad);
+            memcpy(fixed + out + bad, "\xEF\xBF\xBD", 3);
+            out += bad + 3;
+            at += bad + 1;
+        }
+        memcpy(fixed + out, s + at, n - at + 1);
+        v = json_string(fixed);
+        free(fixed);
+    }
+    json_object_set_new(o, key, v);
+}
+
+/* One event as a JSON line: the keys of docs/jobspec.md's event table. */
+static void print_json(const fb_train_event *ev, const cli *c, const char *kind)
+{
+    json_t *o = json_object();
+    if (!o) return;
+    put_str(o, "event", kind);
+    put_str(o, "job", ev->spec->name);
+    put_int(o, "member", ev->member);
+    put_int(o, "group", c->group);
+    put_int(o, "array_size", ev->array_size);
+    put_int(o, "step", (long long)ev->step);
+    put_int(o, "steps", (long long)ev->steps);
+    /* the names of the metrics series (docs/jobspec.md, "Metrics"); without a
+     * validation set a done event carries no val_*: its last step event has the
+     * training values, and they must never pass for an evaluation */
+    if (ev->kind == FB_TRAIN_STEP) {
+        put_real(o, "loss", ev->loss, "%.9g");
+        put_real(o, "accuracy", ev->accuracy, "%.6g");
+        put_real(o, "lr", ev->lr, "%.9g");
+        put_real(o, "samples_per_s", ev->samples_per_s, "%.1f");
+        put_real(o, "io_ms", ev->io_wait_ms, "%.4f");
+    } else if (ev->kind == FB_TRAIN_EVAL || (ev->kind == FB_TRAIN_DONE && c->val)) {
+        put_real(o, "val_loss", ev->loss, "%.9g");
+        put_real(o, "val_accuracy", ev->accuracy, "%.6g");
+    }
+    if (ev->kind == FB_TRAIN_DONE && c->test) {
+        put_real(o, "test_loss", ev->test_loss, "%.9g");
+        put_real(o, "test_accuracy", ev->test_accuracy, "%.6g");
+    }
+    if (ev->kind == FB_TRAIN_FAILED) {
+        put_str(o, "error", fb_err_code(ev->err));
+        put_str(o, "message", ev->text ? ev->text : "");
+    }
+    if (ev->weights_path) put_str(o, "weights", ev->weights_path);
+    char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(JSON_DIGITS));
+    json_decref(o);
+    if (!line) {
+        fprintf(stderr, "fusebox-train: out of memory writing an event\n");
+        return;
+    }
+    puts(line);
+    free(line);
 }
 
 static void on_event(const fb_train_event *ev, void *user)
@@ -84,31 +164,7 @@ static void on_event(const fb_train_event *ev, void *user)
                                         [FB_TRAIN_CHECKPOINT] = "checkpoint",
                                         [FB_TRAIN_FAILED] = "failed"};
     if (c->json) {
-        printf("{\"event\":\"%s\",\"job\":", kinds[ev->kind]);
-        json_str(ev->spec->name);
-        printf(",\"member\":%d,\"group\":%d,\"array_size\":%d,\"step\":%lld,\"steps\":%lld",
-               ev->member, c->group, ev->array_size, (long long)ev->step, (long long)ev->steps);
-        /* the names of the metrics series (docs/jobspec.md, "Metrics"); without a
-         * validation set a done event carries no val_*: its last step event has the
-         * training values, and they must never pass for an evaluation */
-        if (ev->kind == FB_TRAIN_STEP)
-            printf(",\"loss\":%.9g,\"accuracy\":%.6g,\"lr\":%.9g,\"samples_per_s\":%.1f"
-                   ",\"io_ms\":%.4f",
-                   ev->loss, ev->accuracy, ev->lr, ev->samples_per_s, ev->io_wait_ms);
-        else if (ev->kind == FB_TRAIN_EVAL || (ev->kind == FB_TRAIN_DONE && c->val))
-            printf(",\"val_loss\":%.9g,\"val_accuracy\":%.6g", ev->loss, ev->accuracy);
-        if (ev->kind == FB_TRAIN_DONE && c->test)
-            printf(",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->test_loss,
-                   ev->test_accuracy);
-        if (ev->kind == FB_TRAIN_FAILED) {
-            printf(",\"error\":\"%s\",\"message\":", fb_err_code(ev->err));
-            json_str(ev->text ? ev->text : "");
-        }
-        if (ev->weights_path) {
-            printf(",\"weights\":");
-            json_str(ev->weights_path);
-        }
-        printf("}\n");
+        print_json(ev, c, kinds[ev->kind]);
         fflush(stdout);
         return;
     }

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "train.h"
+#include "train_opts.h"
 
 typedef struct fb_session fb_session;
 

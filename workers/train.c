@@ -9,12 +9,6 @@
 
 #include "session.h"
 
-int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train)
-{
-    if (spec->steps) return spec->steps;
-    return spec->epochs * (n_train / spec->batch_size);
-}
-
 /* What fb_train_run adds to the caller's callback: the final validation results. */
 typedef struct run_ctx {
     const fb_train_opts *caller; /* may be NULL */

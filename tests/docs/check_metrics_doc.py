@@ -153,9 +153,10 @@ def openapi_names(spec):
 
 
 def train_keys(text):
-    """The JSON keys fusebox-train prints: \"key\": inside its string literals."""
+    """The JSON keys fusebox-train prints: the key of each put_*(o, "key", ...) call that
+    adds a member to an event's line."""
     text = strip_c_comments(text)
-    return set(re.findall(r'\\"([a-z][a-z0-9_]*)\\":', text))
+    return set(re.findall(r'\bput_[a-z]+\(\s*\w+\s*,\s*"([a-z][a-z0-9_]*)"', text))
 
 
 def app_names(text):
@@ -250,8 +251,13 @@ SELF_SPEC = {"components": {"schemas": {
     "Rule": {"properties": {"metric": {"enum": ["loss", "accuracy", "val_loss", "test_acc"]},
                             "grace_steps": {}}}}}}
 SELF_TRAIN = r"""
-printf(",\"loss\":%g,\"accuracy\":%g,\"lr\":%g,\"samples\":%d", a, b, c, d);
-printf(",\"val_loss\":%g,\"val_accuracy\":%g", a, b);
+put_real(o, "loss", a, "%g");
+put_real(o, "accuracy", b, "%g");
+put_real(o, "lr", c, "%g");
+put_int(o, "samples", d);
+put_real(o, "val_loss", a, "%g");
+put_real(o,
+         "val_accuracy", b, "%g");
 """
 SELF_APP = "fmt(metricOf(j, 'val_accuracy')); series.column('eval_accuracy');"
 SELF_PROM = "fusebox_job_slowdown"

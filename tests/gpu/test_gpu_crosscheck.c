@@ -14,7 +14,7 @@
  * backend's own controls: errors, the pool, the streams.  The bf16 cases
  * check the rounding and unscaling ops exactly, then linear and conv with
  * TF32 on over operands each backend rounded to bf16 itself, which is how a
- * bf16 array runs on a GPU (workers/array.c).  Skipped where no
+ * bf16 array runs on a GPU (workers/array_pass.c).  Skipped where no
  * CUDA device exists (and in a build without CUDA);
  * FB_GPU_CROSSCHECK_BACKEND=cpu runs the cases on the fast CPU backend.
  */

@@ -1,0 +1,269 @@
+/*
+ * The fused training array's state (array.h): the fused optimizer update
+ * with bf16 dynamic loss scaling, members leaving, and one member's
+ * parameters, gradients, optimizer state and batch-norm statistics tensor by
+ * tensor, which checkpoints read and write.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "array_impl.h"
+
+/* ---- optimisation and membership ------------------------------------------ */
+
+void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_optim_hparams *hp)
+{
+    const fb_job_spec *s = a->specs[m];
+    double f = fb_sched_lr_factor(&s->sched, t - 1, total);
+    memset(hp, 0, sizeof *hp);
+    hp->lr = (float)(s->optim.lr * f);
+    hp->weight_decay = (float)s->optim.weight_decay;
+    hp->momentum = (float)s->optim.momentum;
+    hp->dampening = (float)s->optim.dampening;
+    hp->nesterov = s->optim.nesterov;
+    hp->beta1 = (float)s->optim.beta1;
+    hp->beta2 = (float)s->optim.beta2;
+    hp->eps = (float)s->optim.eps;
+    hp->t = t;
+}
+
+/*
+ * bf16 dynamic loss scaling, before the update: one pass (fb_grad_unscale)
+ * divides each member's gradients by its scale (exact: a power of two) and
+ * finds the members whose scaled gradients overflowed (on the device: one
+ * launch, B floats come back).  A member that overflowed, or whose update
+ * fb_array_skip_update asked to skip (another pipeline stage of it
+ * overflowed), gets an empty slot's hyperparameters (lr 0, t 0), which fb_optim_step skips, so its
+ * parameters and optimizer state stay as they were, and its scale halves; a
+ * member that did not counts the step, and doubles its scale after
+ * ls_interval finite steps in a row.  Members never see each other's flags
+ * or scales.  Returns the hyperparameters to update with.
+ */
+static const fb_optim_hparams *unscale_grads(fb_array *a, const fb_optim_hparams *hp)
+{
+    int B = a->B;
+    float *inv = a->ls_host; /* reused: the inverses go in, the flags come back */
+    for (int b = 0; b < B; b++)
+        inv[b] = 1.0f / a->ls_scale[b];
+    fb_grad_unscale(a->be, a->ls_flags, a->g, inv, a->blocks, a->n_params, B);
+    fb_backend_download(a->be, a->ls_host, a->ls_flags, (size_t)B * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        a->ls_skipped[b] = a->ls_host[b] != 0.0f || a->ls_force[b];
+        a->ls_force[b] = false;
+    }
+    a->grads_scaled = false;
+    for (int b = 0; b < B; b++) {
+        a->ls_hp[b] = hp[b];
+        if (a->ls_skipped[b]) {
+            a->ls_hp[b].lr = 0.0f;
+            a->ls_hp[b].t = 0;
+            a->ls_good[b] = 0;
+            if (a->ls_scale[b] > FB_LOSS_SCALE_MIN) a->ls_scale[b] *= 0.5f;
+        } else if (++a->ls_good[b] >= a->ls_interval) {
+            a->ls_good[b] = 0;
+            if (a->ls_scale[b] < FB_LOSS_SCALE_MAX) a->ls_scale[b] *= 2.0f;
+        }
+    }
+    return a->ls_hp;
+}
+
+void fb_array_step(fb_array *a, const fb_optim_hparams *hp)
+{
+    static const fb_optim_kind kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
+                                          [FB_OPTIM_ADAM] = FB_OPTIM_KIND_ADAM,
+                                          [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
+    if (a->n_params == 0) return;
+    if (a->grads_scaled) hp = unscale_grads(a, hp);
+    fb_optim_step(a->be, kinds[a->specs[0]->optim.type], a->p, a->g, a->s1, a->s2, a->blocks,
+                  a->n_params, a->B, hp);
+}
+
+static void shift_slots(fb_array *a, float *slab, const tensor_def *defs, int n, int m)
+{
+    if (!slab) return;
+    for (int t = 0; t < n; t++) {
+        size_t pm = defs[t].per_member;
+        for (int b = m; b + 1 < a->B; b++)
+            fb_backend_copy(a->be, slab + defs[t].offset + (size_t)b * pm,
+                            slab + defs[t].offset + (size_t)(b + 1) * pm, pm * sizeof(float));
+    }
+}
+
+void fb_array_remove(fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    shift_slots(a, a->p, a->params, a->n_params, m);
+    shift_slots(a, a->s1, a->params, a->n_params, m);
+    shift_slots(a, a->s2, a->params, a->n_params, m);
+    shift_slots(a, a->rb, a->bufs, a->n_bufs, m);
+    for (int b = m; b + 1 < a->B; b++) {
+        a->specs[b] = a->specs[b + 1];
+        a->seeds[b] = a->seeds[b + 1];
+        memcpy(a->bn_tracked + (size_t)b * a->n_bn, a->bn_tracked + (size_t)(b + 1) * a->n_bn,
+               (size_t)a->n_bn * sizeof *a->bn_tracked);
+        if (a->bf16) {
+            a->ls_scale[b] = a->ls_scale[b + 1];
+            a->ls_good[b] = a->ls_good[b + 1];
+            a->ls_skipped[b] = a->ls_skipped[b + 1];
+            a->ls_force[b] = a->ls_force[b + 1];
+        }
+    }
+    a->B--;
+}
+
+/* ---- one member's state, tensor by tensor ---------------------------------- */
+
+/* Batch norm k's running_mean buffer: counters follow the batch norms' order,
+ * which is the order of their running_mean buffers. */
+static const tensor_def *bn_mean_def(const fb_array *a, int k)
+{
+    for (int t = 0, seen = 0; t < a->n_bufs; t++) {
+        const char *dot = strrchr(a->bufs[t].name, '.');
+        if (strcmp(dot, ".running_mean") != 0) continue;
+        if (seen++ == k) return &a->bufs[t];
+    }
+    FB_ASSERT(!"batch norm index out of range");
+    return NULL;
+}
+
+int fb_array_bn_count(const fb_array *a)
+{
+    return a->n_bn;
+}
+
+void fb_array_bn_name(const fb_array *a, int k, char *buf, size_t cap)
+{
+    const tensor_def *d = bn_mean_def(a, k);
+    const char *dot = strrchr(d->name, '.');
+    snprintf(buf, cap, "%.*s.num_batches_tracked", (int)(dot - d->name), d->name);
+}
+
+int64_t fb_array_bn_tracked(const fb_array *a, int m, int k)
+{
+    FB_ASSERT(m >= 0 && m < a->B && k >= 0 && k < a->n_bn);
+    return a->bn_tracked[(size_t)m * a->n_bn + k];
+}
+
+void fb_array_set_bn_tracked(fb_array *a, int m, int k, int64_t value)
+{
+    FB_ASSERT(m >= 0 && m < a->B && k >= 0 && k < a->n_bn);
+    a->bn_tracked[(size_t)m * a->n_bn + k] = value;
+}
+
+int fb_array_tensor_count(const fb_array *a, fb_array_part part)
+{
+    switch (part) {
+    case FB_ARRAY_BUFFER: return a->n_bufs;
+    case FB_ARRAY_STATE2: return a->s2 ? a->n_params : 0;
+    default: return a->n_params;
+    }
+}
+
+/* The definition and slab of tensor t of part. */
+static const tensor_def *part_def(const fb_array *a, fb_array_part part, int t, float **slab)
+{
+    FB_ASSERT(t >= 0 && t < fb_array_tensor_count(a, part));
+    switch (part) {
+    case FB_ARRAY_PARAM: *slab = a->p; break;
+    case FB_ARRAY_GRAD: *slab = a->g; break;
+    case FB_ARRAY_STATE1: *slab = a->s1; break;
+    case FB_ARRAY_STATE2: *slab = a->s2; break;
+    case FB_ARRAY_BUFFER: *slab = a->rb; return &a->bufs[t];
+    default: FB_ASSERT(!"a part of fb_array_part"); /* never returns */
+    }
+    return &a->params[t];
+}
+
+fb_array_tensor fb_array_tensor_at(const fb_array *a, fb_array_part part, int t)
+{
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    return (fb_array_tensor){.name = d->name, .ndim = d->ndim, .shape = d->shape,
+                             .numel = d->per_member};
+}
+
+void fb_array_get(const fb_array *a, int m, fb_array_part part, int t, float *dst)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    fb_backend_download(a->be, dst, slab + d->offset + (size_t)m * d->per_member,
+                        d->per_member * sizeof(float));
+    if (part == FB_ARRAY_GRAD) unscale_host(a, m, dst, d->per_member);
+}
+
+void fb_array_set(fb_array *a, int m, fb_array_part part, int t, const float *src)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    float *slab;
+    const tensor_def *d = part_def(a, part, t, &slab);
+    float *dst = slab + d->offset + (size_t)m * d->per_member;
+    if (part == FB_ARRAY_GRAD && a->grads_scaled) {
+        /* the mirror of fb_array_get: src is the batch's gradient, the slab
+         * holds it times the member's scale until the update */
+        float *v = malloc(d->per_member * sizeof *v);
+        FB_ASSERT(v != NULL);
+        for (size_t i = 0; i < d->per_member; i++)
+            v[i] = src[i] * a->ls_scale[m];
+        fb_backend_upload(a->be, dst, v, d->per_member * sizeof(float));
+        free(v);
+        return;
+    }
+    fb_backend_upload(a->be, dst, src, d->per_member * sizeof(float));
+}
+
+float fb_array_loss_scale(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 ? a->ls_scale[m] : 1.0f;
+}
+
+int64_t fb_array_loss_scale_good(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 ? a->ls_good[m] : 0;
+}
+
+bool fb_array_update_skipped(const fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    return a->bf16 && a->ls_skipped[m];
+}
+
+int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg, size_t cap)
+{
+    FB_ASSERT(m >= 0 && m < a->B);
+    int e;
+    if (!a->bf16) return fb_errf(msg, cap, FB_ERR_CONFLICT, "only a bf16 array has a loss scale");
+    if (!(scale >= FB_LOSS_SCALE_MIN && scale <= FB_LOSS_SCALE_MAX) || frexpf(scale, &e) != 0.5f)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "loss scale %g is not a power of two in [2^-24, 2^64]", (double)scale);
+    if (good < 0 || good >= a->ls_interval)
+        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                       "loss scale step count %lld is outside [0, %lld)", (long long)good,
+                       (long long)a->ls_interval);
+    a->ls_scale[m] = scale;
+    a->ls_good[m] = good;
+    return FB_OK;
+}
+
+void fb_array_set_grad_prescaled(fb_array *a, bool prescaled)
+{
+    a->prescaled = prescaled;
+}
+
+void fb_array_skip_update(fb_array *a, int m)
+{
+    FB_ASSERT(m >= 0 && m < a->B && a->bf16);
+    a->ls_force[m] = true;
+}
+
+void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)
+{
+    FB_ASSERT(steps >= 1);
+    a->ls_interval = steps;
+    for (int b = 0; a->bf16 && b < a->B; b++)
+        if (a->ls_good[b] >= steps) a->ls_good[b] = steps - 1;
+}
