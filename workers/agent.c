@@ -36,7 +36,6 @@
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
-#include "backend_impl.h"
 #include "comm.h"
 #include "session.h"
 #include "train.h"
@@ -231,9 +230,10 @@ typedef struct dataset_ref {
 typedef struct agent_device {
     fb_wire_device info;
     fb_backend *be;
-    /* a CPU device with a thread count of its own: the CPU backend with that count, which
-     * be then points to (the math ops size their thread teams from a backend's count) */
-    struct fb_backend own_be;
+    /* a CPU device with a thread count of its own: a clone of the CPU backend with that
+     * count (fb_backend_clone_threads), which be then points to (the math ops size their
+     * thread teams from a backend's count); NULL otherwise */
+    fb_backend *own_be;
     int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
 } agent_device;
 
@@ -2900,7 +2900,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->sync_bn = o->sync_batchnorm;
     /* one process-wide CPU backend: every group's math uses this many threads */
     fb_backend_set_threads(fb_backend_cpu(), a->threads);
-    /* except on CPU devices with a count of their own: a copy of the backend that differs
+    /* except on CPU devices with a count of their own: a clone of the backend that differs
      * only in its count; CUDA devices have no such setting */
     for (int i = 0; i < o->n_device_threads && i < a->n_devices; i++) {
         agent_device *ad = &a->dev[i];
@@ -2908,9 +2908,12 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
             agent_log("device %d is not a CPU device; its thread count is ignored", i);
             continue;
         }
-        ad->own_be = *ad->be;
-        ad->own_be.threads = o->device_threads[i];
-        ad->be = &ad->own_be;
+        ad->own_be = fb_backend_clone_threads(ad->be, o->device_threads[i]);
+        if (!ad->own_be) {
+            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        ad->be = ad->own_be;
         agent_log("CPU device %d: %d math thread%s", i, o->device_threads[i],
                   o->device_threads[i] == 1 ? "" : "s");
     }
@@ -2919,7 +2922,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
         agent_device *ad = &a->dev[i];
         if (strcmp(ad->info.kind, "cpu") != 0) continue;
         ad->cpu_first = next;
-        ad->cpu_count = ad->be->threads > 0 ? ad->be->threads : a->threads;
+        ad->cpu_count = fb_backend_threads(ad->be) > 0 ? fb_backend_threads(ad->be) : a->threads;
         next = (int)((next + ad->cpu_count) % (cores > 0 ? cores : 1));
         agent_log("CPU device %d: pinned to core%s %d..%d (modulo %ld)", i,
                   ad->cpu_count == 1 ? "" : "s", ad->cpu_first, ad->cpu_first + ad->cpu_count - 1,
@@ -2982,5 +2985,7 @@ void fb_agent_free(fb_agent *a)
     if (a->turns_init) fb_turns_sync_destroy(&a->turns);
     if (a->turns_log >= 0) close(a->turns_log);
     if (a->ds_mu_init) pthread_mutex_destroy(&a->ds_mu);
+    for (int i = 0; i < a->n_devices; i++)
+        fb_backend_clone_free(a->dev[i].own_be);
     free(a);
 }
