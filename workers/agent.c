@@ -3,17 +3,10 @@
  * threads that train, the device turns between groups, the outbox of
  * events, and the dataset cache the groups share.
  *
- * Ownership: the main thread owns the group list, the outbox and both
- * sockets.  A group's thread owns its session and its PUSH socket (created
- * by the main thread, handed over at pthread_create).  What both read is
- * guarded: a group's member states, step count and batch split by the
- * group's mutex, the device turns (turns.h: each group's virtual time and
- * share, each device's groups) by the turns' own lock, and the stop and
- * drain requests are atomics.  A group reports its end
- * with an EXIT message through its PUSH socket; the main thread joins it and
- * frees it only then, so a group pointer in a message is always valid.
+ * Who owns what, and the types the parts share: agent_int.h.
  */
 #include "agent.h"
+#include "agent_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -52,7 +45,6 @@
 #define FB_VERSION_STRING "0.1.0"
 #endif
 
-#define POLL_MAX_MS 100       /* the loop wakes at least this often (drain requests) */
 #define SILENT_HEARTBEATS 3   /* heartbeats without a word before registering again */
 #define DEALER_LINGER_MS 2000 /* what close may spend sending what is still queued */
 #define OUTBOX_WARN_EVERY_MS 10000
@@ -69,8 +61,7 @@ enum { CV_MAGIC, CV_STEP, CV_MEMBERS, CV_CMD, CV_SHARE, CV_HAS_SPLIT, CV_SPLIT }
 
 /* One line to stderr, with a UTC timestamp; formatted first so that lines from
  * different threads do not interleave. */
-static void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void agent_log(const char *fmt, ...)
+void agent_log(const char *fmt, ...)
 {
     char line[1536], stamp[32];
     struct timespec ts;
@@ -89,7 +80,7 @@ static void agent_log(const char *fmt, ...)
  * it: the heartbeat cadence and the server's silence, the progress cadence, step times (which
  * the turns charge and the reports carry), the drain's wait for acknowledgements; so a test
  * with --test-clock steps them instead of sleeping. */
-static double now_ms(void)
+double agent_now_ms(void)
 {
     return (double)fb_clock_ns() / 1e6;
 }
@@ -202,178 +193,7 @@ void fb_agent_default_name(char *out, size_t cap)
     fb_agent_name_sanitize(host, out, cap);
 }
 
-/* ---- state ------------------------------------------------------------------------------- */
-
-struct group;
-
-/*
- * A dataset shared by every group that trains on it with one val_fraction: an
- * IDX dataset's splits in memory (train without the records held out for
- * validation, which are val); a shard dataset's validation set and test split
- * in memory, its train split read by each group's own prefetching loader (as
- * fusebox-train reads it, so that a job trains on the same minibatches here
- * and there).
- */
-typedef struct dataset_ref {
-    char tenant[FB_WIRE_ID_LEN + 1]; /* owner of a private dataset, "" for a public one */
-    char name[FB_SPEC_DATASET_MAX + 1];
-    double val_fraction;             /* the specs' (part of the key) */
-    char data_dir[1100];             /* where name is found: the data dir, or its tenant's */
-    int refs;
-    bool shard;
-    fb_dataset train, val, test; /* train: IDX only; val: n 0 when there is none */
-    bool has_test;
-    struct dataset_ref *next;
-} dataset_ref;
-
-/* One device; the groups placed on it take turns (turns.h). */
-typedef struct agent_device {
-    fb_wire_device info;
-    fb_backend *be;
-    /* a CPU device with a thread count of its own: a clone of the CPU backend with that
-     * count (fb_backend_clone_threads), which be then points to (the math ops size their
-     * thread teams from a backend's count); NULL otherwise */
-    fb_backend *own_be;
-    int cpu_first, cpu_count; /* its cores when the worker pins devices (cpu_count 0: not) */
-} agent_device;
-
-/* A member of an assigned group. */
-typedef struct member {
-    char job_id[FB_WIRE_ID_LEN + 1];
-    fb_job_spec spec;
-    bool parsed;
-    int sidx;         /* index in the session's specs, -1 when not trained here */
-    zmq_msg_t resume; /* the checkpoint to resume from, when has_resume */
-    bool has_resume;
-    zmq_msg_t init; /* the weights its spec's init names, as the server sent them, when has_init */
-    bool has_init;
-    /* under the group's mutex */
-    bool alive; /* in the array (or about to enter it) */
-    bool detach_req;
-    bool detach_keep; /* the DETACH wants its full state in the DETACHED event */
-    /* the group thread's own */
-    bool started;
-    double loss, accuracy, lr;
-    /* it finished at final_step: the next report still carries its last training values */
-    bool final_report;
-    int64_t final_step;
-} member;
-
-typedef struct group {
-    struct fb_agent *a;
-    char id[FB_WIRE_ID_LEN + 1];
-    int64_t generation;
-    char dataset[FB_WIRE_DATASET_MAX + 1]; /* as the specs name it */
-    char dataset_tenant[FB_WIRE_ID_LEN + 1];
-    /* the dataset it reads: dataset, or the public built-in a tenant's alias stands for */
-    char source[FB_WIRE_DATASET_MAX + 1];
-    int dev;
-    int64_t start_step;
-    int n_members;
-    member *m;
-    int n_sess;
-    int *by_sidx;       /* session index -> member index */
-    void *push;         /* PUSH to the main thread; the group thread's after start */
-    struct outmsg *bye; /* its EXIT message, made up front so that it cannot be lost */
-    pthread_t th;
-
-    atomic_bool stop;  /* leave now, silently */
-    atomic_bool drain; /* checkpoint everyone, report, leave */
-
-    pthread_mutex_t mu;
-    int64_t steps_done;
-    bool detach_pending;
-    int n_split;
-    int64_t split[FB_WIRE_MAX_DEVICES];
-    uint64_t split_gen; /* bumped by each REBALANCE that carries a split */
-
-    /* its place in the device turns (under the agent's turns lock): its share, its virtual
-     * times, the devices it takes a turn on for each step (every device of its layout once,
-     * or its first only: a->device_turns) */
-    fb_turn turn;
-
-    /* hybrid parallelism, set at ASSIGN: n_dp data shards x pipeline stages on the worker's
-     * devices dp_devs (shard d, stage p at d * pipeline + p); 1 x 1 = one device */
-    int n_dp;
-    int pipeline;
-    int dp_devs[FB_WIRE_MAX_DEVICES];
-
-    /* a group that spans workers (world >= 2; 0: it lives here only): this worker's n_dp
-     * devices are ranks rank_base.. of world; the leader (rank_base 0) listens at
-     * rendezvous, decides at each step boundary and alone reports the members; a follower
-     * applies what the leader broadcasts and sends only its devices' PROGRESS */
-    int world, rank_base;
-    bool follower;
-    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
-    unsigned char token[FB_COMM_TOKEN_BYTES];
-    uint64_t members_hash; /* of the ASSIGN's job ids in order, which every worker compares */
-
-    struct group *next; /* the main thread's list */
-} group;
-
-/* What a group thread hands the main thread (by pointer, through its PUSH socket). */
-typedef enum out_kind { OUT_EVENT, OUT_PROGRESS, OUT_EXIT } out_kind;
-
-typedef struct outmsg {
-    out_kind kind;
-    group *g;      /* the sender; NULL for events the main thread makes */
-    fb_wire_msg w; /* EVENT or PROGRESS; seq is set by the main thread */
-    void *blob;    /* the event's file, blob_len bytes, malloc'd */
-    size_t blob_len;
-    struct outmsg *next; /* outbox order, then a group thread's pending list */
-} outmsg;
-
-struct fb_agent {
-    char server[1024];
-    char server_key[41], public_key[41], secret_key[41];
-    char name[FB_WIRE_NAME_MAX + 1];
-    char data_dir[1024];
-    int threads, heartbeat_ms, progress_ms;
-    uint64_t outbox_limit;
-    int n_devices;
-    agent_device dev[FB_WIRE_MAX_DEVICES];
-    /* the device turns of every group: their order and shares (turns.h) */
-    fb_turns_sync turns;
-    bool turns_init;
-    const char *backend;
-    bool sync_bn; /* --sync-batchnorm */
-    /* --comm-addr ("" = none) and --comm-timeout-ms */
-    char comm_host[FB_WIRE_NAME_MAX + 1];
-    int comm_port_lo, comm_port_hi, comm_timeout_ms;
-    int device_turns; /* FB_AGENT_TURNS_* */
-    char hook_dir[1024]; /* --test-step-hook, "" = none (tests only) */
-    /* --test-step-ms (tests only): scripted step times by job name or id ("*": any other) */
-    bool scripted;
-    struct script_entry {
-        char key[FB_SPEC_NAME_MAX + 1];
-        int64_t ns;
-    } script[FB_AGENT_SCRIPT_MAX];
-    int n_script;
-    int turns_log; /* scripted with a step hook: HOOK_DIR/turns.log, the turns' decisions; -1 */
-
-    void *ctx, *dealer, *pull, *mon;
-    char inproc[64], mon_ep[64];
-    atomic_bool drain_req;
-
-    /* the main thread's */
-    bool welcomed, draining, drain_sent;
-    bool connected, auth_logged; /* what the connection monitor last said */
-    char worker_id[FB_WIRE_ID_LEN + 1];
-    double last_rx, last_beat, drained_at;
-    bool drain_timed; /* drained_at is set (a manual clock may read 0) */
-    group *groups;
-    uint64_t next_ticket;
-    outmsg *outbox, *outbox_tail, *unsent; /* unsent: the first one not yet on the wire */
-    int64_t next_seq;
-    uint64_t outbox_bytes;
-    double last_outbox_warn;
-
-    pthread_mutex_t ds_mu;
-    bool ds_mu_init;
-    dataset_ref *datasets;
-};
-
-static void outmsg_free(outmsg *o)
+void agent_outmsg_free(outmsg *o)
 {
     if (!o) return;
     fb_wire_msg_free(&o->w);
@@ -382,7 +202,7 @@ static void outmsg_free(outmsg *o)
 }
 
 /* A zeroed message of a kind; the caller fills it.  NULL when out of memory. */
-static outmsg *outmsg_new(out_kind kind, group *g)
+outmsg *agent_outmsg_new(out_kind kind, group *g)
 {
     outmsg *o = calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -392,10 +212,10 @@ static outmsg *outmsg_new(out_kind kind, group *g)
 }
 
 /* An EVENT about job_id of group (id, generation); unknown numbers are NaN. */
-static outmsg *event_new(group *g, const char *group_id, int64_t generation,
-                         fb_wire_event_kind kind, const char *job_id, int64_t step)
+outmsg *agent_event_new(group *g, const char *group_id, int64_t generation, fb_wire_event_kind kind,
+                        const char *job_id, int64_t step)
 {
-    outmsg *o = outmsg_new(OUT_EVENT, g);
+    outmsg *o = agent_outmsg_new(OUT_EVENT, g);
     if (!o) return NULL;
     o->w.type = FB_WIRE_EVENT;
     snprintf(o->w.group_id, sizeof o->w.group_id, "%s", group_id);
@@ -415,8 +235,7 @@ static outmsg *event_new(group *g, const char *group_id, int64_t generation,
  * sequence, which the encoder would refuse; so every byte outside printable
  * ASCII becomes '?'.  An event that cannot be encoded would never be sent.
  */
-static void event_text(outmsg *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void event_text(outmsg *o, const char *fmt, ...)
+void agent_event_text(outmsg *o, const char *fmt, ...)
 {
     if (!o) return;
     va_list ap;
@@ -482,8 +301,8 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
 }
 
 /* The named dataset, loaded on first use; NULL with msg filled when it cannot be. */
-static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char *name,
-                                    double val_fraction, char *msg, size_t cap)
+dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *name,
+                                   double val_fraction, char *msg, size_t cap)
 {
     pthread_mutex_lock(&a->ds_mu);
     dataset_ref *r;
@@ -507,7 +326,7 @@ static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char 
     r->val_fraction = val_fraction;
     /* loading under the lock: a second group on the same dataset waits for this load
      * instead of reading the files again */
-    double t0 = now_ms();
+    double t0 = agent_now_ms();
     if (dataset_load(a, r, msg, cap)) {
         free(r);
         pthread_mutex_unlock(&a->ds_mu);
@@ -518,14 +337,14 @@ static dataset_ref *dataset_acquire(fb_agent *a, const char *tenant, const char 
     a->datasets = r;
     pthread_mutex_unlock(&a->ds_mu);
     agent_log("dataset %s loaded in %.0f ms: %s, %lld validation and %lld test samples", name,
-              now_ms() - t0,
+              agent_now_ms() - t0,
               r->shard ? "shards (train split read by each array's loader)" : "in memory",
               (long long)r->val.n, (long long)(r->has_test ? r->test.n : 0));
     return r;
 }
 
 /* Drops a reference; the last one frees the data. */
-static void dataset_release(fb_agent *a, dataset_ref *r)
+void agent_dataset_release(fb_agent *a, dataset_ref *r)
 {
     if (!r) return;
     pthread_mutex_lock(&a->ds_mu);
@@ -596,7 +415,7 @@ static void turns_return(group *g)
 }
 
 /* Wakes the groups waiting for their turns, after a stop or drain request. */
-static void turns_wake(fb_agent *a)
+void agent_turns_wake(fb_agent *a)
 {
     fb_turns_sync_wake(&a->turns);
 }
@@ -605,8 +424,7 @@ static void turns_wake(fb_agent *a)
  * "EVENT GROUP AT_MS VALUE" (docs/worker.md, "Test clock and scripted step times"), so
  * that a test reads the order the turns were granted in.  Called under the turns' lock;
  * one write per line, which O_APPEND keeps whole. */
-static void turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns,
-                        double value)
+void agent_turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns, double value)
 {
     static const char *const names[] = {[FB_TURN_EV_JOIN] = "join", [FB_TURN_EV_GRANT] = "grant",
                                         [FB_TURN_EV_DONE] = "done", [FB_TURN_EV_LEAVE] = "leave",
@@ -646,13 +464,13 @@ static void push_out(group *g, outmsg *o)
     }
     if (g->follower && o->kind == OUT_EVENT) {
         /* the leader reports the members; a follower's own events would be duplicates */
-        outmsg_free(o);
+        agent_outmsg_free(o);
         return;
     }
     if (zmq_send(g->push, &o, sizeof o, 0) != (int)sizeof o) {
         agent_log("group %s: cannot hand a message to the main thread: %s", g->id,
                   zmq_strerror(errno));
-        outmsg_free(o);
+        agent_outmsg_free(o);
     }
 }
 
@@ -709,8 +527,9 @@ static void fail_all(runner *r, fb_wire_fault fault, const char *text)
         member *mb = &g->m[i];
         if (mb->sidx < 0 || !is_alive(g, mb)) continue;
         set_alive(g, mb, false);
-        outmsg *o = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, steps_done(r));
-        event_text(o, "%s", text);
+        outmsg *o =
+            agent_event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, steps_done(r));
+        agent_event_text(o, "%s", text);
         if (o) o->w.fault = fault;
         pend(r, o);
     }
@@ -745,19 +564,19 @@ static void on_train_event(const fb_train_event *ev, void *user)
         mb->lr = ev->lr;
         return;
     case FB_TRAIN_EVAL:
-        o = event_new(g, g->id, g->generation, FB_EV_EVALUATED, mb->job_id, ev->step);
+        o = agent_event_new(g, g->id, g->generation, FB_EV_EVALUATED, mb->job_id, ev->step);
         if (o) {
             o->w.loss = ev->loss;
             o->w.accuracy = ev->accuracy;
         }
         break;
     case FB_TRAIN_CHECKPOINT:
-        o = event_new(g, g->id, g->generation, FB_EV_CHECKPOINTED, mb->job_id, ev->step);
+        o = agent_event_new(g, g->id, g->generation, FB_EV_CHECKPOINTED, mb->job_id, ev->step);
         if (o && !copy_blob(o, ev->blob, ev->blob_len)) {
             /* the next checkpoint (or the server's last one) still covers the job */
             agent_log("group %s: out of memory; checkpoint of %s at step %lld not sent", g->id,
                       mb->job_id, (long long)ev->step);
-            outmsg_free(o);
+            agent_outmsg_free(o);
             return;
         }
         break;
@@ -765,7 +584,7 @@ static void on_train_event(const fb_train_event *ev, void *user)
         set_alive(g, mb, false);
         mb->final_report = true;
         mb->final_step = ev->step;
-        o = event_new(g, g->id, g->generation, FB_EV_FINISHED, mb->job_id, ev->step);
+        o = agent_event_new(g, g->id, g->generation, FB_EV_FINISHED, mb->job_id, ev->step);
         if (o) {
             o->w.loss = ev->loss;
             o->w.accuracy = ev->accuracy;
@@ -783,8 +602,8 @@ static void on_train_event(const fb_train_event *ev, void *user)
         break;
     case FB_TRAIN_FAILED:
         set_alive(g, mb, false);
-        o = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, ev->step);
-        event_text(o, "%s", ev->text ? ev->text : "failed");
+        o = agent_event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, ev->step);
+        agent_event_text(o, "%s", ev->text ? ev->text : "failed");
         agent_log("group %s: %s failed at step %lld: %s", g->id, mb->job_id, (long long)ev->step,
                   ev->text ? ev->text : "?");
         break;
@@ -805,7 +624,7 @@ static void leave_with_state(runner *r, member *mb, outmsg *o, const char *what)
     size_t len = 0;
     int err = fb_session_checkpoint(r->s, mb->sidx, &buf, &len, msg, sizeof msg);
     if (err) {
-        event_text(o, "%s; no checkpoint: %s", what, msg);
+        agent_event_text(o, "%s; no checkpoint: %s", what, msg);
         agent_log("group %s: %s left without a checkpoint (%s): %s", r->g->id, mb->job_id, what,
                   msg);
         return;
@@ -813,7 +632,7 @@ static void leave_with_state(runner *r, member *mb, outmsg *o, const char *what)
     o->blob = buf;
     o->blob_len = len;
     o->w.blob = 1;
-    event_text(o, "%s", what);
+    agent_event_text(o, "%s", what);
 }
 
 /* Members the server asked to leave leave now, at a step boundary. */
@@ -833,12 +652,13 @@ static void apply_detaches(runner *r)
         if (go) mb->alive = false;
         pthread_mutex_unlock(&g->mu);
         if (!go || mb->sidx < 0) continue;
-        outmsg *o = event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        outmsg *o =
+            agent_event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
         /* the state is taken while the member is still in the session */
         if (keep)
             leave_with_state(r, mb, o, "left with its state on the server's request");
         else
-            event_text(o, "detached on the server's request");
+            agent_event_text(o, "detached on the server's request");
         fb_session_detach(r->s, mb->sidx);
         pend(r, o);
         agent_log("group %s: %s detached at step %lld", g->id, mb->job_id,
@@ -855,7 +675,8 @@ static void drain_members(runner *r)
         member *mb = &g->m[i];
         if (mb->sidx < 0 || !is_alive(g, mb)) continue;
         set_alive(g, mb, false);
-        outmsg *o = event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        outmsg *o =
+            agent_event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
         if (!o) {
             pend(r, o);
             continue;
@@ -874,11 +695,11 @@ static void send_progress(runner *r, double now)
     fb_session_times t = fb_session_take_times(r->s);
     double elapsed_s = (now - r->last_progress) / 1e3;
     int64_t steps = t.steps > 0 ? t.steps : 1;
-    outmsg *o = outmsg_new(OUT_PROGRESS, g);
+    outmsg *o = agent_outmsg_new(OUT_PROGRESS, g);
     int n = 0;
     if (o) o->w.progress = calloc((size_t)g->n_members, sizeof *o->w.progress);
     if (!o || !o->w.progress) {
-        outmsg_free(o);
+        agent_outmsg_free(o);
         return; /* the next report covers it */
     }
     o->w.type = FB_WIRE_PROGRESS;
@@ -949,11 +770,11 @@ static void send_progress(runner *r, double now)
         o->w.progress = NULL;
         o->w.n_progress = n = 0;
         if (o->w.n_device_steps == 0) {
-            outmsg_free(o);
+            agent_outmsg_free(o);
             return;
         }
     } else if (n == 0) {
-        outmsg_free(o);
+        agent_outmsg_free(o);
         return;
     }
     push_out(g, o);
@@ -1048,12 +869,13 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
         if (!err) continue;
         fb_session_detach(r->s, mb->sidx);
         set_alive(g, mb, false);
-        outmsg *ev = event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
+        outmsg *ev =
+            agent_event_new(g, g->id, g->generation, FB_EV_FAILED, mb->job_id, g->start_step);
         if (mb->has_resume) {
-            event_text(ev, "the checkpoint does not restore: %s", msg);
+            agent_event_text(ev, "the checkpoint does not restore: %s", msg);
         } else {
-            event_text(ev, "init: the weights of job %s do not fit this model: %s",
-                       mb->spec.init_job, msg);
+            agent_event_text(ev, "init: the weights of job %s do not fit this model: %s",
+                             mb->spec.init_job, msg);
             if (ev) ev->w.fault = FB_FAULT_SPEC; /* the same weights never fit: no restart */
         }
         agent_log("group %s: %s: %s", g->id, mb->job_id, ev ? ev->w.text : msg);
@@ -1148,7 +970,7 @@ static void span_fault(runner *r, const char *what, const char *why)
     while (r->pending) {
         outmsg *o = r->pending;
         r->pending = o->next;
-        outmsg_free(o);
+        agent_outmsg_free(o);
     }
     r->pending_tail = NULL;
 }
@@ -1321,7 +1143,7 @@ static bool hook_holds(runner *r)
         r->hold_step = step;
     }
     /* the server hears of the held step, and a server that comes back hears it again */
-    double now = now_ms();
+    double now = agent_now_ms();
     if (entering || now - r->last_progress >= g->a->progress_ms) send_progress(r, now);
     if (entering) {
         /* after that report is on its way to the server */
@@ -1352,10 +1174,10 @@ static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
     set_precision(g);
     int size = fb_session_size(r->s);
     int err = fb_session_step(r->s, msg, cap);
-    double t2 = now_ms();
+    double t2 = agent_now_ms();
     turns_release(g, t2 - t1);
     /* scripted: the step ended when the clock reached its end, which the release waited for */
-    if (g->a->scripted) t2 = now_ms();
+    if (g->a->scripted) t2 = agent_now_ms();
     r->samples += (double)batch * size;
     pthread_mutex_lock(&g->mu);
     g->steps_done = fb_session_steps_done(r->s);
@@ -1364,8 +1186,8 @@ static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
         for (int i = 0; i < g->n_members; i++) {
             member *mb = &g->m[i];
             if (!mb->started) continue;
-            outmsg *o =
-                event_new(g, g->id, g->generation, FB_EV_STARTED, mb->job_id, g->start_step + 1);
+            outmsg *o = agent_event_new(g, g->id, g->generation, FB_EV_STARTED, mb->job_id,
+                                        g->start_step + 1);
             push_out(g, o);
         }
     }
@@ -1386,7 +1208,7 @@ static void train_loop(runner *r)
     group *g = r->g;
     char msg[1024];
     bool first = true;
-    r->last_progress = now_ms();
+    r->last_progress = agent_now_ms();
     fb_session_take_times(r->s); /* the session's set-up is not a step */
     while (!fb_session_done(r->s)) {
         if (atomic_load(&g->stop)) return;
@@ -1409,9 +1231,9 @@ static void train_loop(runner *r)
             if (!fb_session_done(r->s)) hook_sleep();
             continue;
         }
-        double t0 = now_ms();
+        double t0 = agent_now_ms();
         bool turn = turns_acquire(g);
-        double t1 = now_ms();
+        double t1 = agent_now_ms();
         /* scripted: the wait in the script's times, not the clock's reading */
         r->idle_ms += g->a->scripted && turn ? (double)g->turn.waited_ns / 1e6 : t1 - t0;
         if (!turn) continue;
@@ -1443,7 +1265,7 @@ static void span_loop(runner *r)
     group *g = r->g;
     char msg[1024];
     bool first = true;
-    r->last_progress = now_ms();
+    r->last_progress = agent_now_ms();
     fb_session_take_times(r->s);
     while (!fb_session_done(r->s)) {
         if (g->follower && atomic_load(&g->stop)) return;
@@ -1451,9 +1273,9 @@ static void span_loop(runner *r)
         bool hold = !g->follower && !interrupted(g) && hook_holds(r);
         /* a leader asked to stop or drain still tells the others, without its turn */
         bool turn = false;
-        double t0 = now_ms();
+        double t0 = agent_now_ms();
         if (!interrupted(g)) turn = turns_acquire(g);
-        double t1 = now_ms();
+        double t1 = agent_now_ms();
         r->idle_ms += t1 - t0;
         int cmd = SPAN_GO;
         int err = span_exchange(r, hold, &cmd, msg, sizeof msg);
@@ -1464,7 +1286,7 @@ static void span_loop(runner *r)
             continue;
         }
         if (err || cmd != SPAN_GO || fb_session_done(r->s)) {
-            if (turn) turns_release(g, now_ms() - t1);
+            if (turn) turns_release(g, agent_now_ms() - t1);
             if (err) {
                 span_fault(r, "the agreement with the other workers", msg);
             } else if (cmd == SPAN_DRAIN && !g->follower) {
@@ -1504,7 +1326,7 @@ static bool open_comm(runner *r)
 {
     group *g = r->g;
     char msg[512];
-    double t0 = now_ms();
+    double t0 = agent_now_ms();
     int err = fb_comm_tcp_new(g->n_dp, g->rank_base, g->world, g->rendezvous, NULL, g->token,
                               g->a->comm_timeout_ms, &r->comm, msg, sizeof msg);
     if (err) {
@@ -1512,7 +1334,7 @@ static bool open_comm(runner *r)
         return false;
     }
     agent_log("group %s: ranks %d..%d of %d joined at %s in %.0f ms (%s)", g->id, g->rank_base,
-              g->rank_base + g->n_dp - 1, g->world, g->rendezvous, now_ms() - t0,
+              g->rank_base + g->n_dp - 1, g->world, g->rendezvous, agent_now_ms() - t0,
               g->follower ? "follower" : "leader");
     if (strcmp(g->a->dev[g->dp_devs[0]].info.kind, "cuda") != 0) return true;
     /* CUDA: the gradients go through NCCL, joined with an id that the leader makes (it
@@ -1540,11 +1362,11 @@ static bool open_comm(runner *r)
         agent_log("group %s: synchronised batch norm needs host sums, which CUDA devices do "
                   "not make; each device normalises with its own statistics", g->id);
     agent_log("group %s: NCCL joined for ranks %d..%d of %d in %.0f ms", g->id, g->rank_base,
-              g->rank_base + g->n_dp - 1, g->world, now_ms() - t0);
+              g->rank_base + g->n_dp - 1, g->world, agent_now_ms() - t0);
     return true;
 }
 
-static void *group_thread(void *arg)
+void *agent_group_thread(void *arg)
 {
     group *g = arg;
     fb_agent *a = g->a;
@@ -1564,8 +1386,8 @@ static void *group_thread(void *arg)
     bool joined = !g->world || open_comm(&r);
     /* the members share a fusion key, so they hold out the same validation records */
     double val_fraction = g->n_sess > 0 ? g->m[g->by_sidx[0]].spec.val_fraction : 0;
-    dataset_ref *ds = joined ? dataset_acquire(a, g->dataset_tenant, g->source, val_fraction,
-                                               msg, sizeof msg)
+    dataset_ref *ds = joined ? agent_dataset_acquire(a, g->dataset_tenant, g->source, val_fraction,
+                                                     msg, sizeof msg)
                              : NULL;
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused_val = {0}, unused = {0};
@@ -1602,7 +1424,7 @@ static void *group_thread(void *arg)
     fb_comm_free(r.nccl); /* after the session, which borrowed both */
     fb_comm_free(r.comm);
     fb_loader_free(loader);
-    dataset_release(a, ds);
+    agent_dataset_release(a, ds);
     outmsg *bye = g->bye;
     if (zmq_send(g->push, &bye, sizeof bye, 0) != (int)sizeof bye)
         agent_log("group %s: cannot report its end: %s", g->id, zmq_strerror(errno));
@@ -1724,7 +1546,7 @@ static void send_drain(fb_agent *a)
 }
 
 /* Unlinks o from the outbox (prev is its predecessor or NULL) and frees it. */
-static void outbox_remove(fb_agent *a, outmsg *prev, outmsg *o)
+void agent_outbox_remove(fb_agent *a, outmsg *prev, outmsg *o)
 {
     if (prev)
         prev->next = o->next;
@@ -1733,7 +1555,7 @@ static void outbox_remove(fb_agent *a, outmsg *prev, outmsg *o)
     if (a->outbox_tail == o) a->outbox_tail = prev;
     if (a->unsent == o) a->unsent = o->next;
     a->outbox_bytes -= o->blob_len;
-    outmsg_free(o);
+    agent_outmsg_free(o);
 }
 
 /* Sends the outbox's unsent events in order, up to the first the socket refuses. */
@@ -1749,7 +1571,7 @@ static void flush_outbox(fb_agent *a)
         if (rc == 1) return;
         if (rc == -2) {
             /* it would fail the same way every time; keeping it would resend it forever */
-            outbox_remove(a, prev, o);
+            agent_outbox_remove(a, prev, o);
             continue;
         }
         prev = o;
@@ -1775,14 +1597,14 @@ static void outbox_bound(fb_agent *a, const outmsg *newest)
                           "at step %lld (seq %lld); the one at step %lld supersedes it",
                           o->w.job_id, (long long)o->w.step, (long long)o->w.seq,
                           (long long)newest->w.step);
-                outbox_remove(a, prev, o);
+                agent_outbox_remove(a, prev, o);
             } else {
                 prev = o;
             }
             o = next;
         }
     }
-    double now = now_ms();
+    double now = agent_now_ms();
     if (a->outbox_bytes > a->outbox_limit && now - a->last_outbox_warn >= OUTBOX_WARN_EVERY_MS) {
         a->last_outbox_warn = now;
         agent_log("WARNING: %llu bytes of events wait for the server's acknowledgement, over "
@@ -1816,7 +1638,7 @@ static void outbox_ack(fb_agent *a, int64_t seq)
     outmsg *prev = NULL;
     for (outmsg *o = a->outbox; o; prev = o, o = o->next)
         if (o->w.seq == seq) {
-            outbox_remove(a, prev, o);
+            agent_outbox_remove(a, prev, o);
             return;
         }
     /* a repeated ACK, or one for a checkpoint the bound dropped: nothing to do */
@@ -1846,10 +1668,10 @@ static void group_free(group *g)
 }
 
 /* Asks a group to leave without reporting anything (its events are dropped too). */
-static void stop_group(fb_agent *a, group *g)
+void agent_stop_group(fb_agent *a, group *g)
 {
     atomic_store(&g->stop, true);
-    turns_wake(a);
+    agent_turns_wake(a);
 }
 
 /* A FAILED event from the main thread, for a member that never reached a group thread:
@@ -1868,11 +1690,11 @@ static void fault_member(fb_agent *a, const fb_wire_msg *m, const fb_wire_member
         return;
     }
     outmsg *o =
-        event_new(NULL, m->group_id, m->generation, FB_EV_FAILED, wm->job_id, wm->start_step);
+        agent_event_new(NULL, m->group_id, m->generation, FB_EV_FAILED, wm->job_id, wm->start_step);
     if (o) {
         char text[FB_WIRE_TEXT_MAX + 1];
         vsnprintf(text, sizeof text, fmt, ap);
-        event_text(o, "%s", text);
+        agent_event_text(o, "%s", text);
         o->w.fault = fault;
         agent_log("group %s: %s failed (%s fault): %s", m->group_id, wm->job_id,
                   fault == FB_FAULT_SPEC ? "spec" : "job", o->w.text);
@@ -1963,7 +1785,7 @@ static int start_thread(group *g)
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGINT);
     pthread_sigmask(SIG_BLOCK, &block, &old);
-    int rc = pthread_create(&g->th, NULL, group_thread, g);
+    int rc = pthread_create(&g->th, NULL, agent_group_thread, g);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }
@@ -2007,9 +1829,9 @@ static void refuse_members(fb_agent *a, const fb_wire_msg *m, const char *why)
 {
     if (m->world && m->rank_base > 0) return;
     for (int i = 0; i < m->n_members; i++) {
-        outmsg *o = event_new(NULL, m->group_id, m->generation, FB_EV_DETACHED,
-                              m->members[i].job_id, m->members[i].start_step);
-        event_text(o, "%s", why);
+        outmsg *o = agent_event_new(NULL, m->group_id, m->generation, FB_EV_DETACHED,
+                                    m->members[i].job_id, m->members[i].start_step);
+        agent_event_text(o, "%s", why);
         outbox_add(a, o);
     }
 }
@@ -2060,7 +1882,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     if (old) {
         agent_log("group %s: generation %lld replaces %lld", m->group_id, (long long)m->generation,
                   (long long)old->generation);
-        stop_group(a, old);
+        agent_stop_group(a, old);
     }
     if (m->world && !span_assign_ok(a, m)) return;
     for (int i = 0; i < m->n_group_devices; i++)
@@ -2195,7 +2017,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     else if (g->n_dp * g->pipeline > 1)
         agent_log("group %s: %d data shard%s x %d pipeline stage%s", m->group_id, g->n_dp,
                   g->n_dp == 1 ? "" : "s", g->pipeline, g->pipeline == 1 ? "" : "s");
-    g->bye = outmsg_new(OUT_EXIT, g);
+    g->bye = agent_outmsg_new(OUT_EXIT, g);
     g->push = g->bye ? zmq_socket(a->ctx, ZMQ_PUSH) : NULL;
     if (!g->push || zmq_connect(g->push, a->inproc) != 0 || start_thread(g) != 0) {
         agent_log("group %s: cannot start its thread", m->group_id);
@@ -2203,7 +2025,7 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
             if (g->m[i].sidx >= 0)
                 fail_member(a, m, &m->members[i], "the worker cannot start a training thread");
         if (g->push) zmq_close(g->push);
-        outmsg_free(g->bye);
+        agent_outmsg_free(g->bye);
         group_free(g);
         return;
     }
@@ -2225,7 +2047,7 @@ static void on_detach(fb_agent *a, const fb_wire_msg *m)
     }
     if (!m->job_id[0]) {
         agent_log("group %s: stopped by the server%s%s", g->id, m->text[0] ? ": " : "", m->text);
-        stop_group(a, g);
+        agent_stop_group(a, g);
         return;
     }
     if (g->follower) {
@@ -2292,7 +2114,7 @@ static void start_drain(fb_agent *a, const char *why)
          * drains it, or every member leaves on the leader's DETACH) */
         if (g->follower) continue;
         atomic_store(&g->drain, true);
-        turns_wake(a);
+        agent_turns_wake(a);
     }
 }
 
@@ -2384,7 +2206,7 @@ static int recv_dealer(fb_agent *a, char *msg, size_t cap)
                 zmq_msg_close(&f);
             }
         }
-        a->last_rx = now_ms();
+        a->last_rx = agent_now_ms();
         if (too_many)
             agent_log("a message of more than %d frames dropped", FB_WIRE_MAX_BLOBS + 1);
         else if (zmq_msg_size(&frames[0]) > FB_WIRE_MAX_JSON)
@@ -2410,18 +2232,18 @@ static void on_internal(fb_agent *a, outmsg *o)
                 break;
             }
         group_free(g);
-        outmsg_free(o);
+        agent_outmsg_free(o);
         break;
     case OUT_PROGRESS:
         /* also while registering again: a server that still knows the worker (only its
          * database is away) records the progress; one that does not drops it */
         if (!atomic_load(&g->stop) && (a->welcomed || a->worker_id[0]))
             send_wire(a, &o->w, NULL, 0);
-        outmsg_free(o);
+        agent_outmsg_free(o);
         break;
     case OUT_EVENT:
         if (g && atomic_load(&g->stop)) {
-            outmsg_free(o); /* a stopped group reports nothing */
+            agent_outmsg_free(o); /* a stopped group reports nothing */
             break;
         }
         o->g = NULL;
@@ -2430,7 +2252,7 @@ static void on_internal(fb_agent *a, outmsg *o)
     }
 }
 
-static void recv_pull(fb_agent *a)
+void agent_recv_pull(fb_agent *a)
 {
     for (int k = 0; k < 256; k++) {
         outmsg *o = NULL;
@@ -2532,7 +2354,7 @@ static void on_timer(fb_agent *a, double now)
 
 int fb_agent_run(fb_agent *a, char *msg, size_t cap)
 {
-    double start = now_ms();
+    double start = agent_now_ms();
     a->last_rx = start;
     a->last_beat = start;
     send_hello(a);
@@ -2540,7 +2362,7 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
               a->backend, a->n_devices == 1 ? "" : "s", a->threads, a->threads == 1 ? "" : "s",
               a->server);
     for (;;) {
-        double now = now_ms();
+        double now = agent_now_ms();
         if (atomic_load(&a->drain_req)) start_drain(a, "requested");
         if (a->draining && !a->groups) {
             if (!a->drain_timed) {
@@ -2573,7 +2395,7 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
             if (errno == EINTR) continue;
             return fb_errf(msg, cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
         }
-        if (items[1].revents & ZMQ_POLLIN) recv_pull(a);
+        if (items[1].revents & ZMQ_POLLIN) agent_recv_pull(a);
         if (items[2].revents & ZMQ_POLLIN) recv_monitor(a);
         if (items[0].revents & ZMQ_POLLIN) {
             int err = recv_dealer(a, msg, cap);
@@ -2888,7 +2710,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
 
     find_devices(a, cpu_devices);
     if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, a->scripted,
-                           a->turns_log >= 0 ? turn_logged : NULL, a) != FB_OK) {
+                           a->turns_log >= 0 ? agent_turn_logged : NULL, a) != FB_OK) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -2967,14 +2789,14 @@ void fb_agent_free(fb_agent *a)
     /* groups still running (fb_agent_run failed): stop them and wait for their ends,
      * reading their messages meanwhile so that none blocks on a full queue */
     for (group *g = a->groups; g; g = g->next)
-        stop_group(a, g);
+        agent_stop_group(a, g);
     while (a->groups && a->pull) {
         zmq_pollitem_t it = {.socket = a->pull, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, POLL_MAX_MS) < 0 && errno != EINTR) break;
-        recv_pull(a);
+        agent_recv_pull(a);
     }
     while (a->outbox)
-        outbox_remove(a, NULL, a->outbox);
+        agent_outbox_remove(a, NULL, a->outbox);
     if (a->dealer) {
         if (a->mon) zmq_socket_monitor(a->dealer, NULL, 0);
         zmq_close(a->dealer);
