@@ -371,7 +371,16 @@ static int parse_script(const char *spec, struct script_entry *out, int *n_out, 
     return FB_OK;
 }
 
-int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
+/* fb_agent_new's options once checked, with their defaults filled in. */
+typedef struct checked_opts {
+    int cpu_devices, heartbeat_ms, progress_ms, comm_timeout_ms;
+    struct script_entry script[FB_AGENT_SCRIPT_MAX]; /* --test-step-ms, parsed */
+    int n_script;
+} checked_opts;
+
+/* Checks fb_agent_new's options, all but the test clock (which the caller turns on last),
+ * into c.  FB_OK, or FB_ERR_OUT_OF_RANGE with msg naming the option. */
+static int check_opts(const fb_agent_opts *o, checked_opts *c, char *msg, size_t cap)
 {
     int err;
     if (!o || !o->server || !o->server[0])
@@ -442,9 +451,8 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
                            "%s is for tests only: it needs %s=1 in the environment",
                            hook_names[i], FB_AGENT_TEST_HOOKS_ENV);
     }
-    struct script_entry script[FB_AGENT_SCRIPT_MAX];
-    int n_script = 0;
-    if (o->test_step_ms && (err = parse_script(o->test_step_ms, script, &n_script, msg, cap)))
+    c->n_script = 0;
+    if (o->test_step_ms && (err = parse_script(o->test_step_ms, c->script, &c->n_script, msg, cap)))
         return err;
     if (o->test_step_hook) {
         struct stat st;
@@ -457,6 +465,107 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
                            "the test step hook's directory %s is not a directory",
                            o->test_step_hook);
     }
+    c->cpu_devices = cpu_devices;
+    c->heartbeat_ms = hb;
+    c->progress_ms = pr;
+    c->comm_timeout_ms = ct;
+    return FB_OK;
+}
+
+/* The test hooks' part of the agent (tests only): the step hook's directory, the scripted
+ * step times and, with both, the turns log.  FB_ERR_IO when that log cannot be made. */
+static int set_test_hooks(fb_agent *a, const fb_agent_opts *o, const checked_opts *c, char *msg,
+                          size_t cap)
+{
+    if (o->test_step_hook) {
+        snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
+        agent_log("the test step hook is on (%s): arrays hold at the steps its files name",
+                  a->hook_dir);
+    }
+    if (o->test_clock)
+        agent_log("the test clock is on (%s): time moves only when the test moves it",
+                  o->test_clock);
+    if (!o->test_step_ms) return FB_OK;
+    a->scripted = true;
+    memcpy(a->script, c->script, sizeof c->script);
+    a->n_script = c->n_script;
+    agent_log("scripted step times are on (%s)", o->test_step_ms);
+    if (!a->hook_dir[0]) return FB_OK;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/turns.log", a->hook_dir);
+    a->turns_log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (a->turns_log < 0)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    return FB_OK;
+}
+
+/* The math threads of the devices, and their cores when the worker pins them.  cores is
+ * the machine's count (or less than 1 when unknown).  FB_ERR_NOMEM when out of memory. */
+static int set_device_threads(fb_agent *a, const fb_agent_opts *o, long cores, char *msg,
+                              size_t cap)
+{
+    a->threads =
+        o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
+    if (a->threads < 1) a->threads = 1;
+    /* one process-wide CPU backend: every group's math uses this many threads */
+    fb_backend_set_threads(fb_backend_cpu(), a->threads);
+    /* except on CPU devices with a count of their own: a clone of the backend that differs
+     * only in its count; CUDA devices have no such setting */
+    for (int i = 0; i < o->n_device_threads && i < a->n_devices; i++) {
+        agent_device *ad = &a->dev[i];
+        if (strcmp(ad->info.kind, "cpu") != 0) {
+            agent_log("device %d is not a CPU device; its thread count is ignored", i);
+            continue;
+        }
+        ad->own_be = fb_backend_clone_threads(ad->be, o->device_threads[i]);
+        if (!ad->own_be) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        ad->be = ad->own_be;
+        agent_log("CPU device %d: %d math thread%s", i, o->device_threads[i],
+                  o->device_threads[i] == 1 ? "" : "s");
+    }
+    /* pinned devices own consecutive cores, as many as their math threads */
+    for (int i = 0, next = 0; o->pin_devices && i < a->n_devices; i++) {
+        agent_device *ad = &a->dev[i];
+        if (strcmp(ad->info.kind, "cpu") != 0) continue;
+        ad->cpu_first = next;
+        ad->cpu_count = fb_backend_threads(ad->be) > 0 ? fb_backend_threads(ad->be) : a->threads;
+        next = (int)((next + ad->cpu_count) % (cores > 0 ? cores : 1));
+        agent_log("CPU device %d: pinned to core%s %d..%d (modulo %ld)", i,
+                  ad->cpu_count == 1 ? "" : "s", ad->cpu_first, ad->cpu_first + ad->cpu_count - 1,
+                  cores > 0 ? cores : 1);
+    }
+    return FB_OK;
+}
+
+/* The ZeroMQ context, the PULL the group threads send to, and the DEALER. */
+static int open_sockets(fb_agent *a, char *msg, size_t cap)
+{
+    if (!zmq_has("curve"))
+        return fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");
+    /* ZeroMQ starts its threads with the first socket; they inherit this mask, so that
+     * SIGTERM and SIGINT interrupt the loop's zmq_poll at once */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    a->ctx = zmq_ctx_new();
+    a->pull = a->ctx ? zmq_socket(a->ctx, ZMQ_PULL) : NULL;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!a->ctx)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot create a ZeroMQ context: %s",
+                       zmq_strerror(errno));
+    snprintf(a->inproc, sizeof a->inproc, "inproc://fusebox-agent-%p", (void *)a);
+    if (!a->pull || zmq_bind(a->pull, a->inproc) != 0)
+        return fb_errf(msg, cap, FB_ERR_IO, "cannot bind %s: %s", a->inproc, zmq_strerror(errno));
+    return open_dealer(a, msg, cap);
+}
+
+int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
+{
+    checked_opts c;
+    int err = check_opts(o, &c, msg, cap);
+    if (err) return err;
     /* last of the checks: from here on the process reads that clock */
     if (o->test_clock && fb_clock_use_file(o->test_clock, msg, cap) != 0)
         return FB_ERR_OUT_OF_RANGE;
@@ -480,33 +589,11 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
         snprintf(a->name, sizeof a->name, "%s", o->name);
     else
         fb_agent_default_name(a->name, sizeof a->name);
-    a->heartbeat_ms = hb;
-    a->progress_ms = pr;
-    a->comm_timeout_ms = ct;
+    a->heartbeat_ms = c.heartbeat_ms;
+    a->progress_ms = c.progress_ms;
+    a->comm_timeout_ms = c.comm_timeout_ms;
     a->device_turns = o->device_turns;
-    if (o->test_step_hook) {
-        snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
-        agent_log("the test step hook is on (%s): arrays hold at the steps its files name",
-                  a->hook_dir);
-    }
-    if (o->test_clock)
-        agent_log("the test clock is on (%s): time moves only when the test moves it",
-                  o->test_clock);
-    if (o->test_step_ms) {
-        a->scripted = true;
-        memcpy(a->script, script, sizeof script);
-        a->n_script = n_script;
-        agent_log("scripted step times are on (%s)", o->test_step_ms);
-        if (a->hook_dir[0]) {
-            char path[1200];
-            snprintf(path, sizeof path, "%s/turns.log", a->hook_dir);
-            a->turns_log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-            if (a->turns_log < 0) {
-                err = fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-                goto fail;
-            }
-        }
-    }
+    if ((err = set_test_hooks(a, o, &c, msg, cap))) goto fail;
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
         a->comm_port_lo = o->comm_port_lo;
@@ -521,74 +608,17 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     }
     a->ds_mu_init = true;
 
-    find_devices(a, cpu_devices);
+    find_devices(a, c.cpu_devices);
     if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, a->scripted,
                            a->turns_log >= 0 ? agent_turn_logged : NULL, a) != FB_OK) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     a->turns_init = true;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    a->threads =
-        o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
-    if (a->threads < 1) a->threads = 1;
     a->sync_bn = o->sync_batchnorm;
-    /* one process-wide CPU backend: every group's math uses this many threads */
-    fb_backend_set_threads(fb_backend_cpu(), a->threads);
-    /* except on CPU devices with a count of their own: a clone of the backend that differs
-     * only in its count; CUDA devices have no such setting */
-    for (int i = 0; i < o->n_device_threads && i < a->n_devices; i++) {
-        agent_device *ad = &a->dev[i];
-        if (strcmp(ad->info.kind, "cpu") != 0) {
-            agent_log("device %d is not a CPU device; its thread count is ignored", i);
-            continue;
-        }
-        ad->own_be = fb_backend_clone_threads(ad->be, o->device_threads[i]);
-        if (!ad->own_be) {
-            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        ad->be = ad->own_be;
-        agent_log("CPU device %d: %d math thread%s", i, o->device_threads[i],
-                  o->device_threads[i] == 1 ? "" : "s");
-    }
-    /* pinned devices own consecutive cores, as many as their math threads */
-    for (int i = 0, next = 0; o->pin_devices && i < a->n_devices; i++) {
-        agent_device *ad = &a->dev[i];
-        if (strcmp(ad->info.kind, "cpu") != 0) continue;
-        ad->cpu_first = next;
-        ad->cpu_count = fb_backend_threads(ad->be) > 0 ? fb_backend_threads(ad->be) : a->threads;
-        next = (int)((next + ad->cpu_count) % (cores > 0 ? cores : 1));
-        agent_log("CPU device %d: pinned to core%s %d..%d (modulo %ld)", i,
-                  ad->cpu_count == 1 ? "" : "s", ad->cpu_first, ad->cpu_first + ad->cpu_count - 1,
-                  cores > 0 ? cores : 1);
-    }
-
-    if (!zmq_has("curve")) {
-        err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");
+    if ((err = set_device_threads(a, o, sysconf(_SC_NPROCESSORS_ONLN), msg, cap)) ||
+        (err = open_sockets(a, msg, cap)))
         goto fail;
-    }
-    /* ZeroMQ starts its threads with the first socket; they inherit this mask, so that
-     * SIGTERM and SIGINT interrupt the loop's zmq_poll at once */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-    a->ctx = zmq_ctx_new();
-    a->pull = a->ctx ? zmq_socket(a->ctx, ZMQ_PULL) : NULL;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!a->ctx) {
-        err =
-            fb_errf(msg, cap, FB_ERR_IO, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
-        goto fail;
-    }
-    snprintf(a->inproc, sizeof a->inproc, "inproc://fusebox-agent-%p", (void *)a);
-    if (!a->pull || zmq_bind(a->pull, a->inproc) != 0) {
-        err = fb_errf(msg, cap, FB_ERR_IO, "cannot bind %s: %s", a->inproc, zmq_strerror(errno));
-        goto fail;
-    }
-    if ((err = open_dealer(a, msg, cap))) goto fail;
     *out = a;
     return FB_OK;
 fail:

@@ -454,46 +454,61 @@ static int64_t script_step_ns(const fb_agent *a, const group *g)
     return -1;
 }
 
-static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
+/*
+ * Whether an ASSIGN may start a group here: not while draining (its members are refused),
+ * not twice (a duplicate generation is ignored), not with a job listed twice, not a span this
+ * worker cannot hold, not on devices it does not have (its members fail).  A newer
+ * generation of a group that runs here stops the old one first.  False when the ASSIGN is
+ * done with: what had to be logged and sent is.
+ */
+static bool assign_admitted(fb_agent *a, const fb_wire_msg *m)
 {
     if (a->draining) {
         agent_log("group %s: assignment refused, the worker is draining", m->group_id);
         refuse_members(a, m, "the worker is draining");
-        return;
+        return false;
     }
     group *old = find_group(a, m->group_id);
     if (old && old->generation == m->generation) {
         agent_log("group %s generation %lld: already running; duplicate ASSIGN ignored",
                   m->group_id, (long long)m->generation);
-        return;
+        return false;
     }
     for (int i = 0; i < m->n_members; i++)
         for (int j = 0; j < i; j++)
             if (strcmp(m->members[i].job_id, m->members[j].job_id) == 0) {
                 agent_log("group %s: ASSIGN lists job %s twice; dropped", m->group_id,
                           m->members[i].job_id);
-                return;
+                return false;
             }
     if (old) {
         agent_log("group %s: generation %lld replaces %lld", m->group_id, (long long)m->generation,
                   (long long)old->generation);
         agent_stop_group(a, old);
     }
-    if (m->world && !span_assign_ok(a, m)) return;
+    if (m->world && !span_assign_ok(a, m)) return false;
     for (int i = 0; i < m->n_group_devices; i++)
         if (m->group_devices[i] < 0 || m->group_devices[i] >= a->n_devices) {
             for (int k = 0; k < m->n_members; k++)
                 fail_member(a, m, &m->members[k],
                             "device %d does not exist on worker %s (it has %d)",
                             m->group_devices[i], a->name, a->n_devices);
-            return;
+            return false;
         }
+    return true;
+}
+
+/* The group of an admitted ASSIGN, its members not yet taken (take_members): its ids and
+ * dataset, its layout on the worker's devices, its span across workers.  NULL, with its
+ * members failed, when out of memory. */
+static group *group_new(fb_agent *a, const fb_wire_msg *m)
+{
     group *g = calloc(1, sizeof *g);
     if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
         free(g);
         agent_log("group %s: out of memory", m->group_id);
         fail_members(a, m, "out of memory on the worker");
-        return;
+        return NULL;
     }
     g->a = a;
     snprintf(g->id, sizeof g->id, "%s", m->group_id);
@@ -502,7 +517,6 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
     snprintf(g->dataset_tenant, sizeof g->dataset_tenant, "%s", m->dataset_tenant);
     snprintf(g->source, sizeof g->source, "%s", m->builtin[0] ? m->builtin : m->dataset);
     g->dev = m->n_group_devices > 0 ? m->group_devices[0] : 0;
-    double share = m->time_share > 0 ? m->time_share : 1;
     g->n_split = m->n_split;
     memcpy(g->split, m->split, sizeof g->split);
     g->n_dp = 1;
@@ -515,13 +529,6 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         g->pipeline = want_p;
         for (int k = 0; k < want_d * want_p; k++) g->dp_devs[k] = m->group_devices[k];
     }
-    /* the devices of its turns: each of the layout's once (the wire allows the same device
-     * twice in a layout), or its first only (a->device_turns; all devices of a worker are of
-     * one kind) */
-    bool all_turns = a->device_turns == FB_AGENT_TURNS_ALL ||
-                     (a->device_turns == FB_AGENT_TURNS_AUTO &&
-                      strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
-    int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
     if (m->world) {
         g->world = m->world;
         g->rank_base = m->rank_base;
@@ -545,8 +552,15 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         agent_log("group %s: out of memory", m->group_id);
         group_free(g);
         fail_members(a, m, "out of memory on the worker");
-        return;
+        return NULL;
     }
+    return g;
+}
+
+/* The members of g's ASSIGN that can train, with the checkpoints and weights they start
+ * from (copied out of the message's frames); the others fail one by one (member_ok). */
+static void take_members(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames, group *g)
+{
     g->n_members = m->n_members;
     bool have_start = false;
     for (int i = 0; i < m->n_members; i++) {
@@ -585,11 +599,20 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         g->by_sidx[g->n_sess++] = i;
     }
     g->steps_done = g->start_step;
-    if (g->n_sess == 0) {
-        agent_log("group %s: no member can train; nothing started", m->group_id);
-        group_free(g);
-        return;
-    }
+}
+
+/* g's place in the device turns: its share, its scripted step time, the devices of its
+ * turns.  False, with its members failed, when the script names none of its jobs. */
+static bool join_turns(fb_agent *a, const fb_wire_msg *m, group *g)
+{
+    double share = m->time_share > 0 ? m->time_share : 1;
+    /* the devices of its turns: each of the layout's once (the wire allows the same device
+     * twice in a layout), or its first only (a->device_turns; all devices of a worker are of
+     * one kind) */
+    bool all_turns = a->device_turns == FB_AGENT_TURNS_ALL ||
+                     (a->device_turns == FB_AGENT_TURNS_AUTO &&
+                      strcmp(a->dev[g->dev].info.kind, "cuda") == 0);
+    int n_layout = all_turns ? g->n_dp * g->pipeline : 1;
     char why[256];
     int64_t step_ns = a->scripted ? script_step_ns(a, g) : 0;
     if (step_ns < 0)
@@ -602,6 +625,24 @@ static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
         agent_log("group %s: %s", m->group_id, why);
         for (int i = 0; i < g->n_members; i++)
             if (g->m[i].sidx >= 0) fail_member(a, m, &m->members[i], "%s", why);
+        return false;
+    }
+    return true;
+}
+
+/* ASSIGN: a group to train here, started in a thread of its own (agent_group.c). */
+static void on_assign(fb_agent *a, const fb_wire_msg *m, zmq_msg_t *frames)
+{
+    if (!assign_admitted(a, m)) return;
+    group *g = group_new(a, m);
+    if (!g) return;
+    take_members(a, m, frames, g);
+    if (g->n_sess == 0) {
+        agent_log("group %s: no member can train; nothing started", m->group_id);
+        group_free(g);
+        return;
+    }
+    if (!join_turns(a, m, g)) {
         group_free(g);
         return;
     }
