@@ -145,6 +145,32 @@ void fb_backend_set_threads(fb_backend *be, int n)
     if (be->ops->set_threads) be->ops->set_threads(be, be->threads);
 }
 
+int fb_backend_threads(const fb_backend *be)
+{
+    FB_ASSERT(be != NULL);
+    return be->threads;
+}
+
+/* A copy of the handle: a backend's state lives behind ctx, which the copy
+ * shares, so that the thread count is all that tells the two apart. */
+fb_backend *fb_backend_clone_threads(const fb_backend *be, int n)
+{
+    FB_ASSERT(be != NULL);
+    fb_backend *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *be;
+    c->clone = true;
+    fb_backend_set_threads(c, n);
+    return c;
+}
+
+void fb_backend_clone_free(fb_backend *clone)
+{
+    if (!clone) return;
+    FB_ASSERT(clone->clone); /* a backend's own handle is not the caller's to free */
+    free(clone);
+}
+
 /* ---- memory -------------------------------------------------------------- */
 
 /* Zeroed, 64-byte aligned backend memory of `bytes`, or NULL. */

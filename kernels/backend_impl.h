@@ -115,6 +115,7 @@ struct fb_backend {
     const struct fb_backend_ops *ops;
     void *ctx;   /* owned by the backend (streams, handles); NULL on the CPU */
     int threads; /* last count given to fb_backend_set_threads; 0 = default */
+    bool clone;  /* made by fb_backend_clone_threads: its struct alone is malloc'd */
 };
 
 #endif

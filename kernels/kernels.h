@@ -83,6 +83,21 @@ const char *fb_backend_name(const fb_backend *be);
 bool fb_backend_supports(const fb_backend *be, fb_op op);
 /* Number of threads the backend's CPU work may use (OpenBLAS included). */
 void fb_backend_set_threads(fb_backend *be, int n);
+/* The count last set on be (fb_backend_set_threads, fb_backend_clone_threads); 0 when none
+ * was, which means the backend's default. */
+int fb_backend_threads(const fb_backend *be);
+/*
+ * A new handle on be's backend that differs only in its thread count, n as
+ * fb_backend_set_threads takes it: the same ops and the same context (streams,
+ * handles, memory), so memory of one is memory of the other, and be keeps its
+ * own count.  It lets devices that share one backend compute with teams of
+ * their own sizes.  be must outlive the clone, which the caller frees with
+ * fb_backend_clone_free.  NULL when out of memory.
+ */
+fb_backend *fb_backend_clone_threads(const fb_backend *be, int n);
+/* Frees a handle made by fb_backend_clone_threads (not its context, which be
+ * owns); accepts NULL. */
+void fb_backend_clone_free(fb_backend *clone);
 
 /* Backend memory.  alloc returns zeroed memory aligned to 64 bytes or NULL. */
 void *fb_backend_alloc(fb_backend *be, size_t bytes);

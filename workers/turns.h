@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FB_TURNS_MAX_DEVICES 64 /* = FB_WIRE_MAX_DEVICES, which agent.c checks */
+#define FB_TURNS_MAX_DEVICES 64 /* = FB_WIRE_MAX_DEVICES, which agent_group.c checks */
 
 /* Where a group stands in the turns. */
 typedef enum fb_turn_state {

@@ -167,7 +167,7 @@ typedef struct ts_model {
     ts_log log;
 } ts_model;
 
-/* The agent's line for an event (workers/agent.c, turn_logged). */
+/* The agent's line for an event (workers/agent_group.c, agent_turn_logged). */
 static inline void ts_model_event(void *user, fb_turn_event ev, const fb_turn *g, int64_t at_ns,
                                   double value)
 {
