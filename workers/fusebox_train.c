@@ -204,7 +204,18 @@ static int parse_int(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line's options, with their defaults. */
+typedef struct options {
+    int log_every, threads, data_threads;
+    const char *out_dir, *data_dir, *backend, *stage_dir;
+    unsigned long long stage_bytes;
+    bool force_json, eval;
+} options;
+
+/* Reads the options into *o (the specs are what is left from optind on).
+ * Returns -1 to go on, or the exit status: 0 after --help, EXIT_USAGE for
+ * a bad option. */
+static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option long_opts[] = {
         {"log-every", required_argument, NULL, 'l'}, {"out", required_argument, NULL, 'o'},
@@ -214,45 +225,42 @@ int main(int argc, char **argv)
         {"data-threads", required_argument, NULL, 'D'}, {"stage", required_argument, NULL, 'S'},
         {"stage-bytes", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
-    int data_threads = 2;
-    const char *stage_dir = NULL;
-    unsigned long long stage_bytes = 16ULL << 30;
+    *o = (options){.log_every = 100, .threads = 1, .data_threads = 2, .out_dir = "fusebox-out",
+                   .backend = "cpu", .stage_bytes = 16ULL << 30, .eval = true};
     char *end;
-    int log_every = 100, threads = 1, opt;
-    const char *out_dir = "fusebox-out", *data_dir = NULL, *backend = "cpu";
-    bool force_json = false, eval = true;
+    int opt;
     while ((opt = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (opt) {
         case 'l':
-            if (parse_int(optarg, 0, 1000000000, &log_every)) {
+            if (parse_int(optarg, 0, 1000000000, &o->log_every)) {
                 fprintf(stderr, "fusebox-train: --log-every needs an integer >= 0\n");
                 return EXIT_USAGE;
             }
             break;
-        case 'o': out_dir = optarg; break;
-        case 'O': out_dir = NULL; break;
-        case 'd': data_dir = optarg; break;
+        case 'o': o->out_dir = optarg; break;
+        case 'O': o->out_dir = NULL; break;
+        case 'd': o->data_dir = optarg; break;
         case 't':
-            if (parse_int(optarg, 1, 1024, &threads)) {
+            if (parse_int(optarg, 1, 1024, &o->threads)) {
                 fprintf(stderr, "fusebox-train: --threads needs an integer in [1, 1024]\n");
                 return EXIT_USAGE;
             }
             break;
-        case 'b': backend = optarg; break;
-        case 'j': force_json = true; break;
-        case 'E': eval = false; break;
+        case 'b': o->backend = optarg; break;
+        case 'j': o->force_json = true; break;
+        case 'E': o->eval = false; break;
         case 'D':
-            if (parse_int(optarg, 1, FB_LOADER_MAX_THREADS, &data_threads)) {
+            if (parse_int(optarg, 1, FB_LOADER_MAX_THREADS, &o->data_threads)) {
                 fprintf(stderr, "fusebox-train: --data-threads needs an integer in [1, %d]\n",
                         FB_LOADER_MAX_THREADS);
                 return EXIT_USAGE;
             }
             break;
-        case 'S': stage_dir = optarg; break;
+        case 'S': o->stage_dir = optarg; break;
         case 'B':
             errno = 0;
-            stage_bytes = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || stage_bytes == 0 || optarg[0] == '-') {
+            o->stage_bytes = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || o->stage_bytes == 0 || optarg[0] == '-') {
                 fprintf(stderr, "fusebox-train: --stage-bytes needs a positive integer\n");
                 return EXIT_USAGE;
             }
@@ -261,19 +269,27 @@ int main(int argc, char **argv)
         default: usage(stderr); return EXIT_USAGE;
         }
     }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    options op;
+    int status = parse_options(argc, argv, &op);
+    if (status >= 0) return status;
     int n = argc - optind;
     if (n < 1) {
         usage(stderr);
         return EXIT_USAGE;
     }
-    fb_backend *be = strcmp(backend, "cpu") == 0       ? fb_backend_cpu()
-                       : strcmp(backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
+    fb_backend *be = strcmp(op.backend, "cpu") == 0       ? fb_backend_cpu()
+                       : strcmp(op.backend, "cpu-ref") == 0 ? fb_backend_cpu_ref()
                                                           : NULL;
     if (!be) {
-        fprintf(stderr, "fusebox-train: unknown backend '%s' (cpu, cpu-ref)\n", backend);
+        fprintf(stderr, "fusebox-train: unknown backend '%s' (cpu, cpu-ref)\n", op.backend);
         return EXIT_USAGE;
     }
-    fb_backend_set_threads(be, threads);
+    fb_backend_set_threads(be, op.threads);
 
     int rc = 0;
     char msg[1024];
@@ -321,9 +337,10 @@ int main(int argc, char **argv)
             if (fb_job_spec_fusible(&specs[i], &specs[j])) group_of[i] = group_of[j];
         if (group_of[i] < 0) group_of[i] = n_groups++;
     }
-    bool json = force_json || !isatty(STDOUT_FILENO);
+    bool json = op.force_json || !isatty(STDOUT_FILENO);
     cli c = {.json = json, .n_groups = n_groups, .test_loss = tloss, .test_acc = tacc};
-    fb_train_opts o = {.log_every = log_every, .out_dir = out_dir, .cb = on_event, .user = &c};
+    fb_train_opts o = {.log_every = op.log_every, .out_dir = op.out_dir, .cb = on_event,
+                       .user = &c};
     for (int g = 0; g < n_groups; g++) {
         int B = 0;
         for (int i = 0; i < n; i++)
@@ -340,16 +357,16 @@ int main(int argc, char **argv)
         /* a shard dataset trains through the loader; an IDX dataset from memory */
         fb_data_source_opts so = {.batch_size = group[0]->batch_size,
                                   .shuffle = group[0]->shuffle,
-                                  .data_seed = group[0]->data_seed, .threads = data_threads,
-                                  .cache_dir = stage_dir, .cache_bytes = stage_bytes,
-                                  .want_test = eval, .want_val = eval,
+                                  .data_seed = group[0]->data_seed, .threads = op.data_threads,
+                                  .cache_dir = op.stage_dir, .cache_bytes = op.stage_bytes,
+                                  .want_test = op.eval, .want_val = op.eval,
                                   .val_fraction = group[0]->val_fraction};
-        int err = fb_data_open_named(&train, &val, &test, &loader, ds, data_dir, &so, msg,
+        int err = fb_data_open_named(&train, &val, &test, &loader, ds, op.data_dir, &so, msg,
                                      sizeof msg);
         o.loader = loader;
-        o.test = eval ? &test : NULL;
-        c.val = eval && val.n > 0;
-        c.test = eval;
+        o.test = op.eval ? &test : NULL;
+        c.val = op.eval && val.n > 0;
+        c.test = op.eval;
         if (err) {
             fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
             rc = 1;
@@ -362,7 +379,7 @@ int main(int argc, char **argv)
                    g + 1, n_groups, B, B == 1 ? "" : "s", group[0]->fusion_key, ds,
                    (long long)train.n, (long long)val.n);
         for (int b = 0; b < B; b++) tloss[b] = tacc[b] = NAN;
-        err = fb_train_run(be, group, B, &train, eval ? &val : NULL, &o, floss, facc, msg,
+        err = fb_train_run(be, group, B, &train, op.eval ? &val : NULL, &o, floss, facc, msg,
                            sizeof msg);
         if (err) {
             fprintf(stderr, "fusebox-train: %s (%s)\n", msg, fb_err_code(err));
@@ -376,7 +393,7 @@ int main(int argc, char **argv)
             all_tacc[index[b]] = tacc[b];
         }
     }
-    if (!json && eval) {
+    if (!json && op.eval) {
         printf("\n%-24s %10s %12s %10s %13s\n", "job", "val_loss", "val_accuracy", "test_loss",
                "test_accuracy");
         for (int i = 0; i < n; i++)

@@ -518,8 +518,8 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
         char path[PATH_CAP];
         void *blob;
         size_t blob_len;
-        if ((err = fb_session_member_output(s, b, true, ".checkpoint.safetensors", path, &blob, &blob_len, msg,
-                                 cap)))
+        if ((err = fb_session_member_output(s, b, true, ".checkpoint.safetensors", path, &blob,
+                                            &blob_len, msg, cap)))
             return err;
         int i = s->member[b];
         fb_train_event ev = {.kind = FB_TRAIN_CHECKPOINT,
@@ -558,7 +558,8 @@ static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
         char path[PATH_CAP];
         void *blob;
         size_t blob_len;
-        if ((err = fb_session_member_output(s, b, false, ".safetensors", path, &blob, &blob_len, msg, cap)))
+        if ((err = fb_session_member_output(s, b, false, ".safetensors", path, &blob, &blob_len,
+                                            msg, cap)))
             break;
         int i = s->member[b];
         fb_train_event ev = {.kind = FB_TRAIN_DONE,
