@@ -228,7 +228,7 @@ outmsg *agent_event_new(group *g, const char *group_id, int64_t generation,
 /* Sets an event's text, printable ASCII only; o may be NULL. */
 void agent_event_text(outmsg *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* ---- the dataset cache -------------------------------------------------------------------- */
+/* ---- agent_data.c: the dataset cache ------------------------------------------------------ */
 
 /* The named dataset of tenant ("" for a public one) with that val_fraction, loaded on first
  * use and shared by the groups that train on it; NULL with msg filled when it cannot be.
@@ -238,7 +238,7 @@ dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *
 /* Drops a reference; the last one frees the data.  Accepts NULL. */
 void agent_dataset_release(fb_agent *a, dataset_ref *r);
 
-/* ---- the group thread --------------------------------------------------------------------- */
+/* ---- agent_group.c: the group threads ----------------------------------------------------- */
 
 /* The thread of a group (arg: the group), from its start to its EXIT message. */
 void *agent_group_thread(void *arg);
@@ -249,7 +249,7 @@ void agent_turns_wake(fb_agent *a);
 void agent_turn_logged(void *user, fb_turn_event ev, const fb_turn *t, int64_t at_ns,
                        double value);
 
-/* ---- the main loop ------------------------------------------------------------------------ */
+/* ---- agent_loop.c: the main thread -------------------------------------------------------- */
 
 /* Asks a group to leave without reporting anything (its events are dropped too). */
 void agent_stop_group(fb_agent *a, group *g);
