@@ -538,6 +538,7 @@ void fb_attention_backward(fb_backend *be, float *dqkv, const float *dout, const
     FB_OP_FN(be, attention_backward);
     fb_seq_check(N, T, B, D);
     FB_ASSERT(H >= 1 && D % H == 0 && dqkv != NULL && probs != NULL);
+    FB_ASSERT(scratch != NULL || fb_attention_scratch_floats(be, N, T, B, H) == 0);
     if (N) be->ops->attention_backward(be, dqkv, dout, probs, qkv, N, T, B, D, H, scratch);
 }
 
