@@ -275,7 +275,9 @@ void fb_positional_backward(fb_backend *be, float *din, float *dpos, const float
  *   out[n, t, b, h Dh + j] = sum over s of probs[n, b, h, t, s] v_s[h Dh + j].
  * probs [N, B, H, T, T] and out [N, T, B, D] are overwritten; probs is kept
  * for the backward.  scratch: fb_attention_scratch_floats floats (NULL when
- * that is 0).
+ * that is 0), for the backward; as for conv2d, the size grows with the
+ * thread count on a multi-threaded backend, so size it after
+ * fb_backend_set_threads.
  */
 size_t fb_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H);
 void fb_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N, int T,
