@@ -129,6 +129,14 @@ bool fb_backend_supports(const fb_backend *be, fb_op op)
         return o->optim_step != NULL;
     case FB_OP_BF16:
         return o->round_bf16 && o->grad_unscale && o->scale_members;
+    case FB_OP_EMBEDDING:
+        return o->embedding_forward && o->embedding_backward;
+    case FB_OP_POSITIONAL:
+        return o->positional_forward && o->positional_backward;
+    case FB_OP_ATTENTION:
+        return o->attention_forward && o->attention_backward;
+    case FB_OP_SEQ_POOL:
+        return o->seq_pool_forward && o->seq_pool_backward;
     case FB_OP_COUNT:
         break;
     }
@@ -476,6 +484,108 @@ void fb_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbe
     FB_OP_FN(be, layernorm_backward);
     FB_ASSERT(N >= 0 && B >= 1 && F >= 1 && din != NULL);
     be->ops->layernorm_backward(be, din, dgamma, dbeta, dout, in, mean, rstd, gamma, N, B, F);
+}
+
+/* ---- sequences ----------------------------------------------------------- */
+
+/* The sizes every sequence op shares: N may be 0 (nothing to do), T, B and D
+ * are at least 1. */
+static void fb_seq_check(int N, int T, int B, int D)
+{
+    FB_ASSERT(N >= 0 && T >= 1 && B >= 1 && D >= 1);
+}
+
+/* See kernels.h: out[n, t, b, :] = table[b, ids[n T + t], :]; FB_ERR_DATA on
+ * an id outside [0, V). */
+int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                         int N, int T, int B, int V, int D, char *msg, size_t cap)
+{
+    FB_OP_FN(be, embedding_forward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(V >= 1 && (N == 0 || (out != NULL && ids != NULL && table != NULL)));
+    if (N == 0) return FB_OK;
+    return be->ops->embedding_forward(be, out, ids, table, N, T, B, V, D, msg, cap);
+}
+
+/* See kernels.h: dtable += dout at each position's id, in position order. */
+int fb_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                          int N, int T, int B, int V, int D, char *msg, size_t cap)
+{
+    FB_OP_FN(be, embedding_backward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(V >= 1 && (N == 0 || (dtable != NULL && dout != NULL && ids != NULL)));
+    if (N == 0) return FB_OK;
+    return be->ops->embedding_backward(be, dtable, dout, ids, N, T, B, V, D, msg, cap);
+}
+
+/* See kernels.h: out = in + pos[b, t] at every sample. */
+void fb_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                           int T, int B, int L, int D)
+{
+    FB_OP_FN(be, positional_forward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(L >= T);
+    if (N) be->ops->positional_forward(be, out, in, pos, N, T, B, L, D);
+}
+
+/* See kernels.h: din += dout (may be NULL), dpos[b, t] += sum over n. */
+void fb_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                            int T, int B, int L, int D)
+{
+    FB_OP_FN(be, positional_backward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(L >= T && dpos != NULL);
+    if (N) be->ops->positional_backward(be, din, dpos, dout, N, T, B, L, D);
+}
+
+/* Floats of scratch the backend's attention needs (0: pass NULL). */
+size_t fb_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H)
+{
+    FB_ASSERT(be != NULL);
+    FB_ASSERT(N >= 0 && T >= 1 && B >= 1 && H >= 1);
+    return be->ops->attention_scratch_floats ? be->ops->attention_scratch_floats(be, N, T, B, H)
+                                             : 0;
+}
+
+/* See kernels.h: multi-head scaled dot-product attention of each member. */
+void fb_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N, int T,
+                          int B, int D, int H, bool causal, float *scratch)
+{
+    FB_OP_FN(be, attention_forward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(H >= 1 && D % H == 0 && probs != NULL);
+    if (N) be->ops->attention_forward(be, out, probs, qkv, N, T, B, D, H, causal, scratch);
+}
+
+/* See kernels.h: dqkv += the attention's gradient. */
+void fb_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                           const float *qkv, int N, int T, int B, int D, int H, float *scratch)
+{
+    FB_OP_FN(be, attention_backward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(H >= 1 && D % H == 0 && dqkv != NULL && probs != NULL);
+    FB_ASSERT(scratch != NULL || fb_attention_scratch_floats(be, N, T, B, H) == 0);
+    if (N) be->ops->attention_backward(be, dqkv, dout, probs, qkv, N, T, B, D, H, scratch);
+}
+
+/* See kernels.h: the mean over t, or position 0. */
+void fb_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                         int T, int B, int D)
+{
+    FB_OP_FN(be, seq_pool_forward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(kind == FB_SEQ_POOL_MEAN || kind == FB_SEQ_POOL_FIRST);
+    if (N) be->ops->seq_pool_forward(be, kind, out, in, N, T, B, D);
+}
+
+/* See kernels.h: din += dout / T everywhere (mean), or dout at t = 0. */
+void fb_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout, int N,
+                          int T, int B, int D)
+{
+    FB_OP_FN(be, seq_pool_backward);
+    fb_seq_check(N, T, B, D);
+    FB_ASSERT(kind == FB_SEQ_POOL_MEAN || kind == FB_SEQ_POOL_FIRST);
+    if (N) be->ops->seq_pool_backward(be, kind, din, dout, N, T, B, D);
 }
 
 /* ---- losses -------------------------------------------------------------- */

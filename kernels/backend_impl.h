@@ -88,6 +88,28 @@ struct fb_backend_ops {
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
 
+    /* ---- sequences ---- */
+    int (*embedding_forward)(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                             int N, int T, int B, int V, int D, char *msg, size_t cap);
+    int (*embedding_backward)(fb_backend *be, float *dtable, const float *dout,
+                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
+                              size_t cap);
+    void (*positional_forward)(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D);
+    void (*positional_backward)(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                                int T, int B, int L, int D);
+    /* May be NULL: the backend needs no scratch memory. */
+    size_t (*attention_scratch_floats)(const fb_backend *be, int N, int T, int B, int H);
+    void (*attention_forward)(fb_backend *be, float *out, float *probs, const float *qkv, int N,
+                              int T, int B, int D, int H, bool causal, float *scratch);
+    void (*attention_backward)(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch);
+    void (*seq_pool_forward)(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                             int T, int B, int D);
+    void (*seq_pool_backward)(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
+                              int N, int T, int B, int D);
+
     /* ---- losses ---- */
     void (*softmax_xent)(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,

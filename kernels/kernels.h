@@ -57,8 +57,18 @@ typedef enum fb_op {
     FB_OP_MSE,
     FB_OP_OPTIM,
     FB_OP_BF16, /* fb_round_bf16, fb_grad_unscale and fb_scale_members */
+    FB_OP_EMBEDDING,
+    FB_OP_POSITIONAL,
+    FB_OP_ATTENTION,
+    FB_OP_SEQ_POOL,
     FB_OP_COUNT
 } fb_op;
+
+/* Pooling of a sequence over its T positions (fb_seq_pool_forward). */
+typedef enum fb_seq_pool {
+    FB_SEQ_POOL_MEAN,  /* the mean over t */
+    FB_SEQ_POOL_FIRST  /* position 0 alone (a classification token) */
+} fb_seq_pool;
 
 typedef enum fb_act {
     FB_ACT_RELU,
@@ -231,6 +241,76 @@ void fb_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
 void fb_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                            const float *dout, const float *in, const float *mean,
                            const float *rstd, const float *gamma, int N, int B, int F);
+
+/* ---- sequences --------------------------------------------------------- */
+
+/*
+ * Sequence activations are [N, T, B, D]: sample, position, member, feature.
+ * A per-position op (linear, layer norm, an activation) is the ordinary op on
+ * [N*T, B, D]; the ops below are the ones that mix positions or read tokens.
+ */
+
+/*
+ * Token embedding: out[n, t, b, :] = table[b, ids[n*T + t], :].
+ * ids [N*T] int32 (backend memory) is the shared input, read once for all
+ * members; table [B, V, D]; out [N, T, B, D], overwritten.
+ * Returns FB_OK, or FB_ERR_DATA (base/errors.h) when an id is outside
+ * [0, V): then msg (may be NULL, cap bytes) names the first bad position and
+ * out is left untouched.  The CUDA backend checks the ids on the device: it
+ * returns FB_OK, leaves out untouched and records FB_ERR_DATA, which
+ * fb_cuda_backend_error reports after the next fb_backend_sync.
+ */
+int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                         int N, int T, int B, int V, int D, char *msg, size_t cap);
+/* dtable[b, v, :] += dout[n, t, b, :] for every position whose id is v,
+ * added in position order (n*T + t ascending) on every backend, so the
+ * result is exact and the same run after run and backend to backend.  Bad
+ * ids as for the forward (dtable untouched). */
+int fb_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                          int N, int T, int B, int V, int D, char *msg, size_t cap);
+
+/*
+ * Learned positional add: out[n, t, b, :] = in[n, t, b, :] + pos[b, t, :],
+ * in and out [N, T, B, D] (out may equal in), pos [B, L, D] with T <= L.
+ */
+void fb_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                           int T, int B, int L, int D);
+/* din [N, T, B, D] += dout (din may be NULL); dpos[b, t, :] += sum over n of
+ * dout[n, t, b, :] for t < T (rows t >= T are not touched). */
+void fb_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                            int T, int B, int L, int D);
+
+/*
+ * Multi-head scaled dot-product self-attention of each member.
+ * qkv [N, T, B, 3D] holds q, k and v of each position packed: q =
+ * qkv[n, t, b, 0:D], k = [D:2D], v = [2D:3D]; head h (H heads, D % H == 0,
+ * Dh = D / H) uses columns [h Dh, (h + 1) Dh) of each.
+ *   probs[n, b, h, t, s] = softmax over s of (q_t . k_s) / sqrt(Dh), the
+ *     maximum subtracted before exp; causal: s > t is masked (probability 0);
+ *   out[n, t, b, h Dh + j] = sum over s of probs[n, b, h, t, s] v_s[h Dh + j].
+ * probs [N, B, H, T, T] and out [N, T, B, D] are overwritten; probs is kept
+ * for the backward.  scratch: fb_attention_scratch_floats floats (NULL when
+ * that is 0), for the backward; as for conv2d, the size grows with the
+ * thread count on a multi-threaded backend, so size it after
+ * fb_backend_set_threads.
+ */
+size_t fb_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H);
+void fb_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N, int T,
+                          int B, int D, int H, bool causal, float *scratch);
+/* dqkv [N, T, B, 3D] += the gradient of the forward with respect to qkv,
+ * from dout [N, T, B, D] and the forward's probs and qkv.  Masked positions
+ * have probability 0 and get no gradient, so no causal flag is needed. */
+void fb_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                           const float *qkv, int N, int T, int B, int D, int H, float *scratch);
+
+/* out [N, B, D] = the mean over t of in [N, T, B, D] (FB_SEQ_POOL_MEAN), or
+ * in[n, 0, b, :] (FB_SEQ_POOL_FIRST); overwritten. */
+void fb_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                         int T, int B, int D);
+/* din [N, T, B, D] += dout / T at every position (mean), or dout at t = 0
+ * (first; the other positions are not touched). */
+void fb_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout, int N,
+                          int T, int B, int D);
 
 /* ---- losses ------------------------------------------------------------ */
 

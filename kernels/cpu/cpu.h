@@ -29,6 +29,12 @@ void fb_cpu_grad_unscale(fb_backend *be, float *flags, float *grads, const float
                          const fb_param_block *blocks, int n_blocks, int B);
 void fb_cpu_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F);
 
+/* ---- token ids, shared by both CPU backends (ref_seq.c) ---- */
+/* FB_OK when every ids[i] of [0, n_ids) is in [0, V); else FB_ERR_DATA and
+ * msg (may be NULL) names op and the first bad position. */
+int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, char *msg,
+                     size_t cap);
+
 /* ---- reference ---- */
 void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
@@ -81,6 +87,25 @@ void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rs
 void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
+
+int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                             int N, int T, int B, int V, int D, char *msg, size_t cap);
+int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout,
+                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
+                              size_t cap);
+void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D);
+void fb_ref_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                                int T, int B, int L, int D);
+void fb_ref_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
+                              int T, int B, int D, int H, bool causal, float *scratch);
+void fb_ref_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch);
+void fb_ref_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                             int T, int B, int D);
+void fb_ref_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
+                              int N, int T, int B, int D);
 
 void fb_ref_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
@@ -144,6 +169,26 @@ void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rs
 void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
+
+size_t fb_cpu_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H);
+int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                             int N, int T, int B, int V, int D, char *msg, size_t cap);
+int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout,
+                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
+                              size_t cap);
+void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D);
+void fb_cpu_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                                int T, int B, int L, int D);
+void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
+                              int T, int B, int D, int H, bool causal, float *scratch);
+void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch);
+void fb_cpu_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                             int T, int B, int D);
+void fb_cpu_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
+                              int N, int T, int B, int D);
 
 void fb_cpu_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,

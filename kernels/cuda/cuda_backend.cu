@@ -282,7 +282,8 @@ static void cuda_download(fb_backend *be, void *host, const void *src, size_t by
     FBC_CUDA(c, cudaStreamSynchronize(c->stream));
 }
 
-/* Waits for queued work and turns a kernel's bad-input flag into an error. */
+/* Waits for queued work and turns a kernel's bad-input flag into an error
+ * (the first bit names the cause; the flag is cleared). */
 static void cuda_sync(fb_backend *be)
 {
     struct fbc_ctx *c = fbc_begin(be);
@@ -293,7 +294,10 @@ static void cuda_sync(fb_backend *be)
         return;
     if (!FBC_CUDA(c, cudaStreamSynchronize(c->stream))) return;
     if (flag) {
-        fbc_fail(c, FB_ERR_DATA, "softmax_xent: a label is outside [0, K)");
+        if (flag & FBC_FLAG_LABEL)
+            fbc_fail(c, FB_ERR_DATA, "softmax_xent: a label is outside [0, K)");
+        else
+            fbc_fail(c, FB_ERR_DATA, "embedding: a token id is outside [0, V)");
         FBC_CUDA(c, cudaMemsetAsync(c->flag, 0, sizeof *c->flag, c->stream));
     }
 }
@@ -331,6 +335,15 @@ static const struct fb_backend_ops fb_cuda_ops = {
     .batchnorm_backward = fbc_batchnorm_backward,
     .layernorm_forward = fbc_layernorm_forward,
     .layernorm_backward = fbc_layernorm_backward,
+    .embedding_forward = fbc_embedding_forward,
+    .embedding_backward = fbc_embedding_backward,
+    .positional_forward = fbc_positional_forward,
+    .positional_backward = fbc_positional_backward,
+    .attention_scratch_floats = fbc_attention_scratch_floats,
+    .attention_forward = fbc_attention_forward,
+    .attention_backward = fbc_attention_backward,
+    .seq_pool_forward = fbc_seq_pool_forward,
+    .seq_pool_backward = fbc_seq_pool_backward,
     .softmax_xent = fbc_softmax_xent,
     .mse = fbc_mse,
     .optim_step = fbc_optim_step,

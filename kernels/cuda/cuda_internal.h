@@ -71,6 +71,11 @@ struct fbc_conv_plan {
 
 #define FBC_LIVE_BUCKETS 1024
 
+/* Bits of the device flag (fbc_ctx.flag), set with atomicOr by a kernel that
+ * met bad input and turned into FB_ERR_DATA by fb_backend_sync. */
+#define FBC_FLAG_LABEL 1 /* softmax_xent: a label outside [0, K) */
+#define FBC_FLAG_TOKEN 2 /* embedding: a token id outside [0, V) */
+
 struct fbc_ctx {
     int device;
     int sm_count;
@@ -93,7 +98,7 @@ struct fbc_ctx {
     struct fbc_buf ws;      /* cuDNN workspace */
     struct fbc_buf red;     /* partial sums of the loss reductions */
     struct fbc_buf stage;   /* host arguments (seeds, hparams, blocks) */
-    int *flag;              /* device: set by a kernel that met bad input */
+    int *flag;              /* device: FBC_FLAG_* bits set by kernels that met bad input */
     cudaEvent_t ev[2];      /* start and end of a timed convolution run */
 
     struct fbc_conv_plan *plans;
@@ -221,6 +226,25 @@ void fbc_round_bf16(fb_backend *be, float *out, const float *in, size_t n);
 void fbc_grad_unscale(fb_backend *be, float *flags, float *grads, const float *inv_scales,
                       const fb_param_block *blocks, int n_blocks, int B);
 void fbc_scale_members(fb_backend *be, float *x, const float *scales, int N, int B, size_t F);
+
+/* cuda_seq.cu */
+int fbc_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
+                          int N, int T, int B, int V, int D, char *msg, size_t cap);
+int fbc_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                           int N, int T, int B, int V, int D, char *msg, size_t cap);
+void fbc_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                            int T, int B, int L, int D);
+void fbc_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
+                             int T, int B, int L, int D);
+size_t fbc_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H);
+void fbc_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
+                           int T, int B, int D, int H, bool causal, float *scratch);
+void fbc_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
+                            const float *qkv, int N, int T, int B, int D, int H, float *scratch);
+void fbc_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
+                          int T, int B, int D);
+void fbc_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout, int N,
+                           int T, int B, int D);
 
 /* Launches the per-channel sum: out[c] += sum over n, i of x[n, c, i] for x
  * [N, C, HW] (dbias of linear with HW = 1, of conv2d with HW = Ho Wo). */

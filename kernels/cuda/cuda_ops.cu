@@ -10,6 +10,7 @@
  * uses atomics: a reduction is a fixed tree inside one block or a sequential
  * loop in one thread, and a scatter (pooling backward) is turned into a
  * gather in the reference's order, so results are the same run after run.
+ * (The one atomic, atomicOr on the bad-input flag, orders no result.)
  * Loops are grid-stride with size_t indices, so any grid covers any size.
  */
 #include <math.h>
@@ -711,7 +712,7 @@ extern "C" void fbc_layernorm_backward(fb_backend *be, float *din, float *dgamma
 
 /* One thread per row (n, b) of logits [N, B, K], as the reference row loop:
  * row_loss [N*B] (double) and row_hit [N*B]; dlogits when not NULL.  A label
- * outside [0, K) sets *flag and makes the row NaN. */
+ * outside [0, K) sets FBC_FLAG_LABEL in *flag and makes the row NaN. */
 __global__ static void k_xent_rows(double *row_loss, double *row_hit, float *dlogits,
                                    const float *logits, const int32_t *labels, size_t rows, int B,
                                    int K, float grad_scale, int *flag)
@@ -721,7 +722,7 @@ __global__ static void k_xent_rows(double *row_loss, double *row_hit, float *dlo
         const float *z = logits + row * K;
         int y = labels[row / (size_t)B];
         if (y < 0 || y >= K) {
-            *flag = 1;
+            atomicOr(flag, FBC_FLAG_LABEL);
             row_loss[row] = nan("");
             row_hit[row] = 0.0;
             if (dlogits)

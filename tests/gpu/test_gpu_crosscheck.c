@@ -600,6 +600,100 @@ static void case_mse(int N, int B, int K)
         tp_free(all[i]);
 }
 
+/* ---- sequences ---- */
+
+static void case_embedding(int N, int T, int B, int V, int D)
+{
+    char op[64];
+    snprintf(op, sizeof op, "embedding N%d T%d B%d V%d D%d", N, T, B, V, D);
+    int32_t *idd, *idh = labels_new(N * T, V, &idd);
+    size_t n = (size_t)N * T * B * D, n_tab = (size_t)B * V * D;
+    tpair table = tp_new(n_tab, T_IN), out = tp_new(n, T_OUT);
+    CHECK_INT_EQ(fb_embedding_forward(g_ref, out.h, idh, table.h, N, T, B, V, D, NULL, 0), FB_OK);
+    CHECK_INT_EQ(fb_embedding_forward(g_cu, out.d, idd, table.d, N, T, B, V, D, NULL, 0), FB_OK);
+    tp_check(op, "out", &out, B_EXACT);
+    tpair dout = tp_new(n, T_IN), dtab = tp_new(n_tab, T_ACC);
+    CHECK_INT_EQ(fb_embedding_backward(g_ref, dtab.h, dout.h, idh, N, T, B, V, D, NULL, 0), FB_OK);
+    CHECK_INT_EQ(fb_embedding_backward(g_cu, dtab.d, dout.d, idd, N, T, B, V, D, NULL, 0), FB_OK);
+    tp_check(op, "dtable", &dtab, B_EXACT);
+    fb_backend_free(g_ref, idh);
+    fb_backend_free(g_cu, idd);
+    tpair *all[] = {&table, &out, &dout, &dtab};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        tp_free(all[i]);
+}
+
+static void case_positional(int N, int T, int B, int L, int D)
+{
+    char op[64];
+    snprintf(op, sizeof op, "positional N%d T%d B%d L%d D%d", N, T, B, L, D);
+    size_t n = (size_t)N * T * B * D, n_pos = (size_t)B * L * D;
+    tpair in = tp_new(n, T_IN), pos = tp_new(n_pos, T_IN), out = tp_new(n, T_OUT);
+    fb_positional_forward(g_ref, out.h, in.h, pos.h, N, T, B, L, D);
+    fb_positional_forward(g_cu, out.d, in.d, pos.d, N, T, B, L, D);
+    tp_check(op, "out", &out, B_EXACT);
+    tpair dout = tp_new(n, T_IN), din = tp_new(n, T_ACC), dpos = tp_new(n_pos, T_ACC);
+    fb_positional_backward(g_ref, din.h, dpos.h, dout.h, N, T, B, L, D);
+    fb_positional_backward(g_cu, din.d, dpos.d, dout.d, N, T, B, L, D);
+    tp_check(op, "din", &din, B_EXACT);
+    tp_check(op, "dpos", &dpos, B_DBL);
+    tpair *all[] = {&in, &pos, &out, &dout, &din, &dpos};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        tp_free(all[i]);
+}
+
+/* The backward runs on the reference's probs on both sides, so that it is
+ * compared on the same inputs. */
+static void case_attention(int N, int T, int B, int D, int H, bool causal)
+{
+    char op[64];
+    snprintf(op, sizeof op, "attention N%d T%d B%d D%d H%d%s", N, T, B, D, H,
+             causal ? " causal" : "");
+    size_t n = (size_t)N * T * B * D, np = (size_t)N * B * H * T * T;
+    tpair qkv = tp_new(3 * n, T_IN), out = tp_new(n, T_OUT), probs = tp_new(np, T_OUT);
+    for (size_t i = 0; i < 3 * n; i++) /* scores spread enough to matter */
+        qkv.h[i] *= 3.0f;
+    dev_put(qkv.d, qkv.h, 3 * n);
+    size_t ns_ref = fb_attention_scratch_floats(g_ref, N, T, B, H);
+    size_t ns = fb_attention_scratch_floats(g_cu, N, T, B, H);
+    float *s_ref = ns_ref ? fb_backend_alloc(g_ref, ns_ref * sizeof(float)) : NULL;
+    float *s_cu = ns ? fb_backend_alloc(g_cu, ns * sizeof(float)) : NULL;
+    CHECK((ns_ref == 0 || s_ref) && (ns == 0 || s_cu));
+    fb_attention_forward(g_ref, out.h, probs.h, qkv.h, N, T, B, D, H, causal, s_ref);
+    fb_attention_forward(g_cu, out.d, probs.d, qkv.d, N, T, B, D, H, causal, s_cu);
+    tp_check(op, "out", &out, B_GEMM);
+    tp_check(op, "probs", &probs, B_GEMM);
+    dev_put(probs.d, probs.h, np);
+    tpair dout = tp_new(n, T_IN), dqkv = tp_new(3 * n, T_ACC);
+    fb_attention_backward(g_ref, dqkv.h, dout.h, probs.h, qkv.h, N, T, B, D, H, s_ref);
+    fb_attention_backward(g_cu, dqkv.d, dout.d, probs.d, qkv.d, N, T, B, D, H, s_cu);
+    tp_check(op, "dqkv", &dqkv, B_GEMM);
+    fb_backend_free(g_ref, s_ref);
+    fb_backend_free(g_cu, s_cu);
+    tpair *all[] = {&qkv, &out, &probs, &dout, &dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        tp_free(all[i]);
+}
+
+static void case_seq_pool(int N, int T, int B, int D, fb_seq_pool kind)
+{
+    char op[64];
+    snprintf(op, sizeof op, "seq_pool %s N%d T%d B%d D%d",
+             kind == FB_SEQ_POOL_MEAN ? "mean" : "first", N, T, B, D);
+    size_t n = (size_t)N * T * B * D, no = (size_t)N * B * D;
+    tpair in = tp_new(n, T_IN), out = tp_new(no, T_OUT);
+    fb_seq_pool_forward(g_ref, kind, out.h, in.h, N, T, B, D);
+    fb_seq_pool_forward(g_cu, kind, out.d, in.d, N, T, B, D);
+    tp_check(op, "out", &out, B_DBL);
+    tpair dout = tp_new(no, T_IN), din = tp_new(n, T_ACC);
+    fb_seq_pool_backward(g_ref, kind, din.h, dout.h, N, T, B, D);
+    fb_seq_pool_backward(g_cu, kind, din.d, dout.d, N, T, B, D);
+    tp_check(op, "din", &din, B_DBL);
+    tpair *all[] = {&in, &out, &dout, &din};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        tp_free(all[i]);
+}
+
 /* ---- optimizer ---- */
 
 static void case_optim(fb_optim_kind kind, int B, float momentum, int nesterov)
@@ -718,6 +812,31 @@ static void check_controls(void)
     fb_backend_free(g_cu, yd);
     fb_backend_free(g_cu, z);
     fb_backend_free(g_cu, loss);
+
+    /* A bad token id too: recorded at the sync, the output left as it was. */
+    int32_t ids[4] = {0, 2, 9, 1}, *idd = fb_backend_alloc(g_cu, sizeof ids);
+    float tab[2 * 3 * 2], emb[4 * 2 * 2];
+    for (int i = 0; i < 12; i++)
+        tab[i] = (float)i;
+    for (int i = 0; i < 16; i++)
+        emb[i] = -3.0f;
+    float *td = fb_backend_alloc(g_cu, sizeof tab), *ed = fb_backend_alloc(g_cu, sizeof emb);
+    CHECK(idd && td && ed);
+    fb_backend_upload(g_cu, idd, ids, sizeof ids);
+    fb_backend_upload(g_cu, td, tab, sizeof tab);
+    fb_backend_upload(g_cu, ed, emb, sizeof emb);
+    CHECK_INT_EQ(fb_embedding_forward(g_cu, ed, idd, td, 2, 2, 2, 3, 2, NULL, 0), FB_OK);
+    fb_backend_sync(g_cu);
+    CHECK_INT_EQ(fb_cuda_backend_error(g_cu, msg, sizeof msg), FB_ERR_DATA);
+    CHECK(strstr(msg, "token id") != NULL);
+    printf("ok   bad token id reported: %s\n", msg);
+    fb_cuda_backend_clear_error(g_cu);
+    fb_backend_download(g_cu, emb, ed, sizeof emb);
+    for (int i = 0; i < 16; i++)
+        CHECK(emb[i] == -3.0f);
+    fb_backend_free(g_cu, idd);
+    fb_backend_free(g_cu, td);
+    fb_backend_free(g_cu, ed);
 }
 
 int main(void)
@@ -793,6 +912,24 @@ int main(void)
     case_xent(1, 2, 1);
     case_mse(7, 2, 5);
     case_mse(3, 1, 1);
+
+    case_embedding(3, 5, 1, 7, 4);
+    case_embedding(4, 17, 3, 5, 33);
+    case_embedding(8, 64, 4, 256, 128);
+    case_positional(3, 5, 1, 5, 4);
+    case_positional(4, 17, 3, 20, 33);
+    for (int causal = 0; causal <= 1; causal++) {
+        case_attention(2, 1, 1, 4, 1, causal);
+        case_attention(3, 5, 1, 6, 1, causal);
+        case_attention(2, 7, 3, 6, 3, causal);
+        case_attention(3, 9, 2, 10, 2, causal);
+        case_attention(4, 33, 3, 64, 4, causal);
+        case_attention(8, 64, 4, 128, 4, causal);
+    }
+    for (int kind = FB_SEQ_POOL_MEAN; kind <= FB_SEQ_POOL_FIRST; kind++) {
+        case_seq_pool(3, 1, 1, 5, (fb_seq_pool)kind);
+        case_seq_pool(4, 17, 3, 33, (fb_seq_pool)kind);
+    }
 
     for (int b = 1; b <= 5; b += 4) {
         case_optim(FB_OPTIM_KIND_SGD, b, 0.0f, 0);

@@ -9,6 +9,7 @@
  * shows up; outputs an op accumulates into start from the same random values.
  * One line per case.
  */
+#include "errors.h"
 #include "kt_util.h"
 
 #include <stdarg.h>
@@ -698,6 +699,281 @@ static void cases_norm(void)
     }
 }
 
+/* ---- sequences ---- */
+
+typedef struct {
+    int N, T, B, V, D, L, H;
+    bool causal, din;
+    fb_seq_pool kind;
+    int32_t *ids;
+    float *table, *in, *pos, *qkv, *probs, *dout;
+} seq_arg;
+
+static void run_emb_fwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    CHECK_INT_EQ(fb_embedding_forward(be, outs[0], a->ids, a->table, a->N, a->T, a->B, a->V, a->D,
+                                      NULL, 0),
+                 FB_OK);
+}
+
+static void run_emb_bwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    CHECK_INT_EQ(fb_embedding_backward(be, outs[0], a->dout, a->ids, a->N, a->T, a->B, a->V, a->D,
+                                       NULL, 0),
+                 FB_OK);
+}
+
+static void run_pos_fwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    size_t n = (size_t)a->N * a->T * a->B * a->D;
+    fb_positional_forward(be, outs[0], a->in, a->pos, a->N, a->T, a->B, a->L, a->D);
+    memcpy(outs[1], a->in, n * sizeof(float)); /* in place */
+    fb_positional_forward(be, outs[1], outs[1], a->pos, a->N, a->T, a->B, a->L, a->D);
+}
+
+static void run_pos_bwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    fb_positional_backward(be, a->din ? outs[1] : NULL, outs[0], a->dout, a->N, a->T, a->B, a->L,
+                           a->D);
+}
+
+/* Attention scratch of the backend, guarded like conv scratch. */
+static float *attn_scratch(fb_backend *be, const seq_arg *a, size_t *n)
+{
+    *n = fb_attention_scratch_floats(be, a->N, a->T, a->B, a->H);
+    return *n ? kt_guarded_new(*n) : NULL;
+}
+
+static void run_attn_fwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    size_t ns;
+    float *s = attn_scratch(be, a, &ns);
+    fb_attention_forward(be, outs[0], outs[1], a->qkv, a->N, a->T, a->B, a->D, a->H, a->causal, s);
+    scratch_done(s, ns, c->name);
+}
+
+static void run_attn_bwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    size_t ns;
+    float *s = attn_scratch(be, a, &ns);
+    fb_attention_backward(be, outs[0], a->dout, a->probs, a->qkv, a->N, a->T, a->B, a->D, a->H, s);
+    scratch_done(s, ns, c->name);
+}
+
+static void run_spool_fwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    fb_seq_pool_forward(be, a->kind, outs[0], a->in, a->N, a->T, a->B, a->D);
+}
+
+static void run_spool_bwd(fb_backend *be, const cc_case *c, float **outs)
+{
+    const seq_arg *a = c->arg;
+    fb_seq_pool_backward(be, a->kind, outs[0], a->dout, a->N, a->T, a->B, a->D);
+}
+
+/* Embedding and positional add over a table of shapes; few distinct ids so
+ * that many positions add into the same rows of dtable, which must match the
+ * reference exactly. */
+static void cases_embed(void)
+{
+    /* N, T, B, V, D, L */
+    static const int cfg[][6] = {{3, 5, 1, 7, 4, 5},     {3, 5, 3, 7, 4, 9},   {2, 1, 2, 3, 5, 1},
+                                 {1, 1, 1, 1, 1, 1},     {4, 17, 3, 5, 33, 20},
+                                 {16, 64, 4, 256, 40, 64}, {8, 32, 1, 3, 300, 32}};
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        seq_arg a;
+        memset(&a, 0, sizeof a);
+        a.N = cfg[i][0], a.T = cfg[i][1], a.B = cfg[i][2], a.V = cfg[i][3], a.D = cfg[i][4];
+        a.L = cfg[i][5];
+        a.din = i % 2 == 0;
+        size_t P = (size_t)a.N * a.T, n = P * a.B * a.D, n_tab = (size_t)a.B * a.V * a.D;
+        size_t n_pos = (size_t)a.B * a.L * a.D;
+        a.ids = malloc(P * sizeof(int32_t));
+        CHECK(a.ids != NULL);
+        for (size_t p = 0; p < P; p++)
+            a.ids[p] = kt_int(a.V);
+        a.table = kt_rand(n_tab, -1, 1);
+        a.in = kt_rand(n, -1, 1);
+        a.pos = kt_rand(n_pos, -1, 1);
+        a.dout = kt_rand(n, -1, 1);
+        char desc[64];
+        snprintf(desc, sizeof desc, "N%d T%d B%d D%d", a.N, a.T, a.B, a.D);
+        cc_case c = cc_new(run_emb_fwd, &a, 0.0, "embedding_fwd %s V%d", desc, a.V);
+        cc_out(&c, "out", n, OUT_OVERWRITE, NULL);
+        cc_run(&c);
+        c = cc_new(run_emb_bwd, &a, 0.0, "embedding_bwd %s V%d (exact)", desc, a.V);
+        cc_out(&c, "dtable", n_tab, OUT_ACCUM, NULL);
+        cc_run(&c);
+        c = cc_new(run_pos_fwd, &a, 0.0, "positional_fwd %s L%d (and in place)", desc, a.L);
+        cc_out(&c, "out", n, OUT_OVERWRITE, NULL);
+        cc_out(&c, "out_inplace", n, OUT_OVERWRITE, NULL);
+        cc_run(&c);
+        c = cc_new(run_pos_bwd, &a, 1e-6, "positional_bwd %s L%d%s", desc, a.L,
+                   a.din ? "" : " nodin");
+        cc_out(&c, "dpos", n_pos, OUT_ACCUM, NULL);
+        cc_out(&c, "din", n, OUT_ACCUM, NULL);
+        cc_run(&c);
+        free(a.ids);
+        free(a.table);
+        free(a.in);
+        free(a.pos);
+        free(a.dout);
+    }
+}
+
+/* An id outside [0, V) is FB_ERR_DATA with a message, never a crash, and the
+ * output is left as it was, on both backends and in both directions. */
+static void check_embed_bad_ids(void)
+{
+    fb_backend *bes[2] = {g_fast, g_ref};
+    const int32_t bad[2][6] = {{0, 1, 2, 5, 1, 0}, {0, -1, 2, 3, 1, 0}};
+    float table[2 * 5 * 3], out[6 * 2 * 3], dtab[2 * 5 * 3];
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        table[i] = (float)i;
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            char msg[128] = "";
+            for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+                out[i] = -7.0f;
+            for (size_t i = 0; i < sizeof dtab / sizeof dtab[0]; i++)
+                dtab[i] = -7.0f;
+            CHECK_INT_EQ(fb_embedding_forward(bes[k], out, bad[j], table, 2, 3, 2, 5, 3, msg,
+                                              sizeof msg),
+                         FB_ERR_DATA);
+            CHECK(strstr(msg, "token id") != NULL);
+            CHECK_INT_EQ(fb_embedding_backward(bes[k], dtab, out, bad[j], 2, 3, 2, 5, 3, NULL, 0),
+                         FB_ERR_DATA);
+            for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+                CHECK(out[i] == -7.0f);
+            for (size_t i = 0; i < sizeof dtab / sizeof dtab[0]; i++)
+                CHECK(dtab[i] == -7.0f);
+            if (j == 1) printf("  %s: %s\n", fb_backend_name(bes[k]), msg);
+        }
+    printf("%-64s ok\n", "embedding: ids outside [0, V) are FB_ERR_DATA, output untouched");
+}
+
+/* qkv uniform in [-amp, amp); a large amp makes scores whose exp overflows
+ * unless the maximum is subtracted. */
+static void seq_qkv_init(seq_arg *a, float amp)
+{
+    size_t n3 = (size_t)a->N * a->T * a->B * 3 * a->D;
+    a->qkv = kt_rand(n3, -amp, amp);
+    a->dout = kt_rand((size_t)a->N * a->T * a->B * a->D, -1, 1);
+    a->probs = malloc((size_t)a->N * a->B * a->H * a->T * a->T * sizeof(float));
+    float *tmp = malloc((size_t)a->N * a->T * a->B * a->D * sizeof(float));
+    CHECK(a->probs && tmp);
+    fb_attention_forward(g_ref, tmp, a->probs, a->qkv, a->N, a->T, a->B, a->D, a->H, a->causal,
+                         NULL);
+    free(tmp);
+}
+
+static void cases_attention(void)
+{
+    /* N, T, B, D, H, causal, amplitude of qkv */
+    static const int cfg[][7] = {
+        {2, 1, 1, 4, 1, 1, 2},  {2, 1, 3, 4, 2, 0, 2},  {3, 5, 1, 6, 1, 0, 2},
+        {3, 5, 1, 6, 1, 1, 2},  {2, 7, 3, 6, 3, 1, 2},  {2, 7, 3, 6, 3, 0, 2},
+        {1, 4, 2, 5, 5, 1, 2},  {3, 9, 2, 10, 2, 0, 2},
+        /* scores in the hundreds: expf overflows unless the maximum is subtracted */
+        {2, 6, 2, 8, 2, 0, 16}, {2, 6, 2, 8, 2, 1, 16},
+        /* large enough to be dealt over threads, odd T */
+        {4, 33, 3, 64, 4, 1, 2}, {5, 16, 4, 32, 4, 0, 2}, {2, 64, 2, 128, 4, 1, 2},
+    };
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        seq_arg a;
+        memset(&a, 0, sizeof a);
+        a.N = cfg[i][0], a.T = cfg[i][1], a.B = cfg[i][2], a.D = cfg[i][3], a.H = cfg[i][4];
+        a.causal = cfg[i][5] != 0;
+        seq_qkv_init(&a, (float)cfg[i][6]);
+        size_t n = (size_t)a.N * a.T * a.B * a.D;
+        size_t np = (size_t)a.N * a.B * a.H * a.T * a.T;
+        char desc[64];
+        snprintf(desc, sizeof desc, "N%d T%d B%d D%d H%d %s qkv+-%d", a.N, a.T, a.B, a.D, a.H,
+                 a.causal ? "causal" : "full", cfg[i][6]);
+        cc_case c = cc_new(run_attn_fwd, &a, 1e-5, "attention_fwd %s", desc);
+        cc_out(&c, "out", n, OUT_OVERWRITE, NULL);
+        cc_out(&c, "probs", np, OUT_OVERWRITE, NULL);
+        cc_run(&c);
+        c = cc_new(run_attn_bwd, &a, 1e-5, "attention_bwd %s", desc);
+        cc_out(&c, "dqkv", 3 * n, OUT_ACCUM, NULL);
+        cc_run(&c);
+        free(a.qkv);
+        free(a.dout);
+        free(a.probs);
+    }
+}
+
+/* The fast attention gives the same bits on any number of threads (the
+ * embedding gradient is checked bit for bit against the reference at every
+ * count already). */
+static void check_seq_threads(void)
+{
+    seq_arg a;
+    memset(&a, 0, sizeof a);
+    a.N = 4, a.T = 33, a.B = 3, a.D = 64, a.H = 4, a.causal = true;
+    seq_qkv_init(&a, 2.0f);
+    size_t n = (size_t)a.N * a.T * a.B * a.D, np = (size_t)a.N * a.B * a.H * a.T * a.T;
+    float *res[2][3];
+    static const int threads[2] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        fb_backend_set_threads(g_fast, threads[k]);
+        res[k][0] = calloc(n, sizeof(float));
+        res[k][1] = calloc(np, sizeof(float));
+        res[k][2] = calloc(3 * n, sizeof(float));
+        CHECK(res[k][0] && res[k][1] && res[k][2]);
+        size_t ns = fb_attention_scratch_floats(g_fast, a.N, a.T, a.B, a.H);
+        float *s = malloc(ns * sizeof(float));
+        CHECK(s != NULL);
+        fb_attention_forward(g_fast, res[k][0], res[k][1], a.qkv, a.N, a.T, a.B, a.D, a.H, true, s);
+        fb_attention_backward(g_fast, res[k][2], a.dout, res[k][1], a.qkv, a.N, a.T, a.B, a.D, a.H,
+                              s);
+        free(s);
+    }
+    CHECK(memcmp(res[0][0], res[1][0], n * sizeof(float)) == 0);
+    CHECK(memcmp(res[0][1], res[1][1], np * sizeof(float)) == 0);
+    CHECK(memcmp(res[0][2], res[1][2], 3 * n * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++)
+            free(res[k][j]);
+    free(a.qkv);
+    free(a.dout);
+    free(a.probs);
+    printf("%-64s ok\n", "attention: the same bits on 1 and 3 threads");
+}
+
+static void cases_seq_pool(void)
+{
+    static const int cfg[][4] = {{3, 1, 1, 5}, {3, 7, 3, 5}, {2, 33, 2, 300}, {16, 64, 4, 128}};
+    static const char *names[] = {"mean", "first"};
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
+        for (int kind = FB_SEQ_POOL_MEAN; kind <= FB_SEQ_POOL_FIRST; kind++) {
+            seq_arg a;
+            memset(&a, 0, sizeof a);
+            a.N = cfg[i][0], a.T = cfg[i][1], a.B = cfg[i][2], a.D = cfg[i][3];
+            a.kind = (fb_seq_pool)kind;
+            size_t n = (size_t)a.N * a.T * a.B * a.D, no = (size_t)a.N * a.B * a.D;
+            a.in = kt_rand(n, -1, 1);
+            a.dout = kt_rand(no, -1, 1);
+            cc_case c = cc_new(run_spool_fwd, &a, 1e-6, "seq_pool_fwd %s N%d T%d B%d D%d",
+                               names[kind], a.N, a.T, a.B, a.D);
+            cc_out(&c, "out", no, OUT_OVERWRITE, NULL);
+            cc_run(&c);
+            c = cc_new(run_spool_bwd, &a, 1e-6, "seq_pool_bwd %s N%d T%d B%d D%d", names[kind], a.N,
+                       a.T, a.B, a.D);
+            cc_out(&c, "din", n, OUT_ACCUM, NULL);
+            cc_run(&c);
+            free(a.in);
+            free(a.dout);
+        }
+}
+
 /* ---- losses ---- */
 
 typedef struct {
@@ -917,6 +1193,8 @@ int main(void)
     g_ref = fb_backend_cpu_ref();
     CHECK(g_fast != NULL && g_ref != NULL);
     check_backends();
+    check_embed_bad_ids();
+    check_seq_threads();
     /* one thread, and three (more than this machine's cores, and an odd count,
      * so that work is cut unevenly) for the fast backend's threaded paths */
     static const int threads[] = {1, 3};
@@ -930,6 +1208,9 @@ int main(void)
         cases_eltwise();
         cases_dropout();
         cases_norm();
+        cases_embed();
+        cases_attention();
+        cases_seq_pool();
         cases_loss();
         cases_optim();
         cases_gemm();

@@ -506,6 +506,145 @@ static void check_layernorm(fb_backend *be, int B)
     free(beta);
 }
 
+/* ---- sequences ---- */
+
+typedef struct {
+    int N, T, B, V, D, L, H;
+    bool causal;
+    fb_seq_pool kind;
+    int32_t ids[16];
+} seq_arg;
+
+static void emb_fwd(gc *g, float *out)
+{
+    const seq_arg *a = g->arg;
+    CHECK_INT_EQ(fb_embedding_forward(g->be, out, a->ids, g->p[0].x, a->N, a->T, a->B, a->V, a->D,
+                                      NULL, 0),
+                 0);
+}
+
+static void emb_bwd(gc *g, const float *dout)
+{
+    const seq_arg *a = g->arg;
+    CHECK_INT_EQ(fb_embedding_backward(g->be, g->p[0].grad, dout, a->ids, a->N, a->T, a->B, a->V,
+                                       a->D, NULL, 0),
+                 0);
+}
+
+/* Repeated ids, so that a row of the table gets several positions' gradient. */
+static void check_embedding(fb_backend *be, int B)
+{
+    seq_arg a = {.N = 2, .T = 4, .B = B, .V = 5, .D = 3, .ids = {0, 3, 3, 1, 4, 3, 0, 0}};
+    size_t n_tab = (size_t)B * a.V * a.D;
+    float *table = kt_rand(n_tab, -1, 1);
+    gc g = {.be = be,
+            .n_out = (size_t)a.N * a.T * B * a.D,
+            .fwd = emb_fwd,
+            .bwd = emb_bwd,
+            .arg = &a};
+    snprintf(g.name, sizeof g.name, "embedding [2, 4, %d, 3] V5", B);
+    gc_param(&g, "table", table, n_tab);
+    gc_run(&g);
+    free(table);
+}
+
+static void pos_fwd(gc *g, float *out)
+{
+    const seq_arg *a = g->arg;
+    fb_positional_forward(g->be, out, g->p[0].x, g->p[1].x, a->N, a->T, a->B, a->L, a->D);
+}
+
+static void pos_bwd(gc *g, const float *dout)
+{
+    const seq_arg *a = g->arg;
+    fb_positional_backward(g->be, g->p[0].grad, g->p[1].grad, dout, a->N, a->T, a->B, a->L, a->D);
+}
+
+/* L > T: the rows of pos past T have no effect and get gradient 0. */
+static void check_positional(fb_backend *be, int B)
+{
+    seq_arg a = {.N = 2, .T = 3, .B = B, .D = 4, .L = 5};
+    size_t n = (size_t)a.N * a.T * B * a.D, n_pos = (size_t)B * a.L * a.D;
+    float *in = kt_rand(n, -1, 1), *pos = kt_rand(n_pos, -1, 1);
+    gc g = {.be = be, .n_out = n, .fwd = pos_fwd, .bwd = pos_bwd, .arg = &a};
+    snprintf(g.name, sizeof g.name, "positional [2, 3, %d, 4] L5", B);
+    gc_param(&g, "in", in, n);
+    gc_param(&g, "pos", pos, n_pos);
+    gc_run(&g);
+    free(in);
+    free(pos);
+}
+
+static void attn_fwd(gc *g, float *out)
+{
+    const seq_arg *a = g->arg;
+    size_t ns = fb_attention_scratch_floats(g->be, a->N, a->T, a->B, a->H);
+    float *s = ns ? malloc(ns * sizeof(float)) : NULL;
+    float *probs = malloc((size_t)a->N * a->B * a->H * a->T * a->T * sizeof(float));
+    CHECK(probs != NULL);
+    fb_attention_forward(g->be, out, probs, g->p[0].x, a->N, a->T, a->B, a->D, a->H, a->causal, s);
+    free(probs);
+    free(s);
+}
+
+static void attn_bwd(gc *g, const float *dout)
+{
+    const seq_arg *a = g->arg;
+    size_t ns = fb_attention_scratch_floats(g->be, a->N, a->T, a->B, a->H);
+    float *s = ns ? malloc(ns * sizeof(float)) : NULL;
+    float *probs = malloc((size_t)a->N * a->B * a->H * a->T * a->T * sizeof(float));
+    float *out = malloc((size_t)a->N * a->T * a->B * a->D * sizeof(float));
+    CHECK(probs && out);
+    fb_attention_forward(g->be, out, probs, g->p[0].x, a->N, a->T, a->B, a->D, a->H, a->causal, s);
+    fb_attention_backward(g->be, g->p[0].grad, dout, probs, g->p[0].x, a->N, a->T, a->B, a->D,
+                          a->H, s);
+    free(out);
+    free(probs);
+    free(s);
+}
+
+static void check_attention(fb_backend *be, int B, int T, int H, bool causal)
+{
+    seq_arg a = {.N = 2, .T = T, .B = B, .D = 4, .H = H, .causal = causal};
+    size_t n = (size_t)a.N * T * B * 3 * a.D;
+    float *qkv = kt_rand(n, -1, 1);
+    gc g = {.be = be,
+            .n_out = (size_t)a.N * T * B * a.D,
+            .fwd = attn_fwd,
+            .bwd = attn_bwd,
+            .arg = &a};
+    snprintf(g.name, sizeof g.name, "attention [2, %d, %d, 4] H%d %s", T, B, H,
+             causal ? "causal" : "full");
+    gc_param(&g, "qkv", qkv, n);
+    gc_run(&g);
+    free(qkv);
+}
+
+static void spool_fwd(gc *g, float *out)
+{
+    const seq_arg *a = g->arg;
+    fb_seq_pool_forward(g->be, a->kind, out, g->p[0].x, a->N, a->T, a->B, a->D);
+}
+
+static void spool_bwd(gc *g, const float *dout)
+{
+    const seq_arg *a = g->arg;
+    fb_seq_pool_backward(g->be, a->kind, g->p[0].grad, dout, a->N, a->T, a->B, a->D);
+}
+
+static void check_seq_pool(fb_backend *be, int B, fb_seq_pool kind)
+{
+    seq_arg a = {.N = 2, .T = 3, .B = B, .D = 4, .kind = kind};
+    size_t n = (size_t)a.N * a.T * B * a.D;
+    float *in = kt_rand(n, -1, 1);
+    gc g = {.be = be, .n_out = (size_t)a.N * B * a.D, .fwd = spool_fwd, .bwd = spool_bwd, .arg = &a};
+    snprintf(g.name, sizeof g.name, "seq_pool %s [2, 3, %d, 4]",
+             kind == FB_SEQ_POOL_MEAN ? "mean" : "first", B);
+    gc_param(&g, "in", in, n);
+    gc_run(&g);
+    free(in);
+}
+
 /* ---- losses ---- */
 
 typedef struct {
@@ -584,6 +723,14 @@ int main(void)
             check_batchnorm(be, B, 1);
             check_batchnorm(be, B, 4);
             check_layernorm(be, B);
+            check_embedding(be, B);
+            check_positional(be, B);
+            check_attention(be, B, 1, 1, true);
+            check_attention(be, B, 4, 1, false);
+            check_attention(be, B, 4, 2, true);
+            check_attention(be, B, 5, 2, false);
+            check_seq_pool(be, B, FB_SEQ_POOL_MEAN);
+            check_seq_pool(be, B, FB_SEQ_POOL_FIRST);
             check_losses(be, B);
         }
     }
