@@ -5,7 +5,8 @@
  * server/ may not link the data store (workers/data), so the server runs the
  * fusebox-data executable (--data-tool) as a child process to import and
  * verify, and reads the manifest.json it writes as a documented contract
- * (docs/data-format.md), checked as strictly as any other input.
+ * (docs/data-format.md) with the contract's own strict parser
+ * (api/manifest.h), the one the workers use.
  *
  * Where things are.  Tenant T's dataset N lives in DATASETS_DIR/T/N/.  An
  * import is built in DATASETS_DIR/T/.import-<id>/ and renamed into place
@@ -60,6 +61,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "manifest.h"
 #include "routes.h"
 #include "server_impl.h"
 
@@ -69,10 +71,7 @@
 #define DS_ERR_MAX 1024                   /* stored error messages */
 #define DS_MAX_IMPORTS 4                  /* imports running at once, server-wide */
 #define DS_TOOL_TIMEOUT_S 3600            /* one run of the data tool */
-#define DS_MANIFEST_MAX ((off_t)64 << 20) /* bytes of a manifest.json we read */
 #define DS_UPLOAD_MAX ((uint64_t)1 << 30) /* fusebox-data reads CSV files up to 1 GiB */
-#define DS_SPLITS_MAX 8                   /* docs/data-format.md */
-#define DS_SHARDS_MAX 65536               /* per split */
 #define DS_TREE_DEPTH 8                   /* directories deep a dataset may be */
 #define DS_SHOWN_MAX (PATH_MAX + 64)
 #define DS_TOOL_NO_SPACE 3 /* the data tool's exit status for a full file system */
@@ -122,19 +121,6 @@ static bool name_ok(const char *s)
         char c = s[i];
         bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
         if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
-    }
-    return true;
-}
-
-/* Split names of docs/data-format.md: 1-32 bytes of a-z 0-9 _ -. */
-static bool split_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > DS_SPLIT_MAX) return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return false;
     }
     return true;
 }
@@ -283,8 +269,6 @@ static void rewrite_text(char *out, size_t cap, const char *src, const char *con
     out[used] = '\0';
 }
 
-/* ---- the manifest, read as input ---------------------------------------------------- */
-
 /* The first key of object o that is not one of keys[0..n), or NULL. */
 static const char *unknown_key(json_t *o, const char *const *keys, int n)
 {
@@ -298,165 +282,32 @@ static const char *unknown_key(json_t *o, const char *const *keys, int n)
     return NULL;
 }
 
-/* o is an object with exactly the given keys. */
-static int want_keys(json_t *o, const char *what, const char *const *keys, int n, char *msg,
-                     size_t cap)
-{
-    if (!json_is_object(o))
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s is not an object", what);
-    const char *k = unknown_key(o, keys, n);
-    if (k)
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s has an unknown field \"%.64s\"", what,
-                       k);
-    for (int i = 0; i < n; i++)
-        if (!json_object_get(o, keys[i]))
-            return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s is missing", what, keys[i]);
-    return FB_OK;
-}
-
-/* An integer member in [lo, hi]. */
-static int want_int(json_t *o, const char *key, const char *what, long long lo, long long hi,
-                    long long *out, char *msg, size_t cap)
-{
-    /* the failures return the constant, not fb_errf's result (which is the same), so that
-     * the optimiser, which cannot see into fb_errf, knows that a 0 means *out is set */
-    json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v)) {
-        fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s is not an integer", what, key);
-        return FB_ERR_DATA;
-    }
-    long long x = (long long)json_integer_value(v);
-    if (x < lo || x > hi) {
-        fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.%s = %lld is outside [%lld, %lld]", what, key,
-                x, lo, hi);
-        return FB_ERR_DATA;
-    }
-    *out = x;
-    return FB_OK;
-}
-
-/* A shard path: relative, components of A-Z a-z 0-9 . _ -, none empty, "."
- * or "..", at most 255 bytes. */
-static bool shard_path_ok(const char *p)
-{
-    size_t n = strlen(p);
-    if (n == 0 || n > 255) return false;
-    const char *s = p;
-    while (*s) {
-        size_t len = strcspn(s, "/");
-        if (len == 0 || (len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
-            return false;
-        for (size_t i = 0; i < len; i++) {
-            char c = s[i];
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-'))
-                return false;
-        }
-        s += len;
-        if (*s == '/' && !*++s) return false;
-    }
-    return true;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Checks one split of the manifest and the files it lists against the
- * directory; adds its summary to splits and its counts to the totals. */
-static int check_split(int dfd, const char *sname, json_t *sp, json_t *splits, const char **paths,
-                       size_t *n_paths, long long *samples, long long *bytes, char *msg, size_t cap)
-{
-    static const char *const split_keys[] = {"samples", "shards"};
-    static const char *const shard_keys[] = {"path", "bytes", "records", "chunks", "crc32c"};
-    char what[96];
-    snprintf(what, sizeof what, "splits.%s", sname);
-    if (!split_ok(sname))
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: split name \"%.40s\" is not allowed",
-                       sname);
-    int err = want_keys(sp, what, split_keys, 2, msg, cap);
-    long long n_samples;
-    if (err || (err = want_int(sp, "samples", what, 0, 1LL << 40, &n_samples, msg, cap)))
-        return err;
-    json_t *shards = json_object_get(sp, "shards");
-    size_t n = json_array_size(shards);
-    if (!json_is_array(shards) || n < 1 || n > DS_SHARDS_MAX)
-        return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.shards must list 1..%d shards", what,
-                       DS_SHARDS_MAX);
-    long long records_sum = 0, split_bytes = 0;
-    for (size_t i = 0; i < n; i++) {
-        json_t *sh = json_array_get(shards, i);
-        char swhat[128];
-        snprintf(swhat, sizeof swhat, "%s.shards[%zu]", what, i);
-        long long sbytes = 0, records = 0, chunks = 0;
-        if ((err = want_keys(sh, swhat, shard_keys, 5, msg, cap)) ||
-            (err = want_int(sh, "bytes", swhat, 64, 1LL << 50, &sbytes, msg, cap)) ||
-            (err = want_int(sh, "records", swhat, 1, 1LL << 40, &records, msg, cap)))
-            return err;
-        if ((err = want_int(sh, "chunks", swhat, 1, records < (1LL << 24) ? records : 1LL << 24,
-                            &chunks, msg, cap)))
-            return err;
-        const char *path = json_string_value(json_object_get(sh, "path"));
-        const char *crc = json_string_value(json_object_get(sh, "crc32c"));
-        if (!path || !shard_path_ok(path))
-            return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s.path is not a safe relative path",
-                           swhat);
-        bool crc_ok = crc && strlen(crc) == 8;
-        for (int k = 0; crc_ok && k < 8; k++)
-            crc_ok = (crc[k] >= '0' && crc[k] <= '9') || (crc[k] >= 'a' && crc[k] <= 'f');
-        if (!crc_ok)
-            return fb_errf(msg, cap, FB_ERR_DATA,
-                           "manifest: %s.crc32c is not 8 lowercase hex digits", swhat);
-        struct stat st;
-        if (fstatat(dfd, path, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
-            return fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s is listed but is not a file", path);
-        if ((long long)st.st_size != sbytes)
-            return fb_errf(msg, cap, FB_ERR_DATA,
-                           "manifest: %s has %lld bytes; the manifest says %lld", path,
-                           (long long)st.st_size, sbytes);
-        paths[(*n_paths)++] = path;
-        records_sum += records;
-        split_bytes += sbytes;
-    }
-    if (records_sum != n_samples)
-        return fb_errf(msg, cap, FB_ERR_DATA,
-                       "manifest: %s.samples = %lld, but its shards hold %lld records", what,
-                       n_samples, records_sum);
-    json_object_set_new(splits, sname,
-                        json_pack("{s:I, s:I, s:I}", "samples", (json_int_t)n_samples, "shards",
-                                  (json_int_t)n, "bytes", (json_int_t)split_bytes));
-    *samples += n_samples;
-    *bytes += split_bytes;
-    return FB_OK;
-}
+/* ---- the manifest, read as input ---------------------------------------------------- */
 
 /*
  * Reads <dfd>/manifest.json, which the data tool wrote for dataset name,
- * checks it against docs/data-format.md and against the files it lists (each
- * there, a regular file of the listed size), and returns the summary the API
- * shows plus the bytes the dataset takes (shards and manifest).
+ * parses it as strictly as the workers do (api/manifest.h), checks it
+ * against the files it lists (each there, a regular file of the listed
+ * size), and returns the summary the API shows plus the bytes the dataset
+ * takes (shards and manifest).
  */
 static int read_manifest(int dfd, const char *name, json_t **summary, long long *total, char *msg,
                          size_t cap)
 {
-    static const char *const top_keys[] = {"format", "version", "name",
-                                           "sample", "label",   "splits"};
-    static const char *const sample_keys[] = {"dtype", "shape"};
-    static const char *const label_keys[] = {"dtype", "classes"};
     int err = FB_OK;
     char *text = NULL;
-    json_t *m = NULL, *splits = NULL, *shape = NULL;
-    const char **paths = NULL;
-    int fd = openat(dfd, "manifest.json", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    fb_manifest m;
+    memset(&m, 0, sizeof m);
+    json_t *shape = NULL, *splits = NULL;
+    int fd = openat(dfd, FB_MANIFEST_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         err = fb_errf(msg, cap, FB_ERR_DATA, "manifest.json is missing");
         goto fail;
     }
-    if (st.st_size <= 0 || st.st_size > DS_MANIFEST_MAX) {
+    if (st.st_size <= 0 || (size_t)st.st_size > FB_MANIFEST_MAX_BYTES) {
         err = fb_errf(msg, cap, FB_ERR_DATA, "manifest.json has %lld bytes (1..%lld allowed)",
-                      (long long)st.st_size, (long long)DS_MANIFEST_MAX);
+                      (long long)st.st_size, (long long)FB_MANIFEST_MAX_BYTES);
         goto fail;
     }
     size_t len = (size_t)st.st_size, got = 0;
@@ -474,98 +325,47 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
         err = fb_errf(msg, cap, FB_ERR_IO, "manifest.json could not be read");
         goto fail;
     }
-    json_error_t jerr;
-    if (!(m = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr))) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest.json: invalid JSON at line %d: %s",
-                      jerr.line, jerr.text);
-        goto fail;
-    }
-    long long version, classes;
-    if ((err = want_keys(m, "the top level", top_keys, 6, msg, cap)) ||
-        (err = want_int(m, "version", "the top level", 1, 1, &version, msg, cap)))
-        goto fail;
-    const char *format = json_string_value(json_object_get(m, "format"));
-    const char *mname = json_string_value(json_object_get(m, "name"));
-    if (!format || strcmp(format, "fusebox-dataset") != 0) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: format is not \"fusebox-dataset\"");
-        goto fail;
-    }
-    if (!mname || strcmp(mname, name) != 0) {
+    if ((err = fb_manifest_parse(&m, text, len, FB_MANIFEST_FILE, msg, cap))) goto fail;
+    if (strcmp(m.name, name) != 0) {
         err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: name is not \"%s\"", name);
         goto fail;
     }
-    json_t *sample = json_object_get(m, "sample"), *label = json_object_get(m, "label");
-    if ((err = want_keys(sample, "sample", sample_keys, 2, msg, cap)) ||
-        (err = want_keys(label, "label", label_keys, 2, msg, cap)) ||
-        (err = want_int(label, "classes", "label", 1, 1LL << 24, &classes, msg, cap)))
-        goto fail;
-    const char *dtype = json_string_value(json_object_get(sample, "dtype"));
-    const char *ldtype = json_string_value(json_object_get(label, "dtype"));
-    if (!dtype || (strcmp(dtype, "uint8") != 0 && strcmp(dtype, "float32") != 0)) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: sample.dtype is not uint8 or float32");
-        goto fail;
-    }
-    if (!ldtype || strcmp(ldtype, "int32") != 0) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: label.dtype is not int32");
-        goto fail;
-    }
-    json_t *jshape = json_object_get(sample, "shape");
-    const char *variable = json_string_value(jshape);
-    if (variable && strcmp(variable, "variable") == 0) {
-        shape = json_string("variable");
-    } else {
-        size_t nd = json_array_size(jshape);
-        long long numel = 1;
-        if (!json_is_array(jshape) || (nd != 1 && nd != 3)) {
-            err = fb_errf(msg, cap, FB_ERR_DATA,
-                          "manifest: sample.shape is not [F], [C, H, W] or \"variable\"");
-            goto fail;
-        }
-        shape = json_array();
-        for (size_t i = 0; i < nd; i++) {
-            json_t *d = json_array_get(jshape, i);
-            long long x = json_is_integer(d) ? (long long)json_integer_value(d) : 0;
-            numel *= x >= 1 && x <= (1LL << 26) ? x : 0;
-            if (numel < 1 || numel > (1LL << 26)) {
-                err = fb_errf(msg, cap, FB_ERR_DATA,
-                              "manifest: sample.shape has sizes outside 1..2^26 values");
-                goto fail;
-            }
-            json_array_append_new(shape, json_integer(x));
-        }
-    }
-    json_t *jsplits = json_object_get(m, "splits");
-    size_t n_splits = json_object_size(jsplits);
-    if (!json_is_object(jsplits) || n_splits < 1 || n_splits > DS_SPLITS_MAX) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: splits must hold 1..%d splits",
-                      DS_SPLITS_MAX);
-        goto fail;
-    }
-    size_t max_paths = 0;
-    for (void *it = json_object_iter(jsplits); it; it = json_object_iter_next(jsplits, it))
-        max_paths += json_array_size(json_object_get(json_object_iter_value(it), "shards"));
+    shape = m.ndim == 0 ? json_string("variable") : json_array();
     splits = json_object();
-    paths = calloc(max_paths ? max_paths : 1, sizeof *paths);
-    if (!splits || !shape || !paths) {
+    if (!shape || !splits) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    size_t n_paths = 0;
+    for (int i = 0; i < m.ndim; i++) json_array_append_new(shape, json_integer(m.shape[i]));
     long long samples = 0, bytes = (long long)st.st_size;
-    for (void *it = json_object_iter(jsplits); it; it = json_object_iter_next(jsplits, it)) {
-        if ((err = check_split(dfd, json_object_iter_key(it), json_object_iter_value(it), splits,
-                               paths, &n_paths, &samples, &bytes, msg, cap)))
-            goto fail;
-    }
-    qsort(paths, n_paths, sizeof *paths, cmp_str);
-    for (size_t i = 1; i < n_paths; i++)
-        if (strcmp(paths[i - 1], paths[i]) == 0) {
-            err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s is listed twice", paths[i]);
-            goto fail;
+    for (int s = 0; s < m.n_splits; s++) {
+        const fb_manifest_split *sp = &m.splits[s];
+        for (int i = 0; i < sp->n_shards; i++) {
+            const char *path = sp->shards[i].path;
+            struct stat sh;
+            if (fstatat(dfd, path, &sh, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sh.st_mode)) {
+                err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s is listed but is not a file",
+                              path);
+                goto fail;
+            }
+            if ((uint64_t)sh.st_size != sp->shards[i].bytes) {
+                err = fb_errf(msg, cap, FB_ERR_DATA,
+                              "manifest: %s has %lld bytes; the manifest says %llu", path,
+                              (long long)sh.st_size, (unsigned long long)sp->shards[i].bytes);
+                goto fail;
+            }
         }
-    json_t *s = json_pack("{s:s, s:O, s:I, s:I, s:I, s:O}", "dtype", dtype, "shape", shape,
-                          "classes", (json_int_t)classes, "samples", (json_int_t)samples, "bytes",
-                          (json_int_t)bytes, "splits", splits);
+        long long split_bytes = (long long)fb_manifest_split_bytes(sp);
+        json_object_set_new(splits, sp->name,
+                            json_pack("{s:I, s:I, s:I}", "samples", (json_int_t)sp->samples,
+                                      "shards", (json_int_t)sp->n_shards, "bytes",
+                                      (json_int_t)split_bytes));
+        samples += sp->samples;
+        bytes += split_bytes;
+    }
+    json_t *s = json_pack("{s:s, s:O, s:I, s:I, s:I, s:O}", "dtype", fb_data_dtype_name(m.dtype),
+                          "shape", shape, "classes", (json_int_t)m.n_classes, "samples",
+                          (json_int_t)samples, "bytes", (json_int_t)bytes, "splits", splits);
     if (!s) {
         err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
@@ -575,8 +375,7 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
 fail:
     if (fd >= 0) close(fd);
     free(text);
-    free(paths);
-    json_decref(m);
+    fb_manifest_free(&m);
     json_decref(splits);
     json_decref(shape);
     return err;
@@ -1523,7 +1322,7 @@ static int import_fields(fb_req *req, ds_import *im, const char **path, const ch
             return fb_req_fail(req, FB_ERR_WRONG_TYPE, "header", "header: expected true or false");
         if (header) im->header = json_is_true(header) ? 1 : 0;
     }
-    if (*split && !split_ok(*split))
+    if (*split && !fb_manifest_valid_split_name(*split))
         return fb_req_fail(req, FB_ERR_BAD_NAME, "split",
                            "split: 1..32 bytes of a-z, 0-9, '_' and '-'");
     if (!path_words_ok(*path))
@@ -1711,7 +1510,7 @@ static int upload_args_read(fb_req *req, upload_args *a)
         return fb_req_fail(req, FB_ERR_BAD_NAME, "name",
                            "name: 1..64 bytes of a-z, 0-9, '.', '_' and '-', starting with a "
                            "letter or digit");
-    if (!split_ok(a->split))
+    if (!fb_manifest_valid_split_name(a->split))
         return fb_req_fail(req, FB_ERR_BAD_NAME, "split",
                            "split: 1..32 bytes of a-z, 0-9, '_' and '-'");
     if (!a->label_column[0])
