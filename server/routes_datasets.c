@@ -472,11 +472,14 @@ static int run_tool(char *const argv[], const int *fds, int n_fds, int *status, 
 
 /* ---- the import connection -------------------------------------------------------- */
 
-/* A connection of the import's own (the pool's belong to requests). */
+/* A connection of the import's own (the pool's belong to requests), with the
+ * request connections' settings that matter to it: the statement limit, UTC,
+ * and no JIT (server/db.c's conn_open says why; the import's statements are
+ * as short as a request's). */
 static PGconn *import_connect(const fb_config *cfg, char *msg, size_t cap)
 {
     char options[128];
-    snprintf(options, sizeof options, "-c statement_timeout=%d -c TimeZone=UTC",
+    snprintf(options, sizeof options, "-c statement_timeout=%d -c TimeZone=UTC -c jit=off",
              cfg->request_timeout_ms);
     const char *keys[] = {"dbname", "application_name", "connect_timeout", "options", NULL};
     const char *vals[] = {cfg->database_url, "fuseboxd-dataset-import", "3", options, NULL};
