@@ -1,7 +1,7 @@
 /*
  * Strict UTF-8 validation, the one check every input that must be text goes
  * through: HTTP bodies (server/http.c), strings of wire messages
- * (api/wire.c), tensor names and metadata of safetensors files
+ * (api/wire_encode.c), tensor names and metadata of safetensors files
  * (workers/io/safetensors.c).
  *
  * Well-formed means Table 3-7 of the Unicode standard: no overlong forms, no

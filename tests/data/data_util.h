@@ -22,7 +22,7 @@
 
 #include "datadir.h"
 #include "loader.h"
-#include "manifest.h"
+#include "manifest_file.h"
 #include "shard.h"
 
 /* Creates a fresh scratch directory under $TMPDIR (or /tmp) into buf. */

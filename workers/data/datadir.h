@@ -24,7 +24,7 @@
 #include "errors.h"
 #include "idx.h"
 #include "loader.h"
-#include "manifest.h"
+#include "manifest_file.h"
 #include "shard.h"
 
 #define FB_IMPORT_DEFAULT_CHUNK_BYTES ((int64_t)256 << 10) /* decoded bytes per chunk */

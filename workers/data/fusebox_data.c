@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "datadir.h"
-#include "manifest.h"
+#include "manifest_file.h"
 #include "shard.h"
 
 #define EXIT_DATA 1

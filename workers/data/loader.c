@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "manifest_file.h"
 #include "rng.h"
 
 #ifdef __linux__

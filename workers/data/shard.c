@@ -33,38 +33,6 @@
 
 #define SHARD_IO_BLOCK ((size_t)1 << 20)
 
-size_t fb_data_dtype_size(int dtype)
-{
-    switch (dtype) {
-    case FB_DTYPE_U8: return 1;
-    case FB_DTYPE_F32: return 4;
-    default: return 0;
-    }
-}
-
-const char *fb_data_dtype_name(int dtype)
-{
-    switch (dtype) {
-    case FB_DTYPE_U8: return "uint8";
-    case FB_DTYPE_F32: return "float32";
-    default: return NULL;
-    }
-}
-
-int fb_data_dtype_parse(fb_data_dtype *out, const char *name)
-{
-    if (!name) return 0;
-    if (strcmp(name, "uint8") == 0) {
-        *out = FB_DTYPE_U8;
-        return 1;
-    }
-    if (strcmp(name, "float32") == 0) {
-        *out = FB_DTYPE_F32;
-        return 1;
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------ byte order */
 
 static void put_u16(uint8_t *p, uint16_t v)

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "errors.h"
+#include "manifest.h" /* api/: the sample dtypes (fb_data_dtype) */
 
 #define FB_SHARD_MAGIC "FBSHARD"           /* 7 characters and a NUL: bytes 0..7 */
 #define FB_SHARD_VERSION 1
@@ -41,19 +42,6 @@
 #define FB_SHARD_MAX_CHUNK_BYTES ((uint64_t)1 << 28) /* decoded bytes of one chunk */
 #define FB_SHARD_MAX_SAMPLE_NUMEL ((int64_t)1 << 26)
 #define FB_SHARD_MAX_RECORDS ((int64_t)1 << 40)
-
-/* Sample value types; the enum value is the code stored in headers. */
-typedef enum fb_data_dtype {
-    FB_DTYPE_U8 = 1,  /* pixels: the loader delivers value / 255 */
-    FB_DTYPE_F32 = 2, /* features: delivered as stored */
-} fb_data_dtype;
-
-/* Bytes per value of a dtype; 0 for a code that is not a dtype. */
-size_t fb_data_dtype_size(int dtype);
-/* "uint8", "float32", or NULL for a code that is not a dtype. */
-const char *fb_data_dtype_name(int dtype);
-/* Parses "uint8" / "float32"; returns 1 and sets *out, or 0. */
-int fb_data_dtype_parse(fb_data_dtype *out, const char *name);
 
 /* What a new shard holds and how it is packed. */
 typedef struct fb_shard_params {

@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "crc32c.h"
+#include "shard.h"
 
 #define STAGE_BLOCK ((size_t)1 << 20)
 #define STAGE_NAME_MAX 320

@@ -1,21 +1,48 @@
 /*
- * manifest.json: strict parser, canonical writer, and the comparison of a
- * manifest with the shard files it lists.
+ * manifest.json: the sample dtypes, the strict parser and the canonical
+ * writer (to and from bytes; the files are workers/data/manifest_file.c's).
  */
 #include "manifest.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
+
+size_t fb_data_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case FB_DTYPE_U8: return 1;
+    case FB_DTYPE_F32: return 4;
+    default: return 0;
+    }
+}
+
+const char *fb_data_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case FB_DTYPE_U8: return "uint8";
+    case FB_DTYPE_F32: return "float32";
+    default: return NULL;
+    }
+}
+
+int fb_data_dtype_parse(fb_data_dtype *out, const char *name)
+{
+    if (!name) return 0;
+    if (strcmp(name, "uint8") == 0) {
+        *out = FB_DTYPE_U8;
+        return 1;
+    }
+    if (strcmp(name, "float32") == 0) {
+        *out = FB_DTYPE_F32;
+        return 1;
+    }
+    return 0;
+}
 
 typedef struct mctx {
     const char *src;
@@ -101,7 +128,7 @@ int fb_manifest_valid_name(const char *name)
     return 1;
 }
 
-static int valid_split_name(const char *name)
+int fb_manifest_valid_split_name(const char *name)
 {
     size_t n = strlen(name);
     if (n < 1 || n > FB_MANIFEST_SPLIT_MAX) return 0;
@@ -161,7 +188,7 @@ static int parse_split(const mctx *c, json_t *js, const char *name, fb_manifest_
     int rc = only_keys(c, js, where, k_split);
     if (rc) return rc;
     int64_t samples;
-    if ((rc = get_int(c, js, "samples", where, 1, FB_SHARD_MAX_RECORDS, &samples))) return rc;
+    if ((rc = get_int(c, js, "samples", where, 1, FB_MANIFEST_MAX_RECORDS, &samples))) return rc;
     json_t *arr = json_object_get(js, "shards");
     if (!arr) return mbad(c, "missing field %s.shards", where);
     if (!json_is_array(arr)) return mbad(c, "%s.shards must be an array", where);
@@ -183,10 +210,10 @@ static int parse_split(const mctx *c, json_t *js, const char *name, fb_manifest_
         const char *path, *crc;
         int64_t bytes, records, chunks;
         if ((rc = only_keys(c, o, w2, k_shard)) || (rc = get_str(c, o, "path", w2, &path)) ||
-            (rc = get_int(c, o, "bytes", w2, FB_SHARD_HEADER_BYTES + FB_SHARD_INDEX_ENTRY_BYTES,
+            (rc = get_int(c, o, "bytes", w2, FB_MANIFEST_MIN_SHARD_BYTES,
                           INT64_MAX, &bytes)) ||
-            (rc = get_int(c, o, "records", w2, 1, FB_SHARD_MAX_RECORDS, &records)) ||
-            (rc = get_int(c, o, "chunks", w2, 1, FB_SHARD_MAX_CHUNKS, &chunks)) ||
+            (rc = get_int(c, o, "records", w2, 1, FB_MANIFEST_MAX_RECORDS, &records)) ||
+            (rc = get_int(c, o, "chunks", w2, 1, FB_MANIFEST_MAX_CHUNKS, &chunks)) ||
             (rc = get_str(c, o, "crc32c", w2, &crc)))
             goto fail;
         if (!valid_rel_path(path)) {
@@ -209,7 +236,7 @@ static int parse_split(const mctx *c, json_t *js, const char *name, fb_manifest_
         sh[i].records = records;
         sh[i].chunks = chunks;
         total += records;
-        if (total > FB_SHARD_MAX_RECORDS) {
+        if (total > FB_MANIFEST_MAX_RECORDS) {
             rc = mbad(c, "%s: too many records", where);
             goto fail;
         }
@@ -277,14 +304,14 @@ static int parse_root(const mctx *c, json_t *root, fb_manifest *m)
         for (size_t i = 0; i < nd; i++) {
             json_t *d = json_array_get(shape, i);
             if (!json_is_integer(d) || json_integer_value(d) < 1 ||
-                json_integer_value(d) > FB_SHARD_MAX_SAMPLE_NUMEL)
+                json_integer_value(d) > FB_MANIFEST_MAX_SAMPLE_NUMEL)
                 return mbad(c, "sample.shape[%zu] must be an integer in 1..%lld", i,
-                            (long long)FB_SHARD_MAX_SAMPLE_NUMEL);
+                            (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
             m->shape[i] = json_integer_value(d);
             numel *= m->shape[i];
-            if (numel > FB_SHARD_MAX_SAMPLE_NUMEL)
+            if (numel > FB_MANIFEST_MAX_SAMPLE_NUMEL)
                 return mbad(c, "sample.shape has more than %lld values",
-                            (long long)FB_SHARD_MAX_SAMPLE_NUMEL);
+                            (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
         }
         m->ndim = (int)nd;
         m->sample_numel = numel;
@@ -307,7 +334,7 @@ static int parse_root(const mctx *c, json_t *root, fb_manifest *m)
     const char *k;
     json_t *js;
     json_object_foreach(splits, k, js) {
-        if (!valid_split_name(k))
+        if (!fb_manifest_valid_split_name(k))
             return mbad(c, "split name \"%.64s\" must be 1-32 of a-z 0-9 _ -", k);
         if ((rc = parse_split(c, js, k, &m->splits[m->n_splits]))) return rc;
         m->n_splits++;
@@ -345,78 +372,6 @@ int fb_manifest_parse(fb_manifest *out, const char *json, size_t len, const char
     int rc = parse_root(&c, root, &m);
     json_decref(root);
     if (rc) {
-        fb_manifest_free(&m);
-        return rc;
-    }
-    *out = m;
-    return 0;
-}
-
-static int slurp(char **buf, size_t *len, const char *path, size_t max, char *msg, size_t cap)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return fb_errf(msg, cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
-                           "cannot open %s: %s", path, strerror(errno));
-    size_t n = 0, bcap = 65536;
-    char *b = malloc(bcap);
-    int rc = 0;
-    if (!b) {
-        fclose(f);
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-    }
-    for (;;) {
-        if (n == bcap) {
-            if (bcap > max) {
-                rc = fb_errf(msg, cap, FB_ERR_DATA, "%s: larger than %zu bytes", path, max);
-                break;
-            }
-            char *nb = realloc(b, 2 * bcap);
-            if (!nb) {
-                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-                break;
-            }
-            b = nb;
-            bcap *= 2;
-        }
-        size_t k = fread(b + n, 1, bcap - n, f);
-        n += k;
-        if (k == 0) {
-            if (ferror(f)) rc = fb_errf(msg, cap, FB_ERR_IO, "cannot read %s", path);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    *buf = b;
-    *len = n;
-    return 0;
-}
-
-int fb_manifest_read(fb_manifest *out, const char *path, char *msg, size_t msg_cap)
-{
-    if (!out || !path) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_read: NULL argument");
-    char *buf = NULL;
-    size_t len = 0;
-    int rc = slurp(&buf, &len, path, FB_MANIFEST_MAX_BYTES, msg, msg_cap);
-    if (rc) return rc;
-    rc = fb_manifest_parse(out, buf, len, path, msg, msg_cap);
-    free(buf);
-    return rc;
-}
-
-int fb_manifest_open_dir(fb_manifest *out, const char *dir, char *msg, size_t msg_cap)
-{
-    if (!out || !dir) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_open_dir: NULL argument");
-    char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, FB_MANIFEST_FILE) >= sizeof path)
-        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset directory path is too long");
-    fb_manifest m;
-    int rc = fb_manifest_read(&m, path, msg, msg_cap);
-    if (rc) return rc;
-    if ((rc = fb_manifest_check_files(&m, dir, NULL, msg, msg_cap))) {
         fb_manifest_free(&m);
         return rc;
     }
@@ -475,111 +430,6 @@ int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg
     }
     fb_manifest_free(&back);
     *json = text;
-    return 0;
-}
-
-int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t msg_cap)
-{
-    if (!path || !m) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_write: NULL argument");
-    char *text = NULL, tmp[4200];
-    int rc = fb_manifest_to_json(&text, m, msg, msg_cap);
-    if (rc) return rc;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot create %s: %s", tmp,
-                     strerror(errno));
-        free(text);
-        return rc;
-    }
-    size_t len = strlen(text), off = 0;
-    text[len] = '\n'; /* json_dumps leaves no final newline; the NUL is not needed any more */
-    len++;
-    while (off < len) {
-        ssize_t k = write(fd, text + off, len - off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", tmp,
-                         strerror(errno));
-            goto fail;
-        }
-        off += (size_t)k;
-    }
-    if (fsync(fd) != 0) {
-        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot fsync %s: %s", tmp,
-                     strerror(errno));
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot close %s: %s", tmp,
-                     strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot rename %s to %s: %s", tmp,
-                     path, strerror(errno));
-        goto fail;
-    }
-    free(text);
-    char *copy = strdup(path);
-    if (copy) {
-        int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            if (fsync(dfd) != 0 && errno != EINVAL)
-                rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync the directory of %s", path);
-            close(dfd);
-        }
-        free(copy);
-    }
-    return rc;
-fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    free(text);
-    return rc;
-}
-
-int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *split, char *msg,
-                            size_t msg_cap)
-{
-    if (!m || !dir) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_check_files: NULL argument");
-    char path[4400];
-    for (int s = 0; s < m->n_splits; s++) {
-        const fb_manifest_split *sp = &m->splits[s];
-        if (split && strcmp(split, sp->name) != 0) continue;
-        for (int i = 0; i < sp->n_shards; i++) {
-            const fb_manifest_shard *sh = &sp->shards[i];
-            snprintf(path, sizeof path, "%s/%s", dir, sh->path);
-            struct stat st;
-            if (stat(path, &st) != 0)
-                return fb_errf(msg, msg_cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
-                               "%s: listed in the manifest (split %s) but cannot be read: %s",
-                               path, sp->name, strerror(errno));
-            if ((uint64_t)st.st_size != sh->bytes)
-                return fb_errf(msg, msg_cap, FB_ERR_DATA,
-                               "%s: the manifest says %" PRIu64 " bytes, the file has %lld",
-                               path, sh->bytes, (long long)st.st_size);
-            fb_shard_reader *r;
-            int rc = fb_shard_open(&r, path, msg, msg_cap);
-            if (rc) return rc;
-            const fb_shard_meta *mt = fb_shard_get_meta(r);
-            if (mt->dtype != m->dtype || mt->sample_numel != m->sample_numel)
-                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                             "%s: holds %s records of %" PRId64 " values; the manifest says %s "
-                             "records of %" PRId64,
-                             path, fb_data_dtype_name(mt->dtype), mt->sample_numel,
-                             fb_data_dtype_name(m->dtype), m->sample_numel);
-            else if (mt->records != sh->records || mt->chunks != sh->chunks)
-                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                             "%s: holds %" PRId64 " records in %" PRId64 " chunks; the manifest "
-                             "says %" PRId64 " in %" PRId64,
-                             path, mt->records, mt->chunks, sh->records, sh->chunks);
-            fb_shard_close(r);
-            if (rc) return rc;
-        }
-    }
     return 0;
 }
 

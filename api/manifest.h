@@ -1,6 +1,8 @@
 /*
  * The manifest of a shard dataset: manifest.json at the top of the dataset
- * directory (docs/data-format.md).
+ * directory (docs/data-format.md), the contract between fusebox-data, which
+ * writes it, the workers, which train from it, and fuseboxd, which reads it
+ * after an import to record and show the dataset.
  *
  * It names the dataset, gives the sample dtype and shape (or "variable"),
  * the label type and class count, and for each split (train, test, ...) its
@@ -9,21 +11,21 @@
  * whole file.  Parsing is strict: an unknown field, a missing field, a wrong
  * type, a value out of range, a path that could leave the directory, or
  * counts that disagree with each other is FB_ERR_DATA with a message naming
- * the manifest and the field.  fb_manifest_check_files then compares the
- * manifest with the shard files themselves (sizes, headers).
+ * the manifest and the field.  This module works on bytes and structs only;
+ * reading, writing and comparing with the shard files is the data store's
+ * (workers/data/manifest_file.h).
  *
  * Functions that can fail return 0 or a negative fb_err and fill the
  * caller's message buffer (msg, msg_cap); on failure outputs are untouched.
  */
-#ifndef FB_WORKERS_DATA_MANIFEST_H
-#define FB_WORKERS_DATA_MANIFEST_H
+#ifndef FB_API_MANIFEST_H
+#define FB_API_MANIFEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "errors.h"
-#include "shard.h"
 
 #define FB_MANIFEST_FILE "manifest.json"
 #define FB_MANIFEST_FORMAT "fusebox-dataset"
@@ -36,6 +38,28 @@
 #define FB_MANIFEST_MAX_DIMS 3
 #define FB_MANIFEST_MAX_CLASSES (1 << 24)
 #define FB_MANIFEST_MAX_BYTES ((size_t)64 << 20)
+
+/* The shard format's limits as the manifest checks them (workers/data/shard.h
+ * has the same values under FB_SHARD_*; manifest_file.c asserts that they
+ * agree): records of a shard or a split, chunks of a shard, values of a
+ * sample, and the smallest shard file (a header and one index entry). */
+#define FB_MANIFEST_MAX_RECORDS ((int64_t)1 << 40)
+#define FB_MANIFEST_MAX_CHUNKS ((int64_t)1 << 24)
+#define FB_MANIFEST_MAX_SAMPLE_NUMEL ((int64_t)1 << 26)
+#define FB_MANIFEST_MIN_SHARD_BYTES (64 + 32)
+
+/* Sample value types; the enum value is the code stored in shard headers. */
+typedef enum fb_data_dtype {
+    FB_DTYPE_U8 = 1,  /* pixels: the loader delivers value / 255 */
+    FB_DTYPE_F32 = 2, /* features: delivered as stored */
+} fb_data_dtype;
+
+/* Bytes per value of a dtype; 0 for a code that is not a dtype. */
+size_t fb_data_dtype_size(int dtype);
+/* "uint8", "float32", or NULL for a code that is not a dtype. */
+const char *fb_data_dtype_name(int dtype);
+/* Parses "uint8" / "float32"; returns 1 and sets *out, or 0. */
+int fb_data_dtype_parse(fb_data_dtype *out, const char *name);
 
 typedef struct fb_manifest_shard {
     char path[FB_MANIFEST_PATH_MAX + 1]; /* relative to the dataset directory */
@@ -54,7 +78,8 @@ typedef struct fb_manifest_split {
 /*
  * A parsed manifest.  shape[0..ndim) is the per-sample shape ((F) or
  * (C, H, W)); ndim is 0 and sample_numel 0 for variable-size records.
- * Labels are int32 class indices in [0, n_classes).
+ * Labels are int32 class indices in [0, n_classes).  Splits are in the
+ * order the JSON lists them.
  */
 typedef struct fb_manifest {
     char name[FB_MANIFEST_NAME_MAX + 1];
@@ -75,32 +100,11 @@ typedef struct fb_manifest {
 int fb_manifest_parse(fb_manifest *out, const char *json, size_t len, const char *source,
                       char *msg, size_t msg_cap);
 
-/* Reads and parses the manifest file at path (FB_ERR_IO when unreadable). */
-int fb_manifest_read(fb_manifest *out, const char *path, char *msg, size_t msg_cap);
-
-/*
- * Loads <dir>/manifest.json and checks it against the shard files of every
- * split (fb_manifest_check_files).
- */
-int fb_manifest_open_dir(fb_manifest *out, const char *dir, char *msg, size_t msg_cap);
-
 /*
  * Serialises m (which must be valid: it is checked as fb_manifest_parse
  * would) as canonical JSON; *json is malloc'd, NUL-terminated.
  */
 int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg_cap);
-
-/* Writes m to path atomically (temporary file, fsync, rename). */
-int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t msg_cap);
-
-/*
- * Checks the shard files of split (every split when NULL) under dir against
- * m: each exists, has the manifest's size, and its header agrees on dtype,
- * sample size, records and chunks.  Does not read chunks or whole-file
- * checksums (fb_datadir_verify does).  FB_ERR_DATA naming the file; FB_ERR_IO.
- */
-int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *split, char *msg,
-                            size_t msg_cap);
 
 /* The split called name, or NULL. */
 const fb_manifest_split *fb_manifest_find_split(const fb_manifest *m, const char *name);
@@ -113,5 +117,8 @@ void fb_manifest_free(fb_manifest *m);
 
 /* 1 when name is a valid dataset name (1-64 of a-z 0-9 . _ -, not "." or ".."). */
 int fb_manifest_valid_name(const char *name);
+
+/* 1 when name is a valid split name (1-32 of a-z 0-9 _ -). */
+int fb_manifest_valid_split_name(const char *name);
 
 #endif
