@@ -43,6 +43,7 @@
 #include "turns.h"
 #include "wire.h"
 #include "clock.h"
+#include "tsan.h"
 
 #ifdef FB_HAVE_CUDA
 #include "cuda/cuda_device.h"
@@ -649,6 +650,7 @@ static void push_out(group *g, outmsg *o)
         outmsg_free(o);
         return;
     }
+    FB_TSAN_RELEASE(o);
     if (zmq_send(g->push, &o, sizeof o, 0) != (int)sizeof o) {
         agent_log("group %s: cannot hand a message to the main thread: %s", g->id,
                   zmq_strerror(errno));
@@ -1604,6 +1606,7 @@ static void *group_thread(void *arg)
     fb_loader_free(loader);
     dataset_release(a, ds);
     outmsg *bye = g->bye;
+    FB_TSAN_RELEASE(bye);
     if (zmq_send(g->push, &bye, sizeof bye, 0) != (int)sizeof bye)
         agent_log("group %s: cannot report its end: %s", g->id, zmq_strerror(errno));
     zmq_close(g->push);
@@ -2437,6 +2440,7 @@ static void recv_pull(fb_agent *a)
         int rc = zmq_recv(a->pull, &o, sizeof o, ZMQ_DONTWAIT);
         if (rc < 0) return;
         if (rc != (int)sizeof o || !o) continue;
+        FB_TSAN_ACQUIRE(o);
         on_internal(a, o);
     }
 }
