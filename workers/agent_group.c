@@ -26,6 +26,7 @@
 #include "dp.h"
 #include "session.h"
 #include "train.h"
+#include "tsan.h"
 
 #define HOOK_POLL_MS 2 /* the test step hook: how often a held group looks again */
 
@@ -140,6 +141,7 @@ static void push_out(group *g, outmsg *o)
         agent_outmsg_free(o);
         return;
     }
+    FB_TSAN_RELEASE(o);
     if (zmq_send(g->push, &o, sizeof o, 0) != (int)sizeof o) {
         agent_log("group %s: cannot hand a message to the main thread: %s", g->id,
                   zmq_strerror(errno));
@@ -1099,6 +1101,7 @@ void *agent_group_thread(void *arg)
     fb_loader_free(loader);
     agent_dataset_release(a, ds);
     outmsg *bye = g->bye;
+    FB_TSAN_RELEASE(bye);
     if (zmq_send(g->push, &bye, sizeof bye, 0) != (int)sizeof bye)
         agent_log("group %s: cannot report its end: %s", g->id, zmq_strerror(errno));
     zmq_close(g->push);

@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "tsan.h"
 
 #ifndef FB_VERSION_STRING
 #define FB_VERSION_STRING "0.1.0"
@@ -895,6 +896,7 @@ void agent_recv_pull(fb_agent *a)
         int rc = zmq_recv(a->pull, &o, sizeof o, ZMQ_DONTWAIT);
         if (rc < 0) return;
         if (rc != (int)sizeof o || !o) continue;
+        FB_TSAN_ACQUIRE(o);
         on_internal(a, o);
     }
 }

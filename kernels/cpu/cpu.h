@@ -13,7 +13,20 @@
 
 #include "backend_impl.h"
 
+#ifdef _OPENMP
 #include <omp.h>
+#else
+/* Built without OpenMP (FUSEBOX_OPENMP=OFF): each parallel region runs once,
+ * on the calling thread, as a team of one. */
+static inline int omp_get_thread_num(void)
+{
+    return 0;
+}
+static inline int omp_get_num_threads(void)
+{
+    return 1;
+}
+#endif
 
 /* ---- memory shared by both CPU backends (cpu_mem.c) ---- */
 void *fb_cpumem_alloc(fb_backend *be, size_t bytes);
@@ -212,10 +225,17 @@ void fb_cpu_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const 
  */
 void fb_cpu_blas_init(void);
 
-/* The threads the fast backend may use: the count set, or OpenMP's default. */
+/* The threads the fast backend may use: the count set, or OpenMP's default;
+ * one without OpenMP, whatever the count set (the regions would run as teams
+ * of one, and the per-thread scratch is sized from this). */
 static inline int fb_cpu_threads(const fb_backend *be)
 {
+#ifdef _OPENMP
     return be->threads > 0 ? be->threads : omp_get_max_threads();
+#else
+    (void)be;
+    return 1;
+#endif
 }
 
 /* Threads worth waking for `work` units when each should get at least
@@ -244,8 +264,18 @@ static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, siz
  * and picks the widest the CPU runs, at load time; the build itself stays
  * portable.  For loops that are bound by arithmetic (square roots and
  * divisions in the optimizers, transcendental activations) rather than by
- * memory. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+ * memory.  Not under ThreadSanitizer: clang instruments the clones' resolver,
+ * which the dynamic loader runs before TSan's runtime is set up (a crash
+ * before main), so that build has the baseline loop alone. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FB_CPU_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define FB_CPU_TSAN 1
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(FB_CPU_TSAN)
 #define FB_CPU_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FB_CPU_VECTOR_CLONES

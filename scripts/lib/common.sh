@@ -85,16 +85,21 @@ fb_cuda_choice() {
     fi
 }
 
-# fb_cmake_build DIR [cmake args...]: configures DIR with Ninja (again each
-# time, which is cheap and picks up new files) and builds everything in it.
+# fb_cmake_build DIR [--target NAME] [cmake args...]: configures DIR with
+# Ninja (again each time, which is cheap and picks up new files) and builds
+# everything in it, or only NAME and what it needs.
 fb_cmake_build() {
-    local dir=$1
+    local dir=$1 target=()
     shift
+    if [[ ${1:-} == --target ]]; then
+        target=(--target "$2")
+        shift 2
+    fi
     if [[ -f $dir/CMakeCache.txt ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$dir/CMakeCache.txt"; then
         fb_die "$dir was configured with another generator than Ninja; remove it and run again"
     fi
     cmake -S "$FB_ROOT" -B "$dir" -G Ninja "$@" || fb_die "configuring $dir failed"
-    cmake --build "$dir" || fb_die "building $dir failed"
+    cmake --build "$dir" "${target[@]}" || fb_die "building $dir failed"
 }
 
 # build/: the tree the demo runs and the first test pass uses.
@@ -109,6 +114,15 @@ fb_build_asan() {
     fb_say "build-asan/: configure and build (clang, ASan + UBSan, fuzz targets, no CUDA)"
     fb_cmake_build "$FB_ROOT/build-asan" -DFUSEBOX_SANITIZE=ON -DFUSEBOX_CUDA=OFF \
         -DFUSEBOX_FUZZ=ON -DCMAKE_C_COMPILER=clang
+}
+
+# build-tsan/: clang with ThreadSanitizer, no CUDA, the CPU kernels without
+# OpenMP (CMakeLists.txt says why).  Only what the `tsan`-labelled tests run
+# is built (the fb_tsan_tests target, tests/CMakeLists.txt).
+fb_build_tsan() {
+    fb_say "build-tsan/: configure and build (clang, ThreadSanitizer, no CUDA, no OpenMP)"
+    fb_cmake_build "$FB_ROOT/build-tsan" --target fb_tsan_tests -DFUSEBOX_TSAN=ON \
+        -DFUSEBOX_CUDA=OFF -DCMAKE_C_COMPILER=clang
 }
 
 # --- PostgreSQL ------------------------------------------------------------

@@ -12,7 +12,8 @@
 # (skipped) without podman.
 #
 # Knobs (environment), passed on to scripts/test in the container:
-#   FUSEBOX_TEST_LABEL, FUSEBOX_TEST_REGEX, FUSEBOX_TEST_SKIP_ASAN, FUSEBOX_TEST_JOBS, FUSEBOX_CUDA
+#   FUSEBOX_TEST_LABEL, FUSEBOX_TEST_REGEX, FUSEBOX_TEST_SKIP_ASAN, FUSEBOX_TEST_SKIP_TSAN,
+#   FUSEBOX_TEST_JOBS, FUSEBOX_CUDA
 # and for this script:
 #   FUSEBOX_PRISTINE_CACHE=DIR  base image root and run logs (default /var/tmp/fusebox-pristine)
 #   FUSEBOX_PRISTINE_MIRROR=URL Debian mirror (default http://deb.debian.org/debian)
@@ -114,7 +115,8 @@ if [[ -n $(git -C "$root" status --porcelain --untracked-files=no) ]]; then
 fi
 
 env_args=(-e CI=true)
-for v in FUSEBOX_TEST_LABEL FUSEBOX_TEST_REGEX FUSEBOX_TEST_SKIP_ASAN FUSEBOX_TEST_JOBS FUSEBOX_CUDA; do
+for v in FUSEBOX_TEST_LABEL FUSEBOX_TEST_REGEX FUSEBOX_TEST_SKIP_ASAN FUSEBOX_TEST_SKIP_TSAN \
+    FUSEBOX_TEST_JOBS FUSEBOX_CUDA; do
     if [[ -n ${!v:-} ]]; then env_args+=(-e "$v=${!v}"); fi
 done
 # npm inside the container trusts what the host's npm trusts: the host's
