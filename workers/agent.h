@@ -57,7 +57,8 @@ typedef struct fb_agent_opts {
     uint64_t outbox_bytes;  /* blob bytes of unacknowledged events before it complains;
                                0 = default */
     bool sync_batchnorm;    /* data-parallel groups on CPU devices normalise batch norm over
-                               the global batch (dp.h); false = each device's statistics */
+                               the global batch (data_parallel.h); false = each device's
+                               statistics */
     /* arrays that span workers: where the other workers reach this one, a host name or IP
      * address (IPv6 without brackets) and the ports comm_port_lo..comm_port_hi (at most
      * FB_AGENT_COMM_PORTS) that the server picks a group's rendezvous port from when this

@@ -23,7 +23,7 @@
 #include "cuda/cuda_backend.h"
 #include "datadir.h"
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "session.h"
 #include "train.h"
 #include "tsan.h"

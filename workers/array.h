@@ -232,7 +232,7 @@ int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char 
                             size_t msg_cap);
 /*
  * Loss scaling across arrays that each hold a part of one model (pipeline
- * stages, workers/pp.h), so that a member has one scale in all of them:
+ * stages, workers/pipeline_parallel.h), so that a member has one scale in all of them:
  * fb_array_set_grad_prescaled(a, true) says that the output gradient a's
  * backward receives is already multiplied by each member's scale (the input
  * gradient of the next stage, which scaled its loss gradient), so backward

@@ -179,7 +179,7 @@ void fb_session_detach(fb_session *s, int member);
  * the next step on: split[0..n) samples per shard, n the session's shard
  * count (fb_session_shards), every shard >= 1, the sum the batch size (one
  * device: n = 1 and the batch size).  Training does not change with the
- * split beyond float rounding (dp.h).  Returns FB_OK or FB_ERR_OUT_OF_RANGE
+ * split beyond float rounding (data_parallel.h).  Returns FB_OK or FB_ERR_OUT_OF_RANGE
  * with msg filled; the split in force is unchanged on failure.
  */
 int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t msg_cap);
@@ -187,7 +187,7 @@ int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, 
 /*
  * Gives every process of a session that spans processes (fb_train_opts.comm)
  * the values v[0..n) of the process that holds rank 0 (0 <= n <= 4096,
- * FB_DP_MAX_BROADCAST of dp.h), through the session's host-memory
+ * FB_DP_MAX_BROADCAST of data_parallel.h), through the session's host-memory
  * communicator (fb_train_opts.control_comm, else comm), between
  * two steps: what the other processes pass is ignored and overwritten.
  * Every process must call it at the same point with the same n; the group's

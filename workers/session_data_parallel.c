@@ -1,5 +1,5 @@
 /*
- * The session's engine under data parallelism (dp.h): one replica of the
+ * The session's engine under data parallelism (data_parallel.h): one replica of the
  * array per device, each batch split over the shards of the whole world
  * (this process's ranks and, for a group that spans workers, the others'),
  * gradients summed across them.  Replica 0 is the session's array.

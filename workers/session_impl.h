@@ -4,8 +4,8 @@
  *
  * A session trains on one of three engines behind one table of functions:
  * one device (session_single.c: the array itself), data parallelism
- * (session_data_parallel.c: dp.h's replicas, one per device or rank) and
- * pipeline parallelism (session_pipeline.c: pp.h's stages, with a whole
+ * (session_data_parallel.c: data_parallel.h's replicas, one per device or rank) and
+ * pipeline parallelism (session_pipeline.c: pipeline_parallel.h's stages, with a whole
  * model beside them for evaluation and files).  session.c keeps what every
  * engine shares (the minibatches, the members' fates, the events);
  * session_checkpoint.c writes and restores members' files.  Only those
@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "array.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "loader.h"
 #include "session.h"
 

@@ -1,5 +1,5 @@
 /*
- * The session's engine under pipeline parallelism (pp.h): D data shards of
+ * The session's engine under pipeline parallelism (pipeline_parallel.h): D data shards of
  * P stages, micro-batches through the stages, each stage updating its part
  * of the model within the step.  Beside the stages the session keeps the
  * whole model as one array, brought up to the stages after every step, for
@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "pp.h"
+#include "pipeline_parallel.h"
 #include "session_impl.h"
 
 static int pipeline_open(fb_session *s, const fb_job_spec *const *specs, int n, char *msg,

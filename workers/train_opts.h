@@ -50,7 +50,7 @@ typedef void (*fb_train_cb)(const fb_train_event *ev, void *user);
 
 struct fb_loader; /* workers/data/loader.h */
 struct fb_device; /* workers/device.h */
-struct fb_dp_opts; /* workers/dp.h */
+struct fb_dp_opts; /* workers/data_parallel.h */
 struct fb_comm;    /* workers/comm.h */
 
 typedef struct fb_train_opts {
@@ -66,7 +66,7 @@ typedef struct fb_train_opts {
     int64_t start_step;
     /* checkpoint and done events carry the files' bytes (event.blob) */
     bool blobs;
-    /* data parallelism (workers/dp.h): with n_devices > 1 the array is replicated on
+    /* data parallelism (workers/data_parallel.h): with n_devices > 1 the array is replicated on
      * devices[0..n_devices) (the backend given to the session is then not used) and each
      * batch is split over them by split[0..n_devices) (NULL: as evenly as possible); dp
      * (may be NULL) sets buckets, overlap and synchronised batch norm.  The pointers are
@@ -75,16 +75,16 @@ typedef struct fb_train_opts {
     int n_devices;
     const int64_t *split;
     const struct fb_dp_opts *dp;
-    /* pipeline parallelism (workers/pp.h): with pipeline = P > 1 the n_devices devices are
-     * D = n_devices / P data shards x P stages (shard d, stage p: devices[d * P + p]) and
-     * each batch flows through the stages as micro_batches micro-batches (0: 2 P, at most
-     * batch / D); split then has D entries */
+    /* pipeline parallelism (workers/pipeline_parallel.h): with pipeline = P > 1 the
+     * n_devices devices are D = n_devices / P data shards x P stages (shard d, stage p:
+     * devices[d * P + p]) and each batch flows through the stages as micro_batches
+     * micro-batches (0: 2 P, at most batch / D); split then has D entries */
     int pipeline;
     int micro_batches;
     /* ranks in several processes (a group spanning workers): a TCP communicator (comm.h)
      * whose local ranks are the n_devices devices (n_devices may then be 1) and whose other
      * ranks live in other processes; split then has one entry per rank of its world (NULL:
-     * even), and every process trains the same global batch (dp.h).  Borrowed, not kept
+     * even), and every process trains the same global batch (data_parallel.h).  Borrowed, not kept
      * past the session: it must outlive the session, and the caller frees it after
      * fb_session_free.  No pipeline with it. */
     struct fb_comm *comm;

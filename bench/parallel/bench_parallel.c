@@ -23,12 +23,12 @@
 
 #include "array.h"
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "errors.h"
 #include "jobspec.h"
 #include "kernels.h"
-#include "pipeline.h"
-#include "pp.h"
+#include "pipeline_plan.h"
+#include "pipeline_parallel.h"
 
 #define MAX_B 16
 

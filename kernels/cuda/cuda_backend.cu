@@ -521,7 +521,7 @@ extern "C" fb_backend *fb_backend_cuda(int device)
 
 /* By the table's memory functions rather than the table itself: a wrapper
  * that copies the table and the context to override a few ops (the
- * data-parallel ranks of workers/dp.c do) is still this backend. */
+ * data-parallel ranks of workers/data_parallel.c do) is still this backend. */
 extern "C" bool fb_backend_is_cuda(const fb_backend *be)
 {
     return be && be->ops && be->ops->sync == cuda_sync && be->ops->alloc == cuda_alloc && be->ctx;

@@ -28,7 +28,7 @@
 
 #include "array.h"
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "kernels.h"
 
 #define B 4

@@ -18,7 +18,7 @@
 
 #include "array.h"
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "errors.h"
 #include "jobspec.h"
 #include "kernels.h"

@@ -12,7 +12,7 @@
 #include "session/session_util.h"
 
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 
 #define SIDE 6
 #define BS 16
@@ -142,7 +142,7 @@ int main(void)
     printf("refused at open: %s\n", msg);
 
     /* pipeline: 2 shards x 2 stages, 4 micro-batches; no dropout (stages after the first
-     * draw their own masks, pp.h) */
+     * draw their own masks, pipeline_parallel.h) */
     for (int i = 0; i < 4; i++) {
         et_spec_free(specs[i]);
         specs[i] = member(i, 0);

@@ -9,7 +9,7 @@
 #include "engine/engine_util.h"
 
 #include "errors.h"
-#include "pipeline.h"
+#include "pipeline_plan.h"
 
 static double cost(const fb_job_spec *s, int a, int b)
 {

@@ -1,5 +1,5 @@
 /*
- * bf16 in pipeline stages (pp.h, docs/parallel.md): a member has one loss
+ * bf16 in pipeline stages (pipeline_parallel.h, docs/parallel.md): a member has one loss
  * scale across its stages.
  *
  *   - trajectory: a bf16 array of B = 4 MLPs split into P = 2 stages (4
@@ -20,7 +20,7 @@
  */
 #include "par_util.h"
 
-#include "pp.h"
+#include "pipeline_parallel.h"
 
 #define HOT 1
 #define HOT_STEPS 24

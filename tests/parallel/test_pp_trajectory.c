@@ -8,7 +8,7 @@
  */
 #include "par_util.h"
 
-#include "pp.h"
+#include "pipeline_parallel.h"
 
 static double ref[PU_STEPS][PU_B], got[PU_STEPS][PU_B];
 

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "jobspec.h"
 #include "kernels.h"
 #include "session.h"

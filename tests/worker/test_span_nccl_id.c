@@ -18,7 +18,7 @@
 #include <sys/random.h>
 
 #include "device.h"
-#include "dp.h"
+#include "data_parallel.h"
 #include "jobspec.h"
 #include "kernels.h"
 

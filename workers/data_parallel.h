@@ -164,7 +164,7 @@ int fb_dp_forward_backward(fb_dp *dp, const float *x, const int32_t *y, int N,
                            const int64_t *split, uint64_t stream, float *loss, float *correct,
                            char *msg, size_t msg_cap);
 
-/* ---- pipeline stages (pp.h) -------------------------------------------------- */
+/* ---- pipeline stages (pipeline_parallel.h) -------------------------------------------------- */
 
 /*
  * A pipeline stage's forward of x [N, input numel] (host), split over the

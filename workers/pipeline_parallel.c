@@ -1,5 +1,5 @@
 /*
- * Pipeline parallelism (pp.h): one thread per stage per step, following the
+ * Pipeline parallelism (pipeline_parallel.h): one thread per stage per step, following the
  * stage's 1F1B order; micro-batch activations and gradients pass between
  * stages through host buffers, member-major ([B][n][K]), guarded by one
  * mutex and condition variable.
@@ -17,7 +17,7 @@
  * stage's replicas hold the all-reduced sum, where one shard's NaN or
  * infinity shows up in all.
  */
-#include "pp.h"
+#include "pipeline_parallel.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,12 +1,12 @@
 /*
- * Stage partitioning and the 1F1B schedule (pipeline.h).
+ * Stage partitioning and the 1F1B schedule (pipeline_plan.h).
  *
  * The partition is the classic linear-partition dynamic programme: best[p][i]
  * is the smallest possible largest stage over the first i layers cut into p
  * stages.  Models have at most a few hundred top-level layers, so O(P n^2)
  * is nothing.
  */
-#include "pipeline.h"
+#include "pipeline_plan.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * Data parallelism (dp.h): D rank threads, one communication thread, and a
+ * Data parallelism (data_parallel.h): D rank threads, one communication thread, and a
  * hooking backend per rank.
  *
  * Each rank's array runs on `struct rank`'s embedded fb_backend, which
@@ -28,7 +28,7 @@
  * scratch sums (OP_BUF) through the TCP control communicator, still one at
  * a time in queue order, so every process issues them in the same order.
  */
-#include "dp.h"
+#include "data_parallel.h"
 
 #include <math.h>
 #include <pthread.h>

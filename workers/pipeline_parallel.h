@@ -1,8 +1,8 @@
 /*
  * Pipeline parallelism, combined with data parallelism: a fused array's
- * layers split into P stages balanced by FLOPs (pipeline.h), every global
+ * layers split into P stages balanced by FLOPs (pipeline_plan.h), every global
  * batch cut into m micro-batches that flow through the stages in the 1F1B
- * order, and each stage replicated on D data shards (dp.h).  Device
+ * order, and each stage replicated on D data shards (data_parallel.h).  Device
  * (shard d, stage p) is devs[d * P + p], as ASSIGN lists a group's devices.
  *
  * Stage 0 is one fused array over the shared input.  A later stage's input
@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp.h"
-#include "pipeline.h"
+#include "data_parallel.h"
+#include "pipeline_plan.h"
 
 typedef struct fb_pp fb_pp;
 
