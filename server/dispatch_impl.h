@@ -1,0 +1,206 @@
+/*
+ * The control loop's rooms and what they share (private to server/).  The
+ * loop of dispatch.c owns the workers' socket, the worker registry and the
+ * groups it follows; the rooms beside it work on the same fb_dispatch from
+ * the loop's one thread: dispatch_record.c writes what workers report
+ * (progress, events, metrics, checkpoints and models), dispatch_asha.c keeps
+ * the books of early stopping, dispatch_plan.c feeds the planner and applies
+ * its decisions, dispatch_fair.c does the same for the fair-share
+ * controller.  Nothing here is reachable outside server/: the interface of
+ * the control loop is dispatch.h.
+ */
+#ifndef FB_SERVER_DISPATCH_IMPL_H
+#define FB_SERVER_DISPATCH_IMPL_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+
+#include "config.h"
+#include "dispatch.h"
+#include "fairshare.h"
+#include "jobspec.h"
+#include "queue.h"
+#include "wire.h"
+
+typedef struct worker {
+    char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
+    char id[FB_WIRE_ID_LEN + 1];
+    int64_t last_seen_ms;
+    bool draining;
+    int n_devices;
+    fb_wire_device devices[FB_WIRE_MAX_DEVICES];
+    /* where the other workers of an array that spans workers reach it ("" = it takes no
+     * part in such arrays), its port range, and where the next search for a free port of
+     * the range starts (round-robin, so that a port another program holds is not tried
+     * again and again) */
+    char comm_host[FB_WIRE_NAME_MAX + 1];
+    int comm_port_lo, comm_port_hi, next_port;
+    /* what its last HELLO wrote to the database, and when (hello_same) */
+    char backend[FB_WIRE_NAME_MAX + 1], version[FB_WIRE_NAME_MAX + 1];
+    int64_t hello_ms;
+    /* the fair-share controller's count of imbalanced periods per device, handed back to it
+     * each period (the policy keeps no state) */
+    int imbalanced[FB_WIRE_MAX_DEVICES];
+} worker;
+
+/* A worker of a group that spans workers, and its ranks. */
+typedef struct span_member {
+    char worker[FB_WIRE_NAME_MAX + 1];
+    int rank_base, n_ranks;
+    int dev[FB_WIRE_MAX_DEVICES]; /* its device indices, one per rank, in rank order */
+    bool listed;                  /* it has listed the group as running since it was assigned */
+    int64_t assigned_ms;          /* when the loop sent it the group, or found it at start */
+    int64_t missing_since_ms;     /* as group.missing_since_ms, for this worker */
+} span_member;
+
+/* What the loop keeps of a group that spans workers. */
+typedef struct span {
+    int port;  /* where its leader listens for the others */
+    int world; /* its data-parallel ranks */
+    int n;     /* its workers; m[0] is the leader, the worker of rank 0 */
+    span_member m[FB_WIRE_MAX_DEVICES];
+    /* the latest breakdown of each rank, from the worker that holds it */
+    bool has[FB_WIRE_MAX_DEVICES];
+    fb_wire_device_step step[FB_WIRE_MAX_DEVICES];
+} span;
+
+/* A group that is not finished: whom its messages must come from. */
+typedef struct group {
+    char id[FB_WIRE_ID_LEN + 1];
+    int64_t generation;
+    char worker[FB_WIRE_NAME_MAX + 1]; /* of a group that spans workers: its leader */
+    /* when its worker re-registered without it (0: not missing); its last events may still
+     * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
+    int64_t missing_since_ms;
+    /* "the requeue waits for the array's events" logged (once per group) */
+    bool requeue_wait_said;
+    /* its worker has listed it as running since it was assigned (or found at start), and
+     * when that was: a worker that stops listing it, or never does within a heartbeat
+     * timeout, no longer runs it (reconcile), whether it says so in a HELLO or a heartbeat */
+    bool listed;
+    int64_t assigned_ms;
+    /* the furthest step its members reported: whether a loss came after progress */
+    int64_t high_step;
+    /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
+    span *span;
+    /* its step time and the busy part of it (compute, communication, I/O: waiting for its
+     * turn on a shared device left out), measured by note_step_time and smoothed as the
+     * fair-share controller wants (fb_fair_ewma); 0 until measured */
+    double step_ms, busy_ms;
+    int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
+    int64_t base_step;   /* where the step being measured began: the furthest member step */
+    int64_t base_ms;     /* and when that report arrived */
+    /* each of its devices' speed by the worker's device index (of a group that spans
+     * workers: by rank): samples per second of the
+     * device's training passes, from the reports' per-device breakdown (note_device_steps),
+     * smoothed as the fair-share controller wants; 0 until measured.  What splits its batch. */
+    double dev_rate[FB_WIRE_MAX_DEVICES];
+    /* the latest per-device breakdown, for the fair-share period's gauges */
+    int n_dev;
+    fb_wire_device_step dev[FB_WIRE_MAX_DEVICES];
+    /* the fair-share controller's memory of a split gap that has not yet been closed
+     * (fairshare.h), handed back to it each period; 0 for a new group */
+    int split_periods;
+    uint64_t split_toward;
+    double split_gain;
+} group;
+
+typedef struct pending {
+    struct pending *next;
+    char worker[FB_WIRE_NAME_MAX + 1];
+    fb_wire_msg m;
+    void *blob; /* EVENT: the referenced blob, copied */
+    size_t blob_len;
+    /* EVENT: a checkpoint of an array that was no longer current when it arrived (its
+     * jobs were requeued): apply_late_checkpoint decides whether it is kept */
+    bool late;
+    /* PROGRESS: the step's wall-clock time and busy part of the window it closed
+     * (note_step_time), 0 when none; and the group's smoothed ones after it */
+    double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
+    /* PROGRESS of a group that spans workers: its device breakdown over all ranks (JSON,
+     * malloc'd), NULL when it has none */
+    char *span_breakdown;
+} pending;
+
+typedef struct queue {
+    pending *head, *tail;
+    int n;
+} queue;
+
+/* How many messages one peer (by routing id) had read in a tick's drain. */
+typedef struct peer_reads {
+    char name[FB_WIRE_NAME_MAX + 1]; /* "" = a free slot */
+    int reads;
+} peer_reads;
+
+typedef struct keyinfo {
+    char key[FB_FUSION_KEY_HEX + 1];
+    int64_t member, shared, batch;
+    int data, pipeline;
+} keyinfo;
+
+/* A queue reason to write (write_reasons); reason is a static text of the planner's. */
+typedef struct reason_todo {
+    char job[FB_WIRE_ID_LEN + 1];
+    const char *reason;
+} reason_todo;
+
+typedef struct detach_sent {
+    char job[FB_WIRE_ID_LEN + 1];
+    int64_t at_ms;
+} detach_sent;
+
+struct fb_dispatch {
+    fb_config cfg;
+    char artifacts[PATH_MAX];
+    void *zctx, *router, *zap, *ctl_rx, *ctl_tx;
+    char pub[41], sec[41];
+    char (*keys)[41];
+    int n_keys;
+    struct timespec keys_mtime;
+    bool keys_missing_said;
+    pthread_t thread;
+    bool thread_started;
+
+    PGconn *pg;
+    int64_t pg_retry_ms;
+    int pg_backoff_ms;
+    bool pg_down_said;
+    bool artifact_fail_said; /* "cannot write an artifact" logged until one succeeds */
+    bool groups_loaded;
+
+    int64_t start_ms;
+    worker *workers;
+    int n_workers;
+    group *groups;
+    int n_groups, cap_groups;
+    queue events, progress;
+    keyinfo *kinfo;
+    int n_kinfo, cap_kinfo;
+    detach_sent *detached;
+    int n_detached, cap_detached;
+    bool plan_due;
+    int64_t last_plan_ms;
+    int ticks;
+    int64_t last_rebalance_ms;
+    fb_fair_params fair;
+    fb_queue *queue; /* the queued jobs, kept between plans (queue.h) */
+    reason_todo *reasons; /* queue reasons the last plan changed, in planning order */
+    int n_reasons, cap_reasons, next_reason;
+    /* the census of the tick's drain (drain_router_all, peer_settled): the reads of each
+     * peer in CENSUS_SLOTS slots (open addressing), the slots in use, the most reads of one
+     * peer; whether it counts now, whether it lost count, whether the socket was emptied */
+    peer_reads *census;
+    int *census_used;
+    int n_census, census_max;
+    int census_anon; /* reads from peers whose routing id is no worker's name, together */
+    bool census_on, census_lost, router_emptied;
+};
+
+#endif
