@@ -59,10 +59,6 @@
 /* time for starting new arrays in one plan; the rest start in the next one */
 #define NEW_ARRAYS_IN_PLAN_S 0.02
 #define REASONS_IN_TICK_S 0.025
-/* longest one flush of progress reports writes before it yields */
-#define FLUSH_BUDGET_MS 100
-/* and longest one transaction of it: a submission waits at most this for its plan */
-#define FLUSH_SLICE_MS 20
 /* messages a tick may read to empty the worker socket before it judges workers lost; a
  * socket still not empty is judged by the census of those reads (peer_settled) */
 #define SETTLE_READS 4096
@@ -135,39 +131,6 @@ static const char sql_requeue_group[] =
     " count(*) FILTER (WHERE verdict = 'fail') FROM upd";
 
 /*
- * A member that failed on its worker ($4 the worker's message, $6 the worker): a spec fault
- * ($5) fails the job now; a job fault uses up one of its max_restarts and returns it to the
- * queue from its resume point, or fails it with this last error when none is left.  A job no
- * longer scheduled or running (cancelled meanwhile) keeps its state.  Event failed or
- * requeued, with the fault and the counts in its data.
- */
-static const char sql_member_failed[] =
-    "WITH v AS (SELECT id, CASE WHEN state NOT IN ('scheduled', 'running') THEN 'keep'"
-    "   WHEN $5::bool OR restarts >= max_restarts THEN 'fail' ELSE 'restart' END AS verdict"
-    "  FROM jobs WHERE id = $1::uuid),"
-    " upd AS (UPDATE jobs j SET"
-    "  state = CASE v.verdict WHEN 'fail' THEN 'failed' WHEN 'restart' THEN 'queued'"
-    "   ELSE j.state END,"
-    "  error = CASE WHEN v.verdict = 'restart' THEN j.error ELSE $4 END,"
-    "  restarts = j.restarts + (v.verdict = 'restart')::int,"
-    "  step = CASE WHEN v.verdict = 'restart' THEN j.resume_step ELSE j.step END,"
-    "  queue_reason = CASE WHEN v.verdict = 'restart' THEN 'failed on worker ' || $6 || ': '"
-    "   || $4 || '; restart ' || (j.restarts + 1) || ' of ' || j.max_restarts"
-    "   || ', resumes from step ' || j.resume_step ELSE j.queue_reason END,"
-    "  finished_at = CASE WHEN v.verdict = 'restart' THEN j.finished_at"
-    "   ELSE coalesce(j.finished_at, now()) END,"
-    "  in_group = false, updated_at = now()"
-    "  FROM v WHERE j.id = v.id"
-    "  RETURNING j.id, v.verdict, j.restarts, j.max_restarts, j.resume_step, j.queue_reason)"
-    " INSERT INTO job_events (job_id, kind, message, data)"
-    " SELECT id, CASE verdict WHEN 'restart' THEN 'requeued' ELSE 'failed' END,"
-    " CASE verdict WHEN 'restart' THEN queue_reason ELSE $4 END,"
-    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'worker', $6::text,"
-    "  'fault', CASE WHEN $5::bool THEN 'spec' ELSE 'job' END, 'error', $4::text,"
-    "  'restarts', restarts, 'max_restarts', max_restarts, 'resume_step', resume_step)"
-    " FROM upd";
-
-/*
  * The stale-state check: jobs scheduled or running for longer than the grace ($2 ms)
  * outside every array the loop follows ($1, its groups) go back to the queue from their
  * resume points, each with a requeued event (an infrastructure fault: nothing counted).
@@ -208,14 +171,14 @@ static const char sql_stale_groups[] =
  * decide nothing a test asserts, and a manual clock, which stands still while the pass
  * runs, would never end a budget.  Every decision reads fb_clock_ms (base/clock.h).
  */
-static double real_s(void)
+double dsp_real_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int64_t real_ms(void)
+int64_t dsp_real_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -225,16 +188,10 @@ static int64_t real_ms(void)
 static bool load_groups(fb_dispatch *d);
 static int parse_ints(const char *p, int64_t *out, int cap);
 static int write_reasons(fb_dispatch *d, double budget_s);
-static void take_notifies(fb_dispatch *d);
 static bool detach_recent(fb_dispatch *d, const char *key, int64_t t);
-static bool update_utilization(fb_dispatch *d, const char *group_id);
-static void flush_progress(fb_dispatch *d);
-struct pending;
-static bool record_slowdown(fb_dispatch *d, const struct pending *p, const char *ids,
-                            const char *steps, const char *totals);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
-static bool db_ok(fb_dispatch *d)
+bool dsp_db_ok(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
     int64_t t = fb_clock_ms();
@@ -281,7 +238,7 @@ static bool db_ok(fb_dispatch *d)
 }
 
 /* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
-static PGresult *q(fb_dispatch *d, const char *sql, int n, const char *const *vals)
+PGresult *dsp_q(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
     if (!d->pg) return NULL;
     PGresult *r = PQexecParams(d->pg, sql, n, NULL, vals, NULL, NULL, 0);
@@ -294,19 +251,19 @@ static PGresult *q(fb_dispatch *d, const char *sql, int n, const char *const *va
     return NULL;
 }
 
-static bool exec1(fb_dispatch *d, const char *sql, int n, const char *const *vals)
+bool dsp_exec(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
-    PGresult *r = q(d, sql, n, vals);
+    PGresult *r = dsp_q(d, sql, n, vals);
     PQclear(r);
     return r != NULL;
 }
 
-static bool begin(fb_dispatch *d) { return exec1(d, "BEGIN", 0, NULL); }
+bool dsp_begin(fb_dispatch *d) { return dsp_exec(d, "BEGIN", 0, NULL); }
 /* COMMIT; false also when PostgreSQL rolled the transaction back instead (a
  * statement of it had failed), which it reports as a successful ROLLBACK. */
-static bool commit(fb_dispatch *d)
+bool dsp_commit(fb_dispatch *d)
 {
-    PGresult *r = q(d, "COMMIT", 0, NULL);
+    PGresult *r = dsp_q(d, "COMMIT", 0, NULL);
     bool ok = r && strcmp(PQcmdStatus(r), "COMMIT") == 0;
     if (r && !ok)
         fb_log_json(FB_LOG_WARN, "control loop: a transaction was rolled back at its commit",
@@ -314,14 +271,14 @@ static bool commit(fb_dispatch *d)
     PQclear(r);
     return ok;
 }
-static void rollback(fb_dispatch *d)
+void dsp_rollback(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) PQclear(PQexec(d->pg, "ROLLBACK"));
 }
 
 /* ---- registry of workers and groups -------------------------------------- */
 
-static worker *find_worker(fb_dispatch *d, const char *name)
+worker *dsp_find_worker(fb_dispatch *d, const char *name)
 {
     for (int i = 0; i < d->n_workers; i++)
         if (strcmp(d->workers[i].name, name) == 0) return &d->workers[i];
@@ -334,7 +291,7 @@ static void drop_worker(fb_dispatch *d, worker *w)
     d->workers[i] = d->workers[--d->n_workers];
 }
 
-static group *find_group(fb_dispatch *d, const char *id)
+group *dsp_find_group(fb_dispatch *d, const char *id)
 {
     for (int i = 0; i < d->n_groups; i++)
         if (strcmp(d->groups[i].id, id) == 0) return &d->groups[i];
@@ -370,9 +327,9 @@ static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *w
     return true;
 }
 
-static void drop_group(fb_dispatch *d, const char *id)
+void dsp_drop_group(fb_dispatch *d, const char *id)
 {
-    group *g = find_group(d, id);
+    group *g = dsp_find_group(d, id);
     if (!g) return;
     free(g->span);
     *g = d->groups[--d->n_groups];
@@ -394,7 +351,7 @@ static bool group_has_worker(const group *g, const char *name)
 }
 
 /* The rank of worker name's device dev in a group that spans workers, or -1. */
-static int span_rank(const group *g, const char *name, int dev)
+int dsp_span_rank(const group *g, const char *name, int dev)
 {
     const span_member *sm = span_find(g, name);
     for (int i = 0; sm && i < sm->n_ranks; i++)
@@ -431,7 +388,7 @@ static bool span_add(group *g, int world, int port, const char *name, int rank_b
 /* The groups that are not finished, from the database (once per start). */
 static bool load_groups(fb_dispatch *d)
 {
-    PGresult *r = q(d,
+    PGresult *r = dsp_q(d,
                     "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
                     " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'",
                     0, NULL);
@@ -444,7 +401,7 @@ static bool load_groups(fb_dispatch *d)
                 json_pack("{s:i}", "groups", PQntuples(r)));
     PQclear(r);
     /* the workers of the groups that span several, leader (rank 0) first */
-    r = q(d,
+    r = dsp_q(d,
           "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
           " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
           " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
@@ -452,7 +409,7 @@ static bool load_groups(fb_dispatch *d)
           0, NULL);
     if (!r) return false;
     for (int i = 0; i < PQntuples(r); i++) {
-        group *g = find_group(d, PQgetvalue(r, i, 0));
+        group *g = dsp_find_group(d, PQgetvalue(r, i, 0));
         int64_t dev[FB_WIRE_MAX_DEVICES];
         int devs[FB_WIRE_MAX_DEVICES];
         int n = parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
@@ -474,7 +431,7 @@ static bool load_groups(fb_dispatch *d)
 /* ---- sending ------------------------------------------------------------- */
 
 /* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
-static bool send_to(fb_dispatch *d, const char *name, const fb_wire_msg *m,
+bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m,
                     const void *const *blobs, const size_t *lens, int n_blobs)
 {
     char err[256];
@@ -503,113 +460,7 @@ static void send_detach(fb_dispatch *d, const char *worker_name, const char *gro
     snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
     snprintf(m.job_id, sizeof m.job_id, "%s", job_id ? job_id : "");
     snprintf(m.text, sizeof m.text, "%s", why);
-    send_to(d, worker_name, &m, NULL, NULL, 0);
-}
-
-/* ---- artifacts ----------------------------------------------------------- */
-
-static int mkdirs(const char *path)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(tmp, 0750) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-/*
- * Writes a blob to artifacts/<tenant>/<job>/<file> through a temporary file,
- * fsync and rename; rel receives the path relative to the artifacts
- * directory and sha its SHA-256 in hex.
- */
-static int write_artifact(fb_dispatch *d, const char *tenant, const char *job, const char *file,
-                          const void *buf, size_t len, char *rel, size_t rel_cap, char sha[65])
-{
-    char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX];
-    snprintf(rel, rel_cap, "%s/%s/%s", tenant, job, file);
-    snprintf(dir, sizeof dir, "%s/%s/%s", d->artifacts, tenant, job);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, file);
-    if (mkdirs(dir) != 0) return FB_ERR_IO;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd < 0) return FB_ERR_IO;
-    const uint8_t *p = buf;
-    size_t left = len;
-    bool ok = true;
-    while (ok && left) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR) continue;
-        ok = n > 0;
-        if (ok) {
-            p += n;
-            left -= (size_t)n;
-        }
-    }
-    ok = ok && fsync(fd) == 0;
-    ok = close(fd) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return FB_ERR_IO;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    uint8_t h[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256(h, buf, len);
-    sodium_bin2hex(sha, 65, h, sizeof h);
-    return FB_OK;
-}
-
-/* Reads an artifact (relative path) into memory; NULL when it cannot, or
- * when the path leads out of the artifacts directory (paths.h). */
-static void *read_under(const char *root, const char *rel, size_t *len)
-{
-    int fd = fb_path_open_under(root, rel);
-    if (fd < 0) return NULL;
-    struct stat st;
-    void *buf = NULL;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        (size_t)st.st_size <= FB_WIRE_MAX_BLOB && (buf = malloc((size_t)st.st_size))) {
-        size_t got = 0;
-        while (got < (size_t)st.st_size) {
-            ssize_t n = read(fd, (char *)buf + got, (size_t)st.st_size - got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            got += (size_t)n;
-        }
-        if (got != (size_t)st.st_size) {
-            free(buf);
-            buf = NULL;
-        } else {
-            *len = got;
-        }
-    }
-    close(fd);
-    return buf;
-}
-
-static void *read_artifact(fb_dispatch *d, const char *rel, size_t *len)
-{
-    return read_under(d->artifacts, rel, len);
-}
-
-/* Reads an artifact of the tenant's: rel must lie under <tenant id>/ and resolve, every
- * link followed, inside that tenant's own directory; NULL otherwise. */
-static void *read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel,
-                                  size_t *len)
-{
-    size_t tl = strlen(tenant);
-    if (strncmp(rel, tenant, tl) != 0 || rel[tl] != '/') return NULL;
-    char root[PATH_MAX];
-    if ((size_t)snprintf(root, sizeof root, "%s/%s", d->artifacts, tenant) >= sizeof root)
-        return NULL;
-    return read_under(root, rel + tl + 1, len);
+    dsp_send(d, worker_name, &m, NULL, NULL, 0);
 }
 
 /* ---- requeueing ---------------------------------------------------------- */
@@ -625,26 +476,26 @@ static void *read_tenant_artifact(fb_dispatch *d, const char *tenant, const char
 static bool requeue_group(fb_dispatch *d, const char *group_id, const char *why,
                           const char *lost_on)
 {
-    const group *g = find_group(d, group_id);
+    const group *g = dsp_find_group(d, group_id);
     char high[24], poison[16];
     snprintf(high, sizeof high, "%lld", (long long)(g ? g->high_step : 0));
     snprintf(poison, sizeof poison, "%d", POISON_WORKERS);
-    if (!db_ok(d) || !begin(d)) return false;
+    if (!dsp_db_ok(d) || !dsp_begin(d)) return false;
     const char *vl[3] = {group_id, high, lost_on};
-    if (lost_on && !exec1(d, sql_loss_streak, 3, vl)) goto fail;
+    if (lost_on && !dsp_exec(d, sql_loss_streak, 3, vl)) goto fail;
     const char *v[4] = {group_id, why, lost_on ? "true" : "false", poison};
-    PGresult *r = q(d, sql_requeue_group, 4, v);
+    PGresult *r = dsp_q(d, sql_requeue_group, 4, v);
     if (!r) goto fail;
     long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
     long failed = strtol(PQgetvalue(r, 0, 1), NULL, 10);
     PQclear(r);
-    if (!exec1(d,
+    if (!dsp_exec(d,
                "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
                " updated_at = now() WHERE id = $1::uuid AND state <> 'finished'",
                1, v) ||
-        !exec1(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
+        !dsp_exec(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
                1, v) ||
-        !update_utilization(d, group_id) || !commit(d))
+        !dsp_update_utilization(d, group_id) || !dsp_commit(d))
         goto fail;
     fb_log_json(FB_LOG_INFO, "requeued an array's jobs",
                 json_pack("{s:s, s:s, s:i, s:i}", "group_id", group_id, "why", why, "jobs", (int)n,
@@ -653,11 +504,11 @@ static bool requeue_group(fb_dispatch *d, const char *group_id, const char *why,
         fb_log_json(FB_LOG_WARN, "a poison array: jobs lost on too many workers in a row failed",
                     json_pack("{s:s, s:i, s:i}", "group_id", group_id, "jobs", (int)failed,
                               "workers", POISON_WORKERS));
-    drop_group(d, group_id);
+    dsp_drop_group(d, group_id);
     d->plan_due = true;
     return true;
 fail:
-    rollback(d);
+    dsp_rollback(d);
     return false;
 }
 
@@ -673,79 +524,21 @@ static bool requeue_spanning(fb_dispatch *d, group *g, const char *why, const ch
     snprintf(id, sizeof id, "%s", g->id);
     int64_t gen = g->generation;
     span *sp = g->span;
-    g->span = NULL; /* kept past drop_group, for the DETACHes */
+    g->span = NULL; /* kept past dsp_drop_group, for the DETACHes */
     if (!requeue_group(d, id, why, lost_on)) {
-        g = find_group(d, id);
+        g = dsp_find_group(d, id);
         if (g) g->span = sp;
         else free(sp);
         return false;
     }
     for (int k = 0; sp && k < sp->n; k++)
-        if (find_worker(d, sp->m[k].worker))
+        if (dsp_find_worker(d, sp->m[k].worker))
             send_detach(d, sp->m[k].worker, id, gen, NULL, why, false);
     if (sp)
         fb_log_json(FB_LOG_INFO, "stopped an array that spans workers on all of them",
                     json_pack("{s:s, s:s, s:i}", "group_id", id, "why", why, "workers", sp->n));
     free(sp);
     return true;
-}
-
-/* Finishes a group once none of its jobs trains in it any more; *finished
- * says whether it did (the caller forgets the group after COMMIT). */
-static bool maybe_finish_group(fb_dispatch *d, const char *group_id, bool *finished)
-{
-    const char *v[1] = {group_id};
-    PGresult *r = q(d,
-                    "UPDATE groups g SET n_members = (SELECT count(*) FROM jobs j"
-                    "  WHERE j.group_id = g.id AND j.in_group),"
-                    " state = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN g.state ELSE 'finished' END,"
-                    " finished_at = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN NULL ELSE now() END, updated_at = now()"
-                    " WHERE g.id = $1::uuid AND g.state <> 'finished' RETURNING g.state",
-                    1, v);
-    if (!r) return false;
-    *finished = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "finished") == 0;
-    PQclear(r);
-    return !*finished || (exec1(d,
-                                "UPDATE devices SET group_id = NULL, tenant_id = NULL"
-                                " WHERE group_id = $1::uuid",
-                                1, v) &&
-                          update_utilization(d, group_id));
-}
-
-/* ---- events -------------------------------------------------------------- */
-
-static void fmt_num(char *buf, size_t cap, double x)
-{
-    if (isfinite(x))
-        snprintf(buf, cap, "%.17g", x);
-    else
-        buf[0] = '\0';
-}
-
-/* Records a full-state checkpoint of a job (file, row, resume point). */
-static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
-{
-    const fb_wire_msg *m = &e->m;
-    char file[64], rel[PATH_MAX], sha[65], step[24], bytes[24];
-    snprintf(file, sizeof file, "state-%lld.safetensors", (long long)m->step);
-    if (write_artifact(d, tenant, m->job_id, file, e->blob, e->blob_len, rel, sizeof rel, sha))
-        return FB_ERR_IO;
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
-    const char *v[5] = {m->job_id, step, rel, bytes, sha};
-    if (!exec1(d,
-               "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-               " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'state', false)"
-               " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-               5, v) ||
-        !exec1(d,
-               "UPDATE jobs SET resume_step = $2::bigint, resume_path = $3, updated_at = now()"
-               " WHERE id = $1::uuid AND resume_step <= $2::bigint",
-               3, v))
-        return FB_ERR_UNAVAILABLE;
-    return FB_OK;
 }
 
 /* ---- early stopping (ASHA) ------------------------------------------------ */
@@ -759,14 +552,14 @@ static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
  */
 static bool asha_end(fb_dispatch *d, bool ok)
 {
-    return exec1(d, ok ? "RELEASE SAVEPOINT asha" : "ROLLBACK TO SAVEPOINT asha", 0, NULL);
+    return dsp_exec(d, ok ? "RELEASE SAVEPOINT asha" : "ROLLBACK TO SAVEPOINT asha", 0, NULL);
 }
 
-/* The rung result of an evaluation, and its decision (see asha_on_evaluated). */
+/* The rung result of an evaluation, and its decision (see dsp_asha_on_evaluated). */
 static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 {
     const char *v1[1] = {m->job_id};
-    PGresult *r = q(d,
+    PGresult *r = dsp_q(d,
                     "SELECT j.sweep_id, j.trial_index, j.steps, e.x->>'metric', e.x->>'mode',"
                     " (e.x->>'grace_steps')::bigint, (e.x->>'reduction_factor')::int,"
                     " (e.x->>'max_rungs')::int"
@@ -819,7 +612,7 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     } else if (strcmp(rule.metric, "loss") == 0 || strcmp(rule.metric, "accuracy") == 0) {
         /* a training measure: the latest the worker reported up to this step */
         const char *v2[2] = {m->job_id, step};
-        r = q(d,
+        r = dsp_q(d,
               strcmp(rule.metric, "loss") == 0
                   ? "SELECT loss FROM job_metrics WHERE job_id = $1::uuid AND step <= $2::bigint"
                     " AND loss IS NOT NULL ORDER BY step DESC LIMIT 1"
@@ -834,7 +627,7 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     if (!isfinite(metric)) return true;
     snprintf(metric_s, sizeof metric_s, "%.17g", metric);
     const char *vi[5] = {sweep, m->job_id, rung_s, step, metric_s};
-    r = q(d,
+    r = dsp_q(d,
           "INSERT INTO asha_rungs (sweep_id, job_id, rung, step, metric, decision)"
           " VALUES ($1::uuid, $2::uuid, $3::int, $4::bigint, $5::float8, 'continue')"
           " ON CONFLICT (job_id, rung) DO NOTHING RETURNING seq",
@@ -845,7 +638,7 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     if (!fresh) return true; /* this rung has its result already */
     /* every result of the rung so far, this one included */
     const char *vr[2] = {sweep, rung_s};
-    r = q(d,
+    r = dsp_q(d,
           "SELECT j.trial_index, a.metric FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
           " WHERE a.sweep_id = $1::uuid AND a.rung = $2::int ORDER BY a.seq",
           2, vr);
@@ -874,11 +667,11 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     const char *dname = fb_asha_decision_name(dec);
     const char *vu[3] = {m->job_id, rung_s, dname};
     const char *ve[7] = {m->job_id, rung_s, step, metric_s, n_s, dname, rule.metric};
-    if (!exec1(d,
+    if (!dsp_exec(d,
                "UPDATE asha_rungs SET decision = $3 WHERE job_id = $1::uuid AND rung = $2::int"
                " AND decision <> $3",
                3, vu) ||
-        !exec1(d,
+        !dsp_exec(d,
                "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid, 'rung',"
                " 'rung ' || $2 || ' at step ' || $3 || ': ' || $7 || ' ' || round($4::numeric, 6)"
                " || ' among ' || $5 || ' results; ' || CASE WHEN $6 = 'stop'"
@@ -896,13 +689,13 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
  * first at or past a rung it has not reported for, records it as the rung's
  * result (asha_rungs) and decides with server/asha whether the trial goes
  * on; *stop says whether to detach the member once the transaction commits
- * (asha_send_stop).  A trial's last evaluation is not a rung result.  Runs
+ * (dsp_asha_send_stop).  A trial's last evaluation is not a rung result.  Runs
  * in apply_event's transaction; false when that is lost.
  */
-static bool asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
+bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 {
     *stop = false;
-    if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
+    if (!dsp_exec(d, "SAVEPOINT asha", 0, NULL)) return false;
     bool ok = asha_rung(d, m, stop);
     if (!ok) *stop = false;
     return asha_end(d, ok);
@@ -911,10 +704,10 @@ static bool asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 /* Detaches a member its rule stopped; after COMMIT, so that the decision is on
  * record before the member leaves.  The array must still be the one the
  * evaluation came from: a member that moved since has left that one. */
-static void asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
+void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
 {
-    group *g = find_group(d, m->group_id);
-    if (!g || g->generation != m->generation || !find_worker(d, g->worker)) {
+    group *g = dsp_find_group(d, m->group_id);
+    if (!g || g->generation != m->generation || !dsp_find_worker(d, g->worker)) {
         fb_log_json(FB_LOG_WARN, "an early-stopped trial's array is gone; not detached",
                     json_pack("{s:s, s:s}", "job_id", m->job_id, "group_id", m->group_id));
         return;
@@ -932,14 +725,14 @@ static void asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
  * *stopped says whether m was such a departure.  Runs in apply_event's
  * transaction; false when that is lost.
  */
-static bool asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
+bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
 {
     *stopped = false;
-    if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
+    if (!dsp_exec(d, "SAVEPOINT asha", 0, NULL)) return false;
     char step[24];
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     const char *v[3] = {m->job_id, m->group_id, step};
-    PGresult *r = q(d,
+    PGresult *r = dsp_q(d,
                     "WITH stop AS (SELECT rung, step, metric FROM asha_rungs"
                     "  WHERE job_id = $1::uuid AND decision = 'stop' ORDER BY rung LIMIT 1),"
                     " upd AS (UPDATE jobs SET state = 'completed', end_reason = 'early_stopped',"
@@ -961,697 +754,12 @@ static bool asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped
     return asha_end(d, ok);
 }
 
-/*
- * A checkpoint that arrived after its array was requeued (its worker was
- * taken for lost, or stopped listing the array, and its link or its outbox
- * caught up later).  It is kept only while it belongs to no other run and
- * saves work: the job is still queued, has not been placed since it left
- * this array (group_id is still this one), the sender is the worker the
- * array was assigned to, in this generation, and the step is past the
- * resume point.  It then becomes the resume point: the next plan reads the
- * queue copy, which the trigger of schema 007 brings up to date, so the
- * ASSIGN carries this very file and this step.  Otherwise it is dropped: a
- * job placed again belongs to its new run, which resumed from the point its
- * ASSIGN carried, and an older checkpoint must never move a resume point
- * back.
- */
-static int apply_late_checkpoint(fb_dispatch *d, pending *e)
-{
-    const fb_wire_msg *m = &e->m;
-    char gen[24], step[24];
-    snprintf(gen, sizeof gen, "%lld", (long long)m->generation);
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    int err = FB_OK;
-    if (!begin(d)) return FB_ERR_UNAVAILABLE;
-    const char *v[5] = {m->job_id, m->group_id, gen, e->worker, step};
-    PGresult *r = q(d,
-                    "SELECT j.tenant_id FROM jobs j JOIN groups g ON g.id = j.group_id"
-                    " JOIN workers w ON w.id = g.worker_id"
-                    " WHERE j.id = $1::uuid AND j.group_id = $2::uuid AND NOT j.in_group"
-                    " AND j.state = 'queued' AND g.state = 'finished'"
-                    " AND g.generation = $3::bigint AND w.name = $4"
-                    " AND j.resume_step < $5::bigint FOR UPDATE OF j",
-                    5, v);
-    if (!r) goto fail;
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        rollback(d);
-        fb_log_json(FB_LOG_INFO, "stale event dropped",
-                    json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id",
-                              m->group_id, "event", "checkpointed", "step",
-                              (json_int_t)m->step));
-        return FB_OK;
-    }
-    char tenant[FB_WIRE_ID_LEN + 1];
-    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
-    PQclear(r);
-    if ((err = record_state(d, e, tenant))) goto fail;
-    const char *vs[3] = {m->job_id, step, m->group_id};
-    if (!exec1(d,
-               "UPDATE jobs SET step = GREATEST(step, $2::bigint), updated_at = now(),"
-               " queue_reason = 'a checkpoint arrived after the requeue; resumes from step ' || $2"
-               " WHERE id = $1::uuid",
-               2, vs) ||
-        !exec1(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-               " 'checkpointed', 'checkpoint at step ' || $2 || ', received after the array was"
-               " requeued; resumes from it', jsonb_build_object('step', $2::bigint, 'group_id',"
-               " $3::text, 'late', true))",
-               3, vs) ||
-        !commit(d))
-        goto fail;
-    fb_log_json(FB_LOG_INFO, "a checkpoint received after its array was requeued resumes the job",
-                json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id", m->group_id,
-                          "job_id", m->job_id, "step", (json_int_t)m->step));
-    return FB_OK;
-fail:
-    rollback(d);
-    return err ? err : FB_ERR_UNAVAILABLE;
-}
-
-/*
- * Applies one event in one transaction.  FB_OK when it is recorded (or
- * needs no record: its job left the group already), else an error and the
- * event is retried later.
- */
-static int apply_event(fb_dispatch *d, pending *e)
-{
-    fb_wire_msg *m = &e->m;
-    const char *kind = fb_wire_event_name(m->event);
-    int err = FB_OK;
-    if (e->late) return apply_late_checkpoint(d, e);
-    if (!begin(d)) return FB_ERR_UNAVAILABLE;
-    const char *v2[2] = {m->job_id, m->group_id};
-    PGresult *r = q(d,
-                    "SELECT tenant_id, state, in_group AND group_id = $2::uuid FROM jobs"
-                    " WHERE id = $1::uuid FOR UPDATE",
-                    2, v2);
-    if (!r) goto fail;
-    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 2), "t") != 0) {
-        PQclear(r);
-        rollback(d);
-        fb_log_json(FB_LOG_DEBUG, "event for a job no longer in the array; ignored",
-                    json_pack("{s:s, s:s}", "job_id", m->job_id, "event", kind));
-        return FB_OK;
-    }
-    char tenant[FB_WIRE_ID_LEN + 1], state[16];
-    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
-    snprintf(state, sizeof state, "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
-    {
-        /* an event resent after its acknowledgement was lost is recorded once */
-        char st[24];
-        snprintf(st, sizeof st, "%lld", (long long)m->step);
-        const char *va[4] = {m->group_id, m->job_id, kind, st};
-        r = q(d,
-              "INSERT INTO events_applied (group_id, job_id, kind, step)"
-              " VALUES ($1::uuid, $2::uuid, $3, $4::bigint) ON CONFLICT DO NOTHING RETURNING 1",
-              4, va);
-        if (!r) goto fail;
-        bool fresh = PQntuples(r) == 1;
-        PQclear(r);
-        if (!fresh) {
-            rollback(d);
-            return FB_OK;
-        }
-    }
-    char step[24], loss[40], acc[40], tloss[40], tacc[40];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    fmt_num(loss, sizeof loss, m->loss);
-    fmt_num(acc, sizeof acc, m->accuracy);
-    fmt_num(tloss, sizeof tloss, m->test_loss);
-    fmt_num(tacc, sizeof tacc, m->test_accuracy);
-    /* loss, accuracy: the validation's (evaluated, finished); tl, ta: the test's (finished) */
-    const char *lv = loss[0] ? loss : NULL, *av = acc[0] ? acc : NULL;
-    const char *tl = tloss[0] ? tloss : NULL, *ta = tacc[0] ? tacc : NULL;
-    bool leaves = false, asha_stop = false;
-    switch (m->event) {
-    case FB_EV_STARTED: {
-        const char *v1[1] = {m->job_id}, *v2[1] = {m->group_id};
-        const char *v4[4] = {m->job_id, m->group_id, step, e->worker};
-        if (!exec1(d,
-                   "UPDATE jobs SET state = 'running', started_at = coalesce(started_at, now()),"
-                   " updated_at = now() WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v1) ||
-            !exec1(d,
-                   "UPDATE groups SET state = 'running', updated_at = now()"
-                   " WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v2) ||
-            !exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'started', 'training at step ' || $3 || ' in array ' || $2 || ' on worker '"
-                   " || $4, jsonb_build_object('group_id', $2::text, 'worker', $4::text,"
-                   " 'step', $3::bigint))",
-                   4, v4))
-            goto fail;
-        break;
-    }
-    case FB_EV_EVALUATED: {
-        const char *v[4] = {m->job_id, step, lv, av};
-        if (!exec1(d,
-                   "INSERT INTO job_metrics (job_id, step, val_loss, val_accuracy)"
-                   " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                   " ON CONFLICT (job_id, step) DO UPDATE SET val_loss = EXCLUDED.val_loss,"
-                   " val_accuracy = EXCLUDED.val_accuracy",
-                   4, v) ||
-            !exec1(d,
-                   "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('val_step', $2::bigint, 'val_loss',"
-                   " $3::float8, 'val_accuracy', $4::float8)), updated_at = now()"
-                   " WHERE id = $1::uuid",
-                   4, v) ||
-            !asha_on_evaluated(d, m, &asha_stop))
-            goto fail;
-        break;
-    }
-    case FB_EV_CHECKPOINTED: {
-        const char *v[3] = {m->job_id, m->group_id, step};
-        if (!e->blob) break;
-        if ((err = record_state(d, e, tenant))) goto fail;
-        if (!exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'checkpointed', 'checkpoint at step ' || $3,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
-                   3, v))
-            goto fail;
-        break;
-    }
-    case FB_EV_FINISHED: {
-        leaves = true;
-        if (e->blob) {
-            char rel[PATH_MAX], sha[65], bytes[24];
-            if ((err = write_artifact(d, tenant, m->job_id, "model.safetensors", e->blob,
-                                      e->blob_len, rel, sizeof rel, sha)))
-                goto fail;
-            snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
-            const char *v[5] = {m->job_id, step, rel, bytes, sha};
-            if (!exec1(d,
-                       "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-                       " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'model', true)"
-                       " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-                       5, v))
-                goto fail;
-        }
-        const char *vt[4] = {m->job_id, step, tl, ta};
-        const char *v6[6] = {m->job_id, step, lv, av, tl, ta};
-        const char *v7[7] = {m->job_id, m->group_id, step, lv, av, tl, ta};
-        /* the test evaluation joins the series at the last step, beside its validation */
-        if (((tl || ta) &&
-             !exec1(d,
-                    "INSERT INTO job_metrics (job_id, step, test_loss, test_accuracy)"
-                    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                    " ON CONFLICT (job_id, step) DO UPDATE SET test_loss = EXCLUDED.test_loss,"
-                    " test_accuracy = EXCLUDED.test_accuracy",
-                    4, vt)) ||
-            !exec1(d,
-                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
-                   " THEN 'completed' ELSE state END, in_group = false,"
-                   " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
-                   " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'val_step',"
-                   " CASE WHEN $3::float8 IS NOT NULL OR $4::float8 IS NOT NULL THEN $2::bigint"
-                   " END, 'val_loss', $3::float8, 'val_accuracy', $4::float8, 'test_loss',"
-                   " $5::float8, 'test_accuracy', $6::float8)),"
-                   " updated_at = now() WHERE id = $1::uuid",
-                   6, v6) ||
-            !exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'completed', 'finished at step ' || $3 || coalesce(': validation accuracy ' ||"
-                   " round($5::numeric, 4), '') || coalesce(', test accuracy ' ||"
-                   " round($7::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
-                   " $3::bigint, 'val_loss', $4::float8, 'val_accuracy', $5::float8,"
-                   " 'test_loss', $6::float8, 'test_accuracy', $7::float8,"
-                   " 'group_id', $2::text)))",
-                   7, v7))
-            goto fail;
-        break;
-    }
-    case FB_EV_FAILED: {
-        /* a job fault uses up a restart (the job goes back to the queue), a spec fault or
-         * the last restart fails it (sql_member_failed) */
-        leaves = true;
-        const char *v6[6] = {m->job_id, m->group_id, step, m->text,
-                             m->fault == FB_FAULT_SPEC ? "true" : "false", e->worker};
-        if (!exec1(d, sql_member_failed, 6, v6)) goto fail;
-        break;
-    }
-    case FB_EV_DETACHED: {
-        leaves = true;
-        const char *v[4] = {m->job_id, m->group_id, step, m->text};
-        if (e->blob && (err = record_state(d, e, tenant))) goto fail;
-        bool early_stopped = false;
-        if (!asha_on_detached(d, m, &early_stopped)) goto fail;
-        if (early_stopped) break;
-        /* a member that left while its job still wants training goes back to the queue */
-        if (!exec1(d,
-                   "WITH upd AS (UPDATE jobs SET in_group = false, updated_at = now(),"
-                   " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
-                   " queue_reason = CASE WHEN state IN ('scheduled', 'running') THEN"
-                   "  'left its array (' || $4 || '); resumes from step ' || resume_step"
-                   "  ELSE queue_reason END,"
-                   " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END"
-                   " WHERE id = $1::uuid RETURNING state, resume_step)"
-                   " INSERT INTO job_events (job_id, kind, message, data) SELECT $1::uuid,"
-                   " CASE WHEN state = 'queued' THEN 'requeued' ELSE 'detached' END,"
-                   " CASE WHEN state = 'queued' THEN 'left its array (' || $4 ||"
-                   "  '); resumes from step ' || resume_step ELSE 'left its array (' || $4 || ')' END,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text) FROM upd",
-                   4, v))
-            goto fail;
-        break;
-    }
-    default:
-        break;
-    }
-    bool finished = false;
-    if (leaves && !maybe_finish_group(d, m->group_id, &finished)) goto fail;
-    if (!commit(d)) goto fail;
-    if (finished) drop_group(d, m->group_id);
-    if (leaves) d->plan_due = true;
-    if (asha_stop) asha_send_stop(d, m);
-    return FB_OK;
-fail:
-    rollback(d);
-    return err ? err : FB_ERR_UNAVAILABLE;
-}
-
-static void pending_free(pending *p)
-{
-    if (!p) return;
-    fb_wire_msg_free(&p->m);
-    free(p->span_breakdown);
-    free(p->blob);
-    free(p);
-}
-
-static void push(queue *qq, pending *p)
-{
-    p->next = NULL;
-    if (qq->tail)
-        qq->tail->next = p;
-    else
-        qq->head = p;
-    qq->tail = p;
-    qq->n++;
-}
-
-static pending *pop(queue *qq)
-{
-    pending *p = qq->head;
-    if (!p) return NULL;
-    qq->head = p->next;
-    if (!qq->head) qq->tail = NULL;
-    qq->n--;
-    return p;
-}
-
-/* Writes queued events in order and acknowledges each once committed. */
-static void flush_events(fb_dispatch *d)
-{
-    while (d->events.head) {
-        if (!db_ok(d)) return;
-        pending *e = d->events.head;
-        int err = apply_event(d, e);
-        if (err == FB_ERR_IO) {
-            /* once per outage (a full disk would otherwise log every turn of the loop) */
-            if (!d->artifact_fail_said)
-                fb_log_json(FB_LOG_ERROR, "cannot write an artifact; the event waits",
-                            json_pack("{s:s, s:s}", "job_id", e->m.job_id, "artifacts",
-                                      d->artifacts));
-            d->artifact_fail_said = true;
-            return;
-        }
-        if (err) return;
-        if (d->artifact_fail_said) {
-            fb_log_json(FB_LOG_INFO, "events are written again",
-                        json_pack("{s:s}", "artifacts", d->artifacts));
-            d->artifact_fail_said = false;
-        }
-        pop(&d->events);
-        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = e->m.seq};
-        snprintf(ack.group_id, sizeof ack.group_id, "%s", e->m.group_id);
-        ack.generation = e->m.generation;
-        send_to(d, e->worker, &ack, NULL, NULL, 0);
-        pending_free(e);
-    }
-}
-
-/* ---- progress ------------------------------------------------------------ */
-
-/* Appends x (or NULL) to a PostgreSQL array literal being built in b. */
-static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
-{
-    if (*len + 40 >= cap) return;
-    *len += (size_t)snprintf(b + *len, cap - *len, "%s", first ? "" : ",");
-    if (isfinite(x))
-        *len += (size_t)snprintf(b + *len, cap - *len, "%.9g", x);
-    else
-        *len += (size_t)snprintf(b + *len, cap - *len, "NULL");
-}
-
-/*
- * A device's utilization: the part of its time the arrays on it spend
- * working (compute, communication, I/O) rather than waiting for their turn,
- * summed over the unfinished arrays there, from their latest reports.
- * Recomputed for the devices of group_id (after its report, or its end).
- */
-static bool update_utilization(fb_dispatch *d, const char *group_id)
-{
-    const char *v[1] = {group_id};
-    /* an array's devices are group_devices (schema 008): its worker's, or those of each of
-     * its workers when it spans several; the arrays on a device are found from either side
-     * through the indexes on the worker */
-    return exec1(d,
-                 "WITH g AS (SELECT worker_id, idx FROM group_devices WHERE group_id = $1::uuid),"
-                 " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
-                 "   THEN t.work / t.total END), 0) AS u"
-                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = g.idx"
-                 "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
-                 "   coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
-                 "   FROM (SELECT o1.breakdown FROM groups o1 WHERE o1.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(o1.device_idx) AND o1.comm_port IS NULL"
-                 "    AND o1.state <> 'finished'"
-                 "    UNION ALL SELECT o2.breakdown FROM group_workers gw"
-                 "    JOIN groups o2 ON o2.id = gw.group_id WHERE gw.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(gw.device_idx) AND o2.state <> 'finished') o) t ON true"
-                 "  GROUP BY d.worker_id, d.idx)"
-                 " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
-                 " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx",
-                 1, v);
-}
-
-/*
- * The report's per-device breakdown as the groups table keeps it (schema
- * 006): per device its index, times per step, samples per step and speed
- * (samples per second of its training passes; null when it ran none).  A
- * malloc'd JSON text, or NULL when the report has none or memory ran out.
- */
-static char *device_breakdown_json(const fb_wire_msg *m)
-{
-    if (m->n_device_steps < 1) return NULL;
-    json_t *arr = json_array();
-    for (int i = 0; arr && i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
-        json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
-                              "compute_ms", e->compute_ms, "comm_ms", e->comm_ms, "io_ms",
-                              e->io_ms, "idle_ms", e->idle_ms, "samples_per_step", per_step,
-                              "samples_per_s",
-                              busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
-        if (!o || json_array_append_new(arr, o)) {
-            json_decref(arr);
-            arr = NULL;
-        }
-    }
-    char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
-    json_decref(arr);
-    return text;
-}
-
-static bool write_progress(fb_dispatch *d, const pending *p, bool full)
-{
-    const fb_wire_msg *m = &p->m;
-    size_t cap = (size_t)m->n_progress * 48 + 16;
-    char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap), *loss = malloc(cap),
-         *acc = malloc(cap), *lr = malloc(cap);
-    bool ok = false;
-    if (!ids || !steps || !totals || !loss || !acc || !lr) goto done;
-    size_t li = 1, ls = 1, lt = 1, ll = 1, la = 1, lr_ = 1;
-    ids[0] = steps[0] = totals[0] = loss[0] = acc[0] = lr[0] = '{';
-    for (int i = 0; i < m->n_progress; i++) {
-        const fb_wire_member_progress *p = &m->progress[i];
-        li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
-        ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
-        lt += (size_t)snprintf(totals + lt, cap - lt, "%s%lld", i ? "," : "",
-                               (long long)p->steps);
-        arr_num(loss, cap, &ll, p->loss, i == 0);
-        arr_num(acc, cap, &la, p->accuracy, i == 0);
-        arr_num(lr, cap, &lr_, p->lr, i == 0);
-    }
-    snprintf(ids + li, cap - li, "}");
-    snprintf(steps + ls, cap - ls, "}");
-    snprintf(totals + lt, cap - lt, "}");
-    snprintf(loss + ll, cap - ll, "}");
-    snprintf(acc + la, cap - la, "}");
-    snprintf(lr + lr_, cap - lr_, "}");
-    char sps[40], cm[40], co[40], io[40], idle[40];
-    fmt_num(sps, sizeof sps, m->samples_per_s);
-    fmt_num(cm, sizeof cm, m->compute_ms);
-    fmt_num(co, sizeof co, m->comm_ms);
-    fmt_num(io, sizeof io, m->io_ms);
-    fmt_num(idle, sizeof idle, m->idle_ms);
-    const char *v[11] = {m->group_id, ids, steps, loss, acc, lr, sps[0] ? sps : NULL,
-                         cm[0] ? cm : NULL, co[0] ? co : NULL, io[0] ? io : NULL,
-                         idle[0] ? idle : NULL};
-    const char *vm[10] = {v[0], v[1], v[2], v[3], v[4], v[6], v[7], v[8], v[9], v[10]};
-    const char *vg[6] = {v[0], v[6], v[7], v[8], v[9], v[10]};
-    ok = exec1(d,
-               "INSERT INTO job_metrics (job_id, step, loss, accuracy, samples_per_s, compute_ms,"
-               " comm_ms, io_ms, wait_ms)"
-               " SELECT u.id, u.step, u.loss, u.acc, $6::float8, $7::float8, $8::float8,"
-               " $9::float8, $10::float8"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[]) AS"
-               " u(id, step, loss, acc) JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid"
-               " ON CONFLICT (job_id, step) DO UPDATE SET loss = EXCLUDED.loss,"
-               " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
-               " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
-               " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms",
-               10, vm);
-    /* a report superseded by a newer one of the same array only adds its points to the
-     * time series: the newer one sets the latest state */
-    if (!ok || !full) goto done;
-    ok = exec1(d,
-               "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
-               " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
-               " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
-               " 'accuracy', u.acc, 'lr', u.lr, 'samples_per_s', $7::float8,"
-               " 'compute_ms', $8::float8, 'comm_ms', $9::float8, 'io_ms', $10::float8,"
-               " 'idle_ms', $11::float8))"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[], $6::float8[])"
-               " AS u(id, step, loss, acc, lr)"
-               " WHERE j.id = u.id AND j.group_id = $1::uuid AND j.in_group",
-               11, v) &&
-         exec1(d,
-               "UPDATE groups SET samples_per_s = $2::float8, updated_at = now(),"
-               " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
-               " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
-               " WHERE id = $1::uuid",
-               6, vg) &&
-         update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
-    if (ok && p->span_breakdown) {
-        const char *vd[2] = {m->group_id, p->span_breakdown};
-        ok = exec1(d, "UPDATE groups SET device_breakdown = $2::jsonb WHERE id = $1::uuid", 2, vd);
-    } else if (ok && m->n_device_steps > 0) {
-        /* kept only when the report names the group's devices in the group's order, which
-         * gives each entry its shard and stage (devices are shard-major) */
-        char *bd = device_breakdown_json(m);
-        const char *vd[2] = {m->group_id, bd};
-        ok = !bd ||
-             exec1(d,
-                   "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
-                   " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
-                   " 'stage', (e.k - 1) % g.parallel_pipeline, 'worker',"
-                   " (SELECT w.name FROM workers w WHERE w.id = g.worker_id)) ORDER BY e.k)"
-                   " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
-                   " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
-                   " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
-                   "  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k)"
-                   "  ORDER BY e.k)",
-                   2, vd);
-        free(bd);
-    }
-done:
-    free(ids);
-    free(steps);
-    free(totals);
-    free(loss);
-    free(acc);
-    free(lr);
-    return ok;
-}
-
-/*
- * Slowdown (docs/architecture.md): (elapsed + remaining steps x step time) / (total steps x
- * isolated step time), elapsed from submission.  The isolated step time is
- * the profile of (fusion key, array size, device kind): measured whenever an
- * array has its devices to itself (no other unfinished array on any of them)
- * and smoothed, then reused for arrays that share, whose busy time lowers a
- * profile it shows to be too slow (below).  Until a profile exists
- * the busy part of the step stands in for it.  p carries the report's step
- * as note_step_time measured it: the step of the window the report closed
- * (none for an array's first report, so its warm-up never counts), which
- * feeds the profile, and the smoothed step, which the slowdown uses, as the
- * fair-share controller does (before the first window closes, the report's
- * own breakdown stands in for both).  A report that closed no window, or a member's
- * last report (its window holds the final evaluation and export, which no
- * later step pays), is cold: it only seeds a missing profile, which the
- * first warm report replaces (profiles.warm).  ids, steps and totals are the
- * report's members as the array literals write_progress built.
- */
-static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
-                            const char *steps, const char *totals)
-{
-    const fb_wire_msg *m = &p->m;
-    double step_ms = p->smooth_step_ms, busy_ms = p->smooth_busy_ms;
-    if (!(step_ms > 0 && busy_ms > 0)) {
-        /* nothing measured yet (an array's first half second): the report's own breakdown,
-         * which is all a short job ever has */
-        const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
-        step_ms = busy_ms = 0;
-        for (int i = 0; i < 4; i++)
-            if (isfinite(parts[i]) && parts[i] > 0) {
-                step_ms += parts[i];
-                if (i < 3) busy_ms += parts[i];
-            }
-    }
-    if (!(step_ms > 0) || !(busy_ms > 0) || m->n_progress < 1) return true;
-    /* a profile only from a report that closed a measuring window */
-    bool warm = p->step_ms > 0 && p->busy_ms > 0;
-    /* a member's last report carries its final evaluation and model export, which a
-     * later step of the array does not pay */
-    for (int i = 0; i < m->n_progress && warm; i++)
-        if (m->progress[i].step >= m->progress[i].steps) warm = false;
-    /* a cold report only seeds a profile that does not exist yet; the first warm one
-     * replaces the seed, later ones are averaged in: a faster step quickly, a slower one
-     * slowly, since load from outside the array (other processes on the machine, the
-     * server catching up) only ever makes a step slower than it is alone.
-     * A warm window of an array that shares its device bounds its profile from above:
-     * its busy time (compute, communication, I/O; the wait for its turn left out) is what
-     * its steps took, and taking turns adds idle time, not busy time, while outside load
-     * only adds to it.  A profile above it was measured under load (a loaded machine, a
-     * short first window) and is too slow, so such a window lowers it, seed or not, by
-     * the half step a faster window alone takes rather than straight to the busy time:
-     * one window's busy time rests on the arrival times of two reports and on a report
-     * interval's breakdown, and one low window must not set the profile; halving the gap
-     * still brings a profile three times too slow within 10% in five windows.  A shared
-     * window never raises a profile nor creates one (the busy time stands in until one
-     * exists).  The bound needs a busy time that covers the whole step, so only arrays on
-     * one device lower: of a pipeline, compute is the stages' mean and the bubble, part of
-     * every step alone, is idle; of a data-parallel array (spanning workers or not),
-     * compute and communication are the devices' means and the wait for the slowest
-     * device is idle.  A profile is per device kind (the worker's backend), so an array
-     * lowers only its own kind's.  What the bound misses: a data loader that is the
-     * bottleneck alone prefetches during other arrays' turns, so a shared window hides
-     * part of its wait.  The lowering is a data-modifying WITH of the insert's statement
-     * (one statement per report, as before); the two never touch the same row.  Sharing
-     * is read from group_devices (schema 008), so that a device also counts as shared
-     * when another array holds it as a rank of an array that spans workers, or when this
-     * array spans workers and another holds one of its followers' devices. */
-    static const char profile_sql[] =
-        "WITH a AS (SELECT g.fusion_key, w.backend,"
-        "  g.parallel_data = 1 AND g.parallel_pipeline = 1 AS one_device,"
-        "  EXISTS (SELECT 1 FROM group_devices mine JOIN group_devices o"
-        "   ON o.worker_id = mine.worker_id AND o.idx = mine.idx AND o.group_id <> mine.group_id"
-        "   JOIN groups og ON og.id = o.group_id AND og.state <> 'finished'"
-        "   WHERE mine.group_id = g.id) AS shared"
-        "  FROM groups g JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid),"
-        " l AS (UPDATE profiles p SET"
-        "  isolated_step_ms = 0.5 * p.isolated_step_ms + 0.5 * $5::float8, measured_at = now()"
-        "  FROM a WHERE a.shared AND a.one_device AND $4::boolean AND $5::float8 > 0"
-        "  AND $5::float8 < p.isolated_step_ms AND p.fusion_key = a.fusion_key"
-        "  AND p.n_models = $3::int AND p.device_kind = a.backend)"
-        " INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
-        " SELECT a.fusion_key, $3::int, a.backend, $2::float8, $4::boolean FROM a"
-        " WHERE NOT a.shared"
-        " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
-        " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
-        "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
-        "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
-        "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
-        " warm = true, measured_at = now() WHERE EXCLUDED.warm";
-    /* the profile takes this window's step (a cold seed the smoothed one), or of a shared
-     * window its busy time; the slowdown the smoothed step, the one the controller acts on */
-    char ms[40], b[16], busy[40], prof[40], wbusy[40];
-    snprintf(ms, sizeof ms, "%.9g", step_ms);
-    snprintf(b, sizeof b, "%d", m->n_progress);
-    snprintf(busy, sizeof busy, "%.9g", busy_ms);
-    snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
-    snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
-    const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
-    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
-    char now_s[32];
-    const char *now = fb_db_clock_now(now_s, sizeof now_s);
-    const char *vs[8] = {m->group_id, ms, b, ids, steps, totals, busy, now};
-    return exec1(d, profile_sql, 5, vp) &&
-           exec1(d,
-                 "WITH s AS (SELECT u.id, u.step,"
-                 "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
-                 "  * 1000"
-                 "  + (u.total - u.step) * $2::float8)"
-                 "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
-                 " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
-                 " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
-                 " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
-                 "  AND p.device_kind = w.backend"
-                 " WHERE u.total > 0 AND coalesce(p.isolated_step_ms, $7::float8) > 0),"
-                 " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
-                 "  WHERE jm.job_id = s.id AND jm.step = s.step)"
-                 " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-                 8, vs);
-}
-
-/* Whether a report queued after p is of the same array (and so supersedes p's
- * latest state). */
-static bool superseded(const pending *p)
-{
-    for (const pending *q = p->next; q; q = q->next)
-        if (strcmp(q->m.group_id, p->m.group_id) == 0) return true;
-    return false;
-}
-
-/*
- * Writes queued progress reports, oldest first, in transactions of at most
- * FLUSH_SLICE_MS; what a failed one held is kept.  A report superseded by a
- * newer one of the same array writes only its metric points (one statement
- * instead of six), and one call writes for at most FLUSH_BUDGET_MS, less
- * when a submission wants a plan (after at least one slice, so that
- * frequent submissions cannot starve the reports), so that a backlog (many
- * arrays, a slow database) neither starves planning and heartbeats nor
- * grows: the loop comes back for the rest on its next turn.
- */
-static void flush_progress_run(fb_dispatch *d)
-{
-    int64_t t0 = real_ms();
-    /* slices of one transaction each: PostgreSQL hands a listening session its
-     * notifications only between transactions, and a submission that arrives during a
-     * long flush is planned after the slice it arrived in, not after the whole flush */
-    for (bool first = true;
-         d->progress.head && real_ms() - t0 < FLUSH_BUDGET_MS && (first || !d->plan_due);
-         first = false) {
-        if (!db_ok(d) || !begin(d)) return;
-        int64_t t1 = real_ms();
-        int n = 0;
-        for (pending *p = d->progress.head; p; p = p->next) {
-            if (!write_progress(d, p, !superseded(p))) {
-                rollback(d);
-                return;
-            }
-            n++;
-            if (real_ms() - t1 >= FLUSH_SLICE_MS) break;
-        }
-        if (!commit(d)) {
-            rollback(d);
-            return;
-        }
-        for (pending *p; n > 0 && (p = pop(&d->progress)); n--) pending_free(p);
-        PQconsumeInput(d->pg);
-        take_notifies(d);
-    }
-}
-
 /* ---- messages from workers ----------------------------------------------- */
 
 /* Whether m's group is live, of m's generation, and run (in part) by this worker. */
 static bool group_current(fb_dispatch *d, const char *name, const fb_wire_msg *m)
 {
-    group *g = find_group(d, m->group_id);
+    group *g = dsp_find_group(d, m->group_id);
     return g && g->generation == m->generation && group_has_worker(g, name);
 }
 
@@ -1673,7 +781,7 @@ static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bo
 {
     for (int i = 0; i < m->n_running; i++) {
         const fb_wire_running *r = &m->running[i];
-        group *g = find_group(d, r->group_id);
+        group *g = dsp_find_group(d, r->group_id);
         if (g && g->generation == r->generation && group_has_worker(g, name)) {
             span_member *sm = span_find(g, name);
             if (sm) {
@@ -1742,16 +850,16 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
                     json_pack("{s:s, s:s}", "routing_id", name, "worker", m->worker));
         return;
     }
-    worker *w = find_worker(d, name);
+    worker *w = dsp_find_worker(d, name);
     char id[FB_WIRE_ID_LEN + 1];
     if (w && hello_same(d, w, m)) {
         /* the database already says all of it: only the answer and the running groups */
         snprintf(id, sizeof id, "%s", w->id);
         goto registered;
     }
-    if (!db_ok(d) || !begin(d)) return; /* no WELCOME: the worker says HELLO again */
+    if (!dsp_db_ok(d) || !dsp_begin(d)) return; /* no WELCOME: the worker says HELLO again */
     const char *v[3] = {name, m->backend, m->version};
-    PGresult *r = q(d,
+    PGresult *r = dsp_q(d,
                     "INSERT INTO workers (name, state, backend, version, last_seen_at)"
                     " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
                     " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
@@ -1763,14 +871,14 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
     char n_dev[16];
     snprintf(n_dev, sizeof n_dev, "%d", m->n_devices);
     const char *vd[2] = {id, n_dev};
-    if (!exec1(d, "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int", 2, vd))
+    if (!dsp_exec(d, "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int", 2, vd))
         goto fail;
     for (int i = 0; i < m->n_devices; i++) {
         char idx[16], mem[24];
         snprintf(idx, sizeof idx, "%d", m->devices[i].idx);
         snprintf(mem, sizeof mem, "%lld", (long long)m->devices[i].memory_bytes);
         const char *vv[5] = {id, idx, m->devices[i].kind, m->devices[i].name, mem};
-        if (!exec1(d,
+        if (!dsp_exec(d,
                    "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
                    " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
                    " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
@@ -1778,8 +886,8 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
                    5, vv))
             goto fail;
     }
-    if (!commit(d)) goto fail;
-    w = find_worker(d, name);
+    if (!dsp_commit(d)) goto fail;
+    w = dsp_find_worker(d, name);
     if (!w) {
         if (d->n_workers == MAX_WORKERS) {
             fb_logf(FB_LOG_ERROR, "too many workers; %s refused", name);
@@ -1809,116 +917,12 @@ registered:
                           m->comm_host));
     fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
     snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
-    send_to(d, name, &welcome, NULL, NULL, 0);
+    dsp_send(d, name, &welcome, NULL, NULL, 0);
     reconcile(d, name, m, true, now);
     d->plan_due = true;
     return;
 fail:
-    rollback(d);
-}
-
-/* Steps are measured over windows of at least this long: reports that arrive bunched
- * (the loop was busy, or the worker's outbox caught up) must not look like fast steps. */
-#define STEP_WINDOW_MS 500
-
-/*
- * Measures a current group's step from its PROGRESS reports and smooths it.
- * The step time is the wall-clock time over the steps the array made in a
- * window of STEP_WINDOW_MS or more, as the control loop sees the reports
- * arrive: the workers' own per-step breakdown adds up per-thread times (it
- * can exceed the wall-clock time of a step), so it only says which part of a
- * step is busy (compute, communication, I/O) and which waits for the array's
- * turn on a shared device.  The busy part stands in for the isolated step
- * time until a profile exists (the workers' stride scheduler runs one array
- * at a time on a device, so that is what a step takes alone, cache effects
- * aside).  The first window starts at the array's first report, so its
- * warm-up never counts.  *step_ms and *busy_ms receive the step and busy
- * time of a window this report closes, 0 when it closes none.
- */
-static void note_step_time(fb_dispatch *d, const fb_wire_msg *m, double *step_ms,
-                           double *busy_ms)
-{
-    *step_ms = *busy_ms = 0;
-    group *g = find_group(d, m->group_id);
-    if (!g) return;
-    int64_t t = fb_clock_ms(), step = 0;
-    for (int i = 0; i < m->n_progress; i++)
-        if (m->progress[i].step > step) step = m->progress[i].step;
-    if (g->reports++ == 0 || step < g->base_step) {
-        g->base_step = step;
-        g->base_ms = t;
-        return;
-    }
-    if (t - g->base_ms < STEP_WINDOW_MS || step == g->base_step) return;
-    double wall = (double)(t - g->base_ms) / (double)(step - g->base_step);
-    g->base_step = step;
-    g->base_ms = t;
-    double busy = 0, idle = isfinite(m->idle_ms) && m->idle_ms > 0 ? m->idle_ms : 0;
-    const double parts[3] = {m->compute_ms, m->comm_ms, m->io_ms};
-    for (int i = 0; i < 3; i++)
-        if (isfinite(parts[i]) && parts[i] > 0) busy += parts[i];
-    if (!(busy > 0) || !(wall > 0) || wall > 1e12) return;
-    *step_ms = wall;
-    *busy_ms = wall * busy / (busy + idle);
-    g->step_ms = fb_fair_ewma(g->step_ms, *step_ms, d->fair.smoothing);
-    g->busy_ms = fb_fair_ewma(g->busy_ms, *busy_ms, d->fair.smoothing);
-}
-
-/*
- * note_device_steps for a group that spans workers: each of the reporting
- * worker's devices is the rank it holds, and rates are kept by rank.  Every
- * worker reports on its own, so a rank's first report (its warm-up) gives no
- * rate.
- */
-static void note_span_steps(fb_dispatch *d, group *g, const char *name, const fb_wire_msg *m)
-{
-    span *sp = g->span;
-    for (int i = 0; i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        int r = span_rank(g, name, e->device);
-        if (r < 0) continue;
-        bool first = !sp->has[r];
-        sp->has[r] = true;
-        sp->step[r] = *e;
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        if (first || e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
-        double rate = (double)e->samples / busy_s;
-        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
-        g->dev_rate[r] = fb_fair_ewma(g->dev_rate[r], rate, d->fair.smoothing);
-    }
-}
-
-/*
- * Takes a report's per-device breakdown into its group: the latest entries,
- * and each device's speed, the samples it trained on per second of its own
- * training passes (communication and waiting left out, so that a device is
- * not taken for slow because it waited for another; the update left out,
- * which costs every replica the same whatever its share), smoothed.  Rates are kept
- * by device index; the fair-share period reads those of the group's own
- * devices only, so an entry for another device changes nothing.  An array's
- * first report holds its warm-up (memory touched the first time, threads
- * started), which says nothing about a device's speed: as for its step time
- * (note_step_time, called first), it gives no rate.
- */
-static void note_device_steps(fb_dispatch *d, const char *name, const fb_wire_msg *m)
-{
-    group *g = find_group(d, m->group_id);
-    if (!g || m->n_device_steps < 1) return;
-    if (g->span) {
-        note_span_steps(d, g, name, m);
-        return;
-    }
-    g->n_dev = m->n_device_steps;
-    memcpy(g->dev, m->device_steps, (size_t)m->n_device_steps * sizeof *g->dev);
-    if (g->reports <= 1) return;
-    for (int i = 0; i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        if (e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
-        double rate = (double)e->samples / busy_s;
-        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
-        g->dev_rate[e->device] = fb_fair_ewma(g->dev_rate[e->device], rate, d->fair.smoothing);
-    }
+    dsp_rollback(d);
 }
 
 /*
@@ -1930,14 +934,14 @@ static void note_device_steps(fb_dispatch *d, const char *name, const fb_wire_ms
  */
 static void drain_follower(fb_dispatch *d, const char *name)
 {
-    if (!db_ok(d)) return;
+    if (!dsp_db_ok(d)) return;
     for (int i = 0; i < d->n_groups; i++) {
         const group *g = &d->groups[i];
         if (!g->span || !span_find(g, name) || strcmp(g->worker, name) == 0 ||
-            !find_worker(d, g->worker))
+            !dsp_find_worker(d, g->worker))
             continue;
         const char *v[1] = {g->id};
-        PGresult *r = q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
+        PGresult *r = dsp_q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
         if (!r) return;
         for (int k = 0; k < PQntuples(r); k++) {
             send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
@@ -1949,44 +953,6 @@ static void drain_follower(fb_dispatch *d, const char *name)
                               "leader", g->worker, "members", PQntuples(r)));
         PQclear(r);
     }
-}
-
-/*
- * The device breakdown of a group that spans workers, as the groups table
- * keeps it (schema 006), over all its ranks from each rank's latest report:
- * per rank its worker, device index, rank (= shard; stage 0), times per step,
- * samples per step and speed.  A malloc'd JSON text, or NULL when no rank has
- * reported yet or memory ran out.
- */
-static char *span_breakdown_json(const group *g)
-{
-    const span *sp = g->span;
-    json_t *arr = json_array();
-    int n = 0;
-    for (int k = 0; arr && k < sp->n; k++) {
-        const span_member *sm = &sp->m[k];
-        for (int i = 0; arr && i < sm->n_ranks; i++) {
-            int r = sm->rank_base + i;
-            if (!sp->has[r]) continue;
-            const fb_wire_device_step *e = &sp->step[r];
-            double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-            double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
-            json_t *o = json_pack(
-                "{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
-                "worker", sm->worker, "rank", r, "shard", r, "stage", 0, "compute_ms",
-                e->compute_ms, "comm_ms", e->comm_ms, "io_ms", e->io_ms, "idle_ms", e->idle_ms,
-                "samples_per_step", per_step, "samples_per_s",
-                busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
-            if (!o || json_array_append_new(arr, o)) {
-                json_decref(arr);
-                arr = NULL;
-            }
-            n++;
-        }
-    }
-    char *text = arr && n > 0 ? json_dumps(arr, JSON_COMPACT) : NULL;
-    json_decref(arr);
-    return text;
 }
 
 /* ---- the census of a tick's drain ------------------------------------------ */
@@ -2117,7 +1083,7 @@ static void on_message(fb_dispatch *d)
                     json_pack("{s:s, s:s}", "worker", name, "error", err));
         goto done;
     }
-    worker *w = find_worker(d, name);
+    worker *w = dsp_find_worker(d, name);
     /* the time it was read, for every decision on it (reconcile), taken before any answer */
     int64_t now = fb_clock_ms();
     if (w) w->last_seen_ms = now;
@@ -2125,7 +1091,7 @@ static void on_message(fb_dispatch *d)
         /* a worker this server does not know (it restarted): it must say HELLO first, and
          * it keeps its unacknowledged events until then */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = false};
-        send_to(d, name, &reply, NULL, NULL, 0);
+        dsp_send(d, name, &reply, NULL, NULL, 0);
         goto free_msg;
     }
     switch (m.type) {
@@ -2135,7 +1101,7 @@ static void on_message(fb_dispatch *d)
     case FB_WIRE_HEARTBEAT: {
         if (m.reply) break; /* only the server answers heartbeats */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = w != NULL};
-        send_to(d, name, &reply, NULL, NULL, 0);
+        dsp_send(d, name, &reply, NULL, NULL, 0);
         if (w) reconcile(d, name, &m, false, now);
         break;
     }
@@ -2146,26 +1112,26 @@ static void on_message(fb_dispatch *d)
             break;
         }
         if (d->progress.n >= MAX_PENDING_PROGRESS) {
-            pending *old = pop(&d->progress);
-            pending_free(old);
+            pending *old = dsp_pop(&d->progress);
+            dsp_pending_free(old);
             fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
         }
         {
-            group *g = find_group(d, m.group_id);
+            group *g = dsp_find_group(d, m.group_id);
             if (g->span && strcmp(g->worker, name) != 0) {
                 /* a follower reports only its own devices' breakdown, written with the
                  * leader's next report */
-                note_device_steps(d, name, &m);
+                dsp_note_device_steps(d, name, &m);
                 break;
             }
             for (int k = 0; k < m.n_progress; k++)
                 if (m.progress[k].step > g->high_step) g->high_step = m.progress[k].step;
             double step_ms, busy_ms;
-            note_step_time(d, &m, &step_ms, &busy_ms);
-            note_device_steps(d, name, &m);
+            dsp_note_step_time(d, &m, &step_ms, &busy_ms);
+            dsp_note_device_steps(d, name, &m);
             pending *p = calloc(1, sizeof *p);
             if (!p) break;
-            if (g->span) p->span_breakdown = span_breakdown_json(g);
+            if (g->span) p->span_breakdown = dsp_span_breakdown_json(g);
             p->step_ms = step_ms;
             p->busy_ms = busy_ms;
             p->smooth_step_ms = g->step_ms;
@@ -2173,7 +1139,7 @@ static void on_message(fb_dispatch *d)
             snprintf(p->worker, sizeof p->worker, "%s", name);
             p->m = m;
             memset(&m, 0, sizeof m);
-            push(&d->progress, p);
+            dsp_push(&d->progress, p);
         }
         break;
     case FB_WIRE_EVENT: {
@@ -2189,10 +1155,10 @@ static void on_message(fb_dispatch *d)
             fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq,
                                .generation = m.generation};
             snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            send_to(d, name, &ack, NULL, NULL, 0);
+            dsp_send(d, name, &ack, NULL, NULL, 0);
             break;
         }
-        const group *eg = late ? NULL : find_group(d, m.group_id);
+        const group *eg = late ? NULL : dsp_find_group(d, m.group_id);
         if (eg && eg->span && strcmp(eg->worker, name) != 0) {
             /* only the leader of an array that spans workers speaks for its members */
             fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
@@ -2200,7 +1166,7 @@ static void on_message(fb_dispatch *d)
                                   "group_id", m.group_id, "event", fb_wire_event_name(m.event)));
             fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq, .generation = m.generation};
             snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            send_to(d, name, &ack, NULL, NULL, 0);
+            dsp_send(d, name, &ack, NULL, NULL, 0);
             break;
         }
         /* a worker that registers again resends every unacknowledged event: one still
@@ -2227,11 +1193,11 @@ static void on_message(fb_dispatch *d)
         }
         p->m = m;
         memset(&m, 0, sizeof m);
-        push(&d->events, p);
+        dsp_push(&d->events, p);
         /* progress that came first is written first: a member's last report must not find
          * it already gone from its array */
-        flush_progress(d);
-        flush_events(d);
+        dsp_flush_progress(d);
+        dsp_flush_events(d);
         break;
     }
     case FB_WIRE_DRAIN:
@@ -2239,7 +1205,8 @@ static void on_message(fb_dispatch *d)
             w->draining = true;
             fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
             const char *v[1] = {name};
-            if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
+            if (dsp_db_ok(d))
+                dsp_exec(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
             drain_follower(d, name);
         }
         break;
@@ -2333,7 +1300,7 @@ static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_
     for (int i = 0; i < d->n_kinfo; i++)
         if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
     const char *v[1] = {job_id};
-    PGresult *r = q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
+    PGresult *r = dsp_q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
     if (!r) return NULL;
     fb_job_spec spec;
     char err[256];
@@ -2528,14 +1495,14 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         const char *id = qj->id;
         if (qj->resume_step == 0 && qj->init_path) {
             size_t len = 0;
-            void *b = read_tenant_artifact(d, qj->tenant_id, qj->init_path, &len);
+            void *b = dsp_read_tenant_artifact(d, qj->tenant_id, qj->init_path, &len);
             if (!b) {
                 static const char why[] =
                     "init: the weights it names cannot be read from the tenant's artifacts";
                 const char *v[2] = {id, why};
                 fb_log_json(FB_LOG_ERROR, "a job's init weights cannot be read; the job fails",
                             json_pack("{s:s, s:s}", "job_id", id, "path", qj->init_path));
-                exec1(d,
+                dsp_exec(d,
                       "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
                       " finished_at = now(), updated_at = now()"
                       " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
@@ -2550,12 +1517,12 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         if (qj->resume_step > 0) {
             const char *path = qj->resume_path ? qj->resume_path : "";
             size_t len = 0;
-            void *b = qj->resume_path ? read_artifact(d, path, &len) : NULL;
+            void *b = qj->resume_path ? dsp_read_artifact(d, path, &len) : NULL;
             if (!b) {
                 const char *v[1] = {id};
                 fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
                             json_pack("{s:s, s:s}", "job_id", id, "path", path));
-                exec1(d,
+                dsp_exec(d,
                       "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
                       " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
                       " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
@@ -2613,12 +1580,12 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     const fb_queue_job *j0 = c->jobs[c->row[g->jobs[0]]];
     char rs0[24];
     snprintf(rs0, sizeof rs0, "%lld", (long long)j0->resume_step);
-    bool ok = dev_arr && split_arr && (savepoint = exec1(d, "SAVEPOINT start_group", 0, NULL));
+    bool ok = dev_arr && split_arr && (savepoint = dsp_exec(d, "SAVEPOINT start_group", 0, NULL));
     char gid[FB_WIRE_ID_LEN + 1] = "";
     if (ok) {
         const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
                              split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
-        r = q(d,
+        r = dsp_q(d,
               "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
               " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
               " comm_port)"
@@ -2634,7 +1601,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
      * devices name the group */
     for (int k = 0; ok && sp && k < sp->n; k++) {
         const span_member *sm = &sp->m[k];
-        const worker *wk = find_worker(d, sm->worker);
+        const worker *wk = dsp_find_worker(d, sm->worker);
         char base_s[16], n_s[16], devs[FB_WIRE_MAX_DEVICES * 12 + 3];
         size_t len = 0;
         devs[len++] = '{';
@@ -2645,14 +1612,14 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         snprintf(base_s, sizeof base_s, "%d", sm->rank_base);
         snprintf(n_s, sizeof n_s, "%d", sm->n_ranks);
         const char *v[5] = {gid, wk ? wk->id : NULL, base_s, n_s, devs};
-        ok = wk && exec1(d,
+        ok = wk && dsp_exec(d,
                          "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
                          " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])",
                          5, v);
     }
     if (ok) {
         const char *v[2] = {ids_arr, gid};
-        r = q(d,
+        r = dsp_q(d,
               "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
               " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
               " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
@@ -2666,25 +1633,25 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
         const char *vg[2] = {gid, count_s};
         const char *ve[5] = {gid, dev_arr, count_s, w->name, workers_text};
-        ok = exec1(d,
+        ok = dsp_exec(d,
                    "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
                    " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
                    " WHERE g.id = $1::uuid",
                    2, vg) &&
-             exec1(d,
+             dsp_exec(d,
                    "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
                    " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
                    " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
                    " AND d.idx = gd.idx",
                    1, v) &&
-             exec1(d,
+             dsp_exec(d,
                    "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
                    " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
                    " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
                    " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
                    " AND in_group",
                    5, ve) &&
-             exec1(d, "RELEASE SAVEPOINT start_group", 0, NULL);
+             dsp_exec(d, "RELEASE SAVEPOINT start_group", 0, NULL);
     }
     free(ids_arr);
     free(dev_arr);
@@ -2692,7 +1659,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     free(dev_buf);
     free(split_buf);
     if (!ok) {
-        if (savepoint) exec1(d, "ROLLBACK TO SAVEPOINT start_group", 0, NULL);
+        if (savepoint) dsp_exec(d, "ROLLBACK TO SAVEPOINT start_group", 0, NULL);
         goto out;
     }
     /* recorded: from here the group is delivered (tracked) once the plan commits, with its
@@ -2803,7 +1770,7 @@ static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
                             json_pack("{s:s, s:s, s:i, s:s, s:f}", "group_id", a->gid, "worker",
                                       a->worker, "members", a->m.n_members, "fusion_key",
                                       a->m.fusion_key, "time_share", a->time_share));
-                send_to(d, a->worker, &a->m, a->send_blobs, a->send_lens, a->nb);
+                dsp_send(d, a->worker, &a->m, a->send_blobs, a->send_lens, a->nb);
             } else if (a->sendable) {
                 /* one ASSIGN per worker: its own ranks and devices, the same world, split,
                  * rendezvous and token */
@@ -2825,7 +1792,7 @@ static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
                     m->parallel_pipeline = 1;
                     m->n_group_devices = sm->n_ranks;
                     memcpy(m->group_devices, sm->dev, (size_t)sm->n_ranks * sizeof *sm->dev);
-                    send_to(d, sm->worker, m, a->send_blobs, a->send_lens, a->nb);
+                    dsp_send(d, sm->worker, m, a->send_blobs, a->send_lens, a->nb);
                 }
                 sodium_memzero(m->token, sizeof m->token);
             }
@@ -2839,11 +1806,11 @@ static void plan_run(fb_dispatch *d)
 {
     d->plan_due = false;
     d->last_plan_ms = fb_clock_ms();
-    if (!db_ok(d)) return;
+    if (!dsp_db_ok(d)) return;
     plan_ctx c = {0};
     /* where a slow plan's time went: reading the queue, the snapshot and policy, the new
      * arrays, the reasons */
-    double t_start = real_s(), t_read = 0, t_policy = 0, t_groups = 0;
+    double t_start = dsp_real_s(), t_read = 0, t_policy = 0, t_groups = 0;
     int n_read = 0, n_started = 0, n_reasons = 0;
     char err[256];
     if (fb_queue_sync(d->queue, d->pg, &n_read, err, sizeof err)) {
@@ -2853,9 +1820,10 @@ static void plan_run(fb_dispatch *d)
     }
     int nj = fb_queue_ordered(d->queue, MAX_QUEUE_READ, &c.jobs);
     if (nj < 0) goto out;
-    t_read = real_s();
-    c.tenants = q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
-    c.running = q(d,
+    t_read = dsp_real_s();
+    c.tenants =
+        dsp_q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
+    c.running = dsp_q(d,
                   "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
                   " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
                   " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
@@ -2904,7 +1872,7 @@ static void plan_run(fb_dispatch *d)
     /* running groups: their devices (when their worker is here) and tenants */
     int nrun = 0;
     for (int i = 0; i < nr; i++) {
-        worker *w = find_worker(d, PQgetvalue(c.running, i, 1));
+        worker *w = dsp_find_worker(d, PQgetvalue(c.running, i, 1));
         if (!w) continue;
         fb_plan_running *pr = &c.pr[nrun];
         int widx = (int)(w - d->workers);
@@ -2918,12 +1886,12 @@ static void plan_run(fb_dispatch *d)
                     pr->devices[pr->n_devices++] = k;
         }
         /* a group that spans workers holds the devices of each of its workers */
-        const group *gg = find_group(d, PQgetvalue(c.running, i, 0));
+        const group *gg = dsp_find_group(d, PQgetvalue(c.running, i, 0));
         if (gg && gg->span) {
             pr->n_devices = 0;
             for (int s = 0; s < gg->span->n; s++) {
                 const span_member *sm = &gg->span->m[s];
-                worker *ws = find_worker(d, sm->worker);
+                worker *ws = dsp_find_worker(d, sm->worker);
                 int wsi = ws ? (int)(ws - d->workers) : -1;
                 for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
                     for (int k = 0; k < nd; k++)
@@ -2980,33 +1948,33 @@ static void plan_run(fb_dispatch *d)
                     json_pack("{s:s}", "error", err));
         goto out;
     }
-    t_policy = real_s();
-    if (res.n_groups > 0 && begin(d)) {
+    t_policy = dsp_real_s();
+    if (res.n_groups > 0 && dsp_begin(d)) {
         assign_out *ready = NULL;
         for (int i = 0; i < res.n_groups; i++) {
             /* a plan that would start many arrays (a burst, a start-up) starts what fits in
              * its budget and plans again at once for the rest, so that no decision holds the
              * loop long: submissions and heartbeats wait behind it */
-            if (i > 0 && real_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
+            if (i > 0 && dsp_real_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
                 d->plan_due = true;
                 break;
             }
             start_group(d, &c, &res.groups[i], &ready);
             n_started++;
         }
-        bool committed = commit(d);
-        if (!committed) rollback(d);
+        bool committed = dsp_commit(d);
+        if (!committed) dsp_rollback(d);
         deliver_groups(d, ready, committed);
     }
-    t_groups = real_s();
+    t_groups = dsp_real_s();
     /* time shares of running groups changed by co-location */
     for (int i = 0; i < res.n_shares; i++) {
         int row = c.run_row[res.shares[i].running];
         char share[40];
         snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
         const char *v[2] = {PQgetvalue(c.running, row, 0), share};
-        exec1(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
-        group *g = find_group(d, v[0]);
+        dsp_exec(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
+        group *g = dsp_find_group(d, v[0]);
         if (!g) continue;
         fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
                          .time_share = res.shares[i].time_share};
@@ -3017,7 +1985,7 @@ static void plan_run(fb_dispatch *d)
             if (!*p) break;
             m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
         }
-        send_to(d, g->worker, &m, NULL, NULL, 0);
+        dsp_send(d, g->worker, &m, NULL, NULL, 0);
     }
     /* reasons of the jobs that wait, where they changed: the head of the queue now, the
      * rest in later ticks (write_reasons) */
@@ -3041,7 +2009,7 @@ static void plan_run(fb_dispatch *d)
     d->next_reason = 0;
     n_reasons = write_reasons(d, REASONS_IN_PLAN_S);
     fb_plan_result_free(&res);
-    double t_end = real_s();
+    double t_end = dsp_real_s();
     if (t_end - t_start > SLOW_PLAN_S)
         fb_log_json(FB_LOG_WARN, "a slow plan",
                     json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i}", "ms",
@@ -3065,9 +2033,9 @@ out:
  */
 static int write_reasons(fb_dispatch *d, double budget_s)
 {
-    double t0 = real_s();
+    double t0 = dsp_real_s();
     int written = 0;
-    while (d->next_reason < d->n_reasons && real_s() - t0 < budget_s) {
+    while (d->next_reason < d->n_reasons && dsp_real_s() - t0 < budget_s) {
         int n = d->n_reasons - d->next_reason;
         if (n > REASONS_PER_STATEMENT) n = REASONS_PER_STATEMENT;
         const char *ids[REASONS_PER_STATEMENT], *texts[REASONS_PER_STATEMENT];
@@ -3078,7 +2046,7 @@ static int write_reasons(fb_dispatch *d, double budget_s)
         char *a = fb_db_text_array(ids, n), *b = fb_db_text_array(texts, n);
         const char *v[2] = {a, b};
         bool ok = a && b &&
-                  exec1(d,
+                  dsp_exec(d,
                         "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
                         " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
                         " AND j.queue_reason IS DISTINCT FROM v.r",
@@ -3129,7 +2097,7 @@ static bool detach_recent(fb_dispatch *d, const char *key, int64_t t)
 /* Cancelled jobs still inside a running array are detached from it. */
 static void detach_cancelled(fb_dispatch *d)
 {
-    PGresult *r = q(d,
+    PGresult *r = dsp_q(d,
                     "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
                     " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
                     " WHERE j.in_group AND j.state = 'cancelled'",
@@ -3138,7 +2106,7 @@ static void detach_cancelled(fb_dispatch *d)
     int64_t t = fb_clock_ms();
     for (int i = 0; i < PQntuples(r); i++) {
         const char *w = PQgetvalue(r, i, 3);
-        if (!find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
+        if (!dsp_find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
         send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
                     PQgetvalue(r, i, 0), "cancelled", false);
     }
@@ -3214,8 +2182,8 @@ static int fair_device(const fair_ctx *c, int nd, int w, int64_t idx)
 static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_decision *dec,
                        const char *gid)
 {
-    group *g = find_group(d, gid);
-    if (!g || !find_worker(d, g->worker)) return;
+    group *g = dsp_find_group(d, gid);
+    if (!g || !dsp_find_worker(d, g->worker)) return;
     const int64_t *split = dec->split_changed ? dec->split : G->split;
     char share[40], gen[24], split_buf[FB_FAIR_MAX_SHARDS * 24 + 3];
     size_t len = 0;
@@ -3228,7 +2196,7 @@ static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_dec
     snprintf(gen, sizeof gen, "%lld", (long long)g->generation);
     const char *v[4] = {gid, share, split_buf, gen};
     /* the generation guards against a group re-assigned since the snapshot */
-    if (!exec1(d,
+    if (!dsp_exec(d,
                "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
                " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
                " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
@@ -3239,7 +2207,7 @@ static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_dec
                      .time_share = dec->time_share, .n_split = G->n_shards};
     snprintf(m.group_id, sizeof m.group_id, "%s", gid);
     for (int i = 0; i < G->n_shards && i < FB_WIRE_MAX_DEVICES; i++) m.split[i] = split[i];
-    send_to(d, g->worker, &m, NULL, NULL, 0);
+    dsp_send(d, g->worker, &m, NULL, NULL, 0);
     fb_log_json(FB_LOG_INFO, "fair share: rebalanced an array",
                 json_pack("{s:s, s:f, s:f, s:f, s:b}", "group_id", gid, "slowdown",
                           dec->slowdown, "time_share", dec->time_share, "target_share",
@@ -3256,8 +2224,8 @@ static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_dec
 static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, int sg)
 {
     const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
-    group *g = find_group(d, gid);
-    if (!g || !find_worker(d, g->worker)) return;
+    group *g = dsp_find_group(d, gid);
+    if (!g || !dsp_find_worker(d, g->worker)) return;
     for (int k = 0; k < G->n_jobs; k++) {
         const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
         /* with its full state: it resumes elsewhere from the step it left at */
@@ -3282,11 +2250,11 @@ static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, in
 static void rebalance_run(fb_dispatch *d)
 {
     d->last_rebalance_ms = fb_clock_ms();
-    if (!db_ok(d)) return;
+    if (!dsp_db_ok(d)) return;
     fair_ctx c = {0};
     fb_fair_result res = {0};
-    c.tenants = q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
-    c.groups = q(d,
+    c.tenants = dsp_q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
+    c.groups = dsp_q(d,
                  "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
                  " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
                  " FROM groups g JOIN workers w ON w.id = g.worker_id"
@@ -3299,7 +2267,7 @@ static void rebalance_run(fb_dispatch *d)
     /* elapsed since submission on the loop's clock (fb_db_clock_now) */
     char now_s[32];
     const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
-    c.jobs = q(d,
+    c.jobs = dsp_q(d,
                "SELECT j.group_id, j.id, j.tenant_id::text,"
                " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
                " LEAST(j.step, j.steps), j.steps"
@@ -3349,8 +2317,8 @@ static void rebalance_run(fb_dispatch *d)
         while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) < 0) jrow++;
         int j0 = jrow;
         while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) == 0) jrow++;
-        worker *w = find_worker(d, PQgetvalue(c.groups, i, 1));
-        group *mem = find_group(d, gid);
+        worker *w = dsp_find_worker(d, PQgetvalue(c.groups, i, 1));
+        group *mem = dsp_find_group(d, gid);
         if (!w || !mem || jrow == j0) continue;
         int widx = (int)(w - d->workers);
         fb_fair_group *G = &c.fg[ng];
@@ -3367,7 +2335,7 @@ static void rebalance_run(fb_dispatch *d)
             n_dev = 0;
             for (int k = 0; k < mem->span->n; k++) {
                 const span_member *sm = &mem->span->m[k];
-                worker *ws = find_worker(d, sm->worker);
+                worker *ws = dsp_find_worker(d, sm->worker);
                 for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
                     sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
                     dev[n_dev++] = sm->dev[r];
@@ -3457,7 +2425,7 @@ static void rebalance_run(fb_dispatch *d)
         const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
         fb_metrics_fair_group(gid, dec->slowdown,
                               dec->share_changed ? dec->time_share : c.fg[g].time_share);
-        group *mem = find_group(d, gid);
+        group *mem = dsp_find_group(d, gid);
         if (mem) {
             mem->split_periods = dec->split_periods;
             mem->split_toward = dec->split_toward;
@@ -3504,26 +2472,17 @@ out:
 /* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
 static void plan(fb_dispatch *d)
 {
-    double t0 = real_s();
+    double t0 = dsp_real_s();
     plan_run(d);
-    fb_metrics_control(FB_CONTROL_PLAN, real_s() - t0);
-}
-
-/* A flush of progress reports, timed when there was something to write. */
-static void flush_progress(fb_dispatch *d)
-{
-    if (!d->progress.head) return;
-    double t0 = real_s();
-    flush_progress_run(d);
-    fb_metrics_control(FB_CONTROL_FLUSH, real_s() - t0);
+    fb_metrics_control(FB_CONTROL_PLAN, dsp_real_s() - t0);
 }
 
 /* A fair-share period, timed. */
 static void rebalance(fb_dispatch *d)
 {
-    double t0 = real_s();
+    double t0 = dsp_real_s();
     rebalance_run(d);
-    fb_metrics_control(FB_CONTROL_REBALANCE, real_s() - t0);
+    fb_metrics_control(FB_CONTROL_REBALANCE, dsp_real_s() - t0);
 }
 
 /* Whether a message waits on the worker socket. */
@@ -3588,10 +2547,11 @@ static void check_stale(fb_dispatch *d)
              (long long)STALE_GRACE_TIMEOUTS * (long long)d->cfg.heartbeat_timeout_ms);
     const char *v[2] = {live, grace};
     PGresult *rj = NULL, *rg = NULL;
-    bool ok = begin(d) && (rj = q(d, sql_stale_jobs, 2, v)) && (rg = q(d, sql_stale_groups, 2, v));
+    bool ok = dsp_begin(d) && (rj = dsp_q(d, sql_stale_jobs, 2, v)) &&
+              (rg = dsp_q(d, sql_stale_groups, 2, v));
     for (int i = 0; ok && rg && i < PQntuples(rg); i++)
-        ok = update_utilization(d, PQgetvalue(rg, i, 0));
-    if (ok && commit(d)) {
+        ok = dsp_update_utilization(d, PQgetvalue(rg, i, 0));
+    if (ok && dsp_commit(d)) {
         for (int i = 0; i < PQntuples(rj); i++)
             fb_log_json(FB_LOG_WARN, "a job was found without a live array; requeued",
                         json_pack("{s:s, s:s, s:s}", "job_id", PQgetvalue(rj, i, 0), "group_id",
@@ -3601,7 +2561,7 @@ static void check_stale(fb_dispatch *d)
                         json_pack("{s:s}", "group_id", PQgetvalue(rg, i, 0)));
         if (PQntuples(rj) || PQntuples(rg)) d->plan_due = true;
     } else {
-        rollback(d);
+        dsp_rollback(d);
     }
     PQclear(rj);
     PQclear(rg);
@@ -3622,7 +2582,7 @@ static void tick(fb_dispatch *d)
     /* and every event received is written before a requeue reads the resume point: a
      * checkpoint, a detachment with its state or a finished job that arrived before the
      * decision must count in it (docs/wire.md, "Re-queueing") */
-    flush_events(d);
+    dsp_flush_events(d);
     /* silent workers are lost */
     for (int i = 0; i < d->n_workers; i++) {
         worker *w = &d->workers[i];
@@ -3632,7 +2592,7 @@ static void tick(fb_dispatch *d)
                     json_pack("{s:s, s:I}", "worker", w->name,
                               "silent_ms", (json_int_t)(t - w->last_seen_ms)));
         const char *v[1] = {w->name};
-        if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'lost' WHERE name = $1", 1, v);
+        if (dsp_db_ok(d)) dsp_exec(d, "UPDATE workers SET state = 'lost' WHERE name = $1", 1, v);
         drop_worker(d, w);
         i--;
     }
@@ -3647,7 +2607,7 @@ static void tick(fb_dispatch *d)
              * array's broken communication (its rendezvous port taken, a partition between
              * its workers) are the infrastructure's alone */
             bool lossy = true;
-            const worker *gw = find_worker(d, g->worker);
+            const worker *gw = dsp_find_worker(d, g->worker);
             if (!gw) {
                 why = "worker lost";
             } else if (g->missing_since_ms &&
@@ -3658,7 +2618,7 @@ static void tick(fb_dispatch *d)
             for (int k = 0; !why && g->span && k < g->span->n; k++) {
                 const span_member *sm = &g->span->m[k];
                 who = sm->worker;
-                if (!find_worker(d, sm->worker)) {
+                if (!dsp_find_worker(d, sm->worker)) {
                     why = "a worker of the array was lost";
                 } else if (sm->missing_since_ms &&
                            t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms) {
@@ -3685,8 +2645,8 @@ static void tick(fb_dispatch *d)
             i--;
         }
     }
-    flush_progress(d);
-    if (db_ok(d)) {
+    dsp_flush_progress(d);
+    if (dsp_db_ok(d)) {
         detach_cancelled(d);
         /* after the same grace at start as the requeues: the groups are loaded, and the
          * workers had their chance to list theirs */
@@ -3700,7 +2660,7 @@ static void tick(fb_dispatch *d)
                 char *a = fb_db_text_array(names, d->n_workers);
                 const char *v[1] = {a};
                 if (a)
-                    exec1(d,
+                    dsp_exec(d,
                           "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
                           " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])",
                           1, v);
@@ -3710,7 +2670,7 @@ static void tick(fb_dispatch *d)
         }
     }
     if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
-    if (db_ok(d)) {
+    if (dsp_db_ok(d)) {
         write_reasons(d, REASONS_IN_TICK_S);
         fb_queue_maintain(d->queue, d->pg);
     }
@@ -3719,7 +2679,7 @@ static void tick(fb_dispatch *d)
 }
 
 /* A submission or cancellation was notified: plan soon. */
-static void take_notifies(fb_dispatch *d)
+void dsp_take_notifies(fb_dispatch *d)
 {
     if (!d->pg) return;
     PGnotify *nt;
@@ -3734,7 +2694,7 @@ static void *loop(void *arg)
     fb_dispatch *d = arg;
     d->start_ms = fb_clock_ms();
     int64_t next_tick = d->start_ms;
-    db_ok(d);
+    dsp_db_ok(d);
     for (;;) {
         zmq_pollitem_t items[4] = {{d->router, 0, ZMQ_POLLIN, 0},
                                    {d->zap, 0, ZMQ_POLLIN, 0},
@@ -3748,7 +2708,7 @@ static void *loop(void *arg)
         /* libpq also takes notifications in while it reads the results of the loop's own
          * statements, and the socket then has nothing left to wake the poll: look for
          * queued ones before every wait, or a submission would wait for the next tick */
-        take_notifies(d);
+        dsp_take_notifies(d);
         /* until the next tick or the planning gap's end: the time left on the monotonic
          * clock; on a test's manual clock, a short poll, as only the test moves it */
         long timeout = fb_clock_wait_ms(next_tick, d->cfg.tick_ms);
@@ -3762,22 +2722,22 @@ static void *loop(void *arg)
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
         if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
             PQconsumeInput(d->pg);
-            take_notifies(d);
+            dsp_take_notifies(d);
         }
         int64_t t = fb_clock_ms();
         if (t >= next_tick) {
             tick(d);
             next_tick = fb_clock_ms() + d->cfg.tick_ms;
         } else if (d->plan_due && t - d->last_plan_ms >= PLAN_MIN_GAP_MS) {
-            flush_events(d);
+            dsp_flush_events(d);
             plan(d);
         }
     }
     /* last words: what is already received gets written when possible */
-    flush_events(d);
+    dsp_flush_events(d);
     for (int n = -1; d->progress.head && d->progress.n != n;) {
         n = d->progress.n;
-        flush_progress(d);
+        dsp_flush_progress(d);
     }
     return NULL;
 }
@@ -3909,8 +2869,8 @@ void fb_dispatch_stop(fb_dispatch *d)
     if (d->zctx) zmq_ctx_term(d->zctx);
     if (d->pg) PQfinish(d->pg);
     pending *p;
-    while ((p = pop(&d->events))) pending_free(p);
-    while ((p = pop(&d->progress))) pending_free(p);
+    while ((p = dsp_pop(&d->events))) dsp_pending_free(p);
+    while ((p = dsp_pop(&d->progress))) dsp_pending_free(p);
     sodium_memzero(d->sec, sizeof d->sec);
     free(d->workers);
     free(d->keys);

@@ -90,7 +90,7 @@ typedef struct group {
     /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
     span *span;
     /* its step time and the busy part of it (compute, communication, I/O: waiting for its
-     * turn on a shared device left out), measured by note_step_time and smoothed as the
+     * turn on a shared device left out), measured by dsp_note_step_time and smoothed as the
      * fair-share controller wants (fb_fair_ewma); 0 until measured */
     double step_ms, busy_ms;
     int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
@@ -98,7 +98,7 @@ typedef struct group {
     int64_t base_ms;     /* and when that report arrived */
     /* each of its devices' speed by the worker's device index (of a group that spans
      * workers: by rank): samples per second of the
-     * device's training passes, from the reports' per-device breakdown (note_device_steps),
+     * device's training passes, from the reports' per-device breakdown (dsp_note_device_steps),
      * smoothed as the fair-share controller wants; 0 until measured.  What splits its batch. */
     double dev_rate[FB_WIRE_MAX_DEVICES];
     /* the latest per-device breakdown, for the fair-share period's gauges */
@@ -121,7 +121,7 @@ typedef struct pending {
      * jobs were requeued): apply_late_checkpoint decides whether it is kept */
     bool late;
     /* PROGRESS: the step's wall-clock time and busy part of the window it closed
-     * (note_step_time), 0 when none; and the group's smoothed ones after it */
+     * (dsp_note_step_time), 0 when none; and the group's smoothed ones after it */
     double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
     /* PROGRESS of a group that spans workers: its device breakdown over all ranks (JSON,
      * malloc'd), NULL when it has none */
@@ -202,5 +202,76 @@ struct fb_dispatch {
     int census_anon; /* reads from peers whose routing id is no worker's name, together */
     bool census_on, census_lost, router_emptied;
 };
+
+
+/*
+ * Names shared between the rooms carry the prefix dsp_ (the rooms' own, as
+ * libuv's uv__): they are the loop's internals, linked into fb_server only.
+ * Everything here runs on the loop's thread.
+ */
+
+/* ---- dispatch.c: the loop's connection, registry and socket ---------------- */
+
+/* Real time in seconds and milliseconds, for budgets alone (dispatch.c says why). */
+double dsp_real_s(void);
+int64_t dsp_real_ms(void);
+
+/* Whether the loop's PostgreSQL connection is usable now; reconnects with backoff. */
+bool dsp_db_ok(fb_dispatch *d);
+/* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
+PGresult *dsp_q(fb_dispatch *d, const char *sql, int n, const char *const *vals);
+/* Runs one statement and drops its result; false (logged) on failure. */
+bool dsp_exec(fb_dispatch *d, const char *sql, int n, const char *const *vals);
+bool dsp_begin(fb_dispatch *d);
+/* COMMIT; false also when PostgreSQL rolled the transaction back instead. */
+bool dsp_commit(fb_dispatch *d);
+void dsp_rollback(fb_dispatch *d);
+/* Takes the PostgreSQL notifications that arrived: a plan is due. */
+void dsp_take_notifies(fb_dispatch *d);
+
+/* The registered worker of that routing id, or NULL. */
+worker *dsp_find_worker(fb_dispatch *d, const char *name);
+/* The followed group of that id, or NULL. */
+group *dsp_find_group(fb_dispatch *d, const char *id);
+/* Forgets a followed group (its span freed). */
+void dsp_drop_group(fb_dispatch *d, const char *id);
+/* The rank of worker name's device dev in a group that spans workers, or -1. */
+int dsp_span_rank(const group *g, const char *name, int dev);
+
+/* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
+bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m, const void *const *blobs,
+              const size_t *lens, int n_blobs);
+
+/* Early stopping in apply_event's transaction (see dispatch.c). */
+bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop);
+bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped);
+void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m);
+
+/* ---- dispatch_record.c: what workers report --------------------------------- */
+
+/* An artifact (path relative to the artifacts directory), or of the tenant's own
+ * directory, read into memory; NULL when it cannot be or leads outside. */
+void *dsp_read_artifact(fb_dispatch *d, const char *rel, size_t *len);
+void *dsp_read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel,
+                               size_t *len);
+
+/* The reports that wait: a FIFO of malloc'd entries. */
+void dsp_pending_free(pending *p);
+void dsp_push(queue *qq, pending *p);
+pending *dsp_pop(queue *qq);
+
+/* Writes the queued events in order, acknowledging each once committed. */
+void dsp_flush_events(fb_dispatch *d);
+/* Writes queued progress reports within a budget, timed (fb_metrics_control). */
+void dsp_flush_progress(fb_dispatch *d);
+/* Recomputes the utilization of group_id's devices (after its report, or its end). */
+bool dsp_update_utilization(fb_dispatch *d, const char *group_id);
+
+/* What a PROGRESS report of a current group measures: its step time (*step_ms and
+ * *busy_ms of the window it closes, 0 when none) and its devices' speeds. */
+void dsp_note_step_time(fb_dispatch *d, const fb_wire_msg *m, double *step_ms, double *busy_ms);
+void dsp_note_device_steps(fb_dispatch *d, const char *name, const fb_wire_msg *m);
+/* The device breakdown of a group that spans workers as JSON (malloc'd), or NULL. */
+char *dsp_span_breakdown_json(const group *g);
 
 #endif
