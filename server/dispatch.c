@@ -453,8 +453,8 @@ bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m,
     return ok;
 }
 
-static void send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
-                        int64_t gen, const char *job_id, const char *why, bool keep_state)
+void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
+                     int64_t gen, const char *job_id, const char *why, bool keep_state)
 {
     fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen, .keep_state = keep_state};
     snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
@@ -533,225 +533,12 @@ static bool requeue_spanning(fb_dispatch *d, group *g, const char *why, const ch
     }
     for (int k = 0; sp && k < sp->n; k++)
         if (dsp_find_worker(d, sp->m[k].worker))
-            send_detach(d, sp->m[k].worker, id, gen, NULL, why, false);
+            dsp_send_detach(d, sp->m[k].worker, id, gen, NULL, why, false);
     if (sp)
         fb_log_json(FB_LOG_INFO, "stopped an array that spans workers on all of them",
                     json_pack("{s:s, s:s, s:i}", "group_id", id, "why", why, "workers", sp->n));
     free(sp);
     return true;
-}
-
-/* ---- early stopping (ASHA) ------------------------------------------------ */
-
-/*
- * Early stopping works inside apply_event's transaction behind a savepoint:
- * a failure of its own is logged and undone alone, so it never holds up the
- * record of the event it rides on (a rung it missed is taken by the trial's
- * next evaluation).  asha_end returns false only when the transaction itself
- * is lost.
- */
-static bool asha_end(fb_dispatch *d, bool ok)
-{
-    return dsp_exec(d, ok ? "RELEASE SAVEPOINT asha" : "ROLLBACK TO SAVEPOINT asha", 0, NULL);
-}
-
-/* The rung result of an evaluation, and its decision (see dsp_asha_on_evaluated). */
-static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
-{
-    const char *v1[1] = {m->job_id};
-    PGresult *r = dsp_q(d,
-                    "SELECT j.sweep_id, j.trial_index, j.steps, e.x->>'metric', e.x->>'mode',"
-                    " (e.x->>'grace_steps')::bigint, (e.x->>'reduction_factor')::int,"
-                    " (e.x->>'max_rungs')::int"
-                    " FROM jobs j JOIN sweeps s ON s.id = j.sweep_id"
-                    " CROSS JOIN LATERAL (SELECT s.spec->'early_stopping' AS x) e"
-                    " WHERE j.id = $1::uuid AND j.trial_index IS NOT NULL"
-                    " AND j.state IN ('scheduled', 'running') AND s.state = 'active'"
-                    " AND jsonb_typeof(e.x) = 'object' AND e.x->>'type' = 'asha'"
-                    " AND NOT EXISTS (SELECT 1 FROM asha_rungs a WHERE a.job_id = j.id"
-                    "  AND a.decision = 'stop')",
-                    1, v1);
-    if (!r) return false;
-    if (PQntuples(r) != 1) {
-        /* not a trial under an early-stopping rule, or one stopped already that has not
-         * left yet: its later evaluations weigh in no rung */
-        PQclear(r);
-        return true;
-    }
-    char sweep[FB_WIRE_ID_LEN + 1];
-    snprintf(sweep, sizeof sweep, "%s", PQgetvalue(r, 0, 0));
-    int64_t trial = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    int64_t total = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-    fb_asha_spec rule = {.enabled = true,
-                         .mode = strcmp(PQgetvalue(r, 0, 4), "max") == 0 ? FB_METRIC_MAX
-                                                                         : FB_METRIC_MIN,
-                         .grace_steps = strtoll(PQgetvalue(r, 0, 5), NULL, 10),
-                         .reduction_factor = (int)strtol(PQgetvalue(r, 0, 6), NULL, 10),
-                         .max_rungs = (int)strtol(PQgetvalue(r, 0, 7), NULL, 10)};
-    snprintf(rule.metric, sizeof rule.metric, "%s", PQgetvalue(r, 0, 3));
-    PQclear(r);
-    char err[256];
-    if (fb_asha_check(&rule, err, sizeof err)) {
-        fb_log_json(FB_LOG_WARN, "a sweep's early-stopping rule is unusable; its trials run on",
-                    json_pack("{s:s, s:s}", "sweep_id", sweep, "error", err));
-        return true;
-    }
-    /* a trial's last evaluation is no decision point: it ends there anyway */
-    if (total > 0 && m->step >= total) return true;
-    int rung = fb_asha_rung_at(&rule, m->step);
-    if (rung < 0) return true;
-    char step[24], rung_s[16], metric_s[40];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    snprintf(rung_s, sizeof rung_s, "%d", rung);
-    double metric = NAN;
-    /* an evaluated event is a validation: the sweep decides on it, never on a test value */
-    if (strcmp(rule.metric, "val_loss") == 0) {
-        metric = m->loss;
-    } else if (strcmp(rule.metric, "val_accuracy") == 0) {
-        metric = m->accuracy;
-    } else if (strcmp(rule.metric, "loss") == 0 || strcmp(rule.metric, "accuracy") == 0) {
-        /* a training measure: the latest the worker reported up to this step */
-        const char *v2[2] = {m->job_id, step};
-        r = dsp_q(d,
-              strcmp(rule.metric, "loss") == 0
-                  ? "SELECT loss FROM job_metrics WHERE job_id = $1::uuid AND step <= $2::bigint"
-                    " AND loss IS NOT NULL ORDER BY step DESC LIMIT 1"
-                  : "SELECT accuracy FROM job_metrics WHERE job_id = $1::uuid"
-                    " AND step <= $2::bigint AND accuracy IS NOT NULL ORDER BY step DESC LIMIT 1",
-              2, v2);
-        if (!r) return false;
-        if (PQntuples(r) == 1) metric = strtod(PQgetvalue(r, 0, 0), NULL);
-        PQclear(r);
-    }
-    /* unknown (the wire's null): the trial's next evaluation may report for this rung */
-    if (!isfinite(metric)) return true;
-    snprintf(metric_s, sizeof metric_s, "%.17g", metric);
-    const char *vi[5] = {sweep, m->job_id, rung_s, step, metric_s};
-    r = dsp_q(d,
-          "INSERT INTO asha_rungs (sweep_id, job_id, rung, step, metric, decision)"
-          " VALUES ($1::uuid, $2::uuid, $3::int, $4::bigint, $5::float8, 'continue')"
-          " ON CONFLICT (job_id, rung) DO NOTHING RETURNING seq",
-          5, vi);
-    if (!r) return false;
-    bool fresh = PQntuples(r) == 1;
-    PQclear(r);
-    if (!fresh) return true; /* this rung has its result already */
-    /* every result of the rung so far, this one included */
-    const char *vr[2] = {sweep, rung_s};
-    r = dsp_q(d,
-          "SELECT j.trial_index, a.metric FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
-          " WHERE a.sweep_id = $1::uuid AND a.rung = $2::int ORDER BY a.seq",
-          2, vr);
-    if (!r) return false;
-    int n = PQntuples(r);
-    fb_asha_result *res = malloc((size_t)(n ? n : 1) * sizeof *res);
-    if (!res) {
-        PQclear(r);
-        return false;
-    }
-    for (int i = 0; i < n; i++)
-        res[i] = (fb_asha_result){.trial = strtoll(PQgetvalue(r, i, 0), NULL, 10),
-                                  .metric = strtod(PQgetvalue(r, i, 1), NULL)};
-    PQclear(r);
-    fb_asha_decision dec;
-    int e = fb_asha_decide(&rule, res, n, trial, &dec, err, sizeof err);
-    free(res);
-    if (e) {
-        fb_log_json(FB_LOG_ERROR, "early stopping could not decide",
-                    json_pack("{s:s, s:s, s:s}", "sweep_id", sweep, "job_id", m->job_id, "error",
-                              err));
-        return false;
-    }
-    char n_s[16];
-    snprintf(n_s, sizeof n_s, "%d", n);
-    const char *dname = fb_asha_decision_name(dec);
-    const char *vu[3] = {m->job_id, rung_s, dname};
-    const char *ve[7] = {m->job_id, rung_s, step, metric_s, n_s, dname, rule.metric};
-    if (!dsp_exec(d,
-               "UPDATE asha_rungs SET decision = $3 WHERE job_id = $1::uuid AND rung = $2::int"
-               " AND decision <> $3",
-               3, vu) ||
-        !dsp_exec(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid, 'rung',"
-               " 'rung ' || $2 || ' at step ' || $3 || ': ' || $7 || ' ' || round($4::numeric, 6)"
-               " || ' among ' || $5 || ' results; ' || CASE WHEN $6 = 'stop'"
-               " THEN 'stops (early_stopped)' ELSE 'continues' END,"
-               " jsonb_build_object('rung', $2::int, 'step', $3::bigint, 'metric', $7::text,"
-               " 'value', $4::float8, 'results', $5::int, 'decision', $6::text))",
-               7, ve))
-        return false;
-    *stop = dec == FB_ASHA_STOP;
-    return true;
-}
-
-/*
- * When the evaluation m of a sweep trial under an ASHA rule is the trial's
- * first at or past a rung it has not reported for, records it as the rung's
- * result (asha_rungs) and decides with server/asha whether the trial goes
- * on; *stop says whether to detach the member once the transaction commits
- * (dsp_asha_send_stop).  A trial's last evaluation is not a rung result.  Runs
- * in apply_event's transaction; false when that is lost.
- */
-bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
-{
-    *stop = false;
-    if (!dsp_exec(d, "SAVEPOINT asha", 0, NULL)) return false;
-    bool ok = asha_rung(d, m, stop);
-    if (!ok) *stop = false;
-    return asha_end(d, ok);
-}
-
-/* Detaches a member its rule stopped; after COMMIT, so that the decision is on
- * record before the member leaves.  The array must still be the one the
- * evaluation came from: a member that moved since has left that one. */
-void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
-{
-    group *g = dsp_find_group(d, m->group_id);
-    if (!g || g->generation != m->generation || !dsp_find_worker(d, g->worker)) {
-        fb_log_json(FB_LOG_WARN, "an early-stopped trial's array is gone; not detached",
-                    json_pack("{s:s, s:s}", "job_id", m->job_id, "group_id", m->group_id));
-        return;
-    }
-    send_detach(d, g->worker, g->id, g->generation, m->job_id, "early_stopped", false);
-    fb_log_json(FB_LOG_INFO, "early stopping: a trial leaves its array",
-                json_pack("{s:s, s:s, s:I}", "job_id", m->job_id, "group_id", g->id, "step",
-                          (json_int_t)m->step));
-}
-
-/*
- * A member that leaves its array after its rule stopped it ends completed,
- * with the end reason early_stopped and its checkpoints and resume point
- * kept, where any other departure of a running job goes back to the queue.
- * *stopped says whether m was such a departure.  Runs in apply_event's
- * transaction; false when that is lost.
- */
-bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
-{
-    *stopped = false;
-    if (!dsp_exec(d, "SAVEPOINT asha", 0, NULL)) return false;
-    char step[24];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    const char *v[3] = {m->job_id, m->group_id, step};
-    PGresult *r = dsp_q(d,
-                    "WITH stop AS (SELECT rung, step, metric FROM asha_rungs"
-                    "  WHERE job_id = $1::uuid AND decision = 'stop' ORDER BY rung LIMIT 1),"
-                    " upd AS (UPDATE jobs SET state = 'completed', end_reason = 'early_stopped',"
-                    "  in_group = false, queue_reason = NULL, step = $3::bigint,"
-                    "  finished_at = coalesce(finished_at, now()), updated_at = now()"
-                    "  WHERE id = $1::uuid AND state IN ('scheduled', 'running')"
-                    "  AND EXISTS (SELECT 1 FROM stop) RETURNING id)"
-                    " INSERT INTO job_events (job_id, kind, message, data)"
-                    " SELECT upd.id, 'early_stopped', 'stopped by the sweep''s early-stopping"
-                    " rule at rung ' || stop.rung || ' (step ' || stop.step || '); left its array"
-                    " at step ' || $3 || ', its checkpoints kept',"
-                    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'rung',"
-                    " stop.rung, 'rung_step', stop.step, 'value', stop.metric, 'end_reason',"
-                    " 'early_stopped') FROM upd, stop RETURNING job_id",
-                    3, v);
-    bool ok = r != NULL;
-    if (ok) *stopped = PQntuples(r) == 1;
-    PQclear(r);
-    return asha_end(d, ok);
 }
 
 /* ---- messages from workers ----------------------------------------------- */
@@ -797,7 +584,7 @@ static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bo
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
                         json_pack("{s:s, s:s, s:I}", "worker", name, "group_id", r->group_id,
                                   "generation", (json_int_t)r->generation));
-            send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
+            dsp_send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
         }
     }
     for (int i = 0; i < d->n_groups; i++) {
@@ -944,7 +731,7 @@ static void drain_follower(fb_dispatch *d, const char *name)
         PGresult *r = dsp_q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
         if (!r) return;
         for (int k = 0; k < PQntuples(r); k++) {
-            send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
+            dsp_send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
                         "a worker of the array drains", true);
             detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
         }
@@ -2107,7 +1894,7 @@ static void detach_cancelled(fb_dispatch *d)
     for (int i = 0; i < PQntuples(r); i++) {
         const char *w = PQgetvalue(r, i, 3);
         if (!dsp_find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
-        send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
+        dsp_send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
                     PQgetvalue(r, i, 0), "cancelled", false);
     }
     /* forget old entries */
@@ -2229,7 +2016,7 @@ static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, in
     for (int k = 0; k < G->n_jobs; k++) {
         const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
         /* with its full state: it resumes elsewhere from the step it left at */
-        send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
+        dsp_send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
         detach_recent(d, job, fb_clock_ms());
     }
     fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",

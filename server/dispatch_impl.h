@@ -241,11 +241,9 @@ int dsp_span_rank(const group *g, const char *name, int dev);
 /* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
 bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m, const void *const *blobs,
               const size_t *lens, int n_blobs);
-
-/* Early stopping in apply_event's transaction (see dispatch.c). */
-bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop);
-bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped);
-void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m);
+/* Tells a worker to detach a member (job_id) or, with job_id NULL, a whole group. */
+void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
+                     int64_t gen, const char *job_id, const char *why, bool keep_state);
 
 /* ---- dispatch_record.c: what workers report --------------------------------- */
 
@@ -273,5 +271,20 @@ void dsp_note_step_time(fb_dispatch *d, const fb_wire_msg *m, double *step_ms, d
 void dsp_note_device_steps(fb_dispatch *d, const char *name, const fb_wire_msg *m);
 /* The device breakdown of a group that spans workers as JSON (malloc'd), or NULL. */
 char *dsp_span_breakdown_json(const group *g);
+
+/* ---- dispatch_asha.c: early stopping ---------------------------------------- */
+
+/*
+ * In apply_event's transaction, behind a savepoint: a failure of their own is
+ * undone alone; false only when the transaction is lost.  On an evaluation of
+ * a trial under an ASHA rule, records its rung result and decides (*stop: the
+ * member is to be detached once the transaction commits, dsp_asha_send_stop).
+ * On a member's departure, ends it completed when its rule stopped it
+ * (*stopped).
+ */
+bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop);
+bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped);
+/* After COMMIT: detaches the member its rule stopped, if its array is still current. */
+void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m);
 
 #endif
