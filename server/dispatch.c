@@ -1,8 +1,12 @@
 /*
- * The control loop: the workers' socket, their registry, the planner's
- * inputs and outputs, and the records of what workers report.  Everything
- * here runs on the loop's one thread; the only shared state is the socket
- * pair fb_dispatch_stop uses to wake it.
+ * The control loop: the workers' socket and its ZAP check, the registry of
+ * workers and of the groups it follows, the loop and its tick (lost
+ * workers, requeues, cancelled members, the stale-state check).  Its rooms
+ * (dispatch_impl.h) do the rest on the same thread: dispatch_record.c what
+ * workers report, dispatch_asha.c early stopping, dispatch_plan.c the
+ * planner's rounds, dispatch_fair.c the fair-share periods.  Everything
+ * runs on the loop's one thread; the only shared state is the socket pair
+ * fb_dispatch_stop uses to wake it.
  *
  * PostgreSQL is reached through the loop's own connection.  When it is
  * away, the loop keeps running: heartbeats are answered, reports queue in
@@ -47,17 +51,12 @@
 #define CTL_ENDPOINT "inproc://fusebox-dispatch-ctl"
 #define MAX_WORKERS 4096
 #define MAX_KEYS 4096
-#define MAX_QUEUE_READ 20000            /* queued jobs one plan looks at */
 #define MAX_PENDING_PROGRESS 100000     /* progress messages kept while PostgreSQL is away */
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
 #define PLAN_EVERY_TICKS 10
-#define SLOW_PLAN_S 0.1 /* a plan this long is logged with where its time went */
-/* time for writing queue reasons: with the plan (the head of the queue), then per tick */
-#define REASONS_IN_PLAN_S 0.01
-#define REASONS_PER_STATEMENT 50
-/* time for starting new arrays in one plan; the rest start in the next one */
-#define NEW_ARRAYS_IN_PLAN_S 0.02
+/* time for writing queue reasons per tick: the ones the last plan left (dispatch_plan.c
+ * writes the head of the queue with the plan) */
 #define REASONS_IN_TICK_S 0.025
 /* messages a tick may read to empty the worker socket before it judges workers lost; a
  * socket still not empty is judged by the census of those reads (peer_settled) */
@@ -162,7 +161,7 @@ static const char sql_stale_groups[] =
     "  WHERE group_id IN (SELECT id FROM f))"
     " SELECT id::text FROM f";
 
-/* ---- PostgreSQL ------------------------------------------------------------ */
+/* ---- helpers the rooms share, and PostgreSQL ---------------------------------- */
 
 /*
  * Real time, in seconds and milliseconds, for budgets alone: how long one pass of the
@@ -185,10 +184,35 @@ int64_t dsp_real_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
+int dsp_parse_ints(const char *p, int64_t *out, int cap)
+{
+    int n = 0;
+    while (*p && n < cap) {
+        while (*p && *p != '-' && (*p < '0' || *p > '9'))
+            p++;
+        if (!*p) break;
+        char *end;
+        out[n++] = strtoll(p, &end, 10);
+        if (end == p) break;
+        p = end;
+    }
+    return n;
+}
+
+int dsp_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Index of uuid s among the sorted tenant ids, -1 when absent. */
+int dsp_tenant_index(char **sorted, int n, const char *s)
+{
+    char **hit = bsearch(&s, sorted, (size_t)n, sizeof *sorted, dsp_cmp_str);
+    return hit ? (int)(hit - sorted) : -1;
+}
+
 static bool load_groups(fb_dispatch *d);
-static int parse_ints(const char *p, int64_t *out, int cap);
-static int write_reasons(fb_dispatch *d, double budget_s);
-static bool detach_recent(fb_dispatch *d, const char *key, int64_t t);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
 bool dsp_db_ok(fb_dispatch *d)
@@ -298,7 +322,7 @@ group *dsp_find_group(fb_dispatch *d, const char *id)
     return NULL;
 }
 
-static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name)
+bool dsp_add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name)
 {
     if (d->n_groups == d->cap_groups) {
         int cap = d->cap_groups ? 2 * d->cap_groups : 64;
@@ -395,7 +419,7 @@ static bool load_groups(fb_dispatch *d)
     if (!r) return false;
     d->n_groups = 0;
     for (int i = 0; i < PQntuples(r); i++)
-        add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
+        dsp_add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
                   PQgetvalue(r, i, 2));
     fb_log_json(FB_LOG_INFO, "control loop: groups to follow",
                 json_pack("{s:i}", "groups", PQntuples(r)));
@@ -412,7 +436,7 @@ static bool load_groups(fb_dispatch *d)
         group *g = dsp_find_group(d, PQgetvalue(r, i, 0));
         int64_t dev[FB_WIRE_MAX_DEVICES];
         int devs[FB_WIRE_MAX_DEVICES];
-        int n = parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
+        int n = dsp_parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
         for (int k = 0; k < n; k++) devs[k] = (int)dev[k];
         int n_ranks = (int)strtol(PQgetvalue(r, i, 3), NULL, 10);
         if (!g || n != n_ranks ||
@@ -578,7 +602,7 @@ static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bo
                 g->listed = true;
                 g->missing_since_ms = 0;
             }
-        } else if (!detach_recent(d, r->group_id, now)) {
+        } else if (!dsp_detach_recent(d, r->group_id, now)) {
             /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
              * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
@@ -733,7 +757,7 @@ static void drain_follower(fb_dispatch *d, const char *name)
         for (int k = 0; k < PQntuples(r); k++) {
             dsp_send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
                         "a worker of the array drains", true);
-            detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
+            dsp_detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
         }
         fb_log_json(FB_LOG_INFO, "a follower drains: its spanning array moves",
                     json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name,
@@ -1080,773 +1104,7 @@ static void on_zap(fb_dispatch *d)
     for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
 }
 
-/* ---- planning -------------------------------------------------------------- */
-
-static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_id)
-{
-    for (int i = 0; i < d->n_kinfo; i++)
-        if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
-    const char *v[1] = {job_id};
-    PGresult *r = dsp_q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
-    if (!r) return NULL;
-    fb_job_spec spec;
-    char err[256];
-    int e = PQntuples(r) == 1 ? fb_job_spec_parse(PQgetvalue(r, 0, 0),
-                                                  (size_t)PQgetlength(r, 0, 0), NULL, &spec, err,
-                                                  sizeof err)
-                              : FB_ERR_NOT_FOUND;
-    PQclear(r);
-    if (e) return NULL;
-    if (d->n_kinfo == d->cap_kinfo) {
-        int cap = d->cap_kinfo ? 2 * d->cap_kinfo : 64;
-        keyinfo *k = realloc(d->kinfo, (size_t)cap * sizeof *k);
-        if (!k) {
-            fb_job_spec_free(&spec);
-            return NULL;
-        }
-        d->kinfo = k;
-        d->cap_kinfo = cap;
-    }
-    keyinfo *k = &d->kinfo[d->n_kinfo++];
-    snprintf(k->key, sizeof k->key, "%s", key);
-    k->member = fb_plan_member_bytes(&spec, &k->shared);
-    k->batch = spec.batch_size;
-    k->data = spec.parallel_data;
-    k->pipeline = spec.parallel_pipeline;
-    fb_job_spec_free(&spec);
-    return k;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Index of uuid s among the sorted tenant ids, -1 when absent. */
-static int tenant_index(char **sorted, int n, const char *s)
-{
-    char **hit = bsearch(&s, sorted, (size_t)n, sizeof *sorted, cmp_str);
-    return hit ? (int)(hit - sorted) : -1;
-}
-
-typedef struct plan_ctx {
-    const fb_queue_job *const *jobs; /* the queue in planning order, owned by d->queue */
-    PGresult *tenants, *running;
-    fb_plan_job *pj;
-    int64_t *batch;
-    fb_plan_tenant *pt;
-    char **tenant_ids; /* sorted, pointing into tenants result */
-    fb_plan_device *pd;
-    int *dev_worker; /* device -> index into d->workers */
-    fb_plan_running *pr;
-    int *run_tenants;
-    int *row;     /* snapshot job -> its place in jobs */
-    int *run_row; /* snapshot running group -> row of the running result */
-} plan_ctx;
-
-static void plan_ctx_free(plan_ctx *c)
-{
-    PQclear(c->tenants);
-    PQclear(c->running);
-    free(c->pj);
-    free(c->batch);
-    free(c->pt);
-    free(c->tenant_ids);
-    free(c->pd);
-    free(c->dev_worker);
-    free(c->pr);
-    free(c->run_tenants);
-    free(c->row);
-    free(c->run_row);
-}
-
-/* A new group recorded in the plan's transaction, and its ASSIGN, sent once
- * that transaction commits (deliver_groups). */
-typedef struct assign_out {
-    struct assign_out *next;
-    char gid[FB_WIRE_ID_LEN + 1];
-    char worker[FB_WIRE_NAME_MAX + 1];
-    bool recorded;              /* its rows were written (its savepoint released) */
-    bool sendable;              /* m is complete */
-    fb_wire_msg m;
-    const void **send_blobs;    /* [nb], pointing into blobs */
-    size_t *send_lens;
-    int nb;
-    void **blobs;               /* [n_blobs], owned: the members' resume checkpoints */
-    int n_blobs;
-    double time_share;
-    /* a group that spans workers: its workers (owned until the group is tracked) and what
-     * every one of them is told besides its own ranks */
-    span *span;
-    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
-    char token[2 * FB_WIRE_TOKEN_BYTES + 1];
-} assign_out;
-
-static void assign_out_free(assign_out *a)
-{
-    if (!a) return;
-    fb_wire_msg_free(&a->m);
-    free(a->send_blobs);
-    free(a->send_lens);
-    if (a->blobs)
-        for (int i = 0; i < a->n_blobs; i++) free(a->blobs[i]);
-    free(a->blobs);
-    free(a->span);
-    sodium_memzero(a->token, sizeof a->token);
-    free(a);
-}
-
-/*
- * A port of leader w's range for a new group that spans workers: one that
- * no live spanning group led by w holds (nor one of this plan's, outq),
- * searched round-robin from where the last search ended, so that a port the
- * leader could not bind (another program holds it) is the last one tried
- * again.  0 when every port of the range is taken.
- */
-static int pick_port(fb_dispatch *d, worker *w, const assign_out *outq)
-{
-    int lo = w->comm_port_lo, hi = w->comm_port_hi;
-    if (lo < 1 || hi < lo) return 0;
-    for (int k = 0; k <= hi - lo; k++) {
-        int port = lo + (w->next_port - lo + k) % (hi - lo + 1);
-        bool used = false;
-        for (int i = 0; i < d->n_groups && !used; i++)
-            used = d->groups[i].span && d->groups[i].span->port == port &&
-                   strcmp(d->groups[i].worker, w->name) == 0;
-        for (const assign_out *a = outq; a && !used; a = a->next)
-            used = a->span && a->span->port == port && strcmp(a->worker, w->name) == 0;
-        if (used) continue;
-        w->next_port = port == hi ? lo : port + 1;
-        return port;
-    }
-    return 0;
-}
-
-/* "host:port", or "[host]:port" for an IPv6 literal. */
-static void fmt_rendezvous(char *out, size_t cap, const char *host, int port)
-{
-    snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-}
-
-/*
- * Records one new group inside the plan's transaction (under a savepoint,
- * so that a group that fails leaves the others) and queues its ASSIGN on
- * *outq.  One transaction for all of a plan's new groups: each commit waits
- * for the disk, and a plan that started 67 arrays one transaction each took
- * 300 ms.
- */
-static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
-{
-    worker *w = &d->workers[c->dev_worker[g->devices[0]]];
-    /* a group that spans workers: its workers in rank order (the planner lists the devices
-     * worker by worker), its leader w, and the port w listens on for the others */
-    span *sp = NULL;
-    if (g->n_workers > 1) {
-        int port = pick_port(d, w, *outq);
-        if (!port || !(sp = calloc(1, sizeof *sp))) {
-            fb_log_json(FB_LOG_WARN, "no free port for an array that spans workers; it waits",
-                        json_pack("{s:s, s:i, s:i}", "leader", w->name, "port_lo",
-                                  w->comm_port_lo, "port_hi", w->comm_port_hi));
-            return;
-        }
-        sp->world = g->parallel_data;
-        sp->port = port;
-        for (int i = 0; i < g->n_devices; i++) {
-            const worker *wi = &d->workers[c->dev_worker[g->devices[i]]];
-            if (sp->n == 0 || strcmp(sp->m[sp->n - 1].worker, wi->name) != 0) {
-                span_member *sm = &sp->m[sp->n++];
-                snprintf(sm->worker, sizeof sm->worker, "%s", wi->name);
-                sm->rank_base = i;
-            }
-            span_member *sm = &sp->m[sp->n - 1];
-            sm->dev[sm->n_ranks++] = c->pd[g->devices[i]].idx;
-        }
-    }
-    /* the leader's devices: those of the groups row (the others are in group_workers) */
-    int n_local = sp ? sp->m[0].n_ranks : g->n_devices;
-    int B = g->n_jobs;
-    const char **ids = malloc((size_t)B * sizeof *ids);
-    void **blobs = calloc((size_t)B, sizeof *blobs);
-    size_t *lens = calloc((size_t)B, sizeof *lens);
-    assign_out *ao = calloc(1, sizeof *ao);
-    fb_wire_msg m = {.type = FB_WIRE_ASSIGN, .generation = 1};
-    PGresult *r = NULL;
-    bool savepoint = false;
-    if (!ids || !blobs || !lens || !ao) goto out;
-    /* members that resume need their checkpoint: one that cannot be read restarts; members
-     * that start from the tenant's weights need those: without them the job cannot start as
-     * asked, and fails */
-    int n_ok = 0;
-    for (int i = 0; i < B; i++) {
-        const fb_queue_job *qj = c->jobs[c->row[g->jobs[i]]];
-        const char *id = qj->id;
-        if (qj->resume_step == 0 && qj->init_path) {
-            size_t len = 0;
-            void *b = dsp_read_tenant_artifact(d, qj->tenant_id, qj->init_path, &len);
-            if (!b) {
-                static const char why[] =
-                    "init: the weights it names cannot be read from the tenant's artifacts";
-                const char *v[2] = {id, why};
-                fb_log_json(FB_LOG_ERROR, "a job's init weights cannot be read; the job fails",
-                            json_pack("{s:s, s:s}", "job_id", id, "path", qj->init_path));
-                dsp_exec(d,
-                      "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
-                      " finished_at = now(), updated_at = now()"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'failed', $2"
-                      " FROM upd",
-                      2, v);
-                continue;
-            }
-            blobs[n_ok] = b;
-            lens[n_ok] = len;
-        }
-        if (qj->resume_step > 0) {
-            const char *path = qj->resume_path ? qj->resume_path : "";
-            size_t len = 0;
-            void *b = qj->resume_path ? dsp_read_artifact(d, path, &len) : NULL;
-            if (!b) {
-                const char *v[1] = {id};
-                fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
-                            json_pack("{s:s, s:s}", "job_id", id, "path", path));
-                dsp_exec(d,
-                      "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
-                      " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'requeued',"
-                      " 'its checkpoint could not be read; restarts from step 0' FROM upd",
-                      1, v);
-                continue;
-            }
-            blobs[n_ok] = b;
-            lens[n_ok] = len;
-        }
-        ids[n_ok++] = id;
-    }
-    if (!n_ok) goto out;
-    char *ids_arr = fb_db_text_array(ids, n_ok);
-    const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
-    char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
-    /* "worker w1", or "workers w1 (leads), w2" for a group that spans workers */
-    char workers_text[FB_WIRE_TEXT_MAX + 1];
-    snprintf(workers_text, sizeof workers_text, "%s %s", sp ? "workers" : "worker", w->name);
-    for (int k = 1; sp && k < sp->n; k++) {
-        size_t len = strlen(workers_text);
-        snprintf(workers_text + len, sizeof workers_text - len, "%s%s",
-                 k == 1 ? " (leads), " : ", ", sp->m[k].worker);
-    }
-    const char **split_s = malloc((size_t)g->parallel_data * sizeof *split_s);
-    char (*split_buf)[24] = malloc((size_t)g->parallel_data * sizeof *split_buf);
-    if (!ids_arr || !dev_s || !dev_buf || !split_s || !split_buf) {
-        free(ids_arr);
-        free(dev_s);
-        free(dev_buf);
-        free(split_s);
-        free(split_buf);
-        goto out;
-    }
-    for (int i = 0; i < g->n_devices; i++) {
-        snprintf(dev_buf[i], sizeof dev_buf[i], "%d", c->pd[g->devices[i]].idx);
-        dev_s[i] = dev_buf[i];
-    }
-    for (int i = 0; i < g->parallel_data; i++) {
-        snprintf(split_buf[i], sizeof split_buf[i], "%lld", (long long)g->split[i]);
-        split_s[i] = split_buf[i];
-    }
-    char *dev_arr = fb_db_text_array(dev_s, n_local),
-         *split_arr = fb_db_text_array(split_s, g->parallel_data);
-    free(dev_s);
-    free(split_s);
-    char pd_s[16], pp_s[16], mem_s[24], share_s[40], port_s[16];
-    snprintf(port_s, sizeof port_s, "%d", sp ? sp->port : 0);
-    snprintf(pd_s, sizeof pd_s, "%d", g->parallel_data);
-    snprintf(pp_s, sizeof pp_s, "%d", g->parallel_pipeline);
-    snprintf(mem_s, sizeof mem_s, "%lld", (long long)g->mem_per_device);
-    snprintf(share_s, sizeof share_s, "%.17g", g->time_share);
-    const char *first = ids[0];
-    const fb_queue_job *j0 = c->jobs[c->row[g->jobs[0]]];
-    char rs0[24];
-    snprintf(rs0, sizeof rs0, "%lld", (long long)j0->resume_step);
-    bool ok = dev_arr && split_arr && (savepoint = dsp_exec(d, "SAVEPOINT start_group", 0, NULL));
-    char gid[FB_WIRE_ID_LEN + 1] = "";
-    if (ok) {
-        const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
-                             split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
-        r = dsp_q(d,
-              "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
-              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
-              " comm_port)"
-              " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
-              " $7::bigint[], $8::bigint, $9::float8, $11::int) RETURNING id, $10::text",
-              11, v);
-        ok = r != NULL;
-        if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
-        PQclear(r);
-        r = NULL;
-    }
-    /* every worker of a group that spans workers, with its ranks and devices; and those
-     * devices name the group */
-    for (int k = 0; ok && sp && k < sp->n; k++) {
-        const span_member *sm = &sp->m[k];
-        const worker *wk = dsp_find_worker(d, sm->worker);
-        char base_s[16], n_s[16], devs[FB_WIRE_MAX_DEVICES * 12 + 3];
-        size_t len = 0;
-        devs[len++] = '{';
-        for (int i = 0; i < sm->n_ranks; i++)
-            len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", i ? "," : "",
-                                    sm->dev[i]);
-        snprintf(devs + len, sizeof devs - len, "}");
-        snprintf(base_s, sizeof base_s, "%d", sm->rank_base);
-        snprintf(n_s, sizeof n_s, "%d", sm->n_ranks);
-        const char *v[5] = {gid, wk ? wk->id : NULL, base_s, n_s, devs};
-        ok = wk && dsp_exec(d,
-                         "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
-                         " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])",
-                         5, v);
-    }
-    if (ok) {
-        const char *v[2] = {ids_arr, gid};
-        r = dsp_q(d,
-              "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
-              " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
-              " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
-              " RETURNING id, tenant_id, spec::text, resume_step",
-              2, v);
-        ok = r != NULL && PQntuples(r) > 0;
-    }
-    char count_s[16];
-    snprintf(count_s, sizeof count_s, "%d", r ? PQntuples(r) : 0);
-    if (ok) {
-        const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
-        const char *vg[2] = {gid, count_s};
-        const char *ve[5] = {gid, dev_arr, count_s, w->name, workers_text};
-        ok = dsp_exec(d,
-                   "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
-                   " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
-                   " WHERE g.id = $1::uuid",
-                   2, vg) &&
-             dsp_exec(d,
-                   "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
-                   " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
-                   " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
-                   " AND d.idx = gd.idx",
-                   1, v) &&
-             dsp_exec(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
-                   " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
-                   " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
-                   " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
-                   " AND in_group",
-                   5, ve) &&
-             dsp_exec(d, "RELEASE SAVEPOINT start_group", 0, NULL);
-    }
-    free(ids_arr);
-    free(dev_arr);
-    free(split_arr);
-    free(dev_buf);
-    free(split_buf);
-    if (!ok) {
-        if (savepoint) dsp_exec(d, "ROLLBACK TO SAVEPOINT start_group", 0, NULL);
-        goto out;
-    }
-    /* recorded: from here the group is delivered (tracked) once the plan commits, with its
-     * ASSIGN when the message can be made */
-    ao->recorded = true;
-    snprintf(ao->gid, sizeof ao->gid, "%s", gid);
-    snprintf(ao->worker, sizeof ao->worker, "%s", w->name);
-    ao->time_share = g->time_share;
-    if (sp) {
-        uint8_t raw[FB_WIRE_TOKEN_BYTES];
-        randombytes_buf(raw, sizeof raw);
-        sodium_bin2hex(ao->token, sizeof ao->token, raw, sizeof raw);
-        sodium_memzero(raw, sizeof raw);
-        fmt_rendezvous(ao->rendezvous, sizeof ao->rendezvous, w->comm_host, sp->port);
-        ao->span = sp;
-        sp = NULL;
-    }
-    ao->next = *outq;
-    *outq = ao;
-    /* the ASSIGN: members in the order the update returned them, blobs matched by id */
-    int n = PQntuples(r);
-    m.members = calloc((size_t)n, sizeof *m.members);
-    const void **send_blobs = calloc((size_t)n, sizeof *send_blobs);
-    size_t *send_lens = calloc((size_t)n, sizeof *send_lens);
-    if (!m.members || !send_blobs || !send_lens) {
-        free(send_blobs);
-        free(send_lens);
-        ao = NULL; /* queued: the worker never hears of it; requeued when found orphaned */
-        goto out;
-    }
-    int nb = 0;
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", j0->fusion_key);
-    snprintf(m.dataset, sizeof m.dataset, "%s", j0->dataset);
-    if (j0->builtin)
-        snprintf(m.builtin, sizeof m.builtin, "%s", j0->builtin);
-    else if (!j0->public_dataset)
-        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", j0->tenant_id);
-    m.n_group_devices = g->n_devices;
-    for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
-    m.parallel_data = g->parallel_data;
-    m.parallel_pipeline = g->parallel_pipeline;
-    m.n_split = g->parallel_data;
-    for (int i = 0; i < g->parallel_data; i++) m.split[i] = g->split[i];
-    m.time_share = g->time_share;
-    m.n_members = n;
-    for (int i = 0; i < n; i++) {
-        fb_wire_member *mm = &m.members[i];
-        snprintf(mm->job_id, sizeof mm->job_id, "%s", PQgetvalue(r, i, 0));
-        snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(r, i, 1));
-        mm->spec = strdup(PQgetvalue(r, i, 2));
-        mm->start_step = strtoll(PQgetvalue(r, i, 3), NULL, 10);
-        /* a member's one blob: its state to resume from, or at step 0 its init weights */
-        for (int k = 0; k < n_ok; k++)
-            if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
-                send_blobs[nb] = blobs[k];
-                send_lens[nb] = lens[k];
-                if (mm->start_step > 0)
-                    mm->resume_blob = ++nb;
-                else
-                    mm->init_blob = ++nb;
-            }
-    }
-    /* the message and the checkpoints it points into go with the queued ASSIGN */
-    ao->m = m;
-    memset(&m, 0, sizeof m);
-    ao->send_blobs = send_blobs;
-    ao->send_lens = send_lens;
-    ao->nb = nb;
-    ao->blobs = blobs;
-    ao->n_blobs = B;
-    ao->sendable = true;
-    blobs = NULL;
-    ao = NULL;
-out:
-    if (ao && !ao->recorded) assign_out_free(ao);
-    free(sp);
-    PQclear(r);
-    fb_wire_msg_free(&m);
-    if (blobs)
-        for (int i = 0; i < B; i++) free(blobs[i]);
-    free(blobs);
-    free(lens);
-    free(ids);
-}
-
-/* After the plan's transaction: when it committed, tracks every group it
- * recorded and sends their ASSIGNs; frees the queue either way (a group
- * that did not commit left its jobs queued for the next plan). */
-static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
-{
-    /* queued newest first: deliver in the order the plan made them */
-    assign_out *rev = NULL;
-    while (q) {
-        assign_out *next = q->next;
-        q->next = rev;
-        rev = q;
-        q = next;
-    }
-    for (assign_out *a = rev, *next; a; a = next) {
-        next = a->next;
-        if (committed && add_group(d, a->gid, 1, a->worker)) {
-            group *g = &d->groups[d->n_groups - 1];
-            g->span = a->span;
-            a->span = NULL;
-            if (a->sendable && !g->span) {
-                fb_log_json(FB_LOG_INFO, "array assigned",
-                            json_pack("{s:s, s:s, s:i, s:s, s:f}", "group_id", a->gid, "worker",
-                                      a->worker, "members", a->m.n_members, "fusion_key",
-                                      a->m.fusion_key, "time_share", a->time_share));
-                dsp_send(d, a->worker, &a->m, a->send_blobs, a->send_lens, a->nb);
-            } else if (a->sendable) {
-                /* one ASSIGN per worker: its own ranks and devices, the same world, split,
-                 * rendezvous and token */
-                const span *sp = g->span;
-                fb_log_json(FB_LOG_INFO, "array assigned across workers",
-                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s, s:f}", "group_id", a->gid,
-                                      "leader", a->worker, "workers", sp->n, "world", sp->world,
-                                      "members", a->m.n_members, "rendezvous", a->rendezvous,
-                                      "time_share", a->time_share));
-                fb_wire_msg *m = &a->m;
-                m->world = sp->world;
-                snprintf(m->rendezvous, sizeof m->rendezvous, "%s", a->rendezvous);
-                snprintf(m->token, sizeof m->token, "%s", a->token);
-                for (int k = 0; k < sp->n; k++) {
-                    span_member *sm = &g->span->m[k];
-                    sm->assigned_ms = fb_clock_ms();
-                    m->rank_base = sm->rank_base;
-                    m->parallel_data = sm->n_ranks;
-                    m->parallel_pipeline = 1;
-                    m->n_group_devices = sm->n_ranks;
-                    memcpy(m->group_devices, sm->dev, (size_t)sm->n_ranks * sizeof *sm->dev);
-                    dsp_send(d, sm->worker, m, a->send_blobs, a->send_lens, a->nb);
-                }
-                sodium_memzero(m->token, sizeof m->token);
-            }
-        }
-        assign_out_free(a);
-    }
-}
-
-/* One planning round: snapshot, policy, decisions. */
-static void plan_run(fb_dispatch *d)
-{
-    d->plan_due = false;
-    d->last_plan_ms = fb_clock_ms();
-    if (!dsp_db_ok(d)) return;
-    plan_ctx c = {0};
-    /* where a slow plan's time went: reading the queue, the snapshot and policy, the new
-     * arrays, the reasons */
-    double t_start = dsp_real_s(), t_read = 0, t_policy = 0, t_groups = 0;
-    int n_read = 0, n_started = 0, n_reasons = 0;
-    char err[256];
-    if (fb_queue_sync(d->queue, d->pg, &n_read, err, sizeof err)) {
-        fb_log_json(FB_LOG_WARN, "control loop: the queue could not be read",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    int nj = fb_queue_ordered(d->queue, MAX_QUEUE_READ, &c.jobs);
-    if (nj < 0) goto out;
-    t_read = dsp_real_s();
-    c.tenants =
-        dsp_q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
-    c.running = dsp_q(d,
-                  "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
-                  " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
-                  " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
-                  " WHERE g.state <> 'finished'",
-                  0, NULL);
-    if (!c.tenants || !c.running) goto out;
-    int nt = PQntuples(c.tenants), nr = PQntuples(c.running);
-    int nd = 0;
-    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
-    c.pj = calloc((size_t)(nj ? nj : 1), sizeof *c.pj);
-    c.batch = calloc((size_t)(nj ? nj : 1), sizeof *c.batch);
-    c.pt = calloc((size_t)(nt ? nt : 1), sizeof *c.pt);
-    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
-    c.pd = calloc((size_t)(nd ? nd : 1), sizeof *c.pd);
-    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
-    c.pr = calloc((size_t)(nr ? nr : 1), sizeof *c.pr);
-    c.run_tenants = calloc((size_t)(nr ? nr : 1) * 64, sizeof *c.run_tenants);
-    c.row = calloc((size_t)(nj ? nj : 1), sizeof *c.row);
-    c.run_row = calloc((size_t)(nr ? nr : 1), sizeof *c.run_row);
-    if (!c.pj || !c.batch || !c.pt || !c.tenant_ids || !c.pd || !c.dev_worker || !c.pr ||
-        !c.run_tenants || !c.row || !c.run_row)
-        goto out;
-    /* tenants, sorted by id so that jobs find theirs by binary search */
-    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
-    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
-    for (int i = 0; i < nt; i++) {
-        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
-        c.pt[k].weight = strtod(PQgetvalue(c.tenants, i, 1), NULL);
-        c.pt[k].share_arrays = PQgetvalue(c.tenants, i, 2)[0] == 't';
-        c.pt[k].max_devices = (int)strtol(PQgetvalue(c.tenants, i, 3), NULL, 10);
-    }
-    /* devices of the registered workers */
-    nd = 0;
-    for (int i = 0; i < d->n_workers; i++)
-        for (int k = 0; k < d->workers[i].n_devices; k++) {
-            const fb_wire_device *dv = &d->workers[i].devices[k];
-            c.pd[nd] = (fb_plan_device){.worker = i, .idx = dv->idx,
-                                        .kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
-                                                                              : FB_PLAN_CPU,
-                                        .memory_bytes = dv->memory_bytes,
-                                        .ready = !d->workers[i].draining,
-                                        .comm = d->workers[i].comm_host[0] != '\0' &&
-                                                d->workers[i].comm_port_lo >= 1};
-            c.dev_worker[nd++] = i;
-        }
-    /* running groups: their devices (when their worker is here) and tenants */
-    int nrun = 0;
-    for (int i = 0; i < nr; i++) {
-        worker *w = dsp_find_worker(d, PQgetvalue(c.running, i, 1));
-        if (!w) continue;
-        fb_plan_running *pr = &c.pr[nrun];
-        int widx = (int)(w - d->workers);
-        const char *p = PQgetvalue(c.running, i, 2); /* "{0,1}" */
-        while (*p && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            int idx = (int)strtol(p, (char **)&p, 10);
-            for (int k = 0; k < nd; k++)
-                if (c.pd[k].worker == widx && c.pd[k].idx == idx)
-                    pr->devices[pr->n_devices++] = k;
-        }
-        /* a group that spans workers holds the devices of each of its workers */
-        const group *gg = dsp_find_group(d, PQgetvalue(c.running, i, 0));
-        if (gg && gg->span) {
-            pr->n_devices = 0;
-            for (int s = 0; s < gg->span->n; s++) {
-                const span_member *sm = &gg->span->m[s];
-                worker *ws = dsp_find_worker(d, sm->worker);
-                int wsi = ws ? (int)(ws - d->workers) : -1;
-                for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
-                    for (int k = 0; k < nd; k++)
-                        if (c.pd[k].worker == wsi && c.pd[k].idx == sm->dev[r])
-                            pr->devices[pr->n_devices++] = k;
-            }
-        }
-        pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
-        pr->time_share = strtod(PQgetvalue(c.running, i, 7), NULL);
-        int *rt = &c.run_tenants[(size_t)nrun * 64];
-        const char *t = PQgetvalue(c.running, i, 4); /* "{uuid,uuid}" */
-        while (*t && pr->n_tenants < 64) {
-            while (*t && (*t == '{' || *t == ',' || *t == '}')) t++;
-            if (strlen(t) < FB_WIRE_ID_LEN) break;
-            char id[FB_WIRE_ID_LEN + 1];
-            memcpy(id, t, FB_WIRE_ID_LEN);
-            id[FB_WIRE_ID_LEN] = '\0';
-            t += FB_WIRE_ID_LEN;
-            int k = tenant_index(c.tenant_ids, nt, id);
-            if (k >= 0) rt[pr->n_tenants++] = k;
-        }
-        pr->tenants = rt;
-        if (pr->n_devices > 0) c.run_row[nrun++] = i;
-    }
-    /* the queue */
-    int nq = 0;
-    for (int i = 0; i < nj; i++) {
-        const fb_queue_job *qj = c.jobs[i];
-        const keyinfo *k = key_info(d, qj->fusion_key, qj->id);
-        int t = tenant_index(c.tenant_ids, nt, qj->tenant_id);
-        if (!k || t < 0) continue;
-        c.pj[nq] = (fb_plan_job){.seq = qj->seq,
-                                 .tenant = t,
-                                 .fusion_key = qj->fusion_key,
-                                 .start_step = qj->resume_step,
-                                 .priority = qj->priority,
-                                 .mem_member_bytes = k->member,
-                                 .mem_shared_bytes = k->shared,
-                                 .parallel_data = k->data,
-                                 .parallel_pipeline = k->pipeline,
-                                 .public_dataset = qj->public_dataset};
-        c.batch[nq] = k->batch;
-        c.row[nq++] = i;
-    }
-    if (nq != nj) fb_logf(FB_LOG_WARN, "%d queued jobs could not be read into the plan", nj - nq);
-    fb_plan_snapshot snap = {.jobs = c.pj, .n_jobs = nq, .tenants = c.pt, .n_tenants = nt,
-                             .devices = c.pd, .n_devices = nd, .running = c.pr, .n_running = nrun,
-                             .max_b = d->cfg.max_array,
-                             .max_groups_per_device = d->cfg.max_groups_per_device,
-                             .keep_running_shares = d->cfg.rebalance_ms > 0};
-    fb_plan_result res;
-    if (fb_plan_run(&snap, c.batch, &res, err, sizeof err)) {
-        fb_log_json(FB_LOG_ERROR, "the planner refused its snapshot",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    t_policy = dsp_real_s();
-    if (res.n_groups > 0 && dsp_begin(d)) {
-        assign_out *ready = NULL;
-        for (int i = 0; i < res.n_groups; i++) {
-            /* a plan that would start many arrays (a burst, a start-up) starts what fits in
-             * its budget and plans again at once for the rest, so that no decision holds the
-             * loop long: submissions and heartbeats wait behind it */
-            if (i > 0 && dsp_real_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
-                d->plan_due = true;
-                break;
-            }
-            start_group(d, &c, &res.groups[i], &ready);
-            n_started++;
-        }
-        bool committed = dsp_commit(d);
-        if (!committed) dsp_rollback(d);
-        deliver_groups(d, ready, committed);
-    }
-    t_groups = dsp_real_s();
-    /* time shares of running groups changed by co-location */
-    for (int i = 0; i < res.n_shares; i++) {
-        int row = c.run_row[res.shares[i].running];
-        char share[40];
-        snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
-        const char *v[2] = {PQgetvalue(c.running, row, 0), share};
-        dsp_exec(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
-        group *g = dsp_find_group(d, v[0]);
-        if (!g) continue;
-        fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
-                         .time_share = res.shares[i].time_share};
-        snprintf(m.group_id, sizeof m.group_id, "%s", g->id);
-        const char *p = PQgetvalue(c.running, row, 6);
-        while (*p && m.n_split < FB_WIRE_MAX_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
-        }
-        dsp_send(d, g->worker, &m, NULL, NULL, 0);
-    }
-    /* reasons of the jobs that wait, where they changed: the head of the queue now, the
-     * rest in later ticks (write_reasons) */
-    d->n_reasons = 0;
-    if (nq > d->cap_reasons) {
-        reason_todo *rt = realloc(d->reasons, (size_t)nq * sizeof *rt);
-        if (rt) {
-            d->reasons = rt;
-            d->cap_reasons = nq;
-        }
-    }
-    for (int i = 0; i < nq && d->n_reasons < d->cap_reasons; i++) {
-        if (res.reason[i] == FB_PLAN_PLACED) continue;
-        const fb_queue_job *qj = c.jobs[c.row[i]];
-        const char *text = fb_plan_reason_text(res.reason[i]);
-        if (strcmp(qj->queue_reason, text) == 0) continue;
-        reason_todo *rt = &d->reasons[d->n_reasons++];
-        memcpy(rt->job, qj->id, sizeof rt->job);
-        rt->reason = text;
-    }
-    d->next_reason = 0;
-    n_reasons = write_reasons(d, REASONS_IN_PLAN_S);
-    fb_plan_result_free(&res);
-    double t_end = dsp_real_s();
-    if (t_end - t_start > SLOW_PLAN_S)
-        fb_log_json(FB_LOG_WARN, "a slow plan",
-                    json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i}", "ms",
-                              (t_end - t_start) * 1e3, "read_queue_ms", (t_read - t_start) * 1e3,
-                              "policy_ms", (t_policy - t_read) * 1e3, "new_arrays_ms",
-                              (t_groups - t_policy) * 1e3, "reasons_ms", (t_end - t_groups) * 1e3,
-                              "jobs_read", n_read, "queued", nj, "arrays_started", n_started,
-                              "reasons_written", n_reasons));
-out:
-    plan_ctx_free(&c);
-}
-
 /* ---- the tick ------------------------------------------------------------ */
-
-/*
- * Writes the queue reasons the last plan left to write, in planning order,
- * REASONS_PER_STATEMENT to a statement, until budget_s has passed; returns how many it wrote.
- * A plan over 10,000 queued jobs can change the reason of all of them, and
- * writing them at once held the loop for a second: the head of the queue
- * gets its reasons with the plan, the rest a budget per tick.
- */
-static int write_reasons(fb_dispatch *d, double budget_s)
-{
-    double t0 = dsp_real_s();
-    int written = 0;
-    while (d->next_reason < d->n_reasons && dsp_real_s() - t0 < budget_s) {
-        int n = d->n_reasons - d->next_reason;
-        if (n > REASONS_PER_STATEMENT) n = REASONS_PER_STATEMENT;
-        const char *ids[REASONS_PER_STATEMENT], *texts[REASONS_PER_STATEMENT];
-        for (int i = 0; i < n; i++) {
-            ids[i] = d->reasons[d->next_reason + i].job;
-            texts[i] = d->reasons[d->next_reason + i].reason;
-        }
-        char *a = fb_db_text_array(ids, n), *b = fb_db_text_array(texts, n);
-        const char *v[2] = {a, b};
-        bool ok = a && b &&
-                  dsp_exec(d,
-                        "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
-                        " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
-                        " AND j.queue_reason IS DISTINCT FROM v.r",
-                        2, v);
-        free(a);
-        free(b);
-        if (!ok) break;
-        for (int i = 0; i < n; i++) fb_queue_set_reason(d->queue, ids[i], texts[i]);
-        d->next_reason += n;
-        written += n;
-    }
-    return written;
-}
 
 /*
  * Whether a DETACH for key (a job id, or a group id for a whole stale array)
@@ -1854,7 +1112,7 @@ static int write_reasons(fb_dispatch *d, double budget_s)
  * last sending.  Entries ten periods old are forgotten when the list is
  * full, so that it stays as long as the DETACHes of the last minute.
  */
-static bool detach_recent(fb_dispatch *d, const char *key, int64_t t)
+bool dsp_detach_recent(fb_dispatch *d, const char *key, int64_t t)
 {
     for (int i = 0; i < d->n_detached; i++)
         if (strcmp(d->detached[i].job, key) == 0) {
@@ -1893,7 +1151,7 @@ static void detach_cancelled(fb_dispatch *d)
     int64_t t = fb_clock_ms();
     for (int i = 0; i < PQntuples(r); i++) {
         const char *w = PQgetvalue(r, i, 3);
-        if (!dsp_find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
+        if (!dsp_find_worker(d, w) || dsp_detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
         dsp_send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
                     PQgetvalue(r, i, 0), "cancelled", false);
     }
@@ -1904,373 +1162,7 @@ static void detach_cancelled(fb_dispatch *d)
     PQclear(r);
 }
 
-/* ---- fair share ------------------------------------------------------------ */
-
-/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
-static int parse_ints(const char *p, int64_t *out, int cap)
-{
-    int n = 0;
-    while (*p && n < cap) {
-        while (*p && *p != '-' && (*p < '0' || *p > '9'))
-            p++;
-        if (!*p) break;
-        char *end;
-        out[n++] = strtoll(p, &end, 10);
-        if (end == p) break;
-        p = end;
-    }
-    return n;
-}
-
-/* A measured time in seconds as the policy accepts it: 0 (unknown) or within its bounds. */
-static double fair_seconds(double ms)
-{
-    double x = ms / 1000.0;
-    return isfinite(x) && x >= FB_FAIR_MIN_VALUE && x <= FB_FAIR_MAX_VALUE ? x : 0.0;
-}
-
-typedef struct fair_ctx {
-    PGresult *tenants, *groups, *jobs;
-    char **tenant_ids; /* sorted, pointing into tenants */
-    fb_fair_tenant *ft;
-    fb_fair_device *fd;
-    int *dev_worker, *dev_idx;
-    fb_fair_group *fg;
-    fb_fair_job *fj;
-    int *grow;        /* snapshot group -> row of the groups result */
-    int *jfirst;      /* snapshot group -> its first row of the jobs result */
-} fair_ctx;
-
-static void fair_ctx_free(fair_ctx *c)
-{
-    PQclear(c->tenants);
-    PQclear(c->groups);
-    PQclear(c->jobs);
-    free(c->tenant_ids);
-    free(c->ft);
-    free(c->fd);
-    free(c->dev_worker);
-    free(c->dev_idx);
-    free(c->fg);
-    free(c->fj);
-    free(c->grow);
-    free(c->jfirst);
-}
-
-/* The snapshot device of (worker w, index idx), -1 when unknown. */
-static int fair_device(const fair_ctx *c, int nd, int w, int64_t idx)
-{
-    for (int k = 0; k < nd; k++)
-        if (c->dev_worker[k] == w && c->dev_idx[k] == idx) return k;
-    return -1;
-}
-
-/* Records a decision of the controller and tells the group's worker. */
-static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_decision *dec,
-                       const char *gid)
-{
-    group *g = dsp_find_group(d, gid);
-    if (!g || !dsp_find_worker(d, g->worker)) return;
-    const int64_t *split = dec->split_changed ? dec->split : G->split;
-    char share[40], gen[24], split_buf[FB_FAIR_MAX_SHARDS * 24 + 3];
-    size_t len = 0;
-    split_buf[len++] = '{';
-    for (int i = 0; i < G->n_shards; i++)
-        len += (size_t)snprintf(split_buf + len, sizeof split_buf - len, "%s%lld", i ? "," : "",
-                                (long long)split[i]);
-    snprintf(split_buf + len, sizeof split_buf - len, "}");
-    snprintf(share, sizeof share, "%.17g", dec->time_share);
-    snprintf(gen, sizeof gen, "%lld", (long long)g->generation);
-    const char *v[4] = {gid, share, split_buf, gen};
-    /* the generation guards against a group re-assigned since the snapshot */
-    if (!dsp_exec(d,
-               "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
-               " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
-               " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
-               " AND state <> 'finished'",
-               4, v))
-        return;
-    fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
-                     .time_share = dec->time_share, .n_split = G->n_shards};
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    for (int i = 0; i < G->n_shards && i < FB_WIRE_MAX_DEVICES; i++) m.split[i] = split[i];
-    dsp_send(d, g->worker, &m, NULL, NULL, 0);
-    fb_log_json(FB_LOG_INFO, "fair share: rebalanced an array",
-                json_pack("{s:s, s:f, s:f, s:f, s:b}", "group_id", gid, "slowdown",
-                          dec->slowdown, "time_share", dec->time_share, "target_share",
-                          dec->target_share, "split_changed", dec->split_changed));
-}
-
-/*
- * A suggested migration: every member leaves its array on the server's
- * request with its full training state (DETACH keep_state), which the
- * DETACHED event records as its resume point, so it goes back to the queue
- * without losing a step, and the planner, which prefers the least loaded
- * devices, places it anew.
- */
-static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, int sg)
-{
-    const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
-    group *g = dsp_find_group(d, gid);
-    if (!g || !dsp_find_worker(d, g->worker)) return;
-    for (int k = 0; k < G->n_jobs; k++) {
-        const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
-        /* with its full state: it resumes elsewhere from the step it left at */
-        dsp_send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
-        detach_recent(d, job, fb_clock_ms());
-    }
-    fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",
-                json_pack("{s:s, s:s, s:i}", "group_id", gid, "worker", g->worker, "members",
-                          G->n_jobs));
-    fb_metrics_fair_migrated();
-}
-
-/*
- * One fair-share period: a snapshot of the running groups (their devices,
- * splits and shares from the groups table, smoothed step times from the
- * reports, isolated step times from the profiles, members' progress), the
- * policy (fairshare.h), and its decisions: new shares and splits written to
- * the groups table and sent as REBALANCE, migrations started, gauges
- * published.  The controller owns the shares of running groups; the planner
- * only sets a new group's first one.
- */
-static void rebalance_run(fb_dispatch *d)
-{
-    d->last_rebalance_ms = fb_clock_ms();
-    if (!dsp_db_ok(d)) return;
-    fair_ctx c = {0};
-    fb_fair_result res = {0};
-    c.tenants = dsp_q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
-    c.groups = dsp_q(d,
-                 "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
-                 " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
-                 " FROM groups g JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key"
-                 "  AND p.n_models = g.n_members AND p.device_kind = w.backend"
-                 " WHERE g.state <> 'finished' ORDER BY g.id",
-                 0, NULL);
-    /* members in group order; a group's first is a member of the tenant it is charged to
-     * (tenant_ids[1], as the planner charges it) */
-    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
-    char now_s[32];
-    const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
-    c.jobs = dsp_q(d,
-               "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
-               " LEAST(j.step, j.steps), j.steps"
-               " FROM jobs j JOIN groups g ON g.id = j.group_id"
-               " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
-               " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
-               1, vn);
-    if (!c.tenants || !c.groups || !c.jobs) goto out;
-    int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
-    int nd = 0;
-    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
-    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
-    c.ft = calloc((size_t)(nt ? nt : 1), sizeof *c.ft);
-    c.fd = calloc((size_t)(nd ? nd : 1), sizeof *c.fd);
-    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
-    c.dev_idx = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_idx);
-    c.fg = calloc((size_t)(nr ? nr : 1), sizeof *c.fg);
-    c.fj = calloc((size_t)(nj ? nj : 1), sizeof *c.fj);
-    c.grow = calloc((size_t)(nr ? nr : 1), sizeof *c.grow);
-    c.jfirst = calloc((size_t)(nr ? nr : 1), sizeof *c.jfirst);
-    if (!c.tenant_ids || !c.ft || !c.fd || !c.dev_worker || !c.dev_idx || !c.fg || !c.fj ||
-        !c.grow || !c.jfirst)
-        goto out;
-    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
-    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
-    for (int i = 0; i < nt; i++) {
-        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
-        double w = strtod(PQgetvalue(c.tenants, i, 1), NULL);
-        c.ft[k].weight = isfinite(w) && w > 0 ? w : 1.0;
-    }
-    nd = 0;
-    for (int i = 0; i < d->n_workers; i++)
-        for (int k = 0; k < d->workers[i].n_devices; k++) {
-            const fb_wire_device *dv = &d->workers[i].devices[k];
-            int imb = d->workers[i].imbalanced[k];
-            c.fd[nd] = (fb_fair_device){.kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
-                                                                               : FB_PLAN_CPU,
-                                        .ready = !d->workers[i].draining,
-                                        .imbalanced_periods = imb > 0 ? imb : 0};
-            c.dev_worker[nd] = i;
-            c.dev_idx[nd++] = dv->idx;
-        }
-    /* groups and their members; rows the policy would refuse are left out, not the period */
-    int ng = 0, jrow = 0, nfj = 0;
-    for (int i = 0; i < nr; i++) {
-        const char *gid = PQgetvalue(c.groups, i, 0);
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) < 0) jrow++;
-        int j0 = jrow;
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) == 0) jrow++;
-        worker *w = dsp_find_worker(d, PQgetvalue(c.groups, i, 1));
-        group *mem = dsp_find_group(d, gid);
-        if (!w || !mem || jrow == j0) continue;
-        int widx = (int)(w - d->workers);
-        fb_fair_group *G = &c.fg[ng];
-        memset(G, 0, sizeof *G);
-        int64_t dev[FB_PLAN_MAX_GROUP_DEVICES], split[FB_FAIR_MAX_SHARDS];
-        int n_dev = parse_ints(PQgetvalue(c.groups, i, 2), dev, FB_PLAN_MAX_GROUP_DEVICES);
-        int n_split = parse_ints(PQgetvalue(c.groups, i, 3), split, FB_FAIR_MAX_SHARDS);
-        int D = (int)strtol(PQgetvalue(c.groups, i, 5), NULL, 10);
-        int P = (int)strtol(PQgetvalue(c.groups, i, 6), NULL, 10);
-        /* a group that spans workers: rank s is the device of the worker holding it, and
-         * its rate is kept by rank */
-        int sw[FB_FAIR_MAX_SHARDS];
-        if (mem->span) {
-            n_dev = 0;
-            for (int k = 0; k < mem->span->n; k++) {
-                const span_member *sm = &mem->span->m[k];
-                worker *ws = dsp_find_worker(d, sm->worker);
-                for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
-                    sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
-                    dev[n_dev++] = sm->dev[r];
-                }
-            }
-            if (P != 1 || D > FB_FAIR_MAX_SHARDS) continue;
-        }
-        if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
-        bool ok = true;
-        int64_t batch = 0;
-        for (int s = 0; s < D && ok; s++) {
-            /* a shard is where its first pipeline stage runs (devices are data-major) */
-            G->devices[s] = fair_device(&c, nd, mem->span ? sw[s] : widx, dev[s * P]);
-            G->split[s] = split[s];
-            batch += split[s] > 0 ? split[s] : 0;
-            ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
-        }
-        double share = strtod(PQgetvalue(c.groups, i, 4), NULL);
-        if (!ok || !(share > 0 && share <= 1)) continue;
-        G->n_shards = D;
-        G->time_share = share;
-        /* the memory a group kept while it had another shape means nothing now */
-        if (D >= 64 || mem->split_toward >> D == 0) {
-            G->split_periods = mem->split_periods;
-            G->split_toward = mem->split_toward;
-            G->split_gain = mem->split_gain;
-        }
-        /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
-         * has been measured; the policy then leaves the split alone */
-        for (int s = 0; s < D; s++) {
-            double rate = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t k = mem->span ? s : dev[s * P + p];
-                double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
-                if (!(x > 0)) {
-                    rate = 0;
-                    break;
-                }
-                if (p == 0 || x < rate) rate = x;
-            }
-            G->shard_rate[s] = rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE ? rate : 0;
-        }
-        G->step_time_s = fair_seconds(mem->step_ms);
-        double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
-        G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
-        int n_in = 0;
-        for (int r = j0; r < jrow; r++) {
-            int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, r, 2));
-            int64_t total = strtoll(PQgetvalue(c.jobs, r, 5), NULL, 10);
-            int64_t done = strtoll(PQgetvalue(c.jobs, r, 4), NULL, 10);
-            double el = strtod(PQgetvalue(c.jobs, r, 3), NULL);
-            /* a member the policy could not take makes the whole group's rows unusable
-             * (the job rows must stay contiguous with jfirst) */
-            if (t < 0 || total < 1 || total > FB_FAIR_MAX_STEPS || done < 0) {
-                ok = false;
-                break;
-            }
-            c.fj[nfj + n_in++] = (fb_fair_job){
-                .tenant = t,
-                .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
-                .steps_done = done,
-                .total_steps = total};
-        }
-        if (!ok) continue;
-        G->n_jobs = n_in;
-        G->jobs = &c.fj[nfj];
-        c.jfirst[ng] = j0;
-        c.grow[ng++] = i;
-        nfj += n_in;
-    }
-    fb_fair_snapshot snap = {.devices = c.fd, .n_devices = nd, .tenants = c.ft,
-                             .n_tenants = nt, .groups = c.fg, .n_groups = ng};
-    char err[256];
-    if (fb_fair_run(&snap, &d->fair, &res, err, sizeof err)) {
-        fb_log_json(FB_LOG_ERROR, "the fair-share controller refused its snapshot",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    /* the snapshot's devices are the workers' in order */
-    for (int i = 0, k = 0; i < d->n_workers; i++)
-        for (int x = 0; x < d->workers[i].n_devices; x++, k++)
-            d->workers[i].imbalanced[x] = res.imbalanced_periods[k];
-    int n_changed = 0;
-    fb_metrics_fair_begin(res.max_slowdown, res.mean_slowdown);
-    for (int g = 0; g < ng; g++) {
-        const fb_fair_decision *dec = &res.groups[g];
-        const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
-        fb_metrics_fair_group(gid, dec->slowdown,
-                              dec->share_changed ? dec->time_share : c.fg[g].time_share);
-        group *mem = dsp_find_group(d, gid);
-        if (mem) {
-            mem->split_periods = dec->split_periods;
-            mem->split_toward = dec->split_toward;
-            mem->split_gain = dec->split_gain;
-        }
-        for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
-            const span_member *sm = &mem->span->m[k];
-            for (int x = 0; x < sm->n_ranks; x++) {
-                int r = sm->rank_base + x;
-                if (!mem->span->has[r]) continue;
-                const fb_wire_device_step *e = &mem->span->step[r];
-                fb_metrics_fair_device(gid, sm->worker, e->device,
-                                       (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                         e->io_ms / 1e3, e->idle_ms / 1e3},
-                                       mem->dev_rate[r]);
-            }
-        }
-        for (int k = 0; mem && !mem->span && k < mem->n_dev; k++) {
-            const fb_wire_device_step *e = &mem->dev[k];
-            fb_metrics_fair_device(gid, mem->worker, e->device,
-                                   (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                     e->io_ms / 1e3, e->idle_ms / 1e3},
-                                   mem->dev_rate[e->device]);
-        }
-        if (!dec->share_changed && !dec->split_changed) continue;
-        fair_apply(d, &c.fg[g], dec, gid);
-        n_changed++;
-    }
-    fb_metrics_fair_end(n_changed);
-    for (int i = 0; i < res.n_migrations; i++)
-        fair_migrate(d, &c, &c.fg[res.migrations[i].group], res.migrations[i].group);
-    if (n_changed || res.n_migrations)
-        fb_log_json(FB_LOG_INFO, "fair share: period",
-                    json_pack("{s:i, s:i, s:i, s:f, s:f}", "groups", ng, "changed", n_changed,
-                              "migrations", res.n_migrations, "max_slowdown", res.max_slowdown,
-                              "mean_slowdown", res.mean_slowdown));
-out:
-    fb_fair_result_free(&res);
-    fair_ctx_free(&c);
-}
-
 /* ---- timed phases ---------------------------------------------------------- */
-
-/* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
-static void plan(fb_dispatch *d)
-{
-    double t0 = dsp_real_s();
-    plan_run(d);
-    fb_metrics_control(FB_CONTROL_PLAN, dsp_real_s() - t0);
-}
-
-/* A fair-share period, timed. */
-static void rebalance(fb_dispatch *d)
-{
-    double t0 = dsp_real_s();
-    rebalance_run(d);
-    fb_metrics_control(FB_CONTROL_REBALANCE, dsp_real_s() - t0);
-}
 
 /* Whether a message waits on the worker socket. */
 static bool router_readable(fb_dispatch *d)
@@ -2456,12 +1348,12 @@ static void tick(fb_dispatch *d)
             }
         }
     }
-    if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
+    if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) dsp_plan(d);
     if (dsp_db_ok(d)) {
-        write_reasons(d, REASONS_IN_TICK_S);
+        dsp_write_reasons(d, REASONS_IN_TICK_S);
         fb_queue_maintain(d->queue, d->pg);
     }
-    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
+    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) dsp_rebalance(d);
     fb_metrics_tick(t);
 }
 
@@ -2517,7 +1409,7 @@ static void *loop(void *arg)
             next_tick = fb_clock_ms() + d->cfg.tick_ms;
         } else if (d->plan_due && t - d->last_plan_ms >= PLAN_MIN_GAP_MS) {
             dsp_flush_events(d);
-            plan(d);
+            dsp_plan(d);
         }
     }
     /* last words: what is already received gets written when possible */

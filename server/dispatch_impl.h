@@ -216,6 +216,12 @@ struct fb_dispatch {
 double dsp_real_s(void);
 int64_t dsp_real_ms(void);
 
+/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
+int dsp_parse_ints(const char *p, int64_t *out, int cap);
+/* strcmp of two char * (qsort, bsearch); the index of s among n sorted ids, -1 when absent. */
+int dsp_cmp_str(const void *a, const void *b);
+int dsp_tenant_index(char **sorted, int n, const char *s);
+
 /* Whether the loop's PostgreSQL connection is usable now; reconnects with backoff. */
 bool dsp_db_ok(fb_dispatch *d);
 /* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
@@ -233,6 +239,8 @@ void dsp_take_notifies(fb_dispatch *d);
 worker *dsp_find_worker(fb_dispatch *d, const char *name);
 /* The followed group of that id, or NULL. */
 group *dsp_find_group(fb_dispatch *d, const char *id);
+/* Follows a new group (assigned now, on the clock); false when memory runs out. */
+bool dsp_add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name);
 /* Forgets a followed group (its span freed). */
 void dsp_drop_group(fb_dispatch *d, const char *id);
 /* The rank of worker name's device dev in a group that spans workers, or -1. */
@@ -244,6 +252,10 @@ bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m, const void
 /* Tells a worker to detach a member (job_id) or, with job_id NULL, a whole group. */
 void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
                      int64_t gen, const char *job_id, const char *why, bool keep_state);
+
+/* Whether a DETACH for key (a job id, or a group id) went out less than DETACH_RESEND_MS
+ * before t; if not, records t as its last sending. */
+bool dsp_detach_recent(fb_dispatch *d, const char *key, int64_t t);
 
 /* ---- dispatch_record.c: what workers report --------------------------------- */
 
@@ -286,5 +298,18 @@ bool dsp_asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop);
 bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped);
 /* After COMMIT: detaches the member its rule stopped, if its array is still current. */
 void dsp_asha_send_stop(fb_dispatch *d, const fb_wire_msg *m);
+
+/* ---- dispatch_plan.c: the planning adapter ---------------------------------- */
+
+/* One planning round (snapshot, planner.h, decisions), timed (fb_metrics_control). */
+void dsp_plan(fb_dispatch *d);
+/* Writes queue reasons the last plan left to write until budget_s has passed; returns
+ * how many it wrote. */
+int dsp_write_reasons(fb_dispatch *d, double budget_s);
+
+/* ---- dispatch_fair.c: the fair-share adapter -------------------------------- */
+
+/* One fair-share period (snapshot, fairshare.h, decisions), timed. */
+void dsp_rebalance(fb_dispatch *d);
 
 #endif
