@@ -135,7 +135,8 @@ static const char sql_requeue_group[] =
  * resume points, each with a requeued event (an infrastructure fault: nothing counted).
  */
 static const char sql_stale_jobs[] =
-    "WITH s AS (SELECT j.id, j.group_id, j.state FROM jobs j LEFT JOIN groups g ON g.id = j.group_id"
+    "WITH s AS (SELECT j.id, j.group_id, j.state FROM jobs j"
+    " LEFT JOIN groups g ON g.id = j.group_id"
     "  WHERE j.state IN ('scheduled', 'running')"
     "  AND j.updated_at < now() - $2::bigint * interval '1 millisecond'"
     "  AND (j.group_id IS NULL OR NOT j.in_group OR g.state = 'finished'"
@@ -160,6 +161,70 @@ static const char sql_stale_groups[] =
     " dev AS (UPDATE devices SET group_id = NULL, tenant_id = NULL"
     "  WHERE group_id IN (SELECT id FROM f))"
     " SELECT id::text FROM f";
+
+/* The loop's session: no statement may hold it longer than 10 s, and it hears of submitted and
+ * cancelled jobs (the trigger of schema/002_dispatch.sql). */
+static const char sql_session_timeout[] = "SET statement_timeout = 10000";
+static const char sql_listen[] = "LISTEN fusebox_jobs";
+
+/* The groups that are not finished, and their workers' names ("" when gone). */
+static const char sql_groups_open[] =
+    "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
+    " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'";
+
+/* The workers of the unfinished groups that span several, leader (rank 0) first. */
+static const char sql_group_workers_open[] =
+    "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
+    " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
+    " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
+    " WHERE g.state <> 'finished' ORDER BY gw.group_id, gw.rank_base";
+
+/* A group finished, its members gone ($1 the group). */
+static const char sql_group_finish[] =
+    "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
+    " updated_at = now() WHERE id = $1::uuid AND state <> 'finished'";
+
+/* The devices a group held, freed ($1 the group). */
+static const char sql_group_devices_free[] =
+    "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid";
+
+/* A worker's HELLO: registered (again) as ready; its id comes back. */
+static const char sql_worker_upsert[] =
+    "INSERT INTO workers (name, state, backend, version, last_seen_at)"
+    " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
+    " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
+    " registered_at = now(), last_seen_at = now() RETURNING id";
+
+/* The devices a worker no longer has ($2: how many it has now). */
+static const char sql_devices_trim[] =
+    "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int";
+
+/* One device of a worker's HELLO. */
+static const char sql_device_upsert[] =
+    "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
+    " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
+    " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
+    " memory_bytes = EXCLUDED.memory_bytes";
+
+/* The jobs training in a group ($1). */
+static const char sql_group_jobs[] = "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group";
+
+/* A worker that drains ($1 its name). */
+static const char sql_worker_draining[] = "UPDATE workers SET state = 'draining' WHERE name = $1";
+
+/* Cancelled jobs still inside an array, with the array's generation and worker. */
+static const char sql_cancelled_members[] =
+    "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
+    " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
+    " WHERE j.in_group AND j.state = 'cancelled'";
+
+/* A worker silent for a heartbeat timeout ($1 its name). */
+static const char sql_worker_lost[] = "UPDATE workers SET state = 'lost' WHERE name = $1";
+
+/* The registered workers ($1 their names) seen now; a worker taken for lost is ready again. */
+static const char sql_workers_seen[] =
+    "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
+    " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])";
 
 /* ---- helpers the rooms share, and PostgreSQL ---------------------------------- */
 
@@ -236,8 +301,8 @@ bool dsp_db_ok(fb_dispatch *d)
         d->pg_retry_ms = t + d->pg_backoff_ms;
         return false;
     }
-    PQclear(PQexec(d->pg, "SET statement_timeout = 10000"));
-    PGresult *r = PQexec(d->pg, "LISTEN fusebox_jobs");
+    PQclear(PQexec(d->pg, sql_session_timeout));
+    PGresult *r = PQexec(d->pg, sql_listen);
     bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     if (!ok) {
@@ -412,10 +477,7 @@ static bool span_add(group *g, int world, int port, const char *name, int rank_b
 /* The groups that are not finished, from the database (once per start). */
 static bool load_groups(fb_dispatch *d)
 {
-    PGresult *r = dsp_q(d,
-                    "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
-                    " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'",
-                    0, NULL);
+    PGresult *r = dsp_q(d, sql_groups_open, 0, NULL);
     if (!r) return false;
     d->n_groups = 0;
     for (int i = 0; i < PQntuples(r); i++)
@@ -425,12 +487,7 @@ static bool load_groups(fb_dispatch *d)
                 json_pack("{s:i}", "groups", PQntuples(r)));
     PQclear(r);
     /* the workers of the groups that span several, leader (rank 0) first */
-    r = dsp_q(d,
-          "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
-          " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
-          " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
-          " WHERE g.state <> 'finished' ORDER BY gw.group_id, gw.rank_base",
-          0, NULL);
+    r = dsp_q(d, sql_group_workers_open, 0, NULL);
     if (!r) return false;
     for (int i = 0; i < PQntuples(r); i++) {
         group *g = dsp_find_group(d, PQgetvalue(r, i, 0));
@@ -513,11 +570,8 @@ static bool requeue_group(fb_dispatch *d, const char *group_id, const char *why,
     long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
     long failed = strtol(PQgetvalue(r, 0, 1), NULL, 10);
     PQclear(r);
-    if (!dsp_exec(d,
-               "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
-               " updated_at = now() WHERE id = $1::uuid AND state <> 'finished'",
-               1, v) ||
-        !dsp_exec(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
+    if (!dsp_exec(d, sql_group_finish, 1, v) ||
+        !dsp_exec(d, sql_group_devices_free,
                1, v) ||
         !dsp_update_utilization(d, group_id) || !dsp_commit(d))
         goto fail;
@@ -670,31 +724,21 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
     }
     if (!dsp_db_ok(d) || !dsp_begin(d)) return; /* no WELCOME: the worker says HELLO again */
     const char *v[3] = {name, m->backend, m->version};
-    PGresult *r = dsp_q(d,
-                    "INSERT INTO workers (name, state, backend, version, last_seen_at)"
-                    " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
-                    " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
-                    " registered_at = now(), last_seen_at = now() RETURNING id",
-                    3, v);
+    PGresult *r = dsp_q(d, sql_worker_upsert, 3, v);
     if (!r) goto fail;
     snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     char n_dev[16];
     snprintf(n_dev, sizeof n_dev, "%d", m->n_devices);
     const char *vd[2] = {id, n_dev};
-    if (!dsp_exec(d, "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int", 2, vd))
+    if (!dsp_exec(d, sql_devices_trim, 2, vd))
         goto fail;
     for (int i = 0; i < m->n_devices; i++) {
         char idx[16], mem[24];
         snprintf(idx, sizeof idx, "%d", m->devices[i].idx);
         snprintf(mem, sizeof mem, "%lld", (long long)m->devices[i].memory_bytes);
         const char *vv[5] = {id, idx, m->devices[i].kind, m->devices[i].name, mem};
-        if (!dsp_exec(d,
-                   "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
-                   " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
-                   " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
-                   " memory_bytes = EXCLUDED.memory_bytes",
-                   5, vv))
+        if (!dsp_exec(d, sql_device_upsert, 5, vv))
             goto fail;
     }
     if (!dsp_commit(d)) goto fail;
@@ -752,7 +796,7 @@ static void drain_follower(fb_dispatch *d, const char *name)
             !dsp_find_worker(d, g->worker))
             continue;
         const char *v[1] = {g->id};
-        PGresult *r = dsp_q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
+        PGresult *r = dsp_q(d, sql_group_jobs, 1, v);
         if (!r) return;
         for (int k = 0; k < PQntuples(r); k++) {
             dsp_send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
@@ -1017,7 +1061,7 @@ static void on_message(fb_dispatch *d)
             fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
             const char *v[1] = {name};
             if (dsp_db_ok(d))
-                dsp_exec(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
+                dsp_exec(d, sql_worker_draining, 1, v);
             drain_follower(d, name);
         }
         break;
@@ -1142,11 +1186,7 @@ bool dsp_detach_recent(fb_dispatch *d, const char *key, int64_t t)
 /* Cancelled jobs still inside a running array are detached from it. */
 static void detach_cancelled(fb_dispatch *d)
 {
-    PGresult *r = dsp_q(d,
-                    "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
-                    " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
-                    " WHERE j.in_group AND j.state = 'cancelled'",
-                    0, NULL);
+    PGresult *r = dsp_q(d, sql_cancelled_members, 0, NULL);
     if (!r) return;
     int64_t t = fb_clock_ms();
     for (int i = 0; i < PQntuples(r); i++) {
@@ -1271,7 +1311,7 @@ static void tick(fb_dispatch *d)
                     json_pack("{s:s, s:I}", "worker", w->name,
                               "silent_ms", (json_int_t)(t - w->last_seen_ms)));
         const char *v[1] = {w->name};
-        if (dsp_db_ok(d)) dsp_exec(d, "UPDATE workers SET state = 'lost' WHERE name = $1", 1, v);
+        if (dsp_db_ok(d)) dsp_exec(d, sql_worker_lost, 1, v);
         drop_worker(d, w);
         i--;
     }
@@ -1339,10 +1379,7 @@ static void tick(fb_dispatch *d)
                 char *a = fb_db_text_array(names, d->n_workers);
                 const char *v[1] = {a};
                 if (a)
-                    dsp_exec(d,
-                          "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
-                          " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])",
-                          1, v);
+                    dsp_exec(d, sql_workers_seen, 1, v);
                 free(a);
                 free(names);
             }
@@ -1353,7 +1390,8 @@ static void tick(fb_dispatch *d)
         dsp_write_reasons(d, REASONS_IN_TICK_S);
         fb_queue_maintain(d->queue, d->pg);
     }
-    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) dsp_rebalance(d);
+    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms)
+        dsp_rebalance(d);
     fb_metrics_tick(t);
 }
 

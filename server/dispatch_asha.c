@@ -21,6 +21,71 @@
 #include "log.h"
 #include "wire.h"
 
+/* A trial under an ASHA rule of an active sweep, not stopped yet: its sweep, index, steps and
+ * the rule. */
+static const char sql_asha_trial[] =
+    "SELECT j.sweep_id, j.trial_index, j.steps, e.x->>'metric', e.x->>'mode',"
+    " (e.x->>'grace_steps')::bigint, (e.x->>'reduction_factor')::int,"
+    " (e.x->>'max_rungs')::int"
+    " FROM jobs j JOIN sweeps s ON s.id = j.sweep_id"
+    " CROSS JOIN LATERAL (SELECT s.spec->'early_stopping' AS x) e"
+    " WHERE j.id = $1::uuid AND j.trial_index IS NOT NULL"
+    " AND j.state IN ('scheduled', 'running') AND s.state = 'active'"
+    " AND jsonb_typeof(e.x) = 'object' AND e.x->>'type' = 'asha'"
+    " AND NOT EXISTS (SELECT 1 FROM asha_rungs a WHERE a.job_id = j.id"
+    "  AND a.decision = 'stop')";
+
+/* A training measure for a rung: the latest the worker reported up to step $2. */
+static const char sql_asha_train_loss[] =
+    "SELECT loss FROM job_metrics WHERE job_id = $1::uuid AND step <= $2::bigint"
+    " AND loss IS NOT NULL ORDER BY step DESC LIMIT 1";
+static const char sql_asha_train_accuracy[] =
+    "SELECT accuracy FROM job_metrics WHERE job_id = $1::uuid"
+    " AND step <= $2::bigint AND accuracy IS NOT NULL ORDER BY step DESC LIMIT 1";
+
+/* A rung's result ($3 rung, $4 step, $5 metric), once: a row comes back when it is new. */
+static const char sql_asha_rung_insert[] =
+    "INSERT INTO asha_rungs (sweep_id, job_id, rung, step, metric, decision)"
+    " VALUES ($1::uuid, $2::uuid, $3::int, $4::bigint, $5::float8, 'continue')"
+    " ON CONFLICT (job_id, rung) DO NOTHING RETURNING seq";
+
+/* Every result of a rung so far ($1 sweep, $2 rung), in order. */
+static const char sql_asha_rung_results[] =
+    "SELECT j.trial_index, a.metric FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
+    " WHERE a.sweep_id = $1::uuid AND a.rung = $2::int ORDER BY a.seq";
+
+/* The rung's decision ($3). */
+static const char sql_asha_rung_decide[] =
+    "UPDATE asha_rungs SET decision = $3 WHERE job_id = $1::uuid AND rung = $2::int"
+    " AND decision <> $3";
+
+/* The rung's event ($2 rung, $3 step, $4 value, $5 results, $6 decision, $7 metric). */
+static const char sql_asha_rung_event[] =
+    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid, 'rung',"
+    " 'rung ' || $2 || ' at step ' || $3 || ': ' || $7 || ' ' || round($4::numeric, 6)"
+    " || ' among ' || $5 || ' results; ' || CASE WHEN $6 = 'stop'"
+    " THEN 'stops (early_stopped)' ELSE 'continues' END,"
+    " jsonb_build_object('rung', $2::int, 'step', $3::bigint, 'metric', $7::text,"
+    " 'value', $4::float8, 'results', $5::int, 'decision', $6::text))";
+
+/* A member its rule stopped leaves its array: completed, end reason early_stopped, its
+ * checkpoints kept; its event. */
+static const char sql_asha_stopped[] =
+    "WITH stop AS (SELECT rung, step, metric FROM asha_rungs"
+    "  WHERE job_id = $1::uuid AND decision = 'stop' ORDER BY rung LIMIT 1),"
+    " upd AS (UPDATE jobs SET state = 'completed', end_reason = 'early_stopped',"
+    "  in_group = false, queue_reason = NULL, step = $3::bigint,"
+    "  finished_at = coalesce(finished_at, now()), updated_at = now()"
+    "  WHERE id = $1::uuid AND state IN ('scheduled', 'running')"
+    "  AND EXISTS (SELECT 1 FROM stop) RETURNING id)"
+    " INSERT INTO job_events (job_id, kind, message, data)"
+    " SELECT upd.id, 'early_stopped', 'stopped by the sweep''s early-stopping"
+    " rule at rung ' || stop.rung || ' (step ' || stop.step || '); left its array"
+    " at step ' || $3 || ', its checkpoints kept',"
+    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'rung',"
+    " stop.rung, 'rung_step', stop.step, 'value', stop.metric, 'end_reason',"
+    " 'early_stopped') FROM upd, stop RETURNING job_id";
+
 /*
  * Early stopping works inside apply_event's transaction behind a savepoint:
  * a failure of its own is logged and undone alone, so it never holds up the
@@ -37,18 +102,7 @@ static bool asha_end(fb_dispatch *d, bool ok)
 static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
 {
     const char *v1[1] = {m->job_id};
-    PGresult *r = dsp_q(d,
-                    "SELECT j.sweep_id, j.trial_index, j.steps, e.x->>'metric', e.x->>'mode',"
-                    " (e.x->>'grace_steps')::bigint, (e.x->>'reduction_factor')::int,"
-                    " (e.x->>'max_rungs')::int"
-                    " FROM jobs j JOIN sweeps s ON s.id = j.sweep_id"
-                    " CROSS JOIN LATERAL (SELECT s.spec->'early_stopping' AS x) e"
-                    " WHERE j.id = $1::uuid AND j.trial_index IS NOT NULL"
-                    " AND j.state IN ('scheduled', 'running') AND s.state = 'active'"
-                    " AND jsonb_typeof(e.x) = 'object' AND e.x->>'type' = 'asha'"
-                    " AND NOT EXISTS (SELECT 1 FROM asha_rungs a WHERE a.job_id = j.id"
-                    "  AND a.decision = 'stop')",
-                    1, v1);
+    PGresult *r = dsp_q(d, sql_asha_trial, 1, v1);
     if (!r) return false;
     if (PQntuples(r) != 1) {
         /* not a trial under an early-stopping rule, or one stopped already that has not
@@ -90,13 +144,9 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     } else if (strcmp(rule.metric, "loss") == 0 || strcmp(rule.metric, "accuracy") == 0) {
         /* a training measure: the latest the worker reported up to this step */
         const char *v2[2] = {m->job_id, step};
-        r = dsp_q(d,
-              strcmp(rule.metric, "loss") == 0
-                  ? "SELECT loss FROM job_metrics WHERE job_id = $1::uuid AND step <= $2::bigint"
-                    " AND loss IS NOT NULL ORDER BY step DESC LIMIT 1"
-                  : "SELECT accuracy FROM job_metrics WHERE job_id = $1::uuid"
-                    " AND step <= $2::bigint AND accuracy IS NOT NULL ORDER BY step DESC LIMIT 1",
-              2, v2);
+        const char *sql =
+            strcmp(rule.metric, "loss") == 0 ? sql_asha_train_loss : sql_asha_train_accuracy;
+        r = dsp_q(d, sql, 2, v2);
         if (!r) return false;
         if (PQntuples(r) == 1) metric = strtod(PQgetvalue(r, 0, 0), NULL);
         PQclear(r);
@@ -105,21 +155,14 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     if (!isfinite(metric)) return true;
     snprintf(metric_s, sizeof metric_s, "%.17g", metric);
     const char *vi[5] = {sweep, m->job_id, rung_s, step, metric_s};
-    r = dsp_q(d,
-          "INSERT INTO asha_rungs (sweep_id, job_id, rung, step, metric, decision)"
-          " VALUES ($1::uuid, $2::uuid, $3::int, $4::bigint, $5::float8, 'continue')"
-          " ON CONFLICT (job_id, rung) DO NOTHING RETURNING seq",
-          5, vi);
+    r = dsp_q(d, sql_asha_rung_insert, 5, vi);
     if (!r) return false;
     bool fresh = PQntuples(r) == 1;
     PQclear(r);
     if (!fresh) return true; /* this rung has its result already */
     /* every result of the rung so far, this one included */
     const char *vr[2] = {sweep, rung_s};
-    r = dsp_q(d,
-          "SELECT j.trial_index, a.metric FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
-          " WHERE a.sweep_id = $1::uuid AND a.rung = $2::int ORDER BY a.seq",
-          2, vr);
+    r = dsp_q(d, sql_asha_rung_results, 2, vr);
     if (!r) return false;
     int n = PQntuples(r);
     fb_asha_result *res = malloc((size_t)(n ? n : 1) * sizeof *res);
@@ -145,18 +188,8 @@ static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
     const char *dname = fb_asha_decision_name(dec);
     const char *vu[3] = {m->job_id, rung_s, dname};
     const char *ve[7] = {m->job_id, rung_s, step, metric_s, n_s, dname, rule.metric};
-    if (!dsp_exec(d,
-               "UPDATE asha_rungs SET decision = $3 WHERE job_id = $1::uuid AND rung = $2::int"
-               " AND decision <> $3",
-               3, vu) ||
-        !dsp_exec(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid, 'rung',"
-               " 'rung ' || $2 || ' at step ' || $3 || ': ' || $7 || ' ' || round($4::numeric, 6)"
-               " || ' among ' || $5 || ' results; ' || CASE WHEN $6 = 'stop'"
-               " THEN 'stops (early_stopped)' ELSE 'continues' END,"
-               " jsonb_build_object('rung', $2::int, 'step', $3::bigint, 'metric', $7::text,"
-               " 'value', $4::float8, 'results', $5::int, 'decision', $6::text))",
-               7, ve))
+    if (!dsp_exec(d, sql_asha_rung_decide, 3, vu) ||
+        !dsp_exec(d, sql_asha_rung_event, 7, ve))
         return false;
     *stop = dec == FB_ASHA_STOP;
     return true;
@@ -210,22 +243,7 @@ bool dsp_asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
     char step[24];
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     const char *v[3] = {m->job_id, m->group_id, step};
-    PGresult *r = dsp_q(d,
-                    "WITH stop AS (SELECT rung, step, metric FROM asha_rungs"
-                    "  WHERE job_id = $1::uuid AND decision = 'stop' ORDER BY rung LIMIT 1),"
-                    " upd AS (UPDATE jobs SET state = 'completed', end_reason = 'early_stopped',"
-                    "  in_group = false, queue_reason = NULL, step = $3::bigint,"
-                    "  finished_at = coalesce(finished_at, now()), updated_at = now()"
-                    "  WHERE id = $1::uuid AND state IN ('scheduled', 'running')"
-                    "  AND EXISTS (SELECT 1 FROM stop) RETURNING id)"
-                    " INSERT INTO job_events (job_id, kind, message, data)"
-                    " SELECT upd.id, 'early_stopped', 'stopped by the sweep''s early-stopping"
-                    " rule at rung ' || stop.rung || ' (step ' || stop.step || '); left its array"
-                    " at step ' || $3 || ', its checkpoints kept',"
-                    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'rung',"
-                    " stop.rung, 'rung_step', stop.step, 'value', stop.metric, 'end_reason',"
-                    " 'early_stopped') FROM upd, stop RETURNING job_id",
-                    3, v);
+    PGresult *r = dsp_q(d, sql_asha_stopped, 3, v);
     bool ok = r != NULL;
     if (ok) *stopped = PQntuples(r) == 1;
     PQclear(r);

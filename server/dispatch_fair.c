@@ -27,6 +27,38 @@
 #include "planner.h"
 #include "wire.h"
 
+/* A decision of the controller ($2 share, $3 split); the generation ($4) guards against a
+ * group re-assigned since the snapshot. */
+static const char sql_fair_apply[] =
+    "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
+    " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
+    " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
+    " AND state <> 'finished'";
+
+/* The tenants' weights, for the period's snapshot. */
+static const char sql_fair_tenants[] = "SELECT id::text, weight FROM tenants";
+
+/* The unfinished groups with their devices, splits, shares and isolated step times, for the
+ * snapshot. */
+static const char sql_fair_groups[] =
+    "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
+    " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
+    " FROM groups g JOIN workers w ON w.id = g.worker_id"
+    " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key"
+    "  AND p.n_models = g.n_members AND p.device_kind = w.backend"
+    " WHERE g.state <> 'finished' ORDER BY g.id";
+
+/* The members in group order; a group's first is a member of the tenant it is charged to
+ * (tenant_ids[1], as the planner charges it); elapsed since submission on the loop's clock
+ * ($1, fb_db_clock_now). */
+static const char sql_fair_jobs[] =
+    "SELECT j.group_id, j.id, j.tenant_id::text,"
+    " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
+    " LEAST(j.step, j.steps), j.steps"
+    " FROM jobs j JOIN groups g ON g.id = j.group_id"
+    " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
+    " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq";
+
 /* A measured time in seconds as the policy accepts it: 0 (unknown) or within its bounds. */
 static double fair_seconds(double ms)
 {
@@ -88,12 +120,7 @@ static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_dec
     snprintf(gen, sizeof gen, "%lld", (long long)g->generation);
     const char *v[4] = {gid, share, split_buf, gen};
     /* the generation guards against a group re-assigned since the snapshot */
-    if (!dsp_exec(d,
-               "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
-               " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
-               " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
-               " AND state <> 'finished'",
-               4, v))
+    if (!dsp_exec(d, sql_fair_apply, 4, v))
         return;
     fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
                      .time_share = dec->time_share, .n_split = G->n_shards};
@@ -145,28 +172,14 @@ static void rebalance_run(fb_dispatch *d)
     if (!dsp_db_ok(d)) return;
     fair_ctx c = {0};
     fb_fair_result res = {0};
-    c.tenants = dsp_q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
-    c.groups = dsp_q(d,
-                 "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
-                 " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
-                 " FROM groups g JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key"
-                 "  AND p.n_models = g.n_members AND p.device_kind = w.backend"
-                 " WHERE g.state <> 'finished' ORDER BY g.id",
-                 0, NULL);
+    c.tenants = dsp_q(d, sql_fair_tenants, 0, NULL);
+    c.groups = dsp_q(d, sql_fair_groups, 0, NULL);
     /* members in group order; a group's first is a member of the tenant it is charged to
      * (tenant_ids[1], as the planner charges it) */
     /* elapsed since submission on the loop's clock (fb_db_clock_now) */
     char now_s[32];
     const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
-    c.jobs = dsp_q(d,
-               "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
-               " LEAST(j.step, j.steps), j.steps"
-               " FROM jobs j JOIN groups g ON g.id = j.group_id"
-               " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
-               " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
-               1, vn);
+    c.jobs = dsp_q(d, sql_fair_jobs, 1, vn);
     if (!c.tenants || !c.groups || !c.jobs) goto out;
     int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
     int nd = 0;

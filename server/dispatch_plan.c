@@ -37,6 +37,91 @@
 /* time for starting new arrays in one plan; the rest start in the next one */
 #define NEW_ARRAYS_IN_PLAN_S 0.02
 
+/* A job's spec. */
+static const char sql_job_spec[] = "SELECT spec::text FROM jobs WHERE id = $1::uuid";
+
+/* A queued job whose init weights cannot be read fails ($2 why); its event. */
+static const char sql_job_init_unreadable[] =
+    "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
+    " finished_at = now(), updated_at = now()"
+    " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
+    " INSERT INTO job_events (job_id, kind, message) SELECT id, 'failed', $2"
+    " FROM upd";
+
+/* A queued job whose checkpoint cannot be read restarts from step 0; its event. */
+static const char sql_job_resume_unreadable[] =
+    "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
+    " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
+    " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
+    " INSERT INTO job_events (job_id, kind, message) SELECT id, 'requeued',"
+    " 'its checkpoint could not be read; restarts from step 0' FROM upd";
+
+/* A new group ($1 fusion key, $2 its worker (the leader), $3 start step, $4 data, $5 pipeline,
+ * $6 the leader's devices, $7 split, $8 memory per device, $9 time share, $11 the leader's
+ * port of a group that spans workers); its id comes back, and $10. */
+static const char sql_group_insert[] =
+    "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
+    " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
+    " comm_port)"
+    " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
+    " $7::bigint[], $8::bigint, $9::float8, $11::int) RETURNING id, $10::text";
+
+/* A worker of a group that spans workers, with its ranks and devices. */
+static const char sql_group_worker_insert[] =
+    "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
+    " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])";
+
+/* The queued jobs ($1) scheduled in the new group ($2); what the ASSIGN needs of them comes
+ * back. */
+static const char sql_group_jobs_schedule[] =
+    "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
+    " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
+    " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
+    " RETURNING id, tenant_id, spec::text, resume_step";
+
+/* The new group's member count and tenants ($2 the count). */
+static const char sql_group_members[] =
+    "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
+    " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
+    " WHERE g.id = $1::uuid";
+
+/* The new group's devices name it, and the tenant it is charged to. */
+static const char sql_group_devices_take[] =
+    "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
+    " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
+    " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
+    " AND d.idx = gd.idx";
+
+/* Each member's scheduled event ($1 group, $2 devices, $3 members, $4 worker, $5 the workers'
+ * text). */
+static const char sql_group_scheduled_events[] =
+    "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
+    " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
+    " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
+    " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
+    " AND in_group";
+
+/* The tenants, for the plan's snapshot. */
+static const char sql_plan_tenants[] =
+    "SELECT id::text, weight, share_arrays, max_devices FROM tenants";
+
+/* The unfinished groups, for the plan's snapshot. */
+static const char sql_plan_running[] =
+    "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
+    " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
+    " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
+    " WHERE g.state <> 'finished'";
+
+/* A running group's time share changed by co-location. */
+static const char sql_group_time_share[] =
+    "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid";
+
+/* Queue reasons ($1 jobs, $2 texts) of jobs still queued, where they changed. */
+static const char sql_queue_reasons[] =
+    "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
+    " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
+    " AND j.queue_reason IS DISTINCT FROM v.r";
+
 /* What the planner needs of a fusion key (memory, batch, parallelism), read from one of its
  * jobs' spec the first time and kept. */
 static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_id)
@@ -44,7 +129,7 @@ static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_
     for (int i = 0; i < d->n_kinfo; i++)
         if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
     const char *v[1] = {job_id};
-    PGresult *r = dsp_q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
+    PGresult *r = dsp_q(d, sql_job_spec, 1, v);
     if (!r) return NULL;
     fb_job_spec spec;
     char err[256];
@@ -234,13 +319,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
                 const char *v[2] = {id, why};
                 fb_log_json(FB_LOG_ERROR, "a job's init weights cannot be read; the job fails",
                             json_pack("{s:s, s:s}", "job_id", id, "path", qj->init_path));
-                dsp_exec(d,
-                      "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
-                      " finished_at = now(), updated_at = now()"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'failed', $2"
-                      " FROM upd",
-                      2, v);
+                dsp_exec(d, sql_job_init_unreadable, 2, v);
                 continue;
             }
             blobs[n_ok] = b;
@@ -254,13 +333,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
                 const char *v[1] = {id};
                 fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
                             json_pack("{s:s, s:s}", "job_id", id, "path", path));
-                dsp_exec(d,
-                      "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
-                      " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'requeued',"
-                      " 'its checkpoint could not be read; restarts from step 0' FROM upd",
-                      1, v);
+                dsp_exec(d, sql_job_resume_unreadable, 1, v);
                 continue;
             }
             blobs[n_ok] = b;
@@ -317,13 +390,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     if (ok) {
         const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
                              split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
-        r = dsp_q(d,
-              "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
-              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
-              " comm_port)"
-              " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
-              " $7::bigint[], $8::bigint, $9::float8, $11::int) RETURNING id, $10::text",
-              11, v);
+        r = dsp_q(d, sql_group_insert, 11, v);
         ok = r != NULL;
         if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
         PQclear(r);
@@ -344,19 +411,11 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         snprintf(base_s, sizeof base_s, "%d", sm->rank_base);
         snprintf(n_s, sizeof n_s, "%d", sm->n_ranks);
         const char *v[5] = {gid, wk ? wk->id : NULL, base_s, n_s, devs};
-        ok = wk && dsp_exec(d,
-                         "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
-                         " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])",
-                         5, v);
+        ok = wk && dsp_exec(d, sql_group_worker_insert, 5, v);
     }
     if (ok) {
         const char *v[2] = {ids_arr, gid};
-        r = dsp_q(d,
-              "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
-              " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
-              " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
-              " RETURNING id, tenant_id, spec::text, resume_step",
-              2, v);
+        r = dsp_q(d, sql_group_jobs_schedule, 2, v);
         ok = r != NULL && PQntuples(r) > 0;
     }
     char count_s[16];
@@ -365,24 +424,9 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
         const char *vg[2] = {gid, count_s};
         const char *ve[5] = {gid, dev_arr, count_s, w->name, workers_text};
-        ok = dsp_exec(d,
-                   "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
-                   " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
-                   " WHERE g.id = $1::uuid",
-                   2, vg) &&
-             dsp_exec(d,
-                   "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
-                   " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
-                   " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
-                   " AND d.idx = gd.idx",
-                   1, v) &&
-             dsp_exec(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
-                   " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
-                   " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
-                   " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
-                   " AND in_group",
-                   5, ve) &&
+        ok = dsp_exec(d, sql_group_members, 2, vg) &&
+             dsp_exec(d, sql_group_devices_take, 1, v) &&
+             dsp_exec(d, sql_group_scheduled_events, 5, ve) &&
              dsp_exec(d, "RELEASE SAVEPOINT start_group", 0, NULL);
     }
     free(ids_arr);
@@ -554,13 +598,8 @@ static void plan_run(fb_dispatch *d)
     if (nj < 0) goto out;
     t_read = dsp_real_s();
     c.tenants =
-        dsp_q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
-    c.running = dsp_q(d,
-                  "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
-                  " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
-                  " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
-                  " WHERE g.state <> 'finished'",
-                  0, NULL);
+        dsp_q(d, sql_plan_tenants, 0, NULL);
+    c.running = dsp_q(d, sql_plan_running, 0, NULL);
     if (!c.tenants || !c.running) goto out;
     int nt = PQntuples(c.tenants), nr = PQntuples(c.running);
     int nd = 0;
@@ -705,7 +744,7 @@ static void plan_run(fb_dispatch *d)
         char share[40];
         snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
         const char *v[2] = {PQgetvalue(c.running, row, 0), share};
-        dsp_exec(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
+        dsp_exec(d, sql_group_time_share, 2, v);
         group *g = dsp_find_group(d, v[0]);
         if (!g) continue;
         fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
@@ -776,11 +815,7 @@ int dsp_write_reasons(fb_dispatch *d, double budget_s)
         char *a = fb_db_text_array(ids, n), *b = fb_db_text_array(texts, n);
         const char *v[2] = {a, b};
         bool ok = a && b &&
-                  dsp_exec(d,
-                        "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
-                        " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
-                        " AND j.queue_reason IS DISTINCT FROM v.r",
-                        2, v);
+                  dsp_exec(d, sql_queue_reasons, 2, v);
         free(a);
         free(b);
         if (!ok) break;

@@ -73,6 +73,273 @@ static const char sql_member_failed[] =
     "  'restarts', restarts, 'max_restarts', max_restarts, 'resume_step', resume_step)"
     " FROM upd";
 
+/* A full-state checkpoint's row ($1 job, $2 step, $3 path, $4 bytes, $5 SHA-256). */
+static const char sql_checkpoint_state_insert[] =
+    "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
+    " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'state', false)"
+    " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING";
+
+/* The job's resume point moves to a checkpoint, never back ($1 job, $2 step, $3 path). */
+static const char sql_job_resume_point[] =
+    "UPDATE jobs SET resume_step = $2::bigint, resume_path = $3, updated_at = now()"
+    " WHERE id = $1::uuid AND resume_step <= $2::bigint";
+
+/* A group's member count, and its end once no job trains in it; its state comes back. */
+static const char sql_group_maybe_finish[] =
+    "UPDATE groups g SET n_members = (SELECT count(*) FROM jobs j"
+    "  WHERE j.group_id = g.id AND j.in_group),"
+    " state = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
+    "  AND j.in_group) THEN g.state ELSE 'finished' END,"
+    " finished_at = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
+    "  AND j.in_group) THEN NULL ELSE now() END, updated_at = now()"
+    " WHERE g.id = $1::uuid AND g.state <> 'finished' RETURNING g.state";
+
+/* The devices a finished group held, freed ($1 the group). */
+static const char sql_group_devices_free[] =
+    "UPDATE devices SET group_id = NULL, tenant_id = NULL"
+    " WHERE group_id = $1::uuid";
+
+/* The tenant of a job a late checkpoint may still resume, locked; no row when it belongs to no
+ * other run (apply_late_checkpoint). */
+static const char sql_late_checkpoint_owner[] =
+    "SELECT j.tenant_id FROM jobs j JOIN groups g ON g.id = j.group_id"
+    " JOIN workers w ON w.id = g.worker_id"
+    " WHERE j.id = $1::uuid AND j.group_id = $2::uuid AND NOT j.in_group"
+    " AND j.state = 'queued' AND g.state = 'finished'"
+    " AND g.generation = $3::bigint AND w.name = $4"
+    " AND j.resume_step < $5::bigint FOR UPDATE OF j";
+
+/* The job resumes from a late checkpoint ($2 its step). */
+static const char sql_late_checkpoint_job[] =
+    "UPDATE jobs SET step = GREATEST(step, $2::bigint), updated_at = now(),"
+    " queue_reason = 'a checkpoint arrived after the requeue; resumes from step ' || $2"
+    " WHERE id = $1::uuid";
+
+/* The event of a late checkpoint ($1 job, $2 step, $3 group). */
+static const char sql_late_checkpoint_event[] =
+    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+    " 'checkpointed', 'checkpoint at step ' || $2 || ', received after the array was"
+    " requeued; resumes from it', jsonb_build_object('step', $2::bigint, 'group_id',"
+    " $3::text, 'late', true))";
+
+/* The event's job, locked: its tenant, state and whether it is still in the event's group ($2). */
+static const char sql_event_job[] =
+    "SELECT tenant_id, state, in_group AND group_id = $2::uuid FROM jobs"
+    " WHERE id = $1::uuid FOR UPDATE";
+
+/* An event recorded once ($1 group, $2 job, $3 kind, $4 step): a row comes back when it is new. */
+static const char sql_event_applied[] =
+    "INSERT INTO events_applied (group_id, job_id, kind, step)"
+    " VALUES ($1::uuid, $2::uuid, $3, $4::bigint) ON CONFLICT DO NOTHING RETURNING 1";
+
+/* STARTED: the job runs. */
+static const char sql_started_job[] =
+    "UPDATE jobs SET state = 'running', started_at = coalesce(started_at, now()),"
+    " updated_at = now() WHERE id = $1::uuid AND state = 'scheduled'";
+
+/* STARTED: the group runs. */
+static const char sql_started_group[] =
+    "UPDATE groups SET state = 'running', updated_at = now()"
+    " WHERE id = $1::uuid AND state = 'scheduled'";
+
+/* STARTED: its event ($1 job, $2 group, $3 step, $4 worker). */
+static const char sql_started_event[] =
+    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+    " 'started', 'training at step ' || $3 || ' in array ' || $2 || ' on worker '"
+    " || $4, jsonb_build_object('group_id', $2::text, 'worker', $4::text,"
+    " 'step', $3::bigint))";
+
+/* EVALUATED: the validation's point of the series ($1 job, $2 step, $3 loss, $4 accuracy). */
+static const char sql_evaluated_metrics[] =
+    "INSERT INTO job_metrics (job_id, step, val_loss, val_accuracy)"
+    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
+    " ON CONFLICT (job_id, step) DO UPDATE SET val_loss = EXCLUDED.val_loss,"
+    " val_accuracy = EXCLUDED.val_accuracy";
+
+/* EVALUATED: the validation in the job's latest metrics. */
+static const char sql_evaluated_latest[] =
+    "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
+    " jsonb_strip_nulls(jsonb_build_object('val_step', $2::bigint, 'val_loss',"
+    " $3::float8, 'val_accuracy', $4::float8)), updated_at = now()"
+    " WHERE id = $1::uuid";
+
+/* CHECKPOINTED: its event ($1 job, $2 group, $3 step). */
+static const char sql_checkpointed_event[] =
+    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+    " 'checkpointed', 'checkpoint at step ' || $3,"
+    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text))";
+
+/* FINISHED: the final model's row ($1 job, $2 step, $3 path, $4 bytes, $5 SHA-256). */
+static const char sql_checkpoint_model_insert[] =
+    "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
+    " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'model', true)"
+    " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING";
+
+/* FINISHED: the test evaluation joins the series at the last step ($3 loss, $4 accuracy). */
+static const char sql_finished_test_metrics[] =
+    "INSERT INTO job_metrics (job_id, step, test_loss, test_accuracy)"
+    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
+    " ON CONFLICT (job_id, step) DO UPDATE SET test_loss = EXCLUDED.test_loss,"
+    " test_accuracy = EXCLUDED.test_accuracy";
+
+/* FINISHED: the job completed at its step, with its validation ($3, $4) and test ($5, $6) in
+ * its latest metrics. */
+static const char sql_finished_job[] =
+    "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
+    " THEN 'completed' ELSE state END, in_group = false,"
+    " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
+    " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
+    " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'val_step',"
+    " CASE WHEN $3::float8 IS NOT NULL OR $4::float8 IS NOT NULL THEN $2::bigint"
+    " END, 'val_loss', $3::float8, 'val_accuracy', $4::float8, 'test_loss',"
+    " $5::float8, 'test_accuracy', $6::float8)),"
+    " updated_at = now() WHERE id = $1::uuid";
+
+/* FINISHED: its event ($1 job, $2 group, $3 step, $4..$7 validation and test loss and accuracy). */
+static const char sql_finished_event[] =
+    "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
+    " 'completed', 'finished at step ' || $3 || coalesce(': validation accuracy ' ||"
+    " round($5::numeric, 4), '') || coalesce(', test accuracy ' ||"
+    " round($7::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
+    " $3::bigint, 'val_loss', $4::float8, 'val_accuracy', $5::float8,"
+    " 'test_loss', $6::float8, 'test_accuracy', $7::float8,"
+    " 'group_id', $2::text)))";
+
+/* DETACHED: a member that left while its job still wants training goes back to the queue; its
+ * event ($4 why). */
+static const char sql_detached_member[] =
+    "WITH upd AS (UPDATE jobs SET in_group = false, updated_at = now(),"
+    " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
+    " queue_reason = CASE WHEN state IN ('scheduled', 'running') THEN"
+    "  'left its array (' || $4 || '); resumes from step ' || resume_step"
+    "  ELSE queue_reason END,"
+    " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END"
+    " WHERE id = $1::uuid RETURNING state, resume_step)"
+    " INSERT INTO job_events (job_id, kind, message, data) SELECT $1::uuid,"
+    " CASE WHEN state = 'queued' THEN 'requeued' ELSE 'detached' END,"
+    " CASE WHEN state = 'queued' THEN 'left its array (' || $4 ||"
+    "  '); resumes from step ' || resume_step ELSE 'left its array (' || $4 || ')' END,"
+    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text) FROM upd";
+
+/* A device's utilization: the busy part of the time of the unfinished arrays on it, summed,
+ * from their latest reports, for the devices of group $1. */
+static const char sql_utilization[] =
+    "WITH g AS (SELECT worker_id, idx FROM group_devices WHERE group_id = $1::uuid),"
+    " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
+    "   THEN t.work / t.total END), 0) AS u"
+    "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = g.idx"
+    "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
+    "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
+    "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
+    "   coalesce((o.breakdown->>'compute_ms')::float8, 0)"
+    "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
+    "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
+    "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
+    "   FROM (SELECT o1.breakdown FROM groups o1 WHERE o1.worker_id = d.worker_id"
+    "    AND d.idx = ANY(o1.device_idx) AND o1.comm_port IS NULL"
+    "    AND o1.state <> 'finished'"
+    "    UNION ALL SELECT o2.breakdown FROM group_workers gw"
+    "    JOIN groups o2 ON o2.id = gw.group_id WHERE gw.worker_id = d.worker_id"
+    "    AND d.idx = ANY(gw.device_idx) AND o2.state <> 'finished') o) t ON true"
+    "  GROUP BY d.worker_id, d.idx)"
+    " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
+    " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx";
+
+/* PROGRESS: the members' points of the time series ($2..$5 arrays of job, step, loss,
+ * accuracy; $6..$10 the array's speed and breakdown). */
+static const char sql_progress_metrics[] =
+    "INSERT INTO job_metrics (job_id, step, loss, accuracy, samples_per_s, compute_ms,"
+    " comm_ms, io_ms, wait_ms)"
+    " SELECT u.id, u.step, u.loss, u.acc, $6::float8, $7::float8, $8::float8,"
+    " $9::float8, $10::float8"
+    " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[]) AS"
+    " u(id, step, loss, acc) JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid"
+    " ON CONFLICT (job_id, step) DO UPDATE SET loss = EXCLUDED.loss,"
+    " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
+    " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
+    " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms";
+
+/* PROGRESS: the members' latest state ($2..$6 arrays of job, step, loss, accuracy, lr; $7..$11
+ * speed and breakdown). */
+static const char sql_progress_jobs[] =
+    "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
+    " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
+    " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
+    " 'accuracy', u.acc, 'lr', u.lr, 'samples_per_s', $7::float8,"
+    " 'compute_ms', $8::float8, 'comm_ms', $9::float8, 'io_ms', $10::float8,"
+    " 'idle_ms', $11::float8))"
+    " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[], $6::float8[])"
+    " AS u(id, step, loss, acc, lr)"
+    " WHERE j.id = u.id AND j.group_id = $1::uuid AND j.in_group";
+
+/* PROGRESS: the array's speed and breakdown. */
+static const char sql_progress_group[] =
+    "UPDATE groups SET samples_per_s = $2::float8, updated_at = now(),"
+    " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
+    " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
+    " WHERE id = $1::uuid";
+
+/* PROGRESS of an array that spans workers: its device breakdown over all ranks ($2, JSON). */
+static const char sql_group_breakdown_span[] =
+    "UPDATE groups SET device_breakdown = $2::jsonb WHERE id = $1::uuid";
+
+/* PROGRESS: the report's device breakdown ($2, JSON), kept only when it names the group's
+ * devices in the group's order, which gives each entry its shard and stage. */
+static const char sql_group_breakdown[] =
+    "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
+    " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
+    " 'stage', (e.k - 1) % g.parallel_pipeline, 'worker',"
+    " (SELECT w.name FROM workers w WHERE w.id = g.worker_id)) ORDER BY e.k)"
+    " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
+    " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
+    " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
+    "  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k)"
+    "  ORDER BY e.k)";
+
+/* The profile of a report's array (fusion key, B, device kind): seeded, replaced, averaged
+ * in, or lowered by a shared window (record_slowdown says when and why). */
+static const char sql_profile[] =
+    "WITH a AS (SELECT g.fusion_key, w.backend,"
+    "  g.parallel_data = 1 AND g.parallel_pipeline = 1 AS one_device,"
+    "  EXISTS (SELECT 1 FROM group_devices mine JOIN group_devices o"
+    "   ON o.worker_id = mine.worker_id AND o.idx = mine.idx AND o.group_id <> mine.group_id"
+    "   JOIN groups og ON og.id = o.group_id AND og.state <> 'finished'"
+    "   WHERE mine.group_id = g.id) AS shared"
+    "  FROM groups g JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid),"
+    " l AS (UPDATE profiles p SET"
+    "  isolated_step_ms = 0.5 * p.isolated_step_ms + 0.5 * $5::float8, measured_at = now()"
+    "  FROM a WHERE a.shared AND a.one_device AND $4::boolean AND $5::float8 > 0"
+    "  AND $5::float8 < p.isolated_step_ms AND p.fusion_key = a.fusion_key"
+    "  AND p.n_models = $3::int AND p.device_kind = a.backend)"
+    " INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
+    " SELECT a.fusion_key, $3::int, a.backend, $2::float8, $4::boolean FROM a"
+    " WHERE NOT a.shared"
+    " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
+    " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
+    "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
+    "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
+    "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
+    " warm = true, measured_at = now() WHERE EXCLUDED.warm";
+
+/* The members' slowdown ($4..$6 arrays of job, step, total steps; $2 the smoothed step, $7 the
+ * busy time standing in for a missing profile, $8 the loop's clock), in the series and the
+ * job. */
+static const char sql_slowdown[] =
+    "WITH s AS (SELECT u.id, u.step,"
+    "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
+    "  * 1000"
+    "  + (u.total - u.step) * $2::float8)"
+    "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
+    " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
+    " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
+    " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
+    " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
+    "  AND p.device_kind = w.backend"
+    " WHERE u.total > 0 AND coalesce(p.isolated_step_ms, $7::float8) > 0),"
+    " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
+    "  WHERE jm.job_id = s.id AND jm.step = s.step)"
+    " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id";
+
 static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
                             const char *steps, const char *totals);
 
@@ -203,15 +470,8 @@ static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
     snprintf(step, sizeof step, "%lld", (long long)m->step);
     snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
     const char *v[5] = {m->job_id, step, rel, bytes, sha};
-    if (!dsp_exec(d,
-               "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-               " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'state', false)"
-               " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-               5, v) ||
-        !dsp_exec(d,
-               "UPDATE jobs SET resume_step = $2::bigint, resume_path = $3, updated_at = now()"
-               " WHERE id = $1::uuid AND resume_step <= $2::bigint",
-               3, v))
+    if (!dsp_exec(d, sql_checkpoint_state_insert, 5, v) ||
+        !dsp_exec(d, sql_job_resume_point, 3, v))
         return FB_ERR_UNAVAILABLE;
     return FB_OK;
 }
@@ -221,22 +481,11 @@ static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
 static bool maybe_finish_group(fb_dispatch *d, const char *group_id, bool *finished)
 {
     const char *v[1] = {group_id};
-    PGresult *r = dsp_q(d,
-                    "UPDATE groups g SET n_members = (SELECT count(*) FROM jobs j"
-                    "  WHERE j.group_id = g.id AND j.in_group),"
-                    " state = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN g.state ELSE 'finished' END,"
-                    " finished_at = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN NULL ELSE now() END, updated_at = now()"
-                    " WHERE g.id = $1::uuid AND g.state <> 'finished' RETURNING g.state",
-                    1, v);
+    PGresult *r = dsp_q(d, sql_group_maybe_finish, 1, v);
     if (!r) return false;
     *finished = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "finished") == 0;
     PQclear(r);
-    return !*finished || (dsp_exec(d,
-                                "UPDATE devices SET group_id = NULL, tenant_id = NULL"
-                                " WHERE group_id = $1::uuid",
-                                1, v) &&
+    return !*finished || (dsp_exec(d, sql_group_devices_free, 1, v) &&
                           dsp_update_utilization(d, group_id));
 }
 
@@ -263,14 +512,7 @@ static int apply_late_checkpoint(fb_dispatch *d, pending *e)
     int err = FB_OK;
     if (!dsp_begin(d)) return FB_ERR_UNAVAILABLE;
     const char *v[5] = {m->job_id, m->group_id, gen, e->worker, step};
-    PGresult *r = dsp_q(d,
-                    "SELECT j.tenant_id FROM jobs j JOIN groups g ON g.id = j.group_id"
-                    " JOIN workers w ON w.id = g.worker_id"
-                    " WHERE j.id = $1::uuid AND j.group_id = $2::uuid AND NOT j.in_group"
-                    " AND j.state = 'queued' AND g.state = 'finished'"
-                    " AND g.generation = $3::bigint AND w.name = $4"
-                    " AND j.resume_step < $5::bigint FOR UPDATE OF j",
-                    5, v);
+    PGresult *r = dsp_q(d, sql_late_checkpoint_owner, 5, v);
     if (!r) goto fail;
     if (PQntuples(r) != 1) {
         PQclear(r);
@@ -286,17 +528,8 @@ static int apply_late_checkpoint(fb_dispatch *d, pending *e)
     PQclear(r);
     if ((err = record_state(d, e, tenant))) goto fail;
     const char *vs[3] = {m->job_id, step, m->group_id};
-    if (!dsp_exec(d,
-               "UPDATE jobs SET step = GREATEST(step, $2::bigint), updated_at = now(),"
-               " queue_reason = 'a checkpoint arrived after the requeue; resumes from step ' || $2"
-               " WHERE id = $1::uuid",
-               2, vs) ||
-        !dsp_exec(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-               " 'checkpointed', 'checkpoint at step ' || $2 || ', received after the array was"
-               " requeued; resumes from it', jsonb_build_object('step', $2::bigint, 'group_id',"
-               " $3::text, 'late', true))",
-               3, vs) ||
+    if (!dsp_exec(d, sql_late_checkpoint_job, 2, vs) ||
+        !dsp_exec(d, sql_late_checkpoint_event, 3, vs) ||
         !dsp_commit(d))
         goto fail;
     fb_log_json(FB_LOG_INFO, "a checkpoint received after its array was requeued resumes the job",
@@ -321,10 +554,7 @@ static int apply_event(fb_dispatch *d, pending *e)
     if (e->late) return apply_late_checkpoint(d, e);
     if (!dsp_begin(d)) return FB_ERR_UNAVAILABLE;
     const char *v2[2] = {m->job_id, m->group_id};
-    PGresult *r = dsp_q(d,
-                    "SELECT tenant_id, state, in_group AND group_id = $2::uuid FROM jobs"
-                    " WHERE id = $1::uuid FOR UPDATE",
-                    2, v2);
+    PGresult *r = dsp_q(d, sql_event_job, 2, v2);
     if (!r) goto fail;
     if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 2), "t") != 0) {
         PQclear(r);
@@ -342,10 +572,7 @@ static int apply_event(fb_dispatch *d, pending *e)
         char st[24];
         snprintf(st, sizeof st, "%lld", (long long)m->step);
         const char *va[4] = {m->group_id, m->job_id, kind, st};
-        r = dsp_q(d,
-              "INSERT INTO events_applied (group_id, job_id, kind, step)"
-              " VALUES ($1::uuid, $2::uuid, $3, $4::bigint) ON CONFLICT DO NOTHING RETURNING 1",
-              4, va);
+        r = dsp_q(d, sql_event_applied, 4, va);
         if (!r) goto fail;
         bool fresh = PQntuples(r) == 1;
         PQclear(r);
@@ -368,37 +595,16 @@ static int apply_event(fb_dispatch *d, pending *e)
     case FB_EV_STARTED: {
         const char *v1[1] = {m->job_id}, *v2[1] = {m->group_id};
         const char *v4[4] = {m->job_id, m->group_id, step, e->worker};
-        if (!dsp_exec(d,
-                   "UPDATE jobs SET state = 'running', started_at = coalesce(started_at, now()),"
-                   " updated_at = now() WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v1) ||
-            !dsp_exec(d,
-                   "UPDATE groups SET state = 'running', updated_at = now()"
-                   " WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v2) ||
-            !dsp_exec(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'started', 'training at step ' || $3 || ' in array ' || $2 || ' on worker '"
-                   " || $4, jsonb_build_object('group_id', $2::text, 'worker', $4::text,"
-                   " 'step', $3::bigint))",
-                   4, v4))
+        if (!dsp_exec(d, sql_started_job, 1, v1) ||
+            !dsp_exec(d, sql_started_group, 1, v2) ||
+            !dsp_exec(d, sql_started_event, 4, v4))
             goto fail;
         break;
     }
     case FB_EV_EVALUATED: {
         const char *v[4] = {m->job_id, step, lv, av};
-        if (!dsp_exec(d,
-                   "INSERT INTO job_metrics (job_id, step, val_loss, val_accuracy)"
-                   " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                   " ON CONFLICT (job_id, step) DO UPDATE SET val_loss = EXCLUDED.val_loss,"
-                   " val_accuracy = EXCLUDED.val_accuracy",
-                   4, v) ||
-            !dsp_exec(d,
-                   "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('val_step', $2::bigint, 'val_loss',"
-                   " $3::float8, 'val_accuracy', $4::float8)), updated_at = now()"
-                   " WHERE id = $1::uuid",
-                   4, v) ||
+        if (!dsp_exec(d, sql_evaluated_metrics, 4, v) ||
+            !dsp_exec(d, sql_evaluated_latest, 4, v) ||
             !dsp_asha_on_evaluated(d, m, &asha_stop))
             goto fail;
         break;
@@ -407,11 +613,7 @@ static int apply_event(fb_dispatch *d, pending *e)
         const char *v[3] = {m->job_id, m->group_id, step};
         if (!e->blob) break;
         if ((err = record_state(d, e, tenant))) goto fail;
-        if (!dsp_exec(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'checkpointed', 'checkpoint at step ' || $3,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
-                   3, v))
+        if (!dsp_exec(d, sql_checkpointed_event, 3, v))
             goto fail;
         break;
     }
@@ -424,11 +626,7 @@ static int apply_event(fb_dispatch *d, pending *e)
                 goto fail;
             snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
             const char *v[5] = {m->job_id, step, rel, bytes, sha};
-            if (!dsp_exec(d,
-                       "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-                       " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'model', true)"
-                       " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-                       5, v))
+            if (!dsp_exec(d, sql_checkpoint_model_insert, 5, v))
                 goto fail;
         }
         const char *vt[4] = {m->job_id, step, tl, ta};
@@ -436,32 +634,9 @@ static int apply_event(fb_dispatch *d, pending *e)
         const char *v7[7] = {m->job_id, m->group_id, step, lv, av, tl, ta};
         /* the test evaluation joins the series at the last step, beside its validation */
         if (((tl || ta) &&
-             !dsp_exec(d,
-                    "INSERT INTO job_metrics (job_id, step, test_loss, test_accuracy)"
-                    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                    " ON CONFLICT (job_id, step) DO UPDATE SET test_loss = EXCLUDED.test_loss,"
-                    " test_accuracy = EXCLUDED.test_accuracy",
-                    4, vt)) ||
-            !dsp_exec(d,
-                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
-                   " THEN 'completed' ELSE state END, in_group = false,"
-                   " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
-                   " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'val_step',"
-                   " CASE WHEN $3::float8 IS NOT NULL OR $4::float8 IS NOT NULL THEN $2::bigint"
-                   " END, 'val_loss', $3::float8, 'val_accuracy', $4::float8, 'test_loss',"
-                   " $5::float8, 'test_accuracy', $6::float8)),"
-                   " updated_at = now() WHERE id = $1::uuid",
-                   6, v6) ||
-            !dsp_exec(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'completed', 'finished at step ' || $3 || coalesce(': validation accuracy ' ||"
-                   " round($5::numeric, 4), '') || coalesce(', test accuracy ' ||"
-                   " round($7::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
-                   " $3::bigint, 'val_loss', $4::float8, 'val_accuracy', $5::float8,"
-                   " 'test_loss', $6::float8, 'test_accuracy', $7::float8,"
-                   " 'group_id', $2::text)))",
-                   7, v7))
+             !dsp_exec(d, sql_finished_test_metrics, 4, vt)) ||
+            !dsp_exec(d, sql_finished_job, 6, v6) ||
+            !dsp_exec(d, sql_finished_event, 7, v7))
             goto fail;
         break;
     }
@@ -482,20 +657,7 @@ static int apply_event(fb_dispatch *d, pending *e)
         if (!dsp_asha_on_detached(d, m, &early_stopped)) goto fail;
         if (early_stopped) break;
         /* a member that left while its job still wants training goes back to the queue */
-        if (!dsp_exec(d,
-                   "WITH upd AS (UPDATE jobs SET in_group = false, updated_at = now(),"
-                   " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
-                   " queue_reason = CASE WHEN state IN ('scheduled', 'running') THEN"
-                   "  'left its array (' || $4 || '); resumes from step ' || resume_step"
-                   "  ELSE queue_reason END,"
-                   " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END"
-                   " WHERE id = $1::uuid RETURNING state, resume_step)"
-                   " INSERT INTO job_events (job_id, kind, message, data) SELECT $1::uuid,"
-                   " CASE WHEN state = 'queued' THEN 'requeued' ELSE 'detached' END,"
-                   " CASE WHEN state = 'queued' THEN 'left its array (' || $4 ||"
-                   "  '); resumes from step ' || resume_step ELSE 'left its array (' || $4 || ')' END,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text) FROM upd",
-                   4, v))
+        if (!dsp_exec(d, sql_detached_member, 4, v))
             goto fail;
         break;
     }
@@ -600,28 +762,7 @@ bool dsp_update_utilization(fb_dispatch *d, const char *group_id)
     /* an array's devices are group_devices (schema 008): its worker's, or those of each of
      * its workers when it spans several; the arrays on a device are found from either side
      * through the indexes on the worker */
-    return dsp_exec(d,
-                 "WITH g AS (SELECT worker_id, idx FROM group_devices WHERE group_id = $1::uuid),"
-                 " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
-                 "   THEN t.work / t.total END), 0) AS u"
-                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = g.idx"
-                 "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
-                 "   coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
-                 "   FROM (SELECT o1.breakdown FROM groups o1 WHERE o1.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(o1.device_idx) AND o1.comm_port IS NULL"
-                 "    AND o1.state <> 'finished'"
-                 "    UNION ALL SELECT o2.breakdown FROM group_workers gw"
-                 "    JOIN groups o2 ON o2.id = gw.group_id WHERE gw.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(gw.device_idx) AND o2.state <> 'finished') o) t ON true"
-                 "  GROUP BY d.worker_id, d.idx)"
-                 " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
-                 " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx",
-                 1, v);
+    return dsp_exec(d, sql_utilization, 1, v);
 }
 
 /*
@@ -690,59 +831,23 @@ static bool write_progress(fb_dispatch *d, const pending *p, bool full)
                          idle[0] ? idle : NULL};
     const char *vm[10] = {v[0], v[1], v[2], v[3], v[4], v[6], v[7], v[8], v[9], v[10]};
     const char *vg[6] = {v[0], v[6], v[7], v[8], v[9], v[10]};
-    ok = dsp_exec(d,
-               "INSERT INTO job_metrics (job_id, step, loss, accuracy, samples_per_s, compute_ms,"
-               " comm_ms, io_ms, wait_ms)"
-               " SELECT u.id, u.step, u.loss, u.acc, $6::float8, $7::float8, $8::float8,"
-               " $9::float8, $10::float8"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[]) AS"
-               " u(id, step, loss, acc) JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid"
-               " ON CONFLICT (job_id, step) DO UPDATE SET loss = EXCLUDED.loss,"
-               " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
-               " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
-               " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms",
-               10, vm);
+    ok = dsp_exec(d, sql_progress_metrics, 10, vm);
     /* a report superseded by a newer one of the same array only adds its points to the
      * time series: the newer one sets the latest state */
     if (!ok || !full) goto done;
-    ok = dsp_exec(d,
-               "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
-               " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
-               " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
-               " 'accuracy', u.acc, 'lr', u.lr, 'samples_per_s', $7::float8,"
-               " 'compute_ms', $8::float8, 'comm_ms', $9::float8, 'io_ms', $10::float8,"
-               " 'idle_ms', $11::float8))"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[], $6::float8[])"
-               " AS u(id, step, loss, acc, lr)"
-               " WHERE j.id = u.id AND j.group_id = $1::uuid AND j.in_group",
-               11, v) &&
-         dsp_exec(d,
-               "UPDATE groups SET samples_per_s = $2::float8, updated_at = now(),"
-               " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
-               " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
-               " WHERE id = $1::uuid",
-               6, vg) &&
+    ok = dsp_exec(d, sql_progress_jobs, 11, v) &&
+         dsp_exec(d, sql_progress_group, 6, vg) &&
          dsp_update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
     if (ok && p->span_breakdown) {
         const char *vd[2] = {m->group_id, p->span_breakdown};
-        ok = dsp_exec(d, "UPDATE groups SET device_breakdown = $2::jsonb WHERE id = $1::uuid", 2, vd);
+        ok = dsp_exec(d, sql_group_breakdown_span, 2, vd);
     } else if (ok && m->n_device_steps > 0) {
         /* kept only when the report names the group's devices in the group's order, which
          * gives each entry its shard and stage (devices are shard-major) */
         char *bd = device_breakdown_json(m);
         const char *vd[2] = {m->group_id, bd};
         ok = !bd ||
-             dsp_exec(d,
-                   "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
-                   " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
-                   " 'stage', (e.k - 1) % g.parallel_pipeline, 'worker',"
-                   " (SELECT w.name FROM workers w WHERE w.id = g.worker_id)) ORDER BY e.k)"
-                   " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
-                   " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
-                   " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
-                   "  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k)"
-                   "  ORDER BY e.k)",
-                   2, vd);
+             dsp_exec(d, sql_group_breakdown, 2, vd);
         free(bd);
     }
 done:
@@ -821,29 +926,8 @@ static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
      * (one statement per report, as before); the two never touch the same row.  Sharing
      * is read from group_devices (schema 008), so that a device also counts as shared
      * when another array holds it as a rank of an array that spans workers, or when this
-     * array spans workers and another holds one of its followers' devices. */
-    static const char profile_sql[] =
-        "WITH a AS (SELECT g.fusion_key, w.backend,"
-        "  g.parallel_data = 1 AND g.parallel_pipeline = 1 AS one_device,"
-        "  EXISTS (SELECT 1 FROM group_devices mine JOIN group_devices o"
-        "   ON o.worker_id = mine.worker_id AND o.idx = mine.idx AND o.group_id <> mine.group_id"
-        "   JOIN groups og ON og.id = o.group_id AND og.state <> 'finished'"
-        "   WHERE mine.group_id = g.id) AS shared"
-        "  FROM groups g JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid),"
-        " l AS (UPDATE profiles p SET"
-        "  isolated_step_ms = 0.5 * p.isolated_step_ms + 0.5 * $5::float8, measured_at = now()"
-        "  FROM a WHERE a.shared AND a.one_device AND $4::boolean AND $5::float8 > 0"
-        "  AND $5::float8 < p.isolated_step_ms AND p.fusion_key = a.fusion_key"
-        "  AND p.n_models = $3::int AND p.device_kind = a.backend)"
-        " INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
-        " SELECT a.fusion_key, $3::int, a.backend, $2::float8, $4::boolean FROM a"
-        " WHERE NOT a.shared"
-        " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
-        " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
-        "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
-        "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
-        "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
-        " warm = true, measured_at = now() WHERE EXCLUDED.warm";
+     * array spans workers and another holds one of its followers' devices.  The statement is
+     * sql_profile. */
     /* the profile takes this window's step (a cold seed the smoothed one), or of a shared
      * window its busy time; the slowdown the smoothed step, the one the controller acts on */
     char ms[40], b[16], busy[40], prof[40], wbusy[40];
@@ -857,23 +941,8 @@ static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
     char now_s[32];
     const char *now = fb_db_clock_now(now_s, sizeof now_s);
     const char *vs[8] = {m->group_id, ms, b, ids, steps, totals, busy, now};
-    return dsp_exec(d, profile_sql, 5, vp) &&
-           dsp_exec(d,
-                 "WITH s AS (SELECT u.id, u.step,"
-                 "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
-                 "  * 1000"
-                 "  + (u.total - u.step) * $2::float8)"
-                 "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
-                 " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
-                 " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
-                 " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
-                 "  AND p.device_kind = w.backend"
-                 " WHERE u.total > 0 AND coalesce(p.isolated_step_ms, $7::float8) > 0),"
-                 " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
-                 "  WHERE jm.job_id = s.id AND jm.step = s.step)"
-                 " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-                 8, vs);
+    return dsp_exec(d, sql_profile, 5, vp) &&
+           dsp_exec(d, sql_slowdown, 8, vs);
 }
 
 /* Whether a report queued after p is of the same array (and so supersedes p's
