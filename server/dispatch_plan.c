@@ -259,55 +259,52 @@ static void fmt_rendezvous(char *out, size_t cap, const char *host, int port)
 }
 
 /*
- * Records one new group inside the plan's transaction (under a savepoint,
- * so that a group that fails leaves the others) and queues its ASSIGN on
- * *outq.  One transaction for all of a plan's new groups: each commit waits
- * for the disk, and a plan that started 67 arrays one transaction each took
- * 300 ms.
+ * The workers of a new group that spans workers, in rank order (the planner lists the
+ * devices worker by worker), led by w, and the port w listens on for the others; *out is
+ * NULL for a group on one worker.  False when no port of w's range is free (or memory
+ * runs out): the group waits.
  */
-static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
+static bool plan_span(fb_dispatch *d, const plan_ctx *c, const fb_plan_group *g, worker *w,
+                      const assign_out *outq, span **out)
 {
-    worker *w = &d->workers[c->dev_worker[g->devices[0]]];
-    /* a group that spans workers: its workers in rank order (the planner lists the devices
-     * worker by worker), its leader w, and the port w listens on for the others */
+    *out = NULL;
+    if (g->n_workers <= 1) return true;
     span *sp = NULL;
-    if (g->n_workers > 1) {
-        int port = pick_port(d, w, *outq);
-        if (!port || !(sp = calloc(1, sizeof *sp))) {
-            fb_log_json(FB_LOG_WARN, "no free port for an array that spans workers; it waits",
-                        json_pack("{s:s, s:i, s:i}", "leader", w->name, "port_lo",
-                                  w->comm_port_lo, "port_hi", w->comm_port_hi));
-            return;
-        }
-        sp->world = g->parallel_data;
-        sp->port = port;
-        for (int i = 0; i < g->n_devices; i++) {
-            const worker *wi = &d->workers[c->dev_worker[g->devices[i]]];
-            if (sp->n == 0 || strcmp(sp->m[sp->n - 1].worker, wi->name) != 0) {
-                span_member *sm = &sp->m[sp->n++];
-                snprintf(sm->worker, sizeof sm->worker, "%s", wi->name);
-                sm->rank_base = i;
-            }
-            span_member *sm = &sp->m[sp->n - 1];
-            sm->dev[sm->n_ranks++] = c->pd[g->devices[i]].idx;
-        }
+    int port = pick_port(d, w, outq);
+    if (!port || !(sp = calloc(1, sizeof *sp))) {
+        fb_log_json(FB_LOG_WARN, "no free port for an array that spans workers; it waits",
+                    json_pack("{s:s, s:i, s:i}", "leader", w->name, "port_lo",
+                              w->comm_port_lo, "port_hi", w->comm_port_hi));
+        return false;
     }
-    /* the leader's devices: those of the groups row (the others are in group_workers) */
-    int n_local = sp ? sp->m[0].n_ranks : g->n_devices;
-    int B = g->n_jobs;
-    const char **ids = malloc((size_t)B * sizeof *ids);
-    void **blobs = calloc((size_t)B, sizeof *blobs);
-    size_t *lens = calloc((size_t)B, sizeof *lens);
-    assign_out *ao = calloc(1, sizeof *ao);
-    fb_wire_msg m = {.type = FB_WIRE_ASSIGN, .generation = 1};
-    PGresult *r = NULL;
-    bool savepoint = false;
-    if (!ids || !blobs || !lens || !ao) goto out;
-    /* members that resume need their checkpoint: one that cannot be read restarts; members
-     * that start from the tenant's weights need those: without them the job cannot start as
-     * asked, and fails */
+    sp->world = g->parallel_data;
+    sp->port = port;
+    for (int i = 0; i < g->n_devices; i++) {
+        const worker *wi = &d->workers[c->dev_worker[g->devices[i]]];
+        if (sp->n == 0 || strcmp(sp->m[sp->n - 1].worker, wi->name) != 0) {
+            span_member *sm = &sp->m[sp->n++];
+            snprintf(sm->worker, sizeof sm->worker, "%s", wi->name);
+            sm->rank_base = i;
+        }
+        span_member *sm = &sp->m[sp->n - 1];
+        sm->dev[sm->n_ranks++] = c->pd[g->devices[i]].idx;
+    }
+    *out = sp;
+    return true;
+}
+
+/*
+ * What each member of new group g starts from: members that resume need their
+ * checkpoint (one that cannot be read restarts), members that start from the tenant's
+ * weights need those (without them the job cannot start as asked, and fails).  ids,
+ * blobs and lens ([g->n_jobs]) receive the members that can start, in order, each with
+ * its blob (malloc'd) or NULL; returns how many.
+ */
+static int read_members(fb_dispatch *d, const plan_ctx *c, const fb_plan_group *g,
+                        const char **ids, void **blobs, size_t *lens)
+{
     int n_ok = 0;
-    for (int i = 0; i < B; i++) {
+    for (int i = 0; i < g->n_jobs; i++) {
         const fb_queue_job *qj = c->jobs[c->row[g->jobs[i]]];
         const char *id = qj->id;
         if (qj->resume_step == 0 && qj->init_path) {
@@ -341,7 +338,27 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         }
         ids[n_ok++] = id;
     }
-    if (!n_ok) goto out;
+    return n_ok;
+}
+
+/*
+ * What a new group records, inside the plan's transaction under a savepoint (so that a
+ * group that fails leaves the others): its groups row (of a group that spans workers, sp,
+ * the leader w's devices; group_workers holds every worker's ranks and devices), its
+ * n_ok members (ids) scheduled in it, its devices naming it, and each member's scheduled
+ * event.  gid receives the group's id and *jobs the members as the update returned them
+ * (id, tenant, spec, start step), which the caller PQclear()s.  False, with the rows
+ * undone, when a statement fails, memory runs out or no member was still queued.
+ */
+static bool record_group(fb_dispatch *d, const plan_ctx *c, const fb_plan_group *g,
+                         const worker *w, const span *sp, const char **ids, int n_ok,
+                         char gid[FB_WIRE_ID_LEN + 1], PGresult **jobs)
+{
+    *jobs = NULL;
+    /* the leader's devices: those of the groups row (the others are in group_workers) */
+    int n_local = sp ? sp->m[0].n_ranks : g->n_devices;
+    PGresult *r = NULL;
+    bool savepoint = false;
     char *ids_arr = fb_db_text_array(ids, n_ok);
     const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
     char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
@@ -361,7 +378,7 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
         free(dev_buf);
         free(split_s);
         free(split_buf);
-        goto out;
+        return false;
     }
     for (int i = 0; i < g->n_devices; i++) {
         snprintf(dev_buf[i], sizeof dev_buf[i], "%d", c->pd[g->devices[i]].idx);
@@ -386,13 +403,12 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     char rs0[24];
     snprintf(rs0, sizeof rs0, "%lld", (long long)j0->resume_step);
     bool ok = dev_arr && split_arr && (savepoint = dsp_exec(d, "SAVEPOINT start_group", 0, NULL));
-    char gid[FB_WIRE_ID_LEN + 1] = "";
     if (ok) {
         const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
                              split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
         r = dsp_q(d, sql_group_insert, 11, v);
         ok = r != NULL;
-        if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
+        if (ok) snprintf(gid, FB_WIRE_ID_LEN + 1, "%s", PQgetvalue(r, 0, 0));
         PQclear(r);
         r = NULL;
     }
@@ -436,8 +452,98 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     free(split_buf);
     if (!ok) {
         if (savepoint) dsp_exec(d, "ROLLBACK TO SAVEPOINT start_group", 0, NULL);
-        goto out;
+        PQclear(r);
+        return false;
     }
+    *jobs = r;
+    return true;
+}
+
+/*
+ * The message a recorded group gid is assigned with: its dataset, devices, split and
+ * time share, and its members in the order jobs (record_group's result) lists them, each
+ * with its one blob (its state to resume from, or at step 0 its init weights), matched by
+ * id among the n_ok members read_members found.  *send_blobs and *send_lens (malloc'd
+ * here, [members]) point into blobs; *nb receives how many.  False when memory runs out;
+ * the caller frees m either way.
+ */
+static bool build_assign(const plan_ctx *c, const fb_plan_group *g, const char *gid,
+                         const PGresult *jobs, const char **ids, void **blobs,
+                         const size_t *lens, int n_ok, fb_wire_msg *m,
+                         const void ***send_blobs, size_t **send_lens, int *nb)
+{
+    const fb_queue_job *j0 = c->jobs[c->row[g->jobs[0]]];
+    int n = PQntuples(jobs);
+    m->members = calloc((size_t)n, sizeof *m->members);
+    const void **sb = calloc((size_t)n, sizeof *sb);
+    size_t *sl = calloc((size_t)n, sizeof *sl);
+    if (!m->members || !sb || !sl) {
+        free(sb);
+        free(sl);
+        return false;
+    }
+    int k_blob = 0;
+    snprintf(m->group_id, sizeof m->group_id, "%s", gid);
+    snprintf(m->fusion_key, sizeof m->fusion_key, "%s", j0->fusion_key);
+    snprintf(m->dataset, sizeof m->dataset, "%s", j0->dataset);
+    if (j0->builtin)
+        snprintf(m->builtin, sizeof m->builtin, "%s", j0->builtin);
+    else if (!j0->public_dataset)
+        snprintf(m->dataset_tenant, sizeof m->dataset_tenant, "%s", j0->tenant_id);
+    m->n_group_devices = g->n_devices;
+    for (int i = 0; i < g->n_devices; i++) m->group_devices[i] = c->pd[g->devices[i]].idx;
+    m->parallel_data = g->parallel_data;
+    m->parallel_pipeline = g->parallel_pipeline;
+    m->n_split = g->parallel_data;
+    for (int i = 0; i < g->parallel_data; i++) m->split[i] = g->split[i];
+    m->time_share = g->time_share;
+    m->n_members = n;
+    for (int i = 0; i < n; i++) {
+        fb_wire_member *mm = &m->members[i];
+        snprintf(mm->job_id, sizeof mm->job_id, "%s", PQgetvalue(jobs, i, 0));
+        snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(jobs, i, 1));
+        mm->spec = strdup(PQgetvalue(jobs, i, 2));
+        mm->start_step = strtoll(PQgetvalue(jobs, i, 3), NULL, 10);
+        /* a member's one blob: its state to resume from, or at step 0 its init weights */
+        for (int k = 0; k < n_ok; k++)
+            if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
+                sb[k_blob] = blobs[k];
+                sl[k_blob] = lens[k];
+                if (mm->start_step > 0)
+                    mm->resume_blob = ++k_blob;
+                else
+                    mm->init_blob = ++k_blob;
+            }
+    }
+    *send_blobs = sb;
+    *send_lens = sl;
+    *nb = k_blob;
+    return true;
+}
+
+/*
+ * Starts one new group of the plan: its span of workers (plan_span), what its members
+ * start from (read_members), its rows in the plan's transaction (record_group), and its
+ * ASSIGN (build_assign), queued on *outq to be sent once that transaction commits
+ * (deliver_groups).  One transaction for all of a plan's new groups: each commit waits
+ * for the disk, and a plan that started 67 arrays one transaction each took 300 ms.
+ */
+static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
+{
+    worker *w = &d->workers[c->dev_worker[g->devices[0]]];
+    span *sp;
+    if (!plan_span(d, c, g, w, *outq, &sp)) return;
+    int B = g->n_jobs;
+    const char **ids = malloc((size_t)B * sizeof *ids);
+    void **blobs = calloc((size_t)B, sizeof *blobs);
+    size_t *lens = calloc((size_t)B, sizeof *lens);
+    assign_out *ao = calloc(1, sizeof *ao);
+    fb_wire_msg m = {.type = FB_WIRE_ASSIGN, .generation = 1};
+    PGresult *r = NULL;
+    char gid[FB_WIRE_ID_LEN + 1] = "";
+    if (!ids || !blobs || !lens || !ao) goto out;
+    int n_ok = read_members(d, c, g, ids, blobs, lens);
+    if (!n_ok || !record_group(d, c, g, w, sp, ids, n_ok, gid, &r)) goto out;
     /* recorded: from here the group is delivered (tracked) once the plan commits, with its
      * ASSIGN when the message can be made */
     ao->recorded = true;
@@ -455,49 +561,12 @@ static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, ass
     }
     ao->next = *outq;
     *outq = ao;
-    /* the ASSIGN: members in the order the update returned them, blobs matched by id */
-    int n = PQntuples(r);
-    m.members = calloc((size_t)n, sizeof *m.members);
-    const void **send_blobs = calloc((size_t)n, sizeof *send_blobs);
-    size_t *send_lens = calloc((size_t)n, sizeof *send_lens);
-    if (!m.members || !send_blobs || !send_lens) {
-        free(send_blobs);
-        free(send_lens);
+    const void **send_blobs = NULL;
+    size_t *send_lens = NULL;
+    int nb = 0;
+    if (!build_assign(c, g, gid, r, ids, blobs, lens, n_ok, &m, &send_blobs, &send_lens, &nb)) {
         ao = NULL; /* queued: the worker never hears of it; requeued when found orphaned */
         goto out;
-    }
-    int nb = 0;
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", j0->fusion_key);
-    snprintf(m.dataset, sizeof m.dataset, "%s", j0->dataset);
-    if (j0->builtin)
-        snprintf(m.builtin, sizeof m.builtin, "%s", j0->builtin);
-    else if (!j0->public_dataset)
-        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", j0->tenant_id);
-    m.n_group_devices = g->n_devices;
-    for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
-    m.parallel_data = g->parallel_data;
-    m.parallel_pipeline = g->parallel_pipeline;
-    m.n_split = g->parallel_data;
-    for (int i = 0; i < g->parallel_data; i++) m.split[i] = g->split[i];
-    m.time_share = g->time_share;
-    m.n_members = n;
-    for (int i = 0; i < n; i++) {
-        fb_wire_member *mm = &m.members[i];
-        snprintf(mm->job_id, sizeof mm->job_id, "%s", PQgetvalue(r, i, 0));
-        snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(r, i, 1));
-        mm->spec = strdup(PQgetvalue(r, i, 2));
-        mm->start_step = strtoll(PQgetvalue(r, i, 3), NULL, 10);
-        /* a member's one blob: its state to resume from, or at step 0 its init weights */
-        for (int k = 0; k < n_ok; k++)
-            if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
-                send_blobs[nb] = blobs[k];
-                send_lens[nb] = lens[k];
-                if (mm->start_step > 0)
-                    mm->resume_blob = ++nb;
-                else
-                    mm->init_blob = ++nb;
-            }
     }
     /* the message and the checkpoints it points into go with the queued ASSIGN */
     ao->m = m;
