@@ -405,9 +405,7 @@ bool dsp_add_group(fb_dispatch *d, const char *id, int64_t gen, const char *work
     g->listed = false;
     g->assigned_ms = fb_clock_ms();
     g->high_step = 0;
-    g->split_periods = 0;
-    g->split_toward = 0;
-    g->split_gain = 0;
+    fb_fair_memory_init(&g->fair);
     g->span = NULL;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;

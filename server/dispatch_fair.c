@@ -207,11 +207,10 @@ static void rebalance_run(fb_dispatch *d)
     for (int i = 0; i < d->n_workers; i++)
         for (int k = 0; k < d->workers[i].n_devices; k++) {
             const fb_wire_device *dv = &d->workers[i].devices[k];
-            int imb = d->workers[i].imbalanced[k];
             c.fd[nd] = (fb_fair_device){.kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
                                                                                : FB_PLAN_CPU,
-                                        .ready = !d->workers[i].draining,
-                                        .imbalanced_periods = imb > 0 ? imb : 0};
+                                        .ready = !d->workers[i].draining};
+            fb_fair_device_memory_restore(&d->workers[i].fair[k], &c.fd[nd]);
             c.dev_worker[nd] = i;
             c.dev_idx[nd++] = dv->idx;
         }
@@ -262,12 +261,8 @@ static void rebalance_run(fb_dispatch *d)
         if (!ok || !(share > 0 && share <= 1)) continue;
         G->n_shards = D;
         G->time_share = share;
-        /* the memory a group kept while it had another shape means nothing now */
-        if (D >= 64 || mem->split_toward >> D == 0) {
-            G->split_periods = mem->split_periods;
-            G->split_toward = mem->split_toward;
-            G->split_gain = mem->split_gain;
-        }
+        /* its memory, unless kept while it had another shape (fb_fair_memory_restore) */
+        fb_fair_memory_restore(&mem->fair, G);
         /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
          * has been measured; the policy then leaves the split alone */
         for (int s = 0; s < D; s++) {
@@ -322,7 +317,7 @@ static void rebalance_run(fb_dispatch *d)
     /* the snapshot's devices are the workers' in order */
     for (int i = 0, k = 0; i < d->n_workers; i++)
         for (int x = 0; x < d->workers[i].n_devices; x++, k++)
-            d->workers[i].imbalanced[x] = res.imbalanced_periods[k];
+            fb_fair_device_memory_save(&d->workers[i].fair[x], &res, k);
     int n_changed = 0;
     fb_metrics_fair_begin(res.max_slowdown, res.mean_slowdown);
     for (int g = 0; g < ng; g++) {
@@ -331,11 +326,7 @@ static void rebalance_run(fb_dispatch *d)
         fb_metrics_fair_group(gid, dec->slowdown,
                               dec->share_changed ? dec->time_share : c.fg[g].time_share);
         group *mem = dsp_find_group(d, gid);
-        if (mem) {
-            mem->split_periods = dec->split_periods;
-            mem->split_toward = dec->split_toward;
-            mem->split_gain = dec->split_gain;
-        }
+        if (mem) fb_fair_memory_save(&mem->fair, dec);
         for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
             const span_member *sm = &mem->span->m[k];
             for (int x = 0; x < sm->n_ranks; x++) {

@@ -44,9 +44,9 @@ typedef struct worker {
     /* what its last HELLO wrote to the database, and when (hello_same) */
     char backend[FB_WIRE_NAME_MAX + 1], version[FB_WIRE_NAME_MAX + 1];
     int64_t hello_ms;
-    /* the fair-share controller's count of imbalanced periods per device, handed back to it
-     * each period (the policy keeps no state) */
-    int imbalanced[FB_WIRE_MAX_DEVICES];
+    /* the fair-share controller's memory of each device (its count of imbalanced periods),
+     * handed back to it each period (the policy keeps no state) */
+    fb_fair_device_memory fair[FB_WIRE_MAX_DEVICES];
 } worker;
 
 /* A worker of a group that spans workers, and its ranks. */
@@ -105,10 +105,8 @@ typedef struct group {
     int n_dev;
     fb_wire_device_step dev[FB_WIRE_MAX_DEVICES];
     /* the fair-share controller's memory of a split gap that has not yet been closed
-     * (fairshare.h), handed back to it each period; 0 for a new group */
-    int split_periods;
-    uint64_t split_toward;
-    double split_gain;
+     * (fairshare.h), handed back to it each period; empty for a new group */
+    fb_fair_memory fair;
 } group;
 
 typedef struct pending {
