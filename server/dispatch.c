@@ -886,6 +886,109 @@ static bool peer_settled(const fb_dispatch *d, const char *name)
     return d->census_max >= 2 * reads + 4;
 }
 
+/* A PROGRESS report of worker name: queued for the flush (dispatch_record.c) with what it
+ * measures of its group; a follower's of an array that spans workers only adds its devices'
+ * breakdown.  Takes m's contents when it queues them. */
+static void on_progress(fb_dispatch *d, const char *name, fb_wire_msg *m)
+{
+    if (!group_current(d, name, m)) {
+        fb_log_json(FB_LOG_DEBUG, "stale progress dropped",
+                    json_pack("{s:s, s:s}", "worker", name, "group_id", m->group_id));
+        return;
+    }
+    if (d->progress.n >= MAX_PENDING_PROGRESS) {
+        pending *old = dsp_pop(&d->progress);
+        dsp_pending_free(old);
+        fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
+    }
+    group *g = dsp_find_group(d, m->group_id);
+    if (g->span && strcmp(g->worker, name) != 0) {
+        /* a follower reports only its own devices' breakdown, written with the
+         * leader's next report */
+        dsp_note_device_steps(d, name, m);
+        return;
+    }
+    for (int k = 0; k < m->n_progress; k++)
+        if (m->progress[k].step > g->high_step) g->high_step = m->progress[k].step;
+    double step_ms, busy_ms;
+    dsp_note_step_time(d, m, &step_ms, &busy_ms);
+    dsp_note_device_steps(d, name, m);
+    pending *p = calloc(1, sizeof *p);
+    if (!p) return;
+    if (g->span) p->span_breakdown = dsp_span_breakdown_json(g);
+    p->step_ms = step_ms;
+    p->busy_ms = busy_ms;
+    p->smooth_step_ms = g->step_ms;
+    p->smooth_busy_ms = g->busy_ms;
+    snprintf(p->worker, sizeof p->worker, "%s", name);
+    p->m = *m;
+    memset(m, 0, sizeof *m);
+    dsp_push(&d->progress, p);
+}
+
+/* An EVENT of worker name, with its frames fr (the blob it references): queued and written
+ * at once after the progress that came first, or acknowledged and dropped when its array
+ * is gone (a late checkpoint aside) or it comes from a follower.  Takes m's contents when
+ * it queues them. */
+static void on_event(fb_dispatch *d, const char *name, fb_wire_msg *m, zmq_msg_t *fr)
+{
+    /* a checkpoint of an array requeued before it arrived may still be the job's best
+     * resume point (apply_late_checkpoint); it is acknowledged once decided */
+    bool late = !group_current(d, name, m) && m->event == FB_EV_CHECKPOINTED && m->blob;
+    if (!late && !group_current(d, name, m)) {
+        /* acknowledged anyway: the array it came from is gone, and the worker
+         * must not keep resending it */
+        fb_log_json(FB_LOG_INFO, "stale event dropped",
+                    json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m->group_id,
+                              "event", fb_wire_event_name(m->event)));
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq,
+                           .generation = m->generation};
+        snprintf(ack.group_id, sizeof ack.group_id, "%s", m->group_id);
+        dsp_send(d, name, &ack, NULL, NULL, 0);
+        return;
+    }
+    const group *eg = late ? NULL : dsp_find_group(d, m->group_id);
+    if (eg && eg->span && strcmp(eg->worker, name) != 0) {
+        /* only the leader of an array that spans workers speaks for its members */
+        fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
+                    json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
+                              "group_id", m->group_id, "event", fb_wire_event_name(m->event)));
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq, .generation = m->generation};
+        snprintf(ack.group_id, sizeof ack.group_id, "%s", m->group_id);
+        dsp_send(d, name, &ack, NULL, NULL, 0);
+        return;
+    }
+    /* a worker that registers again resends every unacknowledged event: one still
+     * waiting here is acknowledged when it is written, not recorded twice */
+    bool queued = false;
+    for (pending *o = d->events.head; o && !queued; o = o->next)
+        queued = o->m.seq == m->seq && o->m.event == m->event && o->m.step == m->step &&
+                 strcmp(o->worker, name) == 0 && strcmp(o->m.group_id, m->group_id) == 0 &&
+                 strcmp(o->m.job_id, m->job_id) == 0;
+    if (queued) return;
+    pending *p = calloc(1, sizeof *p);
+    if (!p) return;
+    snprintf(p->worker, sizeof p->worker, "%s", name);
+    p->late = late;
+    if (m->blob) {
+        size_t len = zmq_msg_size(&fr[1 + m->blob]);
+        p->blob = malloc(len ? len : 1);
+        if (!p->blob) {
+            free(p);
+            return;
+        }
+        memcpy(p->blob, zmq_msg_data(&fr[1 + m->blob]), len);
+        p->blob_len = len;
+    }
+    p->m = *m;
+    memset(m, 0, sizeof *m);
+    dsp_push(&d->events, p);
+    /* progress that came first is written first: a member's last report must not find
+     * it already gone from its array */
+    dsp_flush_progress(d);
+    dsp_flush_events(d);
+}
+
 /* Receives one multipart message from the ROUTER and acts on it. */
 static void on_message(fb_dispatch *d)
 {
@@ -959,100 +1062,11 @@ static void on_message(fb_dispatch *d)
         break;
     }
     case FB_WIRE_PROGRESS:
-        if (!group_current(d, name, &m)) {
-            fb_log_json(FB_LOG_DEBUG, "stale progress dropped",
-                        json_pack("{s:s, s:s}", "worker", name, "group_id", m.group_id));
-            break;
-        }
-        if (d->progress.n >= MAX_PENDING_PROGRESS) {
-            pending *old = dsp_pop(&d->progress);
-            dsp_pending_free(old);
-            fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
-        }
-        {
-            group *g = dsp_find_group(d, m.group_id);
-            if (g->span && strcmp(g->worker, name) != 0) {
-                /* a follower reports only its own devices' breakdown, written with the
-                 * leader's next report */
-                dsp_note_device_steps(d, name, &m);
-                break;
-            }
-            for (int k = 0; k < m.n_progress; k++)
-                if (m.progress[k].step > g->high_step) g->high_step = m.progress[k].step;
-            double step_ms, busy_ms;
-            dsp_note_step_time(d, &m, &step_ms, &busy_ms);
-            dsp_note_device_steps(d, name, &m);
-            pending *p = calloc(1, sizeof *p);
-            if (!p) break;
-            if (g->span) p->span_breakdown = dsp_span_breakdown_json(g);
-            p->step_ms = step_ms;
-            p->busy_ms = busy_ms;
-            p->smooth_step_ms = g->step_ms;
-            p->smooth_busy_ms = g->busy_ms;
-            snprintf(p->worker, sizeof p->worker, "%s", name);
-            p->m = m;
-            memset(&m, 0, sizeof m);
-            dsp_push(&d->progress, p);
-        }
+        on_progress(d, name, &m);
         break;
-    case FB_WIRE_EVENT: {
-        /* a checkpoint of an array requeued before it arrived may still be the job's best
-         * resume point (apply_late_checkpoint); it is acknowledged once decided */
-        bool late = !group_current(d, name, &m) && m.event == FB_EV_CHECKPOINTED && m.blob;
-        if (!late && !group_current(d, name, &m)) {
-            /* acknowledged anyway: the array it came from is gone, and the worker
-             * must not keep resending it */
-            fb_log_json(FB_LOG_INFO, "stale event dropped",
-                        json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m.group_id,
-                                  "event", fb_wire_event_name(m.event)));
-            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq,
-                               .generation = m.generation};
-            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            dsp_send(d, name, &ack, NULL, NULL, 0);
-            break;
-        }
-        const group *eg = late ? NULL : dsp_find_group(d, m.group_id);
-        if (eg && eg->span && strcmp(eg->worker, name) != 0) {
-            /* only the leader of an array that spans workers speaks for its members */
-            fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
-                        json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
-                                  "group_id", m.group_id, "event", fb_wire_event_name(m.event)));
-            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq, .generation = m.generation};
-            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            dsp_send(d, name, &ack, NULL, NULL, 0);
-            break;
-        }
-        /* a worker that registers again resends every unacknowledged event: one still
-         * waiting here is acknowledged when it is written, not recorded twice */
-        bool queued = false;
-        for (pending *o = d->events.head; o && !queued; o = o->next)
-            queued = o->m.seq == m.seq && o->m.event == m.event && o->m.step == m.step &&
-                     strcmp(o->worker, name) == 0 && strcmp(o->m.group_id, m.group_id) == 0 &&
-                     strcmp(o->m.job_id, m.job_id) == 0;
-        if (queued) break;
-        pending *p = calloc(1, sizeof *p);
-        if (!p) break;
-        snprintf(p->worker, sizeof p->worker, "%s", name);
-        p->late = late;
-        if (m.blob) {
-            size_t len = zmq_msg_size(&fr[1 + m.blob]);
-            p->blob = malloc(len ? len : 1);
-            if (!p->blob) {
-                free(p);
-                break;
-            }
-            memcpy(p->blob, zmq_msg_data(&fr[1 + m.blob]), len);
-            p->blob_len = len;
-        }
-        p->m = m;
-        memset(&m, 0, sizeof m);
-        dsp_push(&d->events, p);
-        /* progress that came first is written first: a member's last report must not find
-         * it already gone from its array */
-        dsp_flush_progress(d);
-        dsp_flush_events(d);
+    case FB_WIRE_EVENT:
+        on_event(d, name, &m, fr);
         break;
-    }
     case FB_WIRE_DRAIN:
         if (w && !w->draining) {
             w->draining = true;

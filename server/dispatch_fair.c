@@ -158,6 +158,146 @@ static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, in
 }
 
 /*
+ * The period's groups and their members, from the rows of c->groups and c->jobs (nr and nj
+ * of them) and the loop's memory of each group, into c->fg and c->fj; rows the policy
+ * would refuse are left out, not the period.  Returns how many groups.
+ */
+static int fair_snapshot_groups(fb_dispatch *d, fair_ctx *c, int nt, int nd, int nr, int nj)
+{
+    int ng = 0, jrow = 0, nfj = 0;
+    for (int i = 0; i < nr; i++) {
+        const char *gid = PQgetvalue(c->groups, i, 0);
+        while (jrow < nj && strcmp(PQgetvalue(c->jobs, jrow, 0), gid) < 0) jrow++;
+        int j0 = jrow;
+        while (jrow < nj && strcmp(PQgetvalue(c->jobs, jrow, 0), gid) == 0) jrow++;
+        worker *w = dsp_find_worker(d, PQgetvalue(c->groups, i, 1));
+        group *mem = dsp_find_group(d, gid);
+        if (!w || !mem || jrow == j0) continue;
+        int widx = (int)(w - d->workers);
+        fb_fair_group *G = &c->fg[ng];
+        memset(G, 0, sizeof *G);
+        int64_t dev[FB_PLAN_MAX_GROUP_DEVICES], split[FB_FAIR_MAX_SHARDS];
+        int n_dev = dsp_parse_ints(PQgetvalue(c->groups, i, 2), dev, FB_PLAN_MAX_GROUP_DEVICES);
+        int n_split = dsp_parse_ints(PQgetvalue(c->groups, i, 3), split, FB_FAIR_MAX_SHARDS);
+        int D = (int)strtol(PQgetvalue(c->groups, i, 5), NULL, 10);
+        int P = (int)strtol(PQgetvalue(c->groups, i, 6), NULL, 10);
+        /* a group that spans workers: rank s is the device of the worker holding it, and
+         * its rate is kept by rank */
+        int sw[FB_FAIR_MAX_SHARDS];
+        if (mem->span) {
+            n_dev = 0;
+            for (int k = 0; k < mem->span->n; k++) {
+                const span_member *sm = &mem->span->m[k];
+                worker *ws = dsp_find_worker(d, sm->worker);
+                for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
+                    sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
+                    dev[n_dev++] = sm->dev[r];
+                }
+            }
+            if (P != 1 || D > FB_FAIR_MAX_SHARDS) continue;
+        }
+        if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
+        bool ok = true;
+        int64_t batch = 0;
+        for (int s = 0; s < D && ok; s++) {
+            /* a shard is where its first pipeline stage runs (devices are data-major) */
+            G->devices[s] = fair_device(c, nd, mem->span ? sw[s] : widx, dev[s * P]);
+            G->split[s] = split[s];
+            batch += split[s] > 0 ? split[s] : 0;
+            ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
+        }
+        double share = strtod(PQgetvalue(c->groups, i, 4), NULL);
+        if (!ok || !(share > 0 && share <= 1)) continue;
+        G->n_shards = D;
+        G->time_share = share;
+        /* its memory, unless kept while it had another shape (fb_fair_memory_restore) */
+        fb_fair_memory_restore(&mem->fair, G);
+        /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
+         * has been measured; the policy then leaves the split alone */
+        for (int s = 0; s < D; s++) {
+            double rate = 0;
+            for (int p = 0; p < P; p++) {
+                int64_t k = mem->span ? s : dev[s * P + p];
+                double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
+                if (!(x > 0)) {
+                    rate = 0;
+                    break;
+                }
+                if (p == 0 || x < rate) rate = x;
+            }
+            G->shard_rate[s] = rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE ? rate : 0;
+        }
+        G->step_time_s = fair_seconds(mem->step_ms);
+        double iso = strtod(PQgetvalue(c->groups, i, 7), NULL);
+        G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
+        int n_in = 0;
+        for (int r = j0; r < jrow; r++) {
+            int t = dsp_tenant_index(c->tenant_ids, nt, PQgetvalue(c->jobs, r, 2));
+            int64_t total = strtoll(PQgetvalue(c->jobs, r, 5), NULL, 10);
+            int64_t done = strtoll(PQgetvalue(c->jobs, r, 4), NULL, 10);
+            double el = strtod(PQgetvalue(c->jobs, r, 3), NULL);
+            /* a member the policy could not take makes the whole group's rows unusable
+             * (the job rows must stay contiguous with jfirst) */
+            if (t < 0 || total < 1 || total > FB_FAIR_MAX_STEPS || done < 0) {
+                ok = false;
+                break;
+            }
+            c->fj[nfj + n_in++] = (fb_fair_job){
+                .tenant = t,
+                .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
+                .steps_done = done,
+                .total_steps = total};
+        }
+        if (!ok) continue;
+        G->n_jobs = n_in;
+        G->jobs = &c->fj[nfj];
+        c->jfirst[ng] = j0;
+        c->grow[ng++] = i;
+        nfj += n_in;
+    }
+    return ng;
+}
+
+/* The period's decisions for its ng groups: each group's memory kept, its gauges
+ * published, and a changed share or split written and sent (fair_apply).  Returns how
+ * many changed. */
+static int fair_publish(fb_dispatch *d, const fair_ctx *c, const fb_fair_result *res, int ng)
+{
+    int n_changed = 0;
+    for (int g = 0; g < ng; g++) {
+        const fb_fair_decision *dec = &res->groups[g];
+        const char *gid = PQgetvalue(c->groups, c->grow[g], 0);
+        fb_metrics_fair_group(gid, dec->slowdown,
+                              dec->share_changed ? dec->time_share : c->fg[g].time_share);
+        group *mem = dsp_find_group(d, gid);
+        if (mem) fb_fair_memory_save(&mem->fair, dec);
+        for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
+            const span_member *sm = &mem->span->m[k];
+            for (int x = 0; x < sm->n_ranks; x++) {
+                int r = sm->rank_base + x;
+                if (!mem->span->has[r]) continue;
+                const fb_wire_device_step *e = &mem->span->step[r];
+                fb_metrics_fair_device(gid, sm->worker, e->device,
+                                       (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
+                                                         e->io_ms / 1e3, e->idle_ms / 1e3},
+                                       mem->dev_rate[r]);
+            }
+        }
+        for (int k = 0; mem && !mem->span && k < mem->n_dev; k++) {
+            const fb_wire_device_step *e = &mem->dev[k];
+            fb_metrics_fair_device(gid, mem->worker, e->device,
+                                   (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
+                                                     e->io_ms / 1e3, e->idle_ms / 1e3},
+                                   mem->dev_rate[e->device]);
+        }
+        if (!dec->share_changed && !dec->split_changed) continue;
+        fair_apply(d, &c->fg[g], dec, gid);
+        n_changed++;
+    }
+    return n_changed;
+}
+
+/*
  * One fair-share period: a snapshot of the running groups (their devices,
  * splits and shares from the groups table, smoothed step times from the
  * reports, isolated step times from the profiles, members' progress), the
@@ -214,98 +354,7 @@ static void rebalance_run(fb_dispatch *d)
             c.dev_worker[nd] = i;
             c.dev_idx[nd++] = dv->idx;
         }
-    /* groups and their members; rows the policy would refuse are left out, not the period */
-    int ng = 0, jrow = 0, nfj = 0;
-    for (int i = 0; i < nr; i++) {
-        const char *gid = PQgetvalue(c.groups, i, 0);
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) < 0) jrow++;
-        int j0 = jrow;
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) == 0) jrow++;
-        worker *w = dsp_find_worker(d, PQgetvalue(c.groups, i, 1));
-        group *mem = dsp_find_group(d, gid);
-        if (!w || !mem || jrow == j0) continue;
-        int widx = (int)(w - d->workers);
-        fb_fair_group *G = &c.fg[ng];
-        memset(G, 0, sizeof *G);
-        int64_t dev[FB_PLAN_MAX_GROUP_DEVICES], split[FB_FAIR_MAX_SHARDS];
-        int n_dev = dsp_parse_ints(PQgetvalue(c.groups, i, 2), dev, FB_PLAN_MAX_GROUP_DEVICES);
-        int n_split = dsp_parse_ints(PQgetvalue(c.groups, i, 3), split, FB_FAIR_MAX_SHARDS);
-        int D = (int)strtol(PQgetvalue(c.groups, i, 5), NULL, 10);
-        int P = (int)strtol(PQgetvalue(c.groups, i, 6), NULL, 10);
-        /* a group that spans workers: rank s is the device of the worker holding it, and
-         * its rate is kept by rank */
-        int sw[FB_FAIR_MAX_SHARDS];
-        if (mem->span) {
-            n_dev = 0;
-            for (int k = 0; k < mem->span->n; k++) {
-                const span_member *sm = &mem->span->m[k];
-                worker *ws = dsp_find_worker(d, sm->worker);
-                for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
-                    sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
-                    dev[n_dev++] = sm->dev[r];
-                }
-            }
-            if (P != 1 || D > FB_FAIR_MAX_SHARDS) continue;
-        }
-        if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
-        bool ok = true;
-        int64_t batch = 0;
-        for (int s = 0; s < D && ok; s++) {
-            /* a shard is where its first pipeline stage runs (devices are data-major) */
-            G->devices[s] = fair_device(&c, nd, mem->span ? sw[s] : widx, dev[s * P]);
-            G->split[s] = split[s];
-            batch += split[s] > 0 ? split[s] : 0;
-            ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
-        }
-        double share = strtod(PQgetvalue(c.groups, i, 4), NULL);
-        if (!ok || !(share > 0 && share <= 1)) continue;
-        G->n_shards = D;
-        G->time_share = share;
-        /* its memory, unless kept while it had another shape (fb_fair_memory_restore) */
-        fb_fair_memory_restore(&mem->fair, G);
-        /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
-         * has been measured; the policy then leaves the split alone */
-        for (int s = 0; s < D; s++) {
-            double rate = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t k = mem->span ? s : dev[s * P + p];
-                double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
-                if (!(x > 0)) {
-                    rate = 0;
-                    break;
-                }
-                if (p == 0 || x < rate) rate = x;
-            }
-            G->shard_rate[s] = rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE ? rate : 0;
-        }
-        G->step_time_s = fair_seconds(mem->step_ms);
-        double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
-        G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
-        int n_in = 0;
-        for (int r = j0; r < jrow; r++) {
-            int t = dsp_tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, r, 2));
-            int64_t total = strtoll(PQgetvalue(c.jobs, r, 5), NULL, 10);
-            int64_t done = strtoll(PQgetvalue(c.jobs, r, 4), NULL, 10);
-            double el = strtod(PQgetvalue(c.jobs, r, 3), NULL);
-            /* a member the policy could not take makes the whole group's rows unusable
-             * (the job rows must stay contiguous with jfirst) */
-            if (t < 0 || total < 1 || total > FB_FAIR_MAX_STEPS || done < 0) {
-                ok = false;
-                break;
-            }
-            c.fj[nfj + n_in++] = (fb_fair_job){
-                .tenant = t,
-                .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
-                .steps_done = done,
-                .total_steps = total};
-        }
-        if (!ok) continue;
-        G->n_jobs = n_in;
-        G->jobs = &c.fj[nfj];
-        c.jfirst[ng] = j0;
-        c.grow[ng++] = i;
-        nfj += n_in;
-    }
+    int ng = fair_snapshot_groups(d, &c, nt, nd, nr, nj);
     fb_fair_snapshot snap = {.devices = c.fd, .n_devices = nd, .tenants = c.ft,
                              .n_tenants = nt, .groups = c.fg, .n_groups = ng};
     char err[256];
@@ -318,38 +367,8 @@ static void rebalance_run(fb_dispatch *d)
     for (int i = 0, k = 0; i < d->n_workers; i++)
         for (int x = 0; x < d->workers[i].n_devices; x++, k++)
             fb_fair_device_memory_save(&d->workers[i].fair[x], &res, k);
-    int n_changed = 0;
     fb_metrics_fair_begin(res.max_slowdown, res.mean_slowdown);
-    for (int g = 0; g < ng; g++) {
-        const fb_fair_decision *dec = &res.groups[g];
-        const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
-        fb_metrics_fair_group(gid, dec->slowdown,
-                              dec->share_changed ? dec->time_share : c.fg[g].time_share);
-        group *mem = dsp_find_group(d, gid);
-        if (mem) fb_fair_memory_save(&mem->fair, dec);
-        for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
-            const span_member *sm = &mem->span->m[k];
-            for (int x = 0; x < sm->n_ranks; x++) {
-                int r = sm->rank_base + x;
-                if (!mem->span->has[r]) continue;
-                const fb_wire_device_step *e = &mem->span->step[r];
-                fb_metrics_fair_device(gid, sm->worker, e->device,
-                                       (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                         e->io_ms / 1e3, e->idle_ms / 1e3},
-                                       mem->dev_rate[r]);
-            }
-        }
-        for (int k = 0; mem && !mem->span && k < mem->n_dev; k++) {
-            const fb_wire_device_step *e = &mem->dev[k];
-            fb_metrics_fair_device(gid, mem->worker, e->device,
-                                   (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                     e->io_ms / 1e3, e->idle_ms / 1e3},
-                                   mem->dev_rate[e->device]);
-        }
-        if (!dec->share_changed && !dec->split_changed) continue;
-        fair_apply(d, &c.fg[g], dec, gid);
-        n_changed++;
-    }
+    int n_changed = fair_publish(d, &c, &res, ng);
     fb_metrics_fair_end(n_changed);
     for (int i = 0; i < res.n_migrations; i++)
         fair_migrate(d, &c, &c.fg[res.migrations[i].group], res.migrations[i].group);

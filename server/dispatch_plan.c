@@ -646,6 +646,108 @@ static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
     }
 }
 
+/* The plan's running groups (the rows of c->running, nr of them): their devices among
+ * the snapshot's nd (when their worker is here) and their tenants among the nt sorted
+ * ones.  Returns how many the snapshot holds (c->run_row maps them to their rows). */
+static int plan_running(fb_dispatch *d, plan_ctx *c, int nr, int nd, int nt)
+{
+    int nrun = 0;
+    for (int i = 0; i < nr; i++) {
+        worker *w = dsp_find_worker(d, PQgetvalue(c->running, i, 1));
+        if (!w) continue;
+        fb_plan_running *pr = &c->pr[nrun];
+        int widx = (int)(w - d->workers);
+        const char *p = PQgetvalue(c->running, i, 2); /* "{0,1}" */
+        while (*p && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES) {
+            while (*p && (*p < '0' || *p > '9')) p++;
+            if (!*p) break;
+            int idx = (int)strtol(p, (char **)&p, 10);
+            for (int k = 0; k < nd; k++)
+                if (c->pd[k].worker == widx && c->pd[k].idx == idx)
+                    pr->devices[pr->n_devices++] = k;
+        }
+        /* a group that spans workers holds the devices of each of its workers */
+        const group *gg = dsp_find_group(d, PQgetvalue(c->running, i, 0));
+        if (gg && gg->span) {
+            pr->n_devices = 0;
+            for (int s = 0; s < gg->span->n; s++) {
+                const span_member *sm = &gg->span->m[s];
+                worker *ws = dsp_find_worker(d, sm->worker);
+                int wsi = ws ? (int)(ws - d->workers) : -1;
+                for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
+                    for (int k = 0; k < nd; k++)
+                        if (c->pd[k].worker == wsi && c->pd[k].idx == sm->dev[r])
+                            pr->devices[pr->n_devices++] = k;
+            }
+        }
+        pr->mem_per_device = strtoll(PQgetvalue(c->running, i, 3), NULL, 10);
+        pr->time_share = strtod(PQgetvalue(c->running, i, 7), NULL);
+        int *rt = &c->run_tenants[(size_t)nrun * 64];
+        const char *t = PQgetvalue(c->running, i, 4); /* "{uuid,uuid}" */
+        while (*t && pr->n_tenants < 64) {
+            while (*t && (*t == '{' || *t == ',' || *t == '}')) t++;
+            if (strlen(t) < FB_WIRE_ID_LEN) break;
+            char id[FB_WIRE_ID_LEN + 1];
+            memcpy(id, t, FB_WIRE_ID_LEN);
+            id[FB_WIRE_ID_LEN] = '\0';
+            t += FB_WIRE_ID_LEN;
+            int k = dsp_tenant_index(c->tenant_ids, nt, id);
+            if (k >= 0) rt[pr->n_tenants++] = k;
+        }
+        pr->tenants = rt;
+        if (pr->n_devices > 0) c->run_row[nrun++] = i;
+    }
+    return nrun;
+}
+
+/* Time shares of running groups that the plan changed by co-location: written, and
+ * sent as REBALANCE with the group's split. */
+static void plan_shares(fb_dispatch *d, const plan_ctx *c, const fb_plan_result *res)
+{
+    for (int i = 0; i < res->n_shares; i++) {
+        int row = c->run_row[res->shares[i].running];
+        char share[40];
+        snprintf(share, sizeof share, "%.17g", res->shares[i].time_share);
+        const char *v[2] = {PQgetvalue(c->running, row, 0), share};
+        dsp_exec(d, sql_group_time_share, 2, v);
+        group *g = dsp_find_group(d, v[0]);
+        if (!g) continue;
+        fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
+                         .time_share = res->shares[i].time_share};
+        snprintf(m.group_id, sizeof m.group_id, "%s", g->id);
+        const char *p = PQgetvalue(c->running, row, 6);
+        while (*p && m.n_split < FB_WIRE_MAX_DEVICES) {
+            while (*p && (*p < '0' || *p > '9')) p++;
+            if (!*p) break;
+            m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
+        }
+        dsp_send(d, g->worker, &m, NULL, NULL, 0);
+    }
+}
+
+/* The queue reasons the plan changed, of its nq snapshot jobs in planning order, listed
+ * for dsp_write_reasons. */
+static void plan_reasons(fb_dispatch *d, const plan_ctx *c, const fb_plan_result *res, int nq)
+{
+    d->n_reasons = 0;
+    if (nq > d->cap_reasons) {
+        reason_todo *rt = realloc(d->reasons, (size_t)nq * sizeof *rt);
+        if (rt) {
+            d->reasons = rt;
+            d->cap_reasons = nq;
+        }
+    }
+    for (int i = 0; i < nq && d->n_reasons < d->cap_reasons; i++) {
+        if (res->reason[i] == FB_PLAN_PLACED) continue;
+        const fb_queue_job *qj = c->jobs[c->row[i]];
+        const char *text = fb_plan_reason_text(res->reason[i]);
+        if (strcmp(qj->queue_reason, text) == 0) continue;
+        reason_todo *rt = &d->reasons[d->n_reasons++];
+        memcpy(rt->job, qj->id, sizeof rt->job);
+        rt->reason = text;
+    }
+}
+
 /* One planning round: snapshot, policy, decisions. */
 static void plan_run(fb_dispatch *d)
 {
@@ -710,52 +812,7 @@ static void plan_run(fb_dispatch *d)
             c.dev_worker[nd++] = i;
         }
     /* running groups: their devices (when their worker is here) and tenants */
-    int nrun = 0;
-    for (int i = 0; i < nr; i++) {
-        worker *w = dsp_find_worker(d, PQgetvalue(c.running, i, 1));
-        if (!w) continue;
-        fb_plan_running *pr = &c.pr[nrun];
-        int widx = (int)(w - d->workers);
-        const char *p = PQgetvalue(c.running, i, 2); /* "{0,1}" */
-        while (*p && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            int idx = (int)strtol(p, (char **)&p, 10);
-            for (int k = 0; k < nd; k++)
-                if (c.pd[k].worker == widx && c.pd[k].idx == idx)
-                    pr->devices[pr->n_devices++] = k;
-        }
-        /* a group that spans workers holds the devices of each of its workers */
-        const group *gg = dsp_find_group(d, PQgetvalue(c.running, i, 0));
-        if (gg && gg->span) {
-            pr->n_devices = 0;
-            for (int s = 0; s < gg->span->n; s++) {
-                const span_member *sm = &gg->span->m[s];
-                worker *ws = dsp_find_worker(d, sm->worker);
-                int wsi = ws ? (int)(ws - d->workers) : -1;
-                for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
-                    for (int k = 0; k < nd; k++)
-                        if (c.pd[k].worker == wsi && c.pd[k].idx == sm->dev[r])
-                            pr->devices[pr->n_devices++] = k;
-            }
-        }
-        pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
-        pr->time_share = strtod(PQgetvalue(c.running, i, 7), NULL);
-        int *rt = &c.run_tenants[(size_t)nrun * 64];
-        const char *t = PQgetvalue(c.running, i, 4); /* "{uuid,uuid}" */
-        while (*t && pr->n_tenants < 64) {
-            while (*t && (*t == '{' || *t == ',' || *t == '}')) t++;
-            if (strlen(t) < FB_WIRE_ID_LEN) break;
-            char id[FB_WIRE_ID_LEN + 1];
-            memcpy(id, t, FB_WIRE_ID_LEN);
-            id[FB_WIRE_ID_LEN] = '\0';
-            t += FB_WIRE_ID_LEN;
-            int k = dsp_tenant_index(c.tenant_ids, nt, id);
-            if (k >= 0) rt[pr->n_tenants++] = k;
-        }
-        pr->tenants = rt;
-        if (pr->n_devices > 0) c.run_row[nrun++] = i;
-    }
+    int nrun = plan_running(d, &c, nr, nd, nt);
     /* the queue */
     int nq = 0;
     for (int i = 0; i < nj; i++) {
@@ -808,44 +865,10 @@ static void plan_run(fb_dispatch *d)
     }
     t_groups = dsp_real_s();
     /* time shares of running groups changed by co-location */
-    for (int i = 0; i < res.n_shares; i++) {
-        int row = c.run_row[res.shares[i].running];
-        char share[40];
-        snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
-        const char *v[2] = {PQgetvalue(c.running, row, 0), share};
-        dsp_exec(d, sql_group_time_share, 2, v);
-        group *g = dsp_find_group(d, v[0]);
-        if (!g) continue;
-        fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
-                         .time_share = res.shares[i].time_share};
-        snprintf(m.group_id, sizeof m.group_id, "%s", g->id);
-        const char *p = PQgetvalue(c.running, row, 6);
-        while (*p && m.n_split < FB_WIRE_MAX_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
-        }
-        dsp_send(d, g->worker, &m, NULL, NULL, 0);
-    }
+    plan_shares(d, &c, &res);
     /* reasons of the jobs that wait, where they changed: the head of the queue now, the
      * rest in later ticks (write_reasons) */
-    d->n_reasons = 0;
-    if (nq > d->cap_reasons) {
-        reason_todo *rt = realloc(d->reasons, (size_t)nq * sizeof *rt);
-        if (rt) {
-            d->reasons = rt;
-            d->cap_reasons = nq;
-        }
-    }
-    for (int i = 0; i < nq && d->n_reasons < d->cap_reasons; i++) {
-        if (res.reason[i] == FB_PLAN_PLACED) continue;
-        const fb_queue_job *qj = c.jobs[c.row[i]];
-        const char *text = fb_plan_reason_text(res.reason[i]);
-        if (strcmp(qj->queue_reason, text) == 0) continue;
-        reason_todo *rt = &d->reasons[d->n_reasons++];
-        memcpy(rt->job, qj->id, sizeof rt->job);
-        rt->reason = text;
-    }
+    plan_reasons(d, &c, &res, nq);
     d->next_reason = 0;
     n_reasons = dsp_write_reasons(d, REASONS_IN_PLAN_S);
     fb_plan_result_free(&res);
