@@ -310,4 +310,17 @@ int dsp_write_reasons(fb_dispatch *d, double budget_s);
 /* One fair-share period (snapshot, fairshare.h, decisions), timed. */
 void dsp_rebalance(fb_dispatch *d);
 
+/* ---- dispatch_requeue.c: back to the queue ---------------------------------- */
+
+/*
+ * Returns group g's members to the queue, each from its resume point, and finishes it
+ * (why says why; lost_on, the worker that was lost or dropped the array, counts the loss
+ * toward the poison streak, NULL when it does not); of a group that spans workers, its
+ * other workers still registered are told to stop it.  g is gone when this returns true.
+ */
+bool dsp_requeue_spanning(fb_dispatch *d, group *g, const char *why, const char *lost_on);
+/* The stale-state check: jobs and arrays left outside every group the loop follows, past
+ * a grace, back to the queue or finished. */
+void dsp_check_stale(fb_dispatch *d);
+
 #endif
