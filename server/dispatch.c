@@ -1,8 +1,12 @@
 /*
- * The control loop: the workers' socket, their registry, the planner's
- * inputs and outputs, and the records of what workers report.  Everything
- * here runs on the loop's one thread; the only shared state is the socket
- * pair fb_dispatch_stop uses to wake it.
+ * The control loop: the workers' socket and its ZAP check, the registry of
+ * workers and of the groups it follows, the loop and its tick (lost
+ * workers, cancelled members).  Its rooms (dispatch_impl.h) do the rest on
+ * the same thread: dispatch_record.c what workers report, dispatch_asha.c
+ * early stopping, dispatch_plan.c the planner's rounds, dispatch_fair.c the
+ * fair-share periods, dispatch_requeue.c the returns to the queue and the
+ * stale-state check.  Everything runs on the loop's one thread; the only
+ * shared state is the socket pair fb_dispatch_stop uses to wake it.
  *
  * PostgreSQL is reached through the loop's own connection.  When it is
  * away, the loop keeps running: heartbeats are answered, reports queue in
@@ -10,13 +14,12 @@
  * once the connection is back.
  */
 #include "dispatch.h"
+#include "dispatch_impl.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdbool.h>
@@ -29,16 +32,12 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "asha.h"
 #include "clock.h"
 #include "db.h"
 #include "errors.h"
 #include "fairshare.h"
-#include "jobspec.h"
 #include "log.h"
 #include "metrics.h"
-#include "paths.h"
-#include "planner.h"
 #include "queue.h"
 #include "wire.h"
 
@@ -46,22 +45,13 @@
 #define CTL_ENDPOINT "inproc://fusebox-dispatch-ctl"
 #define MAX_WORKERS 4096
 #define MAX_KEYS 4096
-#define MAX_QUEUE_READ 20000            /* queued jobs one plan looks at */
 #define MAX_PENDING_PROGRESS 100000     /* progress messages kept while PostgreSQL is away */
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
 #define PLAN_EVERY_TICKS 10
-#define SLOW_PLAN_S 0.1 /* a plan this long is logged with where its time went */
-/* time for writing queue reasons: with the plan (the head of the queue), then per tick */
-#define REASONS_IN_PLAN_S 0.01
-#define REASONS_PER_STATEMENT 50
-/* time for starting new arrays in one plan; the rest start in the next one */
-#define NEW_ARRAYS_IN_PLAN_S 0.02
+/* time for writing queue reasons per tick: the ones the last plan left (dispatch_plan.c
+ * writes the head of the queue with the plan) */
 #define REASONS_IN_TICK_S 0.025
-/* longest one flush of progress reports writes before it yields */
-#define FLUSH_BUDGET_MS 100
-/* and longest one transaction of it: a submission waits at most this for its plan */
-#define FLUSH_SLICE_MS 20
 /* messages a tick may read to empty the worker socket before it judges workers lost; a
  * socket still not empty is judged by the census of those reads (peer_settled) */
 #define SETTLE_READS 4096
@@ -72,308 +62,65 @@
 #define SETTLE_TURNS 16
 /* slots of the census: a power of two, twice the reads it can count */
 #define CENSUS_SLOTS (2 * SETTLE_READS)
-/* a job whose arrays were lost on this many different workers in a row, without progress
- * in between, is a poison array: each further such loss is a job fault (docs/scheduling.md) */
-#define POISON_WORKERS 3
-/* the stale-state check runs every this many ticks, and judges a job stale once it has been
- * scheduled or running outside every array the loop follows for STALE_GRACE_TIMEOUTS
- * heartbeat timeouts (its updated_at): longer than any requeue the loop makes itself */
+/* the stale-state check (dispatch_requeue.c) runs every this many ticks */
 #define STALE_EVERY_TICKS 10
-#define STALE_GRACE_TIMEOUTS 2
 
-/*
- * The streak of losses of the arrays that train a job (schema 009): a loss with no
- * progress since the previous one (the job's highest step, $2 the array's latest report,
- * not past the step of the previous loss) adds the worker $3 to the job's lost_workers; a
- * loss after progress starts the streak again with that worker alone.
- */
-static const char sql_loss_streak[] =
-    "UPDATE jobs SET lost_workers = CASE WHEN lost_step IS NULL"
-    "   OR GREATEST(step, $2::bigint) > lost_step THEN ARRAY[$3::text]"
-    "  WHEN $3::text = ANY(lost_workers) THEN lost_workers ELSE lost_workers || $3::text END,"
-    " lost_step = GREATEST(coalesce(lost_step, 0), step, $2::bigint)"
-    " WHERE group_id = $1::uuid AND in_group AND state IN ('scheduled', 'running')";
+/* The loop's session: no statement may hold it longer than 10 s, and it hears of submitted and
+ * cancelled jobs (the trigger of schema/002_dispatch.sql). */
+static const char sql_session_timeout[] = "SET statement_timeout = 10000";
+static const char sql_listen[] = "LISTEN fusebox_jobs";
 
-/*
- * Returns an array's jobs to the queue from their resume points ($2 says why), except a
- * poison array's ($3: the loss counts toward the streak, $4 = POISON_WORKERS): a job lost on
- * that many different workers in a row uses up one restart, or fails once it has none left.
- * Each job gets a requeued (or failed) event; the counts come back as (queued, failed).
- */
-static const char sql_requeue_group[] =
-    "WITH v AS (SELECT id, CASE WHEN state NOT IN ('scheduled', 'running') THEN 'keep'"
-    "   WHEN NOT ($3::bool AND cardinality(lost_workers) >= $4::int) THEN 'requeue'"
-    "   WHEN restarts < max_restarts THEN 'restart' ELSE 'fail' END AS verdict,"
-    "  'its array was lost on ' || cardinality(lost_workers) || ' different workers in a row"
-    " without progress (' || array_to_string(lost_workers, ', ') || '), last: ' || $2 AS poison"
-    "  FROM jobs WHERE group_id = $1::uuid AND in_group FOR UPDATE),"
-    " upd AS (UPDATE jobs j SET"
-    "  state = CASE v.verdict WHEN 'keep' THEN j.state WHEN 'fail' THEN 'failed' ELSE 'queued' END,"
-    "  restarts = j.restarts + (v.verdict = 'restart')::int,"
-    "  step = CASE WHEN v.verdict IN ('requeue', 'restart') THEN j.resume_step ELSE j.step END,"
-    "  queue_reason = CASE v.verdict"
-    "   WHEN 'requeue' THEN $2 || '; resumes from step ' || j.resume_step"
-    "   WHEN 'restart' THEN v.poison || '; restart ' || (j.restarts + 1) || ' of '"
-    "    || j.max_restarts || ', resumes from step ' || j.resume_step"
-    "   ELSE j.queue_reason END,"
-    "  error = CASE WHEN v.verdict = 'fail' THEN v.poison ELSE j.error END,"
-    "  finished_at = CASE WHEN v.verdict = 'fail' THEN coalesce(j.finished_at, now())"
-    "   ELSE j.finished_at END,"
-    "  in_group = false, updated_at = now()"
-    "  FROM v WHERE j.id = v.id"
-    "  RETURNING j.id, v.verdict, j.resume_step, j.restarts, j.max_restarts, j.lost_workers,"
-    "  j.error, j.queue_reason),"
-    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
-    "  SELECT id, CASE verdict WHEN 'fail' THEN 'failed' ELSE 'requeued' END,"
-    "  CASE verdict WHEN 'fail' THEN error ELSE queue_reason END,"
-    "  jsonb_build_object('group_id', $1::text, 'resume_step', resume_step, 'fault',"
-    "   CASE verdict WHEN 'requeue' THEN 'infrastructure' ELSE 'job' END, 'restarts', restarts,"
-    "   'max_restarts', max_restarts, 'lost_workers', to_jsonb(lost_workers))"
-    "  FROM upd WHERE verdict <> 'keep')"
-    " SELECT count(*) FILTER (WHERE verdict IN ('requeue', 'restart')),"
-    " count(*) FILTER (WHERE verdict = 'fail') FROM upd";
+/* The groups that are not finished, and their workers' names ("" when gone). */
+static const char sql_groups_open[] =
+    "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
+    " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'";
 
-/*
- * A member that failed on its worker ($4 the worker's message, $6 the worker): a spec fault
- * ($5) fails the job now; a job fault uses up one of its max_restarts and returns it to the
- * queue from its resume point, or fails it with this last error when none is left.  A job no
- * longer scheduled or running (cancelled meanwhile) keeps its state.  Event failed or
- * requeued, with the fault and the counts in its data.
- */
-static const char sql_member_failed[] =
-    "WITH v AS (SELECT id, CASE WHEN state NOT IN ('scheduled', 'running') THEN 'keep'"
-    "   WHEN $5::bool OR restarts >= max_restarts THEN 'fail' ELSE 'restart' END AS verdict"
-    "  FROM jobs WHERE id = $1::uuid),"
-    " upd AS (UPDATE jobs j SET"
-    "  state = CASE v.verdict WHEN 'fail' THEN 'failed' WHEN 'restart' THEN 'queued'"
-    "   ELSE j.state END,"
-    "  error = CASE WHEN v.verdict = 'restart' THEN j.error ELSE $4 END,"
-    "  restarts = j.restarts + (v.verdict = 'restart')::int,"
-    "  step = CASE WHEN v.verdict = 'restart' THEN j.resume_step ELSE j.step END,"
-    "  queue_reason = CASE WHEN v.verdict = 'restart' THEN 'failed on worker ' || $6 || ': '"
-    "   || $4 || '; restart ' || (j.restarts + 1) || ' of ' || j.max_restarts"
-    "   || ', resumes from step ' || j.resume_step ELSE j.queue_reason END,"
-    "  finished_at = CASE WHEN v.verdict = 'restart' THEN j.finished_at"
-    "   ELSE coalesce(j.finished_at, now()) END,"
-    "  in_group = false, updated_at = now()"
-    "  FROM v WHERE j.id = v.id"
-    "  RETURNING j.id, v.verdict, j.restarts, j.max_restarts, j.resume_step, j.queue_reason)"
-    " INSERT INTO job_events (job_id, kind, message, data)"
-    " SELECT id, CASE verdict WHEN 'restart' THEN 'requeued' ELSE 'failed' END,"
-    " CASE verdict WHEN 'restart' THEN queue_reason ELSE $4 END,"
-    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'worker', $6::text,"
-    "  'fault', CASE WHEN $5::bool THEN 'spec' ELSE 'job' END, 'error', $4::text,"
-    "  'restarts', restarts, 'max_restarts', max_restarts, 'resume_step', resume_step)"
-    " FROM upd";
+/* The workers of the unfinished groups that span several, leader (rank 0) first. */
+static const char sql_group_workers_open[] =
+    "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
+    " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
+    " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
+    " WHERE g.state <> 'finished' ORDER BY gw.group_id, gw.rank_base";
 
-/*
- * The stale-state check: jobs scheduled or running for longer than the grace ($2 ms)
- * outside every array the loop follows ($1, its groups) go back to the queue from their
- * resume points, each with a requeued event (an infrastructure fault: nothing counted).
- */
-static const char sql_stale_jobs[] =
-    "WITH s AS (SELECT j.id, j.group_id, j.state FROM jobs j LEFT JOIN groups g ON g.id = j.group_id"
-    "  WHERE j.state IN ('scheduled', 'running')"
-    "  AND j.updated_at < now() - $2::bigint * interval '1 millisecond'"
-    "  AND (j.group_id IS NULL OR NOT j.in_group OR g.state = 'finished'"
-    "   OR NOT (j.group_id = ANY($1::uuid[])))"
-    "  FOR UPDATE OF j SKIP LOCKED),"
-    " upd AS (UPDATE jobs j SET state = 'queued', in_group = false, step = j.resume_step,"
-    "  queue_reason = 'found ' || s.state || ' without a live array; resumes from step '"
-    "   || j.resume_step, updated_at = now()"
-    "  FROM s WHERE j.id = s.id RETURNING j.id, s.group_id, s.state, j.resume_step,"
-    "  j.queue_reason),"
-    " ev AS (INSERT INTO job_events (job_id, kind, message, data)"
-    "  SELECT id, 'requeued', queue_reason, jsonb_build_object('group_id', group_id::text,"
-    "  'resume_step', resume_step, 'fault', 'infrastructure', 'stale', state) FROM upd)"
-    " SELECT id::text, coalesce(group_id::text, ''), state FROM upd";
+/* A worker's HELLO: registered (again) as ready; its id comes back. */
+static const char sql_worker_upsert[] =
+    "INSERT INTO workers (name, state, backend, version, last_seen_at)"
+    " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
+    " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
+    " registered_at = now(), last_seen_at = now() RETURNING id";
 
-/* And arrays the database holds unfinished that the loop does not follow (they would keep
- * their devices' time share on the cluster view): finished, their devices freed. */
-static const char sql_stale_groups[] =
-    "WITH f AS (UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
-    "  updated_at = now() WHERE state <> 'finished' AND NOT (id = ANY($1::uuid[]))"
-    "  AND updated_at < now() - $2::bigint * interval '1 millisecond' RETURNING id),"
-    " dev AS (UPDATE devices SET group_id = NULL, tenant_id = NULL"
-    "  WHERE group_id IN (SELECT id FROM f))"
-    " SELECT id::text FROM f";
+/* The devices a worker no longer has ($2: how many it has now). */
+static const char sql_devices_trim[] =
+    "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int";
 
-typedef struct worker {
-    char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
-    char id[FB_WIRE_ID_LEN + 1];
-    int64_t last_seen_ms;
-    bool draining;
-    int n_devices;
-    fb_wire_device devices[FB_WIRE_MAX_DEVICES];
-    /* where the other workers of an array that spans workers reach it ("" = it takes no
-     * part in such arrays), its port range, and where the next search for a free port of
-     * the range starts (round-robin, so that a port another program holds is not tried
-     * again and again) */
-    char comm_host[FB_WIRE_NAME_MAX + 1];
-    int comm_port_lo, comm_port_hi, next_port;
-    /* what its last HELLO wrote to the database, and when (hello_same) */
-    char backend[FB_WIRE_NAME_MAX + 1], version[FB_WIRE_NAME_MAX + 1];
-    int64_t hello_ms;
-    /* the fair-share controller's count of imbalanced periods per device, handed back to it
-     * each period (the policy keeps no state) */
-    int imbalanced[FB_WIRE_MAX_DEVICES];
-} worker;
+/* One device of a worker's HELLO. */
+static const char sql_device_upsert[] =
+    "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
+    " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
+    " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
+    " memory_bytes = EXCLUDED.memory_bytes";
 
-/* A worker of a group that spans workers, and its ranks. */
-typedef struct span_member {
-    char worker[FB_WIRE_NAME_MAX + 1];
-    int rank_base, n_ranks;
-    int dev[FB_WIRE_MAX_DEVICES]; /* its device indices, one per rank, in rank order */
-    bool listed;                  /* it has listed the group as running since it was assigned */
-    int64_t assigned_ms;          /* when the loop sent it the group, or found it at start */
-    int64_t missing_since_ms;     /* as group.missing_since_ms, for this worker */
-} span_member;
+/* The jobs training in a group ($1). */
+static const char sql_group_jobs[] = "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group";
 
-/* What the loop keeps of a group that spans workers. */
-typedef struct span {
-    int port;  /* where its leader listens for the others */
-    int world; /* its data-parallel ranks */
-    int n;     /* its workers; m[0] is the leader, the worker of rank 0 */
-    span_member m[FB_WIRE_MAX_DEVICES];
-    /* the latest breakdown of each rank, from the worker that holds it */
-    bool has[FB_WIRE_MAX_DEVICES];
-    fb_wire_device_step step[FB_WIRE_MAX_DEVICES];
-} span;
+/* A worker that drains ($1 its name). */
+static const char sql_worker_draining[] = "UPDATE workers SET state = 'draining' WHERE name = $1";
 
-/* A group that is not finished: whom its messages must come from. */
-typedef struct group {
-    char id[FB_WIRE_ID_LEN + 1];
-    int64_t generation;
-    char worker[FB_WIRE_NAME_MAX + 1]; /* of a group that spans workers: its leader */
-    /* when its worker re-registered without it (0: not missing); its last events may still
-     * be on their way, so it is re-queued only if it stays missing a heartbeat timeout */
-    int64_t missing_since_ms;
-    /* "the requeue waits for the array's events" logged (once per group) */
-    bool requeue_wait_said;
-    /* its worker has listed it as running since it was assigned (or found at start), and
-     * when that was: a worker that stops listing it, or never does within a heartbeat
-     * timeout, no longer runs it (reconcile), whether it says so in a HELLO or a heartbeat */
-    bool listed;
-    int64_t assigned_ms;
-    /* the furthest step its members reported: whether a loss came after progress */
-    int64_t high_step;
-    /* its workers, when it spans several (malloc'd; NULL for a group on one worker) */
-    span *span;
-    /* its step time and the busy part of it (compute, communication, I/O: waiting for its
-     * turn on a shared device left out), measured by note_step_time and smoothed as the
-     * fair-share controller wants (fb_fair_ewma); 0 until measured */
-    double step_ms, busy_ms;
-    int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
-    int64_t base_step;   /* where the step being measured began: the furthest member step */
-    int64_t base_ms;     /* and when that report arrived */
-    /* each of its devices' speed by the worker's device index (of a group that spans
-     * workers: by rank): samples per second of the
-     * device's training passes, from the reports' per-device breakdown (note_device_steps),
-     * smoothed as the fair-share controller wants; 0 until measured.  What splits its batch. */
-    double dev_rate[FB_WIRE_MAX_DEVICES];
-    /* the latest per-device breakdown, for the fair-share period's gauges */
-    int n_dev;
-    fb_wire_device_step dev[FB_WIRE_MAX_DEVICES];
-    /* the fair-share controller's memory of a split gap that has not yet been closed
-     * (fairshare.h), handed back to it each period; 0 for a new group */
-    int split_periods;
-    uint64_t split_toward;
-    double split_gain;
-} group;
+/* Cancelled jobs still inside an array, with the array's generation and worker. */
+static const char sql_cancelled_members[] =
+    "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
+    " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
+    " WHERE j.in_group AND j.state = 'cancelled'";
 
-typedef struct pending {
-    struct pending *next;
-    char worker[FB_WIRE_NAME_MAX + 1];
-    fb_wire_msg m;
-    void *blob; /* EVENT: the referenced blob, copied */
-    size_t blob_len;
-    /* EVENT: a checkpoint of an array that was no longer current when it arrived (its
-     * jobs were requeued): apply_late_checkpoint decides whether it is kept */
-    bool late;
-    /* PROGRESS: the step's wall-clock time and busy part of the window it closed
-     * (note_step_time), 0 when none; and the group's smoothed ones after it */
-    double step_ms, busy_ms, smooth_step_ms, smooth_busy_ms;
-    /* PROGRESS of a group that spans workers: its device breakdown over all ranks (JSON,
-     * malloc'd), NULL when it has none */
-    char *span_breakdown;
-} pending;
+/* A worker silent for a heartbeat timeout ($1 its name). */
+static const char sql_worker_lost[] = "UPDATE workers SET state = 'lost' WHERE name = $1";
 
-typedef struct queue {
-    pending *head, *tail;
-    int n;
-} queue;
+/* The registered workers ($1 their names) seen now; a worker taken for lost is ready again. */
+static const char sql_workers_seen[] =
+    "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
+    " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])";
 
-/* How many messages one peer (by routing id) had read in a tick's drain. */
-typedef struct peer_reads {
-    char name[FB_WIRE_NAME_MAX + 1]; /* "" = a free slot */
-    int reads;
-} peer_reads;
-
-typedef struct keyinfo {
-    char key[FB_FUSION_KEY_HEX + 1];
-    int64_t member, shared, batch;
-    int data, pipeline;
-} keyinfo;
-
-/* A queue reason to write (write_reasons); reason is a static text of the planner's. */
-typedef struct reason_todo {
-    char job[FB_WIRE_ID_LEN + 1];
-    const char *reason;
-} reason_todo;
-
-typedef struct detach_sent {
-    char job[FB_WIRE_ID_LEN + 1];
-    int64_t at_ms;
-} detach_sent;
-
-struct fb_dispatch {
-    fb_config cfg;
-    char artifacts[PATH_MAX];
-    void *zctx, *router, *zap, *ctl_rx, *ctl_tx;
-    char pub[41], sec[41];
-    char (*keys)[41];
-    int n_keys;
-    struct timespec keys_mtime;
-    bool keys_missing_said;
-    pthread_t thread;
-    bool thread_started;
-
-    PGconn *pg;
-    int64_t pg_retry_ms;
-    int pg_backoff_ms;
-    bool pg_down_said;
-    bool artifact_fail_said; /* "cannot write an artifact" logged until one succeeds */
-    bool groups_loaded;
-
-    int64_t start_ms;
-    worker *workers;
-    int n_workers;
-    group *groups;
-    int n_groups, cap_groups;
-    queue events, progress;
-    keyinfo *kinfo;
-    int n_kinfo, cap_kinfo;
-    detach_sent *detached;
-    int n_detached, cap_detached;
-    bool plan_due;
-    int64_t last_plan_ms;
-    int ticks;
-    int64_t last_rebalance_ms;
-    fb_fair_params fair;
-    fb_queue *queue; /* the queued jobs, kept between plans (queue.h) */
-    reason_todo *reasons; /* queue reasons the last plan changed, in planning order */
-    int n_reasons, cap_reasons, next_reason;
-    /* the census of the tick's drain (drain_router_all, peer_settled): the reads of each
-     * peer in CENSUS_SLOTS slots (open addressing), the slots in use, the most reads of one
-     * peer; whether it counts now, whether it lost count, whether the socket was emptied */
-    peer_reads *census;
-    int *census_used;
-    int n_census, census_max;
-    int census_anon; /* reads from peers whose routing id is no worker's name, together */
-    bool census_on, census_lost, router_emptied;
-};
-
-/* ---- PostgreSQL ------------------------------------------------------------ */
+/* ---- helpers the rooms share, and PostgreSQL ---------------------------------- */
 
 /*
  * Real time, in seconds and milliseconds, for budgets alone: how long one pass of the
@@ -382,33 +129,52 @@ struct fb_dispatch {
  * decide nothing a test asserts, and a manual clock, which stands still while the pass
  * runs, would never end a budget.  Every decision reads fb_clock_ms (base/clock.h).
  */
-static double real_s(void)
+double dsp_real_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int64_t real_ms(void)
+int64_t dsp_real_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
+int dsp_parse_ints(const char *p, int64_t *out, int cap)
+{
+    int n = 0;
+    while (*p && n < cap) {
+        while (*p && *p != '-' && (*p < '0' || *p > '9'))
+            p++;
+        if (!*p) break;
+        char *end;
+        out[n++] = strtoll(p, &end, 10);
+        if (end == p) break;
+        p = end;
+    }
+    return n;
+}
+
+int dsp_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Index of uuid s among the sorted tenant ids, -1 when absent. */
+int dsp_tenant_index(char **sorted, int n, const char *s)
+{
+    char **hit = bsearch(&s, sorted, (size_t)n, sizeof *sorted, dsp_cmp_str);
+    return hit ? (int)(hit - sorted) : -1;
+}
+
 static bool load_groups(fb_dispatch *d);
-static int parse_ints(const char *p, int64_t *out, int cap);
-static int write_reasons(fb_dispatch *d, double budget_s);
-static void take_notifies(fb_dispatch *d);
-static bool detach_recent(fb_dispatch *d, const char *key, int64_t t);
-static bool update_utilization(fb_dispatch *d, const char *group_id);
-static void flush_progress(fb_dispatch *d);
-struct pending;
-static bool record_slowdown(fb_dispatch *d, const struct pending *p, const char *ids,
-                            const char *steps, const char *totals);
 
 /* Whether the loop's connection is usable now; reconnects with backoff. */
-static bool db_ok(fb_dispatch *d)
+bool dsp_db_ok(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
     int64_t t = fb_clock_ms();
@@ -429,8 +195,8 @@ static bool db_ok(fb_dispatch *d)
         d->pg_retry_ms = t + d->pg_backoff_ms;
         return false;
     }
-    PQclear(PQexec(d->pg, "SET statement_timeout = 10000"));
-    PGresult *r = PQexec(d->pg, "LISTEN fusebox_jobs");
+    PQclear(PQexec(d->pg, sql_session_timeout));
+    PGresult *r = PQexec(d->pg, sql_listen);
     bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     if (!ok) {
@@ -455,7 +221,7 @@ static bool db_ok(fb_dispatch *d)
 }
 
 /* Runs one statement; NULL (logged) on failure.  The caller PQclear()s. */
-static PGresult *q(fb_dispatch *d, const char *sql, int n, const char *const *vals)
+PGresult *dsp_q(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
     if (!d->pg) return NULL;
     PGresult *r = PQexecParams(d->pg, sql, n, NULL, vals, NULL, NULL, 0);
@@ -468,19 +234,19 @@ static PGresult *q(fb_dispatch *d, const char *sql, int n, const char *const *va
     return NULL;
 }
 
-static bool exec1(fb_dispatch *d, const char *sql, int n, const char *const *vals)
+bool dsp_exec(fb_dispatch *d, const char *sql, int n, const char *const *vals)
 {
-    PGresult *r = q(d, sql, n, vals);
+    PGresult *r = dsp_q(d, sql, n, vals);
     PQclear(r);
     return r != NULL;
 }
 
-static bool begin(fb_dispatch *d) { return exec1(d, "BEGIN", 0, NULL); }
+bool dsp_begin(fb_dispatch *d) { return dsp_exec(d, "BEGIN", 0, NULL); }
 /* COMMIT; false also when PostgreSQL rolled the transaction back instead (a
  * statement of it had failed), which it reports as a successful ROLLBACK. */
-static bool commit(fb_dispatch *d)
+bool dsp_commit(fb_dispatch *d)
 {
-    PGresult *r = q(d, "COMMIT", 0, NULL);
+    PGresult *r = dsp_q(d, "COMMIT", 0, NULL);
     bool ok = r && strcmp(PQcmdStatus(r), "COMMIT") == 0;
     if (r && !ok)
         fb_log_json(FB_LOG_WARN, "control loop: a transaction was rolled back at its commit",
@@ -488,14 +254,14 @@ static bool commit(fb_dispatch *d)
     PQclear(r);
     return ok;
 }
-static void rollback(fb_dispatch *d)
+void dsp_rollback(fb_dispatch *d)
 {
     if (d->pg && PQstatus(d->pg) == CONNECTION_OK) PQclear(PQexec(d->pg, "ROLLBACK"));
 }
 
 /* ---- registry of workers and groups -------------------------------------- */
 
-static worker *find_worker(fb_dispatch *d, const char *name)
+worker *dsp_find_worker(fb_dispatch *d, const char *name)
 {
     for (int i = 0; i < d->n_workers; i++)
         if (strcmp(d->workers[i].name, name) == 0) return &d->workers[i];
@@ -508,14 +274,14 @@ static void drop_worker(fb_dispatch *d, worker *w)
     d->workers[i] = d->workers[--d->n_workers];
 }
 
-static group *find_group(fb_dispatch *d, const char *id)
+group *dsp_find_group(fb_dispatch *d, const char *id)
 {
     for (int i = 0; i < d->n_groups; i++)
         if (strcmp(d->groups[i].id, id) == 0) return &d->groups[i];
     return NULL;
 }
 
-static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name)
+bool dsp_add_group(fb_dispatch *d, const char *id, int64_t gen, const char *worker_name)
 {
     if (d->n_groups == d->cap_groups) {
         int cap = d->cap_groups ? 2 * d->cap_groups : 64;
@@ -533,9 +299,7 @@ static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *w
     g->listed = false;
     g->assigned_ms = fb_clock_ms();
     g->high_step = 0;
-    g->split_periods = 0;
-    g->split_toward = 0;
-    g->split_gain = 0;
+    fb_fair_memory_init(&g->fair);
     g->span = NULL;
     g->step_ms = g->busy_ms = 0;
     g->reports = g->base_step = g->base_ms = 0;
@@ -544,9 +308,9 @@ static bool add_group(fb_dispatch *d, const char *id, int64_t gen, const char *w
     return true;
 }
 
-static void drop_group(fb_dispatch *d, const char *id)
+void dsp_drop_group(fb_dispatch *d, const char *id)
 {
-    group *g = find_group(d, id);
+    group *g = dsp_find_group(d, id);
     if (!g) return;
     free(g->span);
     *g = d->groups[--d->n_groups];
@@ -568,7 +332,7 @@ static bool group_has_worker(const group *g, const char *name)
 }
 
 /* The rank of worker name's device dev in a group that spans workers, or -1. */
-static int span_rank(const group *g, const char *name, int dev)
+int dsp_span_rank(const group *g, const char *name, int dev)
 {
     const span_member *sm = span_find(g, name);
     for (int i = 0; sm && i < sm->n_ranks; i++)
@@ -605,31 +369,23 @@ static bool span_add(group *g, int world, int port, const char *name, int rank_b
 /* The groups that are not finished, from the database (once per start). */
 static bool load_groups(fb_dispatch *d)
 {
-    PGresult *r = q(d,
-                    "SELECT g.id, g.generation, coalesce(w.name, '') FROM groups g"
-                    " LEFT JOIN workers w ON w.id = g.worker_id WHERE g.state <> 'finished'",
-                    0, NULL);
+    PGresult *r = dsp_q(d, sql_groups_open, 0, NULL);
     if (!r) return false;
     d->n_groups = 0;
     for (int i = 0; i < PQntuples(r); i++)
-        add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
+        dsp_add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
                   PQgetvalue(r, i, 2));
     fb_log_json(FB_LOG_INFO, "control loop: groups to follow",
                 json_pack("{s:i}", "groups", PQntuples(r)));
     PQclear(r);
     /* the workers of the groups that span several, leader (rank 0) first */
-    r = q(d,
-          "SELECT gw.group_id, w.name, gw.rank_base, gw.n_ranks, gw.device_idx::text,"
-          " g.parallel_data, coalesce(g.comm_port, 0) FROM group_workers gw"
-          " JOIN groups g ON g.id = gw.group_id JOIN workers w ON w.id = gw.worker_id"
-          " WHERE g.state <> 'finished' ORDER BY gw.group_id, gw.rank_base",
-          0, NULL);
+    r = dsp_q(d, sql_group_workers_open, 0, NULL);
     if (!r) return false;
     for (int i = 0; i < PQntuples(r); i++) {
-        group *g = find_group(d, PQgetvalue(r, i, 0));
+        group *g = dsp_find_group(d, PQgetvalue(r, i, 0));
         int64_t dev[FB_WIRE_MAX_DEVICES];
         int devs[FB_WIRE_MAX_DEVICES];
-        int n = parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
+        int n = dsp_parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
         for (int k = 0; k < n; k++) devs[k] = (int)dev[k];
         int n_ranks = (int)strtol(PQgetvalue(r, i, 3), NULL, 10);
         if (!g || n != n_ranks ||
@@ -648,7 +404,7 @@ static bool load_groups(fb_dispatch *d)
 /* ---- sending ------------------------------------------------------------- */
 
 /* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
-static bool send_to(fb_dispatch *d, const char *name, const fb_wire_msg *m,
+bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m,
                     const void *const *blobs, const size_t *lens, int n_blobs)
 {
     char err[256];
@@ -670,1154 +426,14 @@ static bool send_to(fb_dispatch *d, const char *name, const fb_wire_msg *m,
     return ok;
 }
 
-static void send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
-                        int64_t gen, const char *job_id, const char *why, bool keep_state)
+void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
+                     int64_t gen, const char *job_id, const char *why, bool keep_state)
 {
     fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen, .keep_state = keep_state};
     snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
     snprintf(m.job_id, sizeof m.job_id, "%s", job_id ? job_id : "");
     snprintf(m.text, sizeof m.text, "%s", why);
-    send_to(d, worker_name, &m, NULL, NULL, 0);
-}
-
-/* ---- artifacts ----------------------------------------------------------- */
-
-static int mkdirs(const char *path)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(tmp, 0750) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-/*
- * Writes a blob to artifacts/<tenant>/<job>/<file> through a temporary file,
- * fsync and rename; rel receives the path relative to the artifacts
- * directory and sha its SHA-256 in hex.
- */
-static int write_artifact(fb_dispatch *d, const char *tenant, const char *job, const char *file,
-                          const void *buf, size_t len, char *rel, size_t rel_cap, char sha[65])
-{
-    char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX];
-    snprintf(rel, rel_cap, "%s/%s/%s", tenant, job, file);
-    snprintf(dir, sizeof dir, "%s/%s/%s", d->artifacts, tenant, job);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, file);
-    if (mkdirs(dir) != 0) return FB_ERR_IO;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd < 0) return FB_ERR_IO;
-    const uint8_t *p = buf;
-    size_t left = len;
-    bool ok = true;
-    while (ok && left) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR) continue;
-        ok = n > 0;
-        if (ok) {
-            p += n;
-            left -= (size_t)n;
-        }
-    }
-    ok = ok && fsync(fd) == 0;
-    ok = close(fd) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return FB_ERR_IO;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    uint8_t h[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256(h, buf, len);
-    sodium_bin2hex(sha, 65, h, sizeof h);
-    return FB_OK;
-}
-
-/* Reads an artifact (relative path) into memory; NULL when it cannot, or
- * when the path leads out of the artifacts directory (paths.h). */
-static void *read_under(const char *root, const char *rel, size_t *len)
-{
-    int fd = fb_path_open_under(root, rel);
-    if (fd < 0) return NULL;
-    struct stat st;
-    void *buf = NULL;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        (size_t)st.st_size <= FB_WIRE_MAX_BLOB && (buf = malloc((size_t)st.st_size))) {
-        size_t got = 0;
-        while (got < (size_t)st.st_size) {
-            ssize_t n = read(fd, (char *)buf + got, (size_t)st.st_size - got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            got += (size_t)n;
-        }
-        if (got != (size_t)st.st_size) {
-            free(buf);
-            buf = NULL;
-        } else {
-            *len = got;
-        }
-    }
-    close(fd);
-    return buf;
-}
-
-static void *read_artifact(fb_dispatch *d, const char *rel, size_t *len)
-{
-    return read_under(d->artifacts, rel, len);
-}
-
-/* Reads an artifact of the tenant's: rel must lie under <tenant id>/ and resolve, every
- * link followed, inside that tenant's own directory; NULL otherwise. */
-static void *read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel,
-                                  size_t *len)
-{
-    size_t tl = strlen(tenant);
-    if (strncmp(rel, tenant, tl) != 0 || rel[tl] != '/') return NULL;
-    char root[PATH_MAX];
-    if ((size_t)snprintf(root, sizeof root, "%s/%s", d->artifacts, tenant) >= sizeof root)
-        return NULL;
-    return read_under(root, rel + tl + 1, len);
-}
-
-/* ---- requeueing ---------------------------------------------------------- */
-
-/*
- * Returns a group's members to the queue, each from its last checkpoint, and
- * finishes the group.  An infrastructure fault: no restart is counted, unless
- * lost_on (the worker that was lost, or that dropped the array; NULL when the
- * fault is not a loss of the array's worker) makes the job's losses without
- * progress reach POISON_WORKERS different workers in a row: then it is a job
- * fault (sql_requeue_group).
- */
-static bool requeue_group(fb_dispatch *d, const char *group_id, const char *why,
-                          const char *lost_on)
-{
-    const group *g = find_group(d, group_id);
-    char high[24], poison[16];
-    snprintf(high, sizeof high, "%lld", (long long)(g ? g->high_step : 0));
-    snprintf(poison, sizeof poison, "%d", POISON_WORKERS);
-    if (!db_ok(d) || !begin(d)) return false;
-    const char *vl[3] = {group_id, high, lost_on};
-    if (lost_on && !exec1(d, sql_loss_streak, 3, vl)) goto fail;
-    const char *v[4] = {group_id, why, lost_on ? "true" : "false", poison};
-    PGresult *r = q(d, sql_requeue_group, 4, v);
-    if (!r) goto fail;
-    long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
-    long failed = strtol(PQgetvalue(r, 0, 1), NULL, 10);
-    PQclear(r);
-    if (!exec1(d,
-               "UPDATE groups SET state = 'finished', finished_at = now(), n_members = 0,"
-               " updated_at = now() WHERE id = $1::uuid AND state <> 'finished'",
-               1, v) ||
-        !exec1(d, "UPDATE devices SET group_id = NULL, tenant_id = NULL WHERE group_id = $1::uuid",
-               1, v) ||
-        !update_utilization(d, group_id) || !commit(d))
-        goto fail;
-    fb_log_json(FB_LOG_INFO, "requeued an array's jobs",
-                json_pack("{s:s, s:s, s:i, s:i}", "group_id", group_id, "why", why, "jobs", (int)n,
-                          "failed", (int)failed));
-    if (failed)
-        fb_log_json(FB_LOG_WARN, "a poison array: jobs lost on too many workers in a row failed",
-                    json_pack("{s:s, s:i, s:i}", "group_id", group_id, "jobs", (int)failed,
-                              "workers", POISON_WORKERS));
-    drop_group(d, group_id);
-    d->plan_due = true;
-    return true;
-fail:
-    rollback(d);
-    return false;
-}
-
-/*
- * Re-queues group g like requeue_group; when g spans workers, its other
- * workers still registered are told to stop it (DETACH of the whole group),
- * since one worker's fault stops the whole group.  g is gone afterwards
- * when this returns true.
- */
-static bool requeue_spanning(fb_dispatch *d, group *g, const char *why, const char *lost_on)
-{
-    char id[FB_WIRE_ID_LEN + 1];
-    snprintf(id, sizeof id, "%s", g->id);
-    int64_t gen = g->generation;
-    span *sp = g->span;
-    g->span = NULL; /* kept past drop_group, for the DETACHes */
-    if (!requeue_group(d, id, why, lost_on)) {
-        g = find_group(d, id);
-        if (g) g->span = sp;
-        else free(sp);
-        return false;
-    }
-    for (int k = 0; sp && k < sp->n; k++)
-        if (find_worker(d, sp->m[k].worker))
-            send_detach(d, sp->m[k].worker, id, gen, NULL, why, false);
-    if (sp)
-        fb_log_json(FB_LOG_INFO, "stopped an array that spans workers on all of them",
-                    json_pack("{s:s, s:s, s:i}", "group_id", id, "why", why, "workers", sp->n));
-    free(sp);
-    return true;
-}
-
-/* Finishes a group once none of its jobs trains in it any more; *finished
- * says whether it did (the caller forgets the group after COMMIT). */
-static bool maybe_finish_group(fb_dispatch *d, const char *group_id, bool *finished)
-{
-    const char *v[1] = {group_id};
-    PGresult *r = q(d,
-                    "UPDATE groups g SET n_members = (SELECT count(*) FROM jobs j"
-                    "  WHERE j.group_id = g.id AND j.in_group),"
-                    " state = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN g.state ELSE 'finished' END,"
-                    " finished_at = CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.group_id = g.id"
-                    "  AND j.in_group) THEN NULL ELSE now() END, updated_at = now()"
-                    " WHERE g.id = $1::uuid AND g.state <> 'finished' RETURNING g.state",
-                    1, v);
-    if (!r) return false;
-    *finished = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "finished") == 0;
-    PQclear(r);
-    return !*finished || (exec1(d,
-                                "UPDATE devices SET group_id = NULL, tenant_id = NULL"
-                                " WHERE group_id = $1::uuid",
-                                1, v) &&
-                          update_utilization(d, group_id));
-}
-
-/* ---- events -------------------------------------------------------------- */
-
-static void fmt_num(char *buf, size_t cap, double x)
-{
-    if (isfinite(x))
-        snprintf(buf, cap, "%.17g", x);
-    else
-        buf[0] = '\0';
-}
-
-/* Records a full-state checkpoint of a job (file, row, resume point). */
-static int record_state(fb_dispatch *d, const pending *e, const char *tenant)
-{
-    const fb_wire_msg *m = &e->m;
-    char file[64], rel[PATH_MAX], sha[65], step[24], bytes[24];
-    snprintf(file, sizeof file, "state-%lld.safetensors", (long long)m->step);
-    if (write_artifact(d, tenant, m->job_id, file, e->blob, e->blob_len, rel, sizeof rel, sha))
-        return FB_ERR_IO;
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
-    const char *v[5] = {m->job_id, step, rel, bytes, sha};
-    if (!exec1(d,
-               "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-               " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'state', false)"
-               " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-               5, v) ||
-        !exec1(d,
-               "UPDATE jobs SET resume_step = $2::bigint, resume_path = $3, updated_at = now()"
-               " WHERE id = $1::uuid AND resume_step <= $2::bigint",
-               3, v))
-        return FB_ERR_UNAVAILABLE;
-    return FB_OK;
-}
-
-/* ---- early stopping (ASHA) ------------------------------------------------ */
-
-/*
- * Early stopping works inside apply_event's transaction behind a savepoint:
- * a failure of its own is logged and undone alone, so it never holds up the
- * record of the event it rides on (a rung it missed is taken by the trial's
- * next evaluation).  asha_end returns false only when the transaction itself
- * is lost.
- */
-static bool asha_end(fb_dispatch *d, bool ok)
-{
-    return exec1(d, ok ? "RELEASE SAVEPOINT asha" : "ROLLBACK TO SAVEPOINT asha", 0, NULL);
-}
-
-/* The rung result of an evaluation, and its decision (see asha_on_evaluated). */
-static bool asha_rung(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
-{
-    const char *v1[1] = {m->job_id};
-    PGresult *r = q(d,
-                    "SELECT j.sweep_id, j.trial_index, j.steps, e.x->>'metric', e.x->>'mode',"
-                    " (e.x->>'grace_steps')::bigint, (e.x->>'reduction_factor')::int,"
-                    " (e.x->>'max_rungs')::int"
-                    " FROM jobs j JOIN sweeps s ON s.id = j.sweep_id"
-                    " CROSS JOIN LATERAL (SELECT s.spec->'early_stopping' AS x) e"
-                    " WHERE j.id = $1::uuid AND j.trial_index IS NOT NULL"
-                    " AND j.state IN ('scheduled', 'running') AND s.state = 'active'"
-                    " AND jsonb_typeof(e.x) = 'object' AND e.x->>'type' = 'asha'"
-                    " AND NOT EXISTS (SELECT 1 FROM asha_rungs a WHERE a.job_id = j.id"
-                    "  AND a.decision = 'stop')",
-                    1, v1);
-    if (!r) return false;
-    if (PQntuples(r) != 1) {
-        /* not a trial under an early-stopping rule, or one stopped already that has not
-         * left yet: its later evaluations weigh in no rung */
-        PQclear(r);
-        return true;
-    }
-    char sweep[FB_WIRE_ID_LEN + 1];
-    snprintf(sweep, sizeof sweep, "%s", PQgetvalue(r, 0, 0));
-    int64_t trial = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    int64_t total = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-    fb_asha_spec rule = {.enabled = true,
-                         .mode = strcmp(PQgetvalue(r, 0, 4), "max") == 0 ? FB_METRIC_MAX
-                                                                         : FB_METRIC_MIN,
-                         .grace_steps = strtoll(PQgetvalue(r, 0, 5), NULL, 10),
-                         .reduction_factor = (int)strtol(PQgetvalue(r, 0, 6), NULL, 10),
-                         .max_rungs = (int)strtol(PQgetvalue(r, 0, 7), NULL, 10)};
-    snprintf(rule.metric, sizeof rule.metric, "%s", PQgetvalue(r, 0, 3));
-    PQclear(r);
-    char err[256];
-    if (fb_asha_check(&rule, err, sizeof err)) {
-        fb_log_json(FB_LOG_WARN, "a sweep's early-stopping rule is unusable; its trials run on",
-                    json_pack("{s:s, s:s}", "sweep_id", sweep, "error", err));
-        return true;
-    }
-    /* a trial's last evaluation is no decision point: it ends there anyway */
-    if (total > 0 && m->step >= total) return true;
-    int rung = fb_asha_rung_at(&rule, m->step);
-    if (rung < 0) return true;
-    char step[24], rung_s[16], metric_s[40];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    snprintf(rung_s, sizeof rung_s, "%d", rung);
-    double metric = NAN;
-    /* an evaluated event is a validation: the sweep decides on it, never on a test value */
-    if (strcmp(rule.metric, "val_loss") == 0) {
-        metric = m->loss;
-    } else if (strcmp(rule.metric, "val_accuracy") == 0) {
-        metric = m->accuracy;
-    } else if (strcmp(rule.metric, "loss") == 0 || strcmp(rule.metric, "accuracy") == 0) {
-        /* a training measure: the latest the worker reported up to this step */
-        const char *v2[2] = {m->job_id, step};
-        r = q(d,
-              strcmp(rule.metric, "loss") == 0
-                  ? "SELECT loss FROM job_metrics WHERE job_id = $1::uuid AND step <= $2::bigint"
-                    " AND loss IS NOT NULL ORDER BY step DESC LIMIT 1"
-                  : "SELECT accuracy FROM job_metrics WHERE job_id = $1::uuid"
-                    " AND step <= $2::bigint AND accuracy IS NOT NULL ORDER BY step DESC LIMIT 1",
-              2, v2);
-        if (!r) return false;
-        if (PQntuples(r) == 1) metric = strtod(PQgetvalue(r, 0, 0), NULL);
-        PQclear(r);
-    }
-    /* unknown (the wire's null): the trial's next evaluation may report for this rung */
-    if (!isfinite(metric)) return true;
-    snprintf(metric_s, sizeof metric_s, "%.17g", metric);
-    const char *vi[5] = {sweep, m->job_id, rung_s, step, metric_s};
-    r = q(d,
-          "INSERT INTO asha_rungs (sweep_id, job_id, rung, step, metric, decision)"
-          " VALUES ($1::uuid, $2::uuid, $3::int, $4::bigint, $5::float8, 'continue')"
-          " ON CONFLICT (job_id, rung) DO NOTHING RETURNING seq",
-          5, vi);
-    if (!r) return false;
-    bool fresh = PQntuples(r) == 1;
-    PQclear(r);
-    if (!fresh) return true; /* this rung has its result already */
-    /* every result of the rung so far, this one included */
-    const char *vr[2] = {sweep, rung_s};
-    r = q(d,
-          "SELECT j.trial_index, a.metric FROM asha_rungs a JOIN jobs j ON j.id = a.job_id"
-          " WHERE a.sweep_id = $1::uuid AND a.rung = $2::int ORDER BY a.seq",
-          2, vr);
-    if (!r) return false;
-    int n = PQntuples(r);
-    fb_asha_result *res = malloc((size_t)(n ? n : 1) * sizeof *res);
-    if (!res) {
-        PQclear(r);
-        return false;
-    }
-    for (int i = 0; i < n; i++)
-        res[i] = (fb_asha_result){.trial = strtoll(PQgetvalue(r, i, 0), NULL, 10),
-                                  .metric = strtod(PQgetvalue(r, i, 1), NULL)};
-    PQclear(r);
-    fb_asha_decision dec;
-    int e = fb_asha_decide(&rule, res, n, trial, &dec, err, sizeof err);
-    free(res);
-    if (e) {
-        fb_log_json(FB_LOG_ERROR, "early stopping could not decide",
-                    json_pack("{s:s, s:s, s:s}", "sweep_id", sweep, "job_id", m->job_id, "error",
-                              err));
-        return false;
-    }
-    char n_s[16];
-    snprintf(n_s, sizeof n_s, "%d", n);
-    const char *dname = fb_asha_decision_name(dec);
-    const char *vu[3] = {m->job_id, rung_s, dname};
-    const char *ve[7] = {m->job_id, rung_s, step, metric_s, n_s, dname, rule.metric};
-    if (!exec1(d,
-               "UPDATE asha_rungs SET decision = $3 WHERE job_id = $1::uuid AND rung = $2::int"
-               " AND decision <> $3",
-               3, vu) ||
-        !exec1(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid, 'rung',"
-               " 'rung ' || $2 || ' at step ' || $3 || ': ' || $7 || ' ' || round($4::numeric, 6)"
-               " || ' among ' || $5 || ' results; ' || CASE WHEN $6 = 'stop'"
-               " THEN 'stops (early_stopped)' ELSE 'continues' END,"
-               " jsonb_build_object('rung', $2::int, 'step', $3::bigint, 'metric', $7::text,"
-               " 'value', $4::float8, 'results', $5::int, 'decision', $6::text))",
-               7, ve))
-        return false;
-    *stop = dec == FB_ASHA_STOP;
-    return true;
-}
-
-/*
- * When the evaluation m of a sweep trial under an ASHA rule is the trial's
- * first at or past a rung it has not reported for, records it as the rung's
- * result (asha_rungs) and decides with server/asha whether the trial goes
- * on; *stop says whether to detach the member once the transaction commits
- * (asha_send_stop).  A trial's last evaluation is not a rung result.  Runs
- * in apply_event's transaction; false when that is lost.
- */
-static bool asha_on_evaluated(fb_dispatch *d, const fb_wire_msg *m, bool *stop)
-{
-    *stop = false;
-    if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
-    bool ok = asha_rung(d, m, stop);
-    if (!ok) *stop = false;
-    return asha_end(d, ok);
-}
-
-/* Detaches a member its rule stopped; after COMMIT, so that the decision is on
- * record before the member leaves.  The array must still be the one the
- * evaluation came from: a member that moved since has left that one. */
-static void asha_send_stop(fb_dispatch *d, const fb_wire_msg *m)
-{
-    group *g = find_group(d, m->group_id);
-    if (!g || g->generation != m->generation || !find_worker(d, g->worker)) {
-        fb_log_json(FB_LOG_WARN, "an early-stopped trial's array is gone; not detached",
-                    json_pack("{s:s, s:s}", "job_id", m->job_id, "group_id", m->group_id));
-        return;
-    }
-    send_detach(d, g->worker, g->id, g->generation, m->job_id, "early_stopped", false);
-    fb_log_json(FB_LOG_INFO, "early stopping: a trial leaves its array",
-                json_pack("{s:s, s:s, s:I}", "job_id", m->job_id, "group_id", g->id, "step",
-                          (json_int_t)m->step));
-}
-
-/*
- * A member that leaves its array after its rule stopped it ends completed,
- * with the end reason early_stopped and its checkpoints and resume point
- * kept, where any other departure of a running job goes back to the queue.
- * *stopped says whether m was such a departure.  Runs in apply_event's
- * transaction; false when that is lost.
- */
-static bool asha_on_detached(fb_dispatch *d, const fb_wire_msg *m, bool *stopped)
-{
-    *stopped = false;
-    if (!exec1(d, "SAVEPOINT asha", 0, NULL)) return false;
-    char step[24];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    const char *v[3] = {m->job_id, m->group_id, step};
-    PGresult *r = q(d,
-                    "WITH stop AS (SELECT rung, step, metric FROM asha_rungs"
-                    "  WHERE job_id = $1::uuid AND decision = 'stop' ORDER BY rung LIMIT 1),"
-                    " upd AS (UPDATE jobs SET state = 'completed', end_reason = 'early_stopped',"
-                    "  in_group = false, queue_reason = NULL, step = $3::bigint,"
-                    "  finished_at = coalesce(finished_at, now()), updated_at = now()"
-                    "  WHERE id = $1::uuid AND state IN ('scheduled', 'running')"
-                    "  AND EXISTS (SELECT 1 FROM stop) RETURNING id)"
-                    " INSERT INTO job_events (job_id, kind, message, data)"
-                    " SELECT upd.id, 'early_stopped', 'stopped by the sweep''s early-stopping"
-                    " rule at rung ' || stop.rung || ' (step ' || stop.step || '); left its array"
-                    " at step ' || $3 || ', its checkpoints kept',"
-                    " jsonb_build_object('step', $3::bigint, 'group_id', $2::text, 'rung',"
-                    " stop.rung, 'rung_step', stop.step, 'value', stop.metric, 'end_reason',"
-                    " 'early_stopped') FROM upd, stop RETURNING job_id",
-                    3, v);
-    bool ok = r != NULL;
-    if (ok) *stopped = PQntuples(r) == 1;
-    PQclear(r);
-    return asha_end(d, ok);
-}
-
-/*
- * A checkpoint that arrived after its array was requeued (its worker was
- * taken for lost, or stopped listing the array, and its link or its outbox
- * caught up later).  It is kept only while it belongs to no other run and
- * saves work: the job is still queued, has not been placed since it left
- * this array (group_id is still this one), the sender is the worker the
- * array was assigned to, in this generation, and the step is past the
- * resume point.  It then becomes the resume point: the next plan reads the
- * queue copy, which the trigger of schema 007 brings up to date, so the
- * ASSIGN carries this very file and this step.  Otherwise it is dropped: a
- * job placed again belongs to its new run, which resumed from the point its
- * ASSIGN carried, and an older checkpoint must never move a resume point
- * back.
- */
-static int apply_late_checkpoint(fb_dispatch *d, pending *e)
-{
-    const fb_wire_msg *m = &e->m;
-    char gen[24], step[24];
-    snprintf(gen, sizeof gen, "%lld", (long long)m->generation);
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    int err = FB_OK;
-    if (!begin(d)) return FB_ERR_UNAVAILABLE;
-    const char *v[5] = {m->job_id, m->group_id, gen, e->worker, step};
-    PGresult *r = q(d,
-                    "SELECT j.tenant_id FROM jobs j JOIN groups g ON g.id = j.group_id"
-                    " JOIN workers w ON w.id = g.worker_id"
-                    " WHERE j.id = $1::uuid AND j.group_id = $2::uuid AND NOT j.in_group"
-                    " AND j.state = 'queued' AND g.state = 'finished'"
-                    " AND g.generation = $3::bigint AND w.name = $4"
-                    " AND j.resume_step < $5::bigint FOR UPDATE OF j",
-                    5, v);
-    if (!r) goto fail;
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        rollback(d);
-        fb_log_json(FB_LOG_INFO, "stale event dropped",
-                    json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id",
-                              m->group_id, "event", "checkpointed", "step",
-                              (json_int_t)m->step));
-        return FB_OK;
-    }
-    char tenant[FB_WIRE_ID_LEN + 1];
-    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
-    PQclear(r);
-    if ((err = record_state(d, e, tenant))) goto fail;
-    const char *vs[3] = {m->job_id, step, m->group_id};
-    if (!exec1(d,
-               "UPDATE jobs SET step = GREATEST(step, $2::bigint), updated_at = now(),"
-               " queue_reason = 'a checkpoint arrived after the requeue; resumes from step ' || $2"
-               " WHERE id = $1::uuid",
-               2, vs) ||
-        !exec1(d,
-               "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-               " 'checkpointed', 'checkpoint at step ' || $2 || ', received after the array was"
-               " requeued; resumes from it', jsonb_build_object('step', $2::bigint, 'group_id',"
-               " $3::text, 'late', true))",
-               3, vs) ||
-        !commit(d))
-        goto fail;
-    fb_log_json(FB_LOG_INFO, "a checkpoint received after its array was requeued resumes the job",
-                json_pack("{s:s, s:s, s:s, s:I}", "worker", e->worker, "group_id", m->group_id,
-                          "job_id", m->job_id, "step", (json_int_t)m->step));
-    return FB_OK;
-fail:
-    rollback(d);
-    return err ? err : FB_ERR_UNAVAILABLE;
-}
-
-/*
- * Applies one event in one transaction.  FB_OK when it is recorded (or
- * needs no record: its job left the group already), else an error and the
- * event is retried later.
- */
-static int apply_event(fb_dispatch *d, pending *e)
-{
-    fb_wire_msg *m = &e->m;
-    const char *kind = fb_wire_event_name(m->event);
-    int err = FB_OK;
-    if (e->late) return apply_late_checkpoint(d, e);
-    if (!begin(d)) return FB_ERR_UNAVAILABLE;
-    const char *v2[2] = {m->job_id, m->group_id};
-    PGresult *r = q(d,
-                    "SELECT tenant_id, state, in_group AND group_id = $2::uuid FROM jobs"
-                    " WHERE id = $1::uuid FOR UPDATE",
-                    2, v2);
-    if (!r) goto fail;
-    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 2), "t") != 0) {
-        PQclear(r);
-        rollback(d);
-        fb_log_json(FB_LOG_DEBUG, "event for a job no longer in the array; ignored",
-                    json_pack("{s:s, s:s}", "job_id", m->job_id, "event", kind));
-        return FB_OK;
-    }
-    char tenant[FB_WIRE_ID_LEN + 1], state[16];
-    snprintf(tenant, sizeof tenant, "%s", PQgetvalue(r, 0, 0));
-    snprintf(state, sizeof state, "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
-    {
-        /* an event resent after its acknowledgement was lost is recorded once */
-        char st[24];
-        snprintf(st, sizeof st, "%lld", (long long)m->step);
-        const char *va[4] = {m->group_id, m->job_id, kind, st};
-        r = q(d,
-              "INSERT INTO events_applied (group_id, job_id, kind, step)"
-              " VALUES ($1::uuid, $2::uuid, $3, $4::bigint) ON CONFLICT DO NOTHING RETURNING 1",
-              4, va);
-        if (!r) goto fail;
-        bool fresh = PQntuples(r) == 1;
-        PQclear(r);
-        if (!fresh) {
-            rollback(d);
-            return FB_OK;
-        }
-    }
-    char step[24], loss[40], acc[40], tloss[40], tacc[40];
-    snprintf(step, sizeof step, "%lld", (long long)m->step);
-    fmt_num(loss, sizeof loss, m->loss);
-    fmt_num(acc, sizeof acc, m->accuracy);
-    fmt_num(tloss, sizeof tloss, m->test_loss);
-    fmt_num(tacc, sizeof tacc, m->test_accuracy);
-    /* loss, accuracy: the validation's (evaluated, finished); tl, ta: the test's (finished) */
-    const char *lv = loss[0] ? loss : NULL, *av = acc[0] ? acc : NULL;
-    const char *tl = tloss[0] ? tloss : NULL, *ta = tacc[0] ? tacc : NULL;
-    bool leaves = false, asha_stop = false;
-    switch (m->event) {
-    case FB_EV_STARTED: {
-        const char *v1[1] = {m->job_id}, *v2[1] = {m->group_id};
-        const char *v4[4] = {m->job_id, m->group_id, step, e->worker};
-        if (!exec1(d,
-                   "UPDATE jobs SET state = 'running', started_at = coalesce(started_at, now()),"
-                   " updated_at = now() WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v1) ||
-            !exec1(d,
-                   "UPDATE groups SET state = 'running', updated_at = now()"
-                   " WHERE id = $1::uuid AND state = 'scheduled'",
-                   1, v2) ||
-            !exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'started', 'training at step ' || $3 || ' in array ' || $2 || ' on worker '"
-                   " || $4, jsonb_build_object('group_id', $2::text, 'worker', $4::text,"
-                   " 'step', $3::bigint))",
-                   4, v4))
-            goto fail;
-        break;
-    }
-    case FB_EV_EVALUATED: {
-        const char *v[4] = {m->job_id, step, lv, av};
-        if (!exec1(d,
-                   "INSERT INTO job_metrics (job_id, step, val_loss, val_accuracy)"
-                   " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                   " ON CONFLICT (job_id, step) DO UPDATE SET val_loss = EXCLUDED.val_loss,"
-                   " val_accuracy = EXCLUDED.val_accuracy",
-                   4, v) ||
-            !exec1(d,
-                   "UPDATE jobs SET latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('val_step', $2::bigint, 'val_loss',"
-                   " $3::float8, 'val_accuracy', $4::float8)), updated_at = now()"
-                   " WHERE id = $1::uuid",
-                   4, v) ||
-            !asha_on_evaluated(d, m, &asha_stop))
-            goto fail;
-        break;
-    }
-    case FB_EV_CHECKPOINTED: {
-        const char *v[3] = {m->job_id, m->group_id, step};
-        if (!e->blob) break;
-        if ((err = record_state(d, e, tenant))) goto fail;
-        if (!exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'checkpointed', 'checkpoint at step ' || $3,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text))",
-                   3, v))
-            goto fail;
-        break;
-    }
-    case FB_EV_FINISHED: {
-        leaves = true;
-        if (e->blob) {
-            char rel[PATH_MAX], sha[65], bytes[24];
-            if ((err = write_artifact(d, tenant, m->job_id, "model.safetensors", e->blob,
-                                      e->blob_len, rel, sizeof rel, sha)))
-                goto fail;
-            snprintf(bytes, sizeof bytes, "%zu", e->blob_len);
-            const char *v[5] = {m->job_id, step, rel, bytes, sha};
-            if (!exec1(d,
-                       "INSERT INTO checkpoints (job_id, step, path, bytes, sha256, kind, is_final)"
-                       " VALUES ($1::uuid, $2::bigint, $3, $4::bigint, $5, 'model', true)"
-                       " ON CONFLICT (job_id, kind, step, is_final) DO NOTHING",
-                       5, v))
-                goto fail;
-        }
-        const char *vt[4] = {m->job_id, step, tl, ta};
-        const char *v6[6] = {m->job_id, step, lv, av, tl, ta};
-        const char *v7[7] = {m->job_id, m->group_id, step, lv, av, tl, ta};
-        /* the test evaluation joins the series at the last step, beside its validation */
-        if (((tl || ta) &&
-             !exec1(d,
-                    "INSERT INTO job_metrics (job_id, step, test_loss, test_accuracy)"
-                    " VALUES ($1::uuid, $2::bigint, $3::float8, $4::float8)"
-                    " ON CONFLICT (job_id, step) DO UPDATE SET test_loss = EXCLUDED.test_loss,"
-                    " test_accuracy = EXCLUDED.test_accuracy",
-                    4, vt)) ||
-            !exec1(d,
-                   "UPDATE jobs SET state = CASE WHEN state IN ('scheduled', 'running')"
-                   " THEN 'completed' ELSE state END, in_group = false,"
-                   " step = $2::bigint, finished_at = coalesce(finished_at, now()),"
-                   " latest_metrics = coalesce(latest_metrics, '{}'::jsonb) ||"
-                   " jsonb_strip_nulls(jsonb_build_object('step', $2::bigint, 'val_step',"
-                   " CASE WHEN $3::float8 IS NOT NULL OR $4::float8 IS NOT NULL THEN $2::bigint"
-                   " END, 'val_loss', $3::float8, 'val_accuracy', $4::float8, 'test_loss',"
-                   " $5::float8, 'test_accuracy', $6::float8)),"
-                   " updated_at = now() WHERE id = $1::uuid",
-                   6, v6) ||
-            !exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) VALUES ($1::uuid,"
-                   " 'completed', 'finished at step ' || $3 || coalesce(': validation accuracy ' ||"
-                   " round($5::numeric, 4), '') || coalesce(', test accuracy ' ||"
-                   " round($7::numeric, 4), ''), jsonb_strip_nulls(jsonb_build_object('step',"
-                   " $3::bigint, 'val_loss', $4::float8, 'val_accuracy', $5::float8,"
-                   " 'test_loss', $6::float8, 'test_accuracy', $7::float8,"
-                   " 'group_id', $2::text)))",
-                   7, v7))
-            goto fail;
-        break;
-    }
-    case FB_EV_FAILED: {
-        /* a job fault uses up a restart (the job goes back to the queue), a spec fault or
-         * the last restart fails it (sql_member_failed) */
-        leaves = true;
-        const char *v6[6] = {m->job_id, m->group_id, step, m->text,
-                             m->fault == FB_FAULT_SPEC ? "true" : "false", e->worker};
-        if (!exec1(d, sql_member_failed, 6, v6)) goto fail;
-        break;
-    }
-    case FB_EV_DETACHED: {
-        leaves = true;
-        const char *v[4] = {m->job_id, m->group_id, step, m->text};
-        if (e->blob && (err = record_state(d, e, tenant))) goto fail;
-        bool early_stopped = false;
-        if (!asha_on_detached(d, m, &early_stopped)) goto fail;
-        if (early_stopped) break;
-        /* a member that left while its job still wants training goes back to the queue */
-        if (!exec1(d,
-                   "WITH upd AS (UPDATE jobs SET in_group = false, updated_at = now(),"
-                   " state = CASE WHEN state IN ('scheduled', 'running') THEN 'queued' ELSE state END,"
-                   " queue_reason = CASE WHEN state IN ('scheduled', 'running') THEN"
-                   "  'left its array (' || $4 || '); resumes from step ' || resume_step"
-                   "  ELSE queue_reason END,"
-                   " step = CASE WHEN state IN ('scheduled', 'running') THEN resume_step ELSE step END"
-                   " WHERE id = $1::uuid RETURNING state, resume_step)"
-                   " INSERT INTO job_events (job_id, kind, message, data) SELECT $1::uuid,"
-                   " CASE WHEN state = 'queued' THEN 'requeued' ELSE 'detached' END,"
-                   " CASE WHEN state = 'queued' THEN 'left its array (' || $4 ||"
-                   "  '); resumes from step ' || resume_step ELSE 'left its array (' || $4 || ')' END,"
-                   " jsonb_build_object('step', $3::bigint, 'group_id', $2::text) FROM upd",
-                   4, v))
-            goto fail;
-        break;
-    }
-    default:
-        break;
-    }
-    bool finished = false;
-    if (leaves && !maybe_finish_group(d, m->group_id, &finished)) goto fail;
-    if (!commit(d)) goto fail;
-    if (finished) drop_group(d, m->group_id);
-    if (leaves) d->plan_due = true;
-    if (asha_stop) asha_send_stop(d, m);
-    return FB_OK;
-fail:
-    rollback(d);
-    return err ? err : FB_ERR_UNAVAILABLE;
-}
-
-static void pending_free(pending *p)
-{
-    if (!p) return;
-    fb_wire_msg_free(&p->m);
-    free(p->span_breakdown);
-    free(p->blob);
-    free(p);
-}
-
-static void push(queue *qq, pending *p)
-{
-    p->next = NULL;
-    if (qq->tail)
-        qq->tail->next = p;
-    else
-        qq->head = p;
-    qq->tail = p;
-    qq->n++;
-}
-
-static pending *pop(queue *qq)
-{
-    pending *p = qq->head;
-    if (!p) return NULL;
-    qq->head = p->next;
-    if (!qq->head) qq->tail = NULL;
-    qq->n--;
-    return p;
-}
-
-/* Writes queued events in order and acknowledges each once committed. */
-static void flush_events(fb_dispatch *d)
-{
-    while (d->events.head) {
-        if (!db_ok(d)) return;
-        pending *e = d->events.head;
-        int err = apply_event(d, e);
-        if (err == FB_ERR_IO) {
-            /* once per outage (a full disk would otherwise log every turn of the loop) */
-            if (!d->artifact_fail_said)
-                fb_log_json(FB_LOG_ERROR, "cannot write an artifact; the event waits",
-                            json_pack("{s:s, s:s}", "job_id", e->m.job_id, "artifacts",
-                                      d->artifacts));
-            d->artifact_fail_said = true;
-            return;
-        }
-        if (err) return;
-        if (d->artifact_fail_said) {
-            fb_log_json(FB_LOG_INFO, "events are written again",
-                        json_pack("{s:s}", "artifacts", d->artifacts));
-            d->artifact_fail_said = false;
-        }
-        pop(&d->events);
-        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = e->m.seq};
-        snprintf(ack.group_id, sizeof ack.group_id, "%s", e->m.group_id);
-        ack.generation = e->m.generation;
-        send_to(d, e->worker, &ack, NULL, NULL, 0);
-        pending_free(e);
-    }
-}
-
-/* ---- progress ------------------------------------------------------------ */
-
-/* Appends x (or NULL) to a PostgreSQL array literal being built in b. */
-static void arr_num(char *b, size_t cap, size_t *len, double x, bool first)
-{
-    if (*len + 40 >= cap) return;
-    *len += (size_t)snprintf(b + *len, cap - *len, "%s", first ? "" : ",");
-    if (isfinite(x))
-        *len += (size_t)snprintf(b + *len, cap - *len, "%.9g", x);
-    else
-        *len += (size_t)snprintf(b + *len, cap - *len, "NULL");
-}
-
-/*
- * A device's utilization: the part of its time the arrays on it spend
- * working (compute, communication, I/O) rather than waiting for their turn,
- * summed over the unfinished arrays there, from their latest reports.
- * Recomputed for the devices of group_id (after its report, or its end).
- */
-static bool update_utilization(fb_dispatch *d, const char *group_id)
-{
-    const char *v[1] = {group_id};
-    /* an array's devices are group_devices (schema 008): its worker's, or those of each of
-     * its workers when it spans several; the arrays on a device are found from either side
-     * through the indexes on the worker */
-    return exec1(d,
-                 "WITH g AS (SELECT worker_id, idx FROM group_devices WHERE group_id = $1::uuid),"
-                 " busy AS (SELECT d.worker_id, d.idx, coalesce(sum(CASE WHEN t.total > 0"
-                 "   THEN t.work / t.total END), 0) AS u"
-                 "  FROM devices d JOIN g ON d.worker_id = g.worker_id AND d.idx = g.idx"
-                 "  LEFT JOIN LATERAL (SELECT coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0) AS work,"
-                 "   coalesce((o.breakdown->>'compute_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'comm_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'io_ms')::float8, 0)"
-                 "   + coalesce((o.breakdown->>'idle_ms')::float8, 0) AS total"
-                 "   FROM (SELECT o1.breakdown FROM groups o1 WHERE o1.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(o1.device_idx) AND o1.comm_port IS NULL"
-                 "    AND o1.state <> 'finished'"
-                 "    UNION ALL SELECT o2.breakdown FROM group_workers gw"
-                 "    JOIN groups o2 ON o2.id = gw.group_id WHERE gw.worker_id = d.worker_id"
-                 "    AND d.idx = ANY(gw.device_idx) AND o2.state <> 'finished') o) t ON true"
-                 "  GROUP BY d.worker_id, d.idx)"
-                 " UPDATE devices d SET utilization = LEAST(1, GREATEST(0, busy.u)) FROM busy"
-                 " WHERE d.worker_id = busy.worker_id AND d.idx = busy.idx",
-                 1, v);
-}
-
-/*
- * The report's per-device breakdown as the groups table keeps it (schema
- * 006): per device its index, times per step, samples per step and speed
- * (samples per second of its training passes; null when it ran none).  A
- * malloc'd JSON text, or NULL when the report has none or memory ran out.
- */
-static char *device_breakdown_json(const fb_wire_msg *m)
-{
-    if (m->n_device_steps < 1) return NULL;
-    json_t *arr = json_array();
-    for (int i = 0; arr && i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
-        json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
-                              "compute_ms", e->compute_ms, "comm_ms", e->comm_ms, "io_ms",
-                              e->io_ms, "idle_ms", e->idle_ms, "samples_per_step", per_step,
-                              "samples_per_s",
-                              busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
-        if (!o || json_array_append_new(arr, o)) {
-            json_decref(arr);
-            arr = NULL;
-        }
-    }
-    char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
-    json_decref(arr);
-    return text;
-}
-
-static bool write_progress(fb_dispatch *d, const pending *p, bool full)
-{
-    const fb_wire_msg *m = &p->m;
-    size_t cap = (size_t)m->n_progress * 48 + 16;
-    char *ids = malloc(cap), *steps = malloc(cap), *totals = malloc(cap), *loss = malloc(cap),
-         *acc = malloc(cap), *lr = malloc(cap);
-    bool ok = false;
-    if (!ids || !steps || !totals || !loss || !acc || !lr) goto done;
-    size_t li = 1, ls = 1, lt = 1, ll = 1, la = 1, lr_ = 1;
-    ids[0] = steps[0] = totals[0] = loss[0] = acc[0] = lr[0] = '{';
-    for (int i = 0; i < m->n_progress; i++) {
-        const fb_wire_member_progress *p = &m->progress[i];
-        li += (size_t)snprintf(ids + li, cap - li, "%s%s", i ? "," : "", p->job_id);
-        ls += (size_t)snprintf(steps + ls, cap - ls, "%s%lld", i ? "," : "", (long long)p->step);
-        lt += (size_t)snprintf(totals + lt, cap - lt, "%s%lld", i ? "," : "",
-                               (long long)p->steps);
-        arr_num(loss, cap, &ll, p->loss, i == 0);
-        arr_num(acc, cap, &la, p->accuracy, i == 0);
-        arr_num(lr, cap, &lr_, p->lr, i == 0);
-    }
-    snprintf(ids + li, cap - li, "}");
-    snprintf(steps + ls, cap - ls, "}");
-    snprintf(totals + lt, cap - lt, "}");
-    snprintf(loss + ll, cap - ll, "}");
-    snprintf(acc + la, cap - la, "}");
-    snprintf(lr + lr_, cap - lr_, "}");
-    char sps[40], cm[40], co[40], io[40], idle[40];
-    fmt_num(sps, sizeof sps, m->samples_per_s);
-    fmt_num(cm, sizeof cm, m->compute_ms);
-    fmt_num(co, sizeof co, m->comm_ms);
-    fmt_num(io, sizeof io, m->io_ms);
-    fmt_num(idle, sizeof idle, m->idle_ms);
-    const char *v[11] = {m->group_id, ids, steps, loss, acc, lr, sps[0] ? sps : NULL,
-                         cm[0] ? cm : NULL, co[0] ? co : NULL, io[0] ? io : NULL,
-                         idle[0] ? idle : NULL};
-    const char *vm[10] = {v[0], v[1], v[2], v[3], v[4], v[6], v[7], v[8], v[9], v[10]};
-    const char *vg[6] = {v[0], v[6], v[7], v[8], v[9], v[10]};
-    ok = exec1(d,
-               "INSERT INTO job_metrics (job_id, step, loss, accuracy, samples_per_s, compute_ms,"
-               " comm_ms, io_ms, wait_ms)"
-               " SELECT u.id, u.step, u.loss, u.acc, $6::float8, $7::float8, $8::float8,"
-               " $9::float8, $10::float8"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[]) AS"
-               " u(id, step, loss, acc) JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid"
-               " ON CONFLICT (job_id, step) DO UPDATE SET loss = EXCLUDED.loss,"
-               " accuracy = EXCLUDED.accuracy, samples_per_s = EXCLUDED.samples_per_s,"
-               " compute_ms = EXCLUDED.compute_ms, comm_ms = EXCLUDED.comm_ms,"
-               " io_ms = EXCLUDED.io_ms, wait_ms = EXCLUDED.wait_ms",
-               10, vm);
-    /* a report superseded by a newer one of the same array only adds its points to the
-     * time series: the newer one sets the latest state */
-    if (!ok || !full) goto done;
-    ok = exec1(d,
-               "UPDATE jobs j SET step = GREATEST(j.step, u.step), updated_at = now(),"
-               " latest_metrics = coalesce(j.latest_metrics, '{}'::jsonb) ||"
-               " jsonb_strip_nulls(jsonb_build_object('step', u.step, 'loss', u.loss,"
-               " 'accuracy', u.acc, 'lr', u.lr, 'samples_per_s', $7::float8,"
-               " 'compute_ms', $8::float8, 'comm_ms', $9::float8, 'io_ms', $10::float8,"
-               " 'idle_ms', $11::float8))"
-               " FROM unnest($2::uuid[], $3::bigint[], $4::float8[], $5::float8[], $6::float8[])"
-               " AS u(id, step, loss, acc, lr)"
-               " WHERE j.id = u.id AND j.group_id = $1::uuid AND j.in_group",
-               11, v) &&
-         exec1(d,
-               "UPDATE groups SET samples_per_s = $2::float8, updated_at = now(),"
-               " breakdown = jsonb_strip_nulls(jsonb_build_object('compute_ms', $3::float8,"
-               " 'comm_ms', $4::float8, 'io_ms', $5::float8, 'idle_ms', $6::float8))"
-               " WHERE id = $1::uuid",
-               6, vg) &&
-         update_utilization(d, m->group_id) && record_slowdown(d, p, ids, steps, totals);
-    if (ok && p->span_breakdown) {
-        const char *vd[2] = {m->group_id, p->span_breakdown};
-        ok = exec1(d, "UPDATE groups SET device_breakdown = $2::jsonb WHERE id = $1::uuid", 2, vd);
-    } else if (ok && m->n_device_steps > 0) {
-        /* kept only when the report names the group's devices in the group's order, which
-         * gives each entry its shard and stage (devices are shard-major) */
-        char *bd = device_breakdown_json(m);
-        const char *vd[2] = {m->group_id, bd};
-        ok = !bd ||
-             exec1(d,
-                   "UPDATE groups g SET device_breakdown = (SELECT jsonb_agg(e.x ||"
-                   " jsonb_build_object('shard', (e.k - 1) / g.parallel_pipeline,"
-                   " 'stage', (e.k - 1) % g.parallel_pipeline, 'worker',"
-                   " (SELECT w.name FROM workers w WHERE w.id = g.worker_id)) ORDER BY e.k)"
-                   " FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k))"
-                   " WHERE g.id = $1::uuid AND g.parallel_pipeline >= 1"
-                   " AND g.device_idx = ARRAY(SELECT (e.x->>'device')::int"
-                   "  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(x, k)"
-                   "  ORDER BY e.k)",
-                   2, vd);
-        free(bd);
-    }
-done:
-    free(ids);
-    free(steps);
-    free(totals);
-    free(loss);
-    free(acc);
-    free(lr);
-    return ok;
-}
-
-/*
- * Slowdown (docs/architecture.md): (elapsed + remaining steps x step time) / (total steps x
- * isolated step time), elapsed from submission.  The isolated step time is
- * the profile of (fusion key, array size, device kind): measured whenever an
- * array has its devices to itself (no other unfinished array on any of them)
- * and smoothed, then reused for arrays that share, whose busy time lowers a
- * profile it shows to be too slow (below).  Until a profile exists
- * the busy part of the step stands in for it.  p carries the report's step
- * as note_step_time measured it: the step of the window the report closed
- * (none for an array's first report, so its warm-up never counts), which
- * feeds the profile, and the smoothed step, which the slowdown uses, as the
- * fair-share controller does (before the first window closes, the report's
- * own breakdown stands in for both).  A report that closed no window, or a member's
- * last report (its window holds the final evaluation and export, which no
- * later step pays), is cold: it only seeds a missing profile, which the
- * first warm report replaces (profiles.warm).  ids, steps and totals are the
- * report's members as the array literals write_progress built.
- */
-static bool record_slowdown(fb_dispatch *d, const pending *p, const char *ids,
-                            const char *steps, const char *totals)
-{
-    const fb_wire_msg *m = &p->m;
-    double step_ms = p->smooth_step_ms, busy_ms = p->smooth_busy_ms;
-    if (!(step_ms > 0 && busy_ms > 0)) {
-        /* nothing measured yet (an array's first half second): the report's own breakdown,
-         * which is all a short job ever has */
-        const double parts[4] = {m->compute_ms, m->comm_ms, m->io_ms, m->idle_ms};
-        step_ms = busy_ms = 0;
-        for (int i = 0; i < 4; i++)
-            if (isfinite(parts[i]) && parts[i] > 0) {
-                step_ms += parts[i];
-                if (i < 3) busy_ms += parts[i];
-            }
-    }
-    if (!(step_ms > 0) || !(busy_ms > 0) || m->n_progress < 1) return true;
-    /* a profile only from a report that closed a measuring window */
-    bool warm = p->step_ms > 0 && p->busy_ms > 0;
-    /* a member's last report carries its final evaluation and model export, which a
-     * later step of the array does not pay */
-    for (int i = 0; i < m->n_progress && warm; i++)
-        if (m->progress[i].step >= m->progress[i].steps) warm = false;
-    /* a cold report only seeds a profile that does not exist yet; the first warm one
-     * replaces the seed, later ones are averaged in: a faster step quickly, a slower one
-     * slowly, since load from outside the array (other processes on the machine, the
-     * server catching up) only ever makes a step slower than it is alone.
-     * A warm window of an array that shares its device bounds its profile from above:
-     * its busy time (compute, communication, I/O; the wait for its turn left out) is what
-     * its steps took, and taking turns adds idle time, not busy time, while outside load
-     * only adds to it.  A profile above it was measured under load (a loaded machine, a
-     * short first window) and is too slow, so such a window lowers it, seed or not, by
-     * the half step a faster window alone takes rather than straight to the busy time:
-     * one window's busy time rests on the arrival times of two reports and on a report
-     * interval's breakdown, and one low window must not set the profile; halving the gap
-     * still brings a profile three times too slow within 10% in five windows.  A shared
-     * window never raises a profile nor creates one (the busy time stands in until one
-     * exists).  The bound needs a busy time that covers the whole step, so only arrays on
-     * one device lower: of a pipeline, compute is the stages' mean and the bubble, part of
-     * every step alone, is idle; of a data-parallel array (spanning workers or not),
-     * compute and communication are the devices' means and the wait for the slowest
-     * device is idle.  A profile is per device kind (the worker's backend), so an array
-     * lowers only its own kind's.  What the bound misses: a data loader that is the
-     * bottleneck alone prefetches during other arrays' turns, so a shared window hides
-     * part of its wait.  The lowering is a data-modifying WITH of the insert's statement
-     * (one statement per report, as before); the two never touch the same row.  Sharing
-     * is read from group_devices (schema 008), so that a device also counts as shared
-     * when another array holds it as a rank of an array that spans workers, or when this
-     * array spans workers and another holds one of its followers' devices. */
-    static const char profile_sql[] =
-        "WITH a AS (SELECT g.fusion_key, w.backend,"
-        "  g.parallel_data = 1 AND g.parallel_pipeline = 1 AS one_device,"
-        "  EXISTS (SELECT 1 FROM group_devices mine JOIN group_devices o"
-        "   ON o.worker_id = mine.worker_id AND o.idx = mine.idx AND o.group_id <> mine.group_id"
-        "   JOIN groups og ON og.id = o.group_id AND og.state <> 'finished'"
-        "   WHERE mine.group_id = g.id) AS shared"
-        "  FROM groups g JOIN workers w ON w.id = g.worker_id WHERE g.id = $1::uuid),"
-        " l AS (UPDATE profiles p SET"
-        "  isolated_step_ms = 0.5 * p.isolated_step_ms + 0.5 * $5::float8, measured_at = now()"
-        "  FROM a WHERE a.shared AND a.one_device AND $4::boolean AND $5::float8 > 0"
-        "  AND $5::float8 < p.isolated_step_ms AND p.fusion_key = a.fusion_key"
-        "  AND p.n_models = $3::int AND p.device_kind = a.backend)"
-        " INSERT INTO profiles AS p (fusion_key, n_models, device_kind, isolated_step_ms, warm)"
-        " SELECT a.fusion_key, $3::int, a.backend, $2::float8, $4::boolean FROM a"
-        " WHERE NOT a.shared"
-        " ON CONFLICT (fusion_key, n_models, device_kind) DO UPDATE SET"
-        " isolated_step_ms = CASE WHEN NOT p.warm THEN EXCLUDED.isolated_step_ms"
-        "  WHEN EXCLUDED.isolated_step_ms < p.isolated_step_ms"
-        "  THEN 0.5 * p.isolated_step_ms + 0.5 * EXCLUDED.isolated_step_ms"
-        "  ELSE 0.9 * p.isolated_step_ms + 0.1 * EXCLUDED.isolated_step_ms END,"
-        " warm = true, measured_at = now() WHERE EXCLUDED.warm";
-    /* the profile takes this window's step (a cold seed the smoothed one), or of a shared
-     * window its busy time; the slowdown the smoothed step, the one the controller acts on */
-    char ms[40], b[16], busy[40], prof[40], wbusy[40];
-    snprintf(ms, sizeof ms, "%.9g", step_ms);
-    snprintf(b, sizeof b, "%d", m->n_progress);
-    snprintf(busy, sizeof busy, "%.9g", busy_ms);
-    snprintf(prof, sizeof prof, "%.9g", warm ? p->step_ms : step_ms);
-    snprintf(wbusy, sizeof wbusy, "%.9g", warm ? p->busy_ms : 0.0);
-    const char *vp[5] = {m->group_id, prof, b, warm ? "true" : "false", wbusy};
-    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
-    char now_s[32];
-    const char *now = fb_db_clock_now(now_s, sizeof now_s);
-    const char *vs[8] = {m->group_id, ms, b, ids, steps, totals, busy, now};
-    return exec1(d, profile_sql, 5, vp) &&
-           exec1(d,
-                 "WITH s AS (SELECT u.id, u.step,"
-                 "  (extract(epoch FROM coalesce(to_timestamp($8::float8), now()) - j.created_at)"
-                 "  * 1000"
-                 "  + (u.total - u.step) * $2::float8)"
-                 "  / (u.total * coalesce(p.isolated_step_ms, $7::float8)) AS x"
-                 " FROM unnest($4::uuid[], $5::bigint[], $6::bigint[]) AS u(id, step, total)"
-                 " JOIN jobs j ON j.id = u.id AND j.group_id = $1::uuid AND j.in_group"
-                 " JOIN groups g ON g.id = $1::uuid JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key AND p.n_models = $3::int"
-                 "  AND p.device_kind = w.backend"
-                 " WHERE u.total > 0 AND coalesce(p.isolated_step_ms, $7::float8) > 0),"
-                 " m AS (UPDATE job_metrics jm SET slowdown = s.x FROM s"
-                 "  WHERE jm.job_id = s.id AND jm.step = s.step)"
-                 " UPDATE jobs j SET slowdown = s.x FROM s WHERE j.id = s.id",
-                 8, vs);
-}
-
-/* Whether a report queued after p is of the same array (and so supersedes p's
- * latest state). */
-static bool superseded(const pending *p)
-{
-    for (const pending *q = p->next; q; q = q->next)
-        if (strcmp(q->m.group_id, p->m.group_id) == 0) return true;
-    return false;
-}
-
-/*
- * Writes queued progress reports, oldest first, in transactions of at most
- * FLUSH_SLICE_MS; what a failed one held is kept.  A report superseded by a
- * newer one of the same array writes only its metric points (one statement
- * instead of six), and one call writes for at most FLUSH_BUDGET_MS, less
- * when a submission wants a plan (after at least one slice, so that
- * frequent submissions cannot starve the reports), so that a backlog (many
- * arrays, a slow database) neither starves planning and heartbeats nor
- * grows: the loop comes back for the rest on its next turn.
- */
-static void flush_progress_run(fb_dispatch *d)
-{
-    int64_t t0 = real_ms();
-    /* slices of one transaction each: PostgreSQL hands a listening session its
-     * notifications only between transactions, and a submission that arrives during a
-     * long flush is planned after the slice it arrived in, not after the whole flush */
-    for (bool first = true;
-         d->progress.head && real_ms() - t0 < FLUSH_BUDGET_MS && (first || !d->plan_due);
-         first = false) {
-        if (!db_ok(d) || !begin(d)) return;
-        int64_t t1 = real_ms();
-        int n = 0;
-        for (pending *p = d->progress.head; p; p = p->next) {
-            if (!write_progress(d, p, !superseded(p))) {
-                rollback(d);
-                return;
-            }
-            n++;
-            if (real_ms() - t1 >= FLUSH_SLICE_MS) break;
-        }
-        if (!commit(d)) {
-            rollback(d);
-            return;
-        }
-        for (pending *p; n > 0 && (p = pop(&d->progress)); n--) pending_free(p);
-        PQconsumeInput(d->pg);
-        take_notifies(d);
-    }
+    dsp_send(d, worker_name, &m, NULL, NULL, 0);
 }
 
 /* ---- messages from workers ----------------------------------------------- */
@@ -1825,7 +441,7 @@ static void flush_progress_run(fb_dispatch *d)
 /* Whether m's group is live, of m's generation, and run (in part) by this worker. */
 static bool group_current(fb_dispatch *d, const char *name, const fb_wire_msg *m)
 {
-    group *g = find_group(d, m->group_id);
+    group *g = dsp_find_group(d, m->group_id);
     return g && g->generation == m->generation && group_has_worker(g, name);
 }
 
@@ -1847,7 +463,7 @@ static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bo
 {
     for (int i = 0; i < m->n_running; i++) {
         const fb_wire_running *r = &m->running[i];
-        group *g = find_group(d, r->group_id);
+        group *g = dsp_find_group(d, r->group_id);
         if (g && g->generation == r->generation && group_has_worker(g, name)) {
             span_member *sm = span_find(g, name);
             if (sm) {
@@ -1857,13 +473,13 @@ static void reconcile(fb_dispatch *d, const char *name, const fb_wire_msg *m, bo
                 g->listed = true;
                 g->missing_since_ms = 0;
             }
-        } else if (!detach_recent(d, r->group_id, now)) {
+        } else if (!dsp_detach_recent(d, r->group_id, now)) {
             /* once per DETACH_RESEND_MS: a worker whose link comes back reports the same
              * stale array in every HELLO and heartbeat it queued meanwhile */
             fb_log_json(FB_LOG_WARN, "a worker runs a stale array; stopping it",
                         json_pack("{s:s, s:s, s:I}", "worker", name, "group_id", r->group_id,
                                   "generation", (json_int_t)r->generation));
-            send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
+            dsp_send_detach(d, name, r->group_id, r->generation, NULL, "stale array", false);
         }
     }
     for (int i = 0; i < d->n_groups; i++) {
@@ -1916,44 +532,34 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
                     json_pack("{s:s, s:s}", "routing_id", name, "worker", m->worker));
         return;
     }
-    worker *w = find_worker(d, name);
+    worker *w = dsp_find_worker(d, name);
     char id[FB_WIRE_ID_LEN + 1];
     if (w && hello_same(d, w, m)) {
         /* the database already says all of it: only the answer and the running groups */
         snprintf(id, sizeof id, "%s", w->id);
         goto registered;
     }
-    if (!db_ok(d) || !begin(d)) return; /* no WELCOME: the worker says HELLO again */
+    if (!dsp_db_ok(d) || !dsp_begin(d)) return; /* no WELCOME: the worker says HELLO again */
     const char *v[3] = {name, m->backend, m->version};
-    PGresult *r = q(d,
-                    "INSERT INTO workers (name, state, backend, version, last_seen_at)"
-                    " VALUES ($1, 'ready', $2, $3, now()) ON CONFLICT (name) DO UPDATE SET"
-                    " state = 'ready', backend = EXCLUDED.backend, version = EXCLUDED.version,"
-                    " registered_at = now(), last_seen_at = now() RETURNING id",
-                    3, v);
+    PGresult *r = dsp_q(d, sql_worker_upsert, 3, v);
     if (!r) goto fail;
     snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     char n_dev[16];
     snprintf(n_dev, sizeof n_dev, "%d", m->n_devices);
     const char *vd[2] = {id, n_dev};
-    if (!exec1(d, "DELETE FROM devices WHERE worker_id = $1::uuid AND idx >= $2::int", 2, vd))
+    if (!dsp_exec(d, sql_devices_trim, 2, vd))
         goto fail;
     for (int i = 0; i < m->n_devices; i++) {
         char idx[16], mem[24];
         snprintf(idx, sizeof idx, "%d", m->devices[i].idx);
         snprintf(mem, sizeof mem, "%lld", (long long)m->devices[i].memory_bytes);
         const char *vv[5] = {id, idx, m->devices[i].kind, m->devices[i].name, mem};
-        if (!exec1(d,
-                   "INSERT INTO devices (worker_id, idx, kind, name, memory_bytes)"
-                   " VALUES ($1::uuid, $2::int, $3, $4, $5::bigint) ON CONFLICT (worker_id, idx)"
-                   " DO UPDATE SET kind = EXCLUDED.kind, name = EXCLUDED.name,"
-                   " memory_bytes = EXCLUDED.memory_bytes",
-                   5, vv))
+        if (!dsp_exec(d, sql_device_upsert, 5, vv))
             goto fail;
     }
-    if (!commit(d)) goto fail;
-    w = find_worker(d, name);
+    if (!dsp_commit(d)) goto fail;
+    w = dsp_find_worker(d, name);
     if (!w) {
         if (d->n_workers == MAX_WORKERS) {
             fb_logf(FB_LOG_ERROR, "too many workers; %s refused", name);
@@ -1983,116 +589,12 @@ registered:
                           m->comm_host));
     fb_wire_msg welcome = {.type = FB_WIRE_WELCOME, .heartbeat_ms = d->cfg.heartbeat_ms};
     snprintf(welcome.worker_id, sizeof welcome.worker_id, "%s", id);
-    send_to(d, name, &welcome, NULL, NULL, 0);
+    dsp_send(d, name, &welcome, NULL, NULL, 0);
     reconcile(d, name, m, true, now);
     d->plan_due = true;
     return;
 fail:
-    rollback(d);
-}
-
-/* Steps are measured over windows of at least this long: reports that arrive bunched
- * (the loop was busy, or the worker's outbox caught up) must not look like fast steps. */
-#define STEP_WINDOW_MS 500
-
-/*
- * Measures a current group's step from its PROGRESS reports and smooths it.
- * The step time is the wall-clock time over the steps the array made in a
- * window of STEP_WINDOW_MS or more, as the control loop sees the reports
- * arrive: the workers' own per-step breakdown adds up per-thread times (it
- * can exceed the wall-clock time of a step), so it only says which part of a
- * step is busy (compute, communication, I/O) and which waits for the array's
- * turn on a shared device.  The busy part stands in for the isolated step
- * time until a profile exists (the workers' stride scheduler runs one array
- * at a time on a device, so that is what a step takes alone, cache effects
- * aside).  The first window starts at the array's first report, so its
- * warm-up never counts.  *step_ms and *busy_ms receive the step and busy
- * time of a window this report closes, 0 when it closes none.
- */
-static void note_step_time(fb_dispatch *d, const fb_wire_msg *m, double *step_ms,
-                           double *busy_ms)
-{
-    *step_ms = *busy_ms = 0;
-    group *g = find_group(d, m->group_id);
-    if (!g) return;
-    int64_t t = fb_clock_ms(), step = 0;
-    for (int i = 0; i < m->n_progress; i++)
-        if (m->progress[i].step > step) step = m->progress[i].step;
-    if (g->reports++ == 0 || step < g->base_step) {
-        g->base_step = step;
-        g->base_ms = t;
-        return;
-    }
-    if (t - g->base_ms < STEP_WINDOW_MS || step == g->base_step) return;
-    double wall = (double)(t - g->base_ms) / (double)(step - g->base_step);
-    g->base_step = step;
-    g->base_ms = t;
-    double busy = 0, idle = isfinite(m->idle_ms) && m->idle_ms > 0 ? m->idle_ms : 0;
-    const double parts[3] = {m->compute_ms, m->comm_ms, m->io_ms};
-    for (int i = 0; i < 3; i++)
-        if (isfinite(parts[i]) && parts[i] > 0) busy += parts[i];
-    if (!(busy > 0) || !(wall > 0) || wall > 1e12) return;
-    *step_ms = wall;
-    *busy_ms = wall * busy / (busy + idle);
-    g->step_ms = fb_fair_ewma(g->step_ms, *step_ms, d->fair.smoothing);
-    g->busy_ms = fb_fair_ewma(g->busy_ms, *busy_ms, d->fair.smoothing);
-}
-
-/*
- * note_device_steps for a group that spans workers: each of the reporting
- * worker's devices is the rank it holds, and rates are kept by rank.  Every
- * worker reports on its own, so a rank's first report (its warm-up) gives no
- * rate.
- */
-static void note_span_steps(fb_dispatch *d, group *g, const char *name, const fb_wire_msg *m)
-{
-    span *sp = g->span;
-    for (int i = 0; i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        int r = span_rank(g, name, e->device);
-        if (r < 0) continue;
-        bool first = !sp->has[r];
-        sp->has[r] = true;
-        sp->step[r] = *e;
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        if (first || e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
-        double rate = (double)e->samples / busy_s;
-        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
-        g->dev_rate[r] = fb_fair_ewma(g->dev_rate[r], rate, d->fair.smoothing);
-    }
-}
-
-/*
- * Takes a report's per-device breakdown into its group: the latest entries,
- * and each device's speed, the samples it trained on per second of its own
- * training passes (communication and waiting left out, so that a device is
- * not taken for slow because it waited for another; the update left out,
- * which costs every replica the same whatever its share), smoothed.  Rates are kept
- * by device index; the fair-share period reads those of the group's own
- * devices only, so an entry for another device changes nothing.  An array's
- * first report holds its warm-up (memory touched the first time, threads
- * started), which says nothing about a device's speed: as for its step time
- * (note_step_time, called first), it gives no rate.
- */
-static void note_device_steps(fb_dispatch *d, const char *name, const fb_wire_msg *m)
-{
-    group *g = find_group(d, m->group_id);
-    if (!g || m->n_device_steps < 1) return;
-    if (g->span) {
-        note_span_steps(d, g, name, m);
-        return;
-    }
-    g->n_dev = m->n_device_steps;
-    memcpy(g->dev, m->device_steps, (size_t)m->n_device_steps * sizeof *g->dev);
-    if (g->reports <= 1) return;
-    for (int i = 0; i < m->n_device_steps; i++) {
-        const fb_wire_device_step *e = &m->device_steps[i];
-        double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-        if (e->steps < 1 || e->samples < 1 || !(busy_s > 0)) continue;
-        double rate = (double)e->samples / busy_s;
-        if (!(rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE)) continue;
-        g->dev_rate[e->device] = fb_fair_ewma(g->dev_rate[e->device], rate, d->fair.smoothing);
-    }
+    dsp_rollback(d);
 }
 
 /*
@@ -2104,63 +606,25 @@ static void note_device_steps(fb_dispatch *d, const char *name, const fb_wire_ms
  */
 static void drain_follower(fb_dispatch *d, const char *name)
 {
-    if (!db_ok(d)) return;
+    if (!dsp_db_ok(d)) return;
     for (int i = 0; i < d->n_groups; i++) {
         const group *g = &d->groups[i];
         if (!g->span || !span_find(g, name) || strcmp(g->worker, name) == 0 ||
-            !find_worker(d, g->worker))
+            !dsp_find_worker(d, g->worker))
             continue;
         const char *v[1] = {g->id};
-        PGresult *r = q(d, "SELECT id FROM jobs WHERE group_id = $1::uuid AND in_group", 1, v);
+        PGresult *r = dsp_q(d, sql_group_jobs, 1, v);
         if (!r) return;
         for (int k = 0; k < PQntuples(r); k++) {
-            send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
+            dsp_send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
                         "a worker of the array drains", true);
-            detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
+            dsp_detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
         }
         fb_log_json(FB_LOG_INFO, "a follower drains: its spanning array moves",
                     json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name,
                               "leader", g->worker, "members", PQntuples(r)));
         PQclear(r);
     }
-}
-
-/*
- * The device breakdown of a group that spans workers, as the groups table
- * keeps it (schema 006), over all its ranks from each rank's latest report:
- * per rank its worker, device index, rank (= shard; stage 0), times per step,
- * samples per step and speed.  A malloc'd JSON text, or NULL when no rank has
- * reported yet or memory ran out.
- */
-static char *span_breakdown_json(const group *g)
-{
-    const span *sp = g->span;
-    json_t *arr = json_array();
-    int n = 0;
-    for (int k = 0; arr && k < sp->n; k++) {
-        const span_member *sm = &sp->m[k];
-        for (int i = 0; arr && i < sm->n_ranks; i++) {
-            int r = sm->rank_base + i;
-            if (!sp->has[r]) continue;
-            const fb_wire_device_step *e = &sp->step[r];
-            double busy_s = (double)e->steps * e->pass_ms / 1000.0;
-            double per_step = e->steps > 0 ? (double)e->samples / (double)e->steps : 0;
-            json_t *o = json_pack(
-                "{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o}", "device", e->device,
-                "worker", sm->worker, "rank", r, "shard", r, "stage", 0, "compute_ms",
-                e->compute_ms, "comm_ms", e->comm_ms, "io_ms", e->io_ms, "idle_ms", e->idle_ms,
-                "samples_per_step", per_step, "samples_per_s",
-                busy_s > 0 ? json_real((double)e->samples / busy_s) : json_null());
-            if (!o || json_array_append_new(arr, o)) {
-                json_decref(arr);
-                arr = NULL;
-            }
-            n++;
-        }
-    }
-    char *text = arr && n > 0 ? json_dumps(arr, JSON_COMPACT) : NULL;
-    json_decref(arr);
-    return text;
 }
 
 /* ---- the census of a tick's drain ------------------------------------------ */
@@ -2241,6 +705,109 @@ static bool peer_settled(const fb_dispatch *d, const char *name)
     return d->census_max >= 2 * reads + 4;
 }
 
+/* A PROGRESS report of worker name: queued for the flush (dispatch_record.c) with what it
+ * measures of its group; a follower's of an array that spans workers only adds its devices'
+ * breakdown.  Takes m's contents when it queues them. */
+static void on_progress(fb_dispatch *d, const char *name, fb_wire_msg *m)
+{
+    if (!group_current(d, name, m)) {
+        fb_log_json(FB_LOG_DEBUG, "stale progress dropped",
+                    json_pack("{s:s, s:s}", "worker", name, "group_id", m->group_id));
+        return;
+    }
+    if (d->progress.n >= MAX_PENDING_PROGRESS) {
+        pending *old = dsp_pop(&d->progress);
+        dsp_pending_free(old);
+        fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
+    }
+    group *g = dsp_find_group(d, m->group_id);
+    if (g->span && strcmp(g->worker, name) != 0) {
+        /* a follower reports only its own devices' breakdown, written with the
+         * leader's next report */
+        dsp_note_device_steps(d, name, m);
+        return;
+    }
+    for (int k = 0; k < m->n_progress; k++)
+        if (m->progress[k].step > g->high_step) g->high_step = m->progress[k].step;
+    double step_ms, busy_ms;
+    dsp_note_step_time(d, m, &step_ms, &busy_ms);
+    dsp_note_device_steps(d, name, m);
+    pending *p = calloc(1, sizeof *p);
+    if (!p) return;
+    if (g->span) p->span_breakdown = dsp_span_breakdown_json(g);
+    p->step_ms = step_ms;
+    p->busy_ms = busy_ms;
+    p->smooth_step_ms = g->step_ms;
+    p->smooth_busy_ms = g->busy_ms;
+    snprintf(p->worker, sizeof p->worker, "%s", name);
+    p->m = *m;
+    memset(m, 0, sizeof *m);
+    dsp_push(&d->progress, p);
+}
+
+/* An EVENT of worker name, with its frames fr (the blob it references): queued and written
+ * at once after the progress that came first, or acknowledged and dropped when its array
+ * is gone (a late checkpoint aside) or it comes from a follower.  Takes m's contents when
+ * it queues them. */
+static void on_event(fb_dispatch *d, const char *name, fb_wire_msg *m, zmq_msg_t *fr)
+{
+    /* a checkpoint of an array requeued before it arrived may still be the job's best
+     * resume point (apply_late_checkpoint); it is acknowledged once decided */
+    bool late = !group_current(d, name, m) && m->event == FB_EV_CHECKPOINTED && m->blob;
+    if (!late && !group_current(d, name, m)) {
+        /* acknowledged anyway: the array it came from is gone, and the worker
+         * must not keep resending it */
+        fb_log_json(FB_LOG_INFO, "stale event dropped",
+                    json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m->group_id,
+                              "event", fb_wire_event_name(m->event)));
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq,
+                           .generation = m->generation};
+        snprintf(ack.group_id, sizeof ack.group_id, "%s", m->group_id);
+        dsp_send(d, name, &ack, NULL, NULL, 0);
+        return;
+    }
+    const group *eg = late ? NULL : dsp_find_group(d, m->group_id);
+    if (eg && eg->span && strcmp(eg->worker, name) != 0) {
+        /* only the leader of an array that spans workers speaks for its members */
+        fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
+                    json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
+                              "group_id", m->group_id, "event", fb_wire_event_name(m->event)));
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq, .generation = m->generation};
+        snprintf(ack.group_id, sizeof ack.group_id, "%s", m->group_id);
+        dsp_send(d, name, &ack, NULL, NULL, 0);
+        return;
+    }
+    /* a worker that registers again resends every unacknowledged event: one still
+     * waiting here is acknowledged when it is written, not recorded twice */
+    bool queued = false;
+    for (pending *o = d->events.head; o && !queued; o = o->next)
+        queued = o->m.seq == m->seq && o->m.event == m->event && o->m.step == m->step &&
+                 strcmp(o->worker, name) == 0 && strcmp(o->m.group_id, m->group_id) == 0 &&
+                 strcmp(o->m.job_id, m->job_id) == 0;
+    if (queued) return;
+    pending *p = calloc(1, sizeof *p);
+    if (!p) return;
+    snprintf(p->worker, sizeof p->worker, "%s", name);
+    p->late = late;
+    if (m->blob) {
+        size_t len = zmq_msg_size(&fr[1 + m->blob]);
+        p->blob = malloc(len ? len : 1);
+        if (!p->blob) {
+            free(p);
+            return;
+        }
+        memcpy(p->blob, zmq_msg_data(&fr[1 + m->blob]), len);
+        p->blob_len = len;
+    }
+    p->m = *m;
+    memset(m, 0, sizeof *m);
+    dsp_push(&d->events, p);
+    /* progress that came first is written first: a member's last report must not find
+     * it already gone from its array */
+    dsp_flush_progress(d);
+    dsp_flush_events(d);
+}
+
 /* Receives one multipart message from the ROUTER and acts on it. */
 static void on_message(fb_dispatch *d)
 {
@@ -2291,7 +858,7 @@ static void on_message(fb_dispatch *d)
                     json_pack("{s:s, s:s}", "worker", name, "error", err));
         goto done;
     }
-    worker *w = find_worker(d, name);
+    worker *w = dsp_find_worker(d, name);
     /* the time it was read, for every decision on it (reconcile), taken before any answer */
     int64_t now = fb_clock_ms();
     if (w) w->last_seen_ms = now;
@@ -2299,7 +866,7 @@ static void on_message(fb_dispatch *d)
         /* a worker this server does not know (it restarted): it must say HELLO first, and
          * it keeps its unacknowledged events until then */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = false};
-        send_to(d, name, &reply, NULL, NULL, 0);
+        dsp_send(d, name, &reply, NULL, NULL, 0);
         goto free_msg;
     }
     switch (m.type) {
@@ -2309,111 +876,23 @@ static void on_message(fb_dispatch *d)
     case FB_WIRE_HEARTBEAT: {
         if (m.reply) break; /* only the server answers heartbeats */
         fb_wire_msg reply = {.type = FB_WIRE_HEARTBEAT, .reply = true, .known = w != NULL};
-        send_to(d, name, &reply, NULL, NULL, 0);
+        dsp_send(d, name, &reply, NULL, NULL, 0);
         if (w) reconcile(d, name, &m, false, now);
         break;
     }
     case FB_WIRE_PROGRESS:
-        if (!group_current(d, name, &m)) {
-            fb_log_json(FB_LOG_DEBUG, "stale progress dropped",
-                        json_pack("{s:s, s:s}", "worker", name, "group_id", m.group_id));
-            break;
-        }
-        if (d->progress.n >= MAX_PENDING_PROGRESS) {
-            pending *old = pop(&d->progress);
-            pending_free(old);
-            fb_logf(FB_LOG_WARN, "progress backlog full; the oldest report was dropped");
-        }
-        {
-            group *g = find_group(d, m.group_id);
-            if (g->span && strcmp(g->worker, name) != 0) {
-                /* a follower reports only its own devices' breakdown, written with the
-                 * leader's next report */
-                note_device_steps(d, name, &m);
-                break;
-            }
-            for (int k = 0; k < m.n_progress; k++)
-                if (m.progress[k].step > g->high_step) g->high_step = m.progress[k].step;
-            double step_ms, busy_ms;
-            note_step_time(d, &m, &step_ms, &busy_ms);
-            note_device_steps(d, name, &m);
-            pending *p = calloc(1, sizeof *p);
-            if (!p) break;
-            if (g->span) p->span_breakdown = span_breakdown_json(g);
-            p->step_ms = step_ms;
-            p->busy_ms = busy_ms;
-            p->smooth_step_ms = g->step_ms;
-            p->smooth_busy_ms = g->busy_ms;
-            snprintf(p->worker, sizeof p->worker, "%s", name);
-            p->m = m;
-            memset(&m, 0, sizeof m);
-            push(&d->progress, p);
-        }
+        on_progress(d, name, &m);
         break;
-    case FB_WIRE_EVENT: {
-        /* a checkpoint of an array requeued before it arrived may still be the job's best
-         * resume point (apply_late_checkpoint); it is acknowledged once decided */
-        bool late = !group_current(d, name, &m) && m.event == FB_EV_CHECKPOINTED && m.blob;
-        if (!late && !group_current(d, name, &m)) {
-            /* acknowledged anyway: the array it came from is gone, and the worker
-             * must not keep resending it */
-            fb_log_json(FB_LOG_INFO, "stale event dropped",
-                        json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m.group_id,
-                                  "event", fb_wire_event_name(m.event)));
-            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq,
-                               .generation = m.generation};
-            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            send_to(d, name, &ack, NULL, NULL, 0);
-            break;
-        }
-        const group *eg = late ? NULL : find_group(d, m.group_id);
-        if (eg && eg->span && strcmp(eg->worker, name) != 0) {
-            /* only the leader of an array that spans workers speaks for its members */
-            fb_log_json(FB_LOG_WARN, "a member event from a follower of a spanning array; ignored",
-                        json_pack("{s:s, s:s, s:s, s:s}", "worker", name, "leader", eg->worker,
-                                  "group_id", m.group_id, "event", fb_wire_event_name(m.event)));
-            fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m.seq, .generation = m.generation};
-            snprintf(ack.group_id, sizeof ack.group_id, "%s", m.group_id);
-            send_to(d, name, &ack, NULL, NULL, 0);
-            break;
-        }
-        /* a worker that registers again resends every unacknowledged event: one still
-         * waiting here is acknowledged when it is written, not recorded twice */
-        bool queued = false;
-        for (pending *o = d->events.head; o && !queued; o = o->next)
-            queued = o->m.seq == m.seq && o->m.event == m.event && o->m.step == m.step &&
-                     strcmp(o->worker, name) == 0 && strcmp(o->m.group_id, m.group_id) == 0 &&
-                     strcmp(o->m.job_id, m.job_id) == 0;
-        if (queued) break;
-        pending *p = calloc(1, sizeof *p);
-        if (!p) break;
-        snprintf(p->worker, sizeof p->worker, "%s", name);
-        p->late = late;
-        if (m.blob) {
-            size_t len = zmq_msg_size(&fr[1 + m.blob]);
-            p->blob = malloc(len ? len : 1);
-            if (!p->blob) {
-                free(p);
-                break;
-            }
-            memcpy(p->blob, zmq_msg_data(&fr[1 + m.blob]), len);
-            p->blob_len = len;
-        }
-        p->m = m;
-        memset(&m, 0, sizeof m);
-        push(&d->events, p);
-        /* progress that came first is written first: a member's last report must not find
-         * it already gone from its array */
-        flush_progress(d);
-        flush_events(d);
+    case FB_WIRE_EVENT:
+        on_event(d, name, &m, fr);
         break;
-    }
     case FB_WIRE_DRAIN:
         if (w && !w->draining) {
             w->draining = true;
             fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
             const char *v[1] = {name};
-            if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'draining' WHERE name = $1", 1, v);
+            if (dsp_db_ok(d))
+                dsp_exec(d, sql_worker_draining, 1, v);
             drain_follower(d, name);
         }
         break;
@@ -2500,772 +979,7 @@ static void on_zap(fb_dispatch *d)
     for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
 }
 
-/* ---- planning -------------------------------------------------------------- */
-
-static const keyinfo *key_info(fb_dispatch *d, const char *key, const char *job_id)
-{
-    for (int i = 0; i < d->n_kinfo; i++)
-        if (strcmp(d->kinfo[i].key, key) == 0) return &d->kinfo[i];
-    const char *v[1] = {job_id};
-    PGresult *r = q(d, "SELECT spec::text FROM jobs WHERE id = $1::uuid", 1, v);
-    if (!r) return NULL;
-    fb_job_spec spec;
-    char err[256];
-    int e = PQntuples(r) == 1 ? fb_job_spec_parse(PQgetvalue(r, 0, 0),
-                                                  (size_t)PQgetlength(r, 0, 0), NULL, &spec, err,
-                                                  sizeof err)
-                              : FB_ERR_NOT_FOUND;
-    PQclear(r);
-    if (e) return NULL;
-    if (d->n_kinfo == d->cap_kinfo) {
-        int cap = d->cap_kinfo ? 2 * d->cap_kinfo : 64;
-        keyinfo *k = realloc(d->kinfo, (size_t)cap * sizeof *k);
-        if (!k) {
-            fb_job_spec_free(&spec);
-            return NULL;
-        }
-        d->kinfo = k;
-        d->cap_kinfo = cap;
-    }
-    keyinfo *k = &d->kinfo[d->n_kinfo++];
-    snprintf(k->key, sizeof k->key, "%s", key);
-    k->member = fb_plan_member_bytes(&spec, &k->shared);
-    k->batch = spec.batch_size;
-    k->data = spec.parallel_data;
-    k->pipeline = spec.parallel_pipeline;
-    fb_job_spec_free(&spec);
-    return k;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Index of uuid s among the sorted tenant ids, -1 when absent. */
-static int tenant_index(char **sorted, int n, const char *s)
-{
-    char **hit = bsearch(&s, sorted, (size_t)n, sizeof *sorted, cmp_str);
-    return hit ? (int)(hit - sorted) : -1;
-}
-
-typedef struct plan_ctx {
-    const fb_queue_job *const *jobs; /* the queue in planning order, owned by d->queue */
-    PGresult *tenants, *running;
-    fb_plan_job *pj;
-    int64_t *batch;
-    fb_plan_tenant *pt;
-    char **tenant_ids; /* sorted, pointing into tenants result */
-    fb_plan_device *pd;
-    int *dev_worker; /* device -> index into d->workers */
-    fb_plan_running *pr;
-    int *run_tenants;
-    int *row;     /* snapshot job -> its place in jobs */
-    int *run_row; /* snapshot running group -> row of the running result */
-} plan_ctx;
-
-static void plan_ctx_free(plan_ctx *c)
-{
-    PQclear(c->tenants);
-    PQclear(c->running);
-    free(c->pj);
-    free(c->batch);
-    free(c->pt);
-    free(c->tenant_ids);
-    free(c->pd);
-    free(c->dev_worker);
-    free(c->pr);
-    free(c->run_tenants);
-    free(c->row);
-    free(c->run_row);
-}
-
-/* A new group recorded in the plan's transaction, and its ASSIGN, sent once
- * that transaction commits (deliver_groups). */
-typedef struct assign_out {
-    struct assign_out *next;
-    char gid[FB_WIRE_ID_LEN + 1];
-    char worker[FB_WIRE_NAME_MAX + 1];
-    bool recorded;              /* its rows were written (its savepoint released) */
-    bool sendable;              /* m is complete */
-    fb_wire_msg m;
-    const void **send_blobs;    /* [nb], pointing into blobs */
-    size_t *send_lens;
-    int nb;
-    void **blobs;               /* [n_blobs], owned: the members' resume checkpoints */
-    int n_blobs;
-    double time_share;
-    /* a group that spans workers: its workers (owned until the group is tracked) and what
-     * every one of them is told besides its own ranks */
-    span *span;
-    char rendezvous[FB_WIRE_NAME_MAX * 2 + 8];
-    char token[2 * FB_WIRE_TOKEN_BYTES + 1];
-} assign_out;
-
-static void assign_out_free(assign_out *a)
-{
-    if (!a) return;
-    fb_wire_msg_free(&a->m);
-    free(a->send_blobs);
-    free(a->send_lens);
-    if (a->blobs)
-        for (int i = 0; i < a->n_blobs; i++) free(a->blobs[i]);
-    free(a->blobs);
-    free(a->span);
-    sodium_memzero(a->token, sizeof a->token);
-    free(a);
-}
-
-/*
- * A port of leader w's range for a new group that spans workers: one that
- * no live spanning group led by w holds (nor one of this plan's, outq),
- * searched round-robin from where the last search ended, so that a port the
- * leader could not bind (another program holds it) is the last one tried
- * again.  0 when every port of the range is taken.
- */
-static int pick_port(fb_dispatch *d, worker *w, const assign_out *outq)
-{
-    int lo = w->comm_port_lo, hi = w->comm_port_hi;
-    if (lo < 1 || hi < lo) return 0;
-    for (int k = 0; k <= hi - lo; k++) {
-        int port = lo + (w->next_port - lo + k) % (hi - lo + 1);
-        bool used = false;
-        for (int i = 0; i < d->n_groups && !used; i++)
-            used = d->groups[i].span && d->groups[i].span->port == port &&
-                   strcmp(d->groups[i].worker, w->name) == 0;
-        for (const assign_out *a = outq; a && !used; a = a->next)
-            used = a->span && a->span->port == port && strcmp(a->worker, w->name) == 0;
-        if (used) continue;
-        w->next_port = port == hi ? lo : port + 1;
-        return port;
-    }
-    return 0;
-}
-
-/* "host:port", or "[host]:port" for an IPv6 literal. */
-static void fmt_rendezvous(char *out, size_t cap, const char *host, int port)
-{
-    snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-}
-
-/*
- * Records one new group inside the plan's transaction (under a savepoint,
- * so that a group that fails leaves the others) and queues its ASSIGN on
- * *outq.  One transaction for all of a plan's new groups: each commit waits
- * for the disk, and a plan that started 67 arrays one transaction each took
- * 300 ms.
- */
-static void start_group(fb_dispatch *d, plan_ctx *c, const fb_plan_group *g, assign_out **outq)
-{
-    worker *w = &d->workers[c->dev_worker[g->devices[0]]];
-    /* a group that spans workers: its workers in rank order (the planner lists the devices
-     * worker by worker), its leader w, and the port w listens on for the others */
-    span *sp = NULL;
-    if (g->n_workers > 1) {
-        int port = pick_port(d, w, *outq);
-        if (!port || !(sp = calloc(1, sizeof *sp))) {
-            fb_log_json(FB_LOG_WARN, "no free port for an array that spans workers; it waits",
-                        json_pack("{s:s, s:i, s:i}", "leader", w->name, "port_lo",
-                                  w->comm_port_lo, "port_hi", w->comm_port_hi));
-            return;
-        }
-        sp->world = g->parallel_data;
-        sp->port = port;
-        for (int i = 0; i < g->n_devices; i++) {
-            const worker *wi = &d->workers[c->dev_worker[g->devices[i]]];
-            if (sp->n == 0 || strcmp(sp->m[sp->n - 1].worker, wi->name) != 0) {
-                span_member *sm = &sp->m[sp->n++];
-                snprintf(sm->worker, sizeof sm->worker, "%s", wi->name);
-                sm->rank_base = i;
-            }
-            span_member *sm = &sp->m[sp->n - 1];
-            sm->dev[sm->n_ranks++] = c->pd[g->devices[i]].idx;
-        }
-    }
-    /* the leader's devices: those of the groups row (the others are in group_workers) */
-    int n_local = sp ? sp->m[0].n_ranks : g->n_devices;
-    int B = g->n_jobs;
-    const char **ids = malloc((size_t)B * sizeof *ids);
-    void **blobs = calloc((size_t)B, sizeof *blobs);
-    size_t *lens = calloc((size_t)B, sizeof *lens);
-    assign_out *ao = calloc(1, sizeof *ao);
-    fb_wire_msg m = {.type = FB_WIRE_ASSIGN, .generation = 1};
-    PGresult *r = NULL;
-    bool savepoint = false;
-    if (!ids || !blobs || !lens || !ao) goto out;
-    /* members that resume need their checkpoint: one that cannot be read restarts; members
-     * that start from the tenant's weights need those: without them the job cannot start as
-     * asked, and fails */
-    int n_ok = 0;
-    for (int i = 0; i < B; i++) {
-        const fb_queue_job *qj = c->jobs[c->row[g->jobs[i]]];
-        const char *id = qj->id;
-        if (qj->resume_step == 0 && qj->init_path) {
-            size_t len = 0;
-            void *b = read_tenant_artifact(d, qj->tenant_id, qj->init_path, &len);
-            if (!b) {
-                static const char why[] =
-                    "init: the weights it names cannot be read from the tenant's artifacts";
-                const char *v[2] = {id, why};
-                fb_log_json(FB_LOG_ERROR, "a job's init weights cannot be read; the job fails",
-                            json_pack("{s:s, s:s}", "job_id", id, "path", qj->init_path));
-                exec1(d,
-                      "WITH upd AS (UPDATE jobs SET state = 'failed', error = $2,"
-                      " finished_at = now(), updated_at = now()"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'failed', $2"
-                      " FROM upd",
-                      2, v);
-                continue;
-            }
-            blobs[n_ok] = b;
-            lens[n_ok] = len;
-        }
-        if (qj->resume_step > 0) {
-            const char *path = qj->resume_path ? qj->resume_path : "";
-            size_t len = 0;
-            void *b = qj->resume_path ? read_artifact(d, path, &len) : NULL;
-            if (!b) {
-                const char *v[1] = {id};
-                fb_log_json(FB_LOG_ERROR, "a checkpoint cannot be read; the job restarts",
-                            json_pack("{s:s, s:s}", "job_id", id, "path", path));
-                exec1(d,
-                      "WITH upd AS (UPDATE jobs SET resume_step = 0, resume_path = NULL, step = 0,"
-                      " queue_reason = 'its checkpoint could not be read; restarts from step 0'"
-                      " WHERE id = $1::uuid AND state = 'queued' RETURNING id)"
-                      " INSERT INTO job_events (job_id, kind, message) SELECT id, 'requeued',"
-                      " 'its checkpoint could not be read; restarts from step 0' FROM upd",
-                      1, v);
-                continue;
-            }
-            blobs[n_ok] = b;
-            lens[n_ok] = len;
-        }
-        ids[n_ok++] = id;
-    }
-    if (!n_ok) goto out;
-    char *ids_arr = fb_db_text_array(ids, n_ok);
-    const char **dev_s = malloc((size_t)g->n_devices * sizeof *dev_s);
-    char (*dev_buf)[16] = malloc((size_t)g->n_devices * sizeof *dev_buf);
-    /* "worker w1", or "workers w1 (leads), w2" for a group that spans workers */
-    char workers_text[FB_WIRE_TEXT_MAX + 1];
-    snprintf(workers_text, sizeof workers_text, "%s %s", sp ? "workers" : "worker", w->name);
-    for (int k = 1; sp && k < sp->n; k++) {
-        size_t len = strlen(workers_text);
-        snprintf(workers_text + len, sizeof workers_text - len, "%s%s",
-                 k == 1 ? " (leads), " : ", ", sp->m[k].worker);
-    }
-    const char **split_s = malloc((size_t)g->parallel_data * sizeof *split_s);
-    char (*split_buf)[24] = malloc((size_t)g->parallel_data * sizeof *split_buf);
-    if (!ids_arr || !dev_s || !dev_buf || !split_s || !split_buf) {
-        free(ids_arr);
-        free(dev_s);
-        free(dev_buf);
-        free(split_s);
-        free(split_buf);
-        goto out;
-    }
-    for (int i = 0; i < g->n_devices; i++) {
-        snprintf(dev_buf[i], sizeof dev_buf[i], "%d", c->pd[g->devices[i]].idx);
-        dev_s[i] = dev_buf[i];
-    }
-    for (int i = 0; i < g->parallel_data; i++) {
-        snprintf(split_buf[i], sizeof split_buf[i], "%lld", (long long)g->split[i]);
-        split_s[i] = split_buf[i];
-    }
-    char *dev_arr = fb_db_text_array(dev_s, n_local),
-         *split_arr = fb_db_text_array(split_s, g->parallel_data);
-    free(dev_s);
-    free(split_s);
-    char pd_s[16], pp_s[16], mem_s[24], share_s[40], port_s[16];
-    snprintf(port_s, sizeof port_s, "%d", sp ? sp->port : 0);
-    snprintf(pd_s, sizeof pd_s, "%d", g->parallel_data);
-    snprintf(pp_s, sizeof pp_s, "%d", g->parallel_pipeline);
-    snprintf(mem_s, sizeof mem_s, "%lld", (long long)g->mem_per_device);
-    snprintf(share_s, sizeof share_s, "%.17g", g->time_share);
-    const char *first = ids[0];
-    const fb_queue_job *j0 = c->jobs[c->row[g->jobs[0]]];
-    char rs0[24];
-    snprintf(rs0, sizeof rs0, "%lld", (long long)j0->resume_step);
-    bool ok = dev_arr && split_arr && (savepoint = exec1(d, "SAVEPOINT start_group", 0, NULL));
-    char gid[FB_WIRE_ID_LEN + 1] = "";
-    if (ok) {
-        const char *v[11] = {j0->fusion_key, w->id, rs0,     pd_s,     pp_s, dev_arr,
-                             split_arr,      mem_s, share_s, first, sp ? port_s : NULL};
-        r = q(d,
-              "INSERT INTO groups (fusion_key, state, worker_id, generation, start_step,"
-              " parallel_data, parallel_pipeline, device_idx, split, mem_per_device, time_share,"
-              " comm_port)"
-              " VALUES ($1, 'scheduled', $2::uuid, 1, $3::bigint, $4::int, $5::int, $6::int[],"
-              " $7::bigint[], $8::bigint, $9::float8, $11::int) RETURNING id, $10::text",
-              11, v);
-        ok = r != NULL;
-        if (ok) snprintf(gid, sizeof gid, "%s", PQgetvalue(r, 0, 0));
-        PQclear(r);
-        r = NULL;
-    }
-    /* every worker of a group that spans workers, with its ranks and devices; and those
-     * devices name the group */
-    for (int k = 0; ok && sp && k < sp->n; k++) {
-        const span_member *sm = &sp->m[k];
-        const worker *wk = find_worker(d, sm->worker);
-        char base_s[16], n_s[16], devs[FB_WIRE_MAX_DEVICES * 12 + 3];
-        size_t len = 0;
-        devs[len++] = '{';
-        for (int i = 0; i < sm->n_ranks; i++)
-            len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", i ? "," : "",
-                                    sm->dev[i]);
-        snprintf(devs + len, sizeof devs - len, "}");
-        snprintf(base_s, sizeof base_s, "%d", sm->rank_base);
-        snprintf(n_s, sizeof n_s, "%d", sm->n_ranks);
-        const char *v[5] = {gid, wk ? wk->id : NULL, base_s, n_s, devs};
-        ok = wk && exec1(d,
-                         "INSERT INTO group_workers (group_id, worker_id, rank_base, n_ranks,"
-                         " device_idx) VALUES ($1::uuid, $2::uuid, $3::int, $4::int, $5::int[])",
-                         5, v);
-    }
-    if (ok) {
-        const char *v[2] = {ids_arr, gid};
-        r = q(d,
-              "UPDATE jobs SET state = 'scheduled', group_id = $2::uuid, in_group = true,"
-              " scheduled_at = now(), queue_reason = NULL, updated_at = now()"
-              " WHERE id = ANY($1::uuid[]) AND state = 'queued'"
-              " RETURNING id, tenant_id, spec::text, resume_step",
-              2, v);
-        ok = r != NULL && PQntuples(r) > 0;
-    }
-    char count_s[16];
-    snprintf(count_s, sizeof count_s, "%d", r ? PQntuples(r) : 0);
-    if (ok) {
-        const char *v[5] = {gid, w->id, dev_arr, count_s, w->name};
-        const char *vg[2] = {gid, count_s};
-        const char *ve[5] = {gid, dev_arr, count_s, w->name, workers_text};
-        ok = exec1(d,
-                   "UPDATE groups g SET n_members = $2::int, tenant_ids = (SELECT array_agg("
-                   " DISTINCT tenant_id) FROM jobs WHERE group_id = g.id AND in_group)"
-                   " WHERE g.id = $1::uuid",
-                   2, vg) &&
-             exec1(d,
-                   "UPDATE devices d SET group_id = $1::uuid, tenant_id = (SELECT tenant_ids[1]"
-                   " FROM groups WHERE id = $1::uuid) FROM group_devices gd"
-                   " WHERE gd.group_id = $1::uuid AND d.worker_id = gd.worker_id"
-                   " AND d.idx = gd.idx",
-                   1, v) &&
-             exec1(d,
-                   "INSERT INTO job_events (job_id, kind, message, data) SELECT id, 'scheduled',"
-                   " 'fused into array ' || $1 || ' of ' || $3 || ' on ' || $5,"
-                   " jsonb_build_object('group_id', $1::text, 'members', $3::int, 'worker',"
-                   " $4::text, 'devices', $2::int[]) FROM jobs WHERE group_id = $1::uuid"
-                   " AND in_group",
-                   5, ve) &&
-             exec1(d, "RELEASE SAVEPOINT start_group", 0, NULL);
-    }
-    free(ids_arr);
-    free(dev_arr);
-    free(split_arr);
-    free(dev_buf);
-    free(split_buf);
-    if (!ok) {
-        if (savepoint) exec1(d, "ROLLBACK TO SAVEPOINT start_group", 0, NULL);
-        goto out;
-    }
-    /* recorded: from here the group is delivered (tracked) once the plan commits, with its
-     * ASSIGN when the message can be made */
-    ao->recorded = true;
-    snprintf(ao->gid, sizeof ao->gid, "%s", gid);
-    snprintf(ao->worker, sizeof ao->worker, "%s", w->name);
-    ao->time_share = g->time_share;
-    if (sp) {
-        uint8_t raw[FB_WIRE_TOKEN_BYTES];
-        randombytes_buf(raw, sizeof raw);
-        sodium_bin2hex(ao->token, sizeof ao->token, raw, sizeof raw);
-        sodium_memzero(raw, sizeof raw);
-        fmt_rendezvous(ao->rendezvous, sizeof ao->rendezvous, w->comm_host, sp->port);
-        ao->span = sp;
-        sp = NULL;
-    }
-    ao->next = *outq;
-    *outq = ao;
-    /* the ASSIGN: members in the order the update returned them, blobs matched by id */
-    int n = PQntuples(r);
-    m.members = calloc((size_t)n, sizeof *m.members);
-    const void **send_blobs = calloc((size_t)n, sizeof *send_blobs);
-    size_t *send_lens = calloc((size_t)n, sizeof *send_lens);
-    if (!m.members || !send_blobs || !send_lens) {
-        free(send_blobs);
-        free(send_lens);
-        ao = NULL; /* queued: the worker never hears of it; requeued when found orphaned */
-        goto out;
-    }
-    int nb = 0;
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    snprintf(m.fusion_key, sizeof m.fusion_key, "%s", j0->fusion_key);
-    snprintf(m.dataset, sizeof m.dataset, "%s", j0->dataset);
-    if (j0->builtin)
-        snprintf(m.builtin, sizeof m.builtin, "%s", j0->builtin);
-    else if (!j0->public_dataset)
-        snprintf(m.dataset_tenant, sizeof m.dataset_tenant, "%s", j0->tenant_id);
-    m.n_group_devices = g->n_devices;
-    for (int i = 0; i < g->n_devices; i++) m.group_devices[i] = c->pd[g->devices[i]].idx;
-    m.parallel_data = g->parallel_data;
-    m.parallel_pipeline = g->parallel_pipeline;
-    m.n_split = g->parallel_data;
-    for (int i = 0; i < g->parallel_data; i++) m.split[i] = g->split[i];
-    m.time_share = g->time_share;
-    m.n_members = n;
-    for (int i = 0; i < n; i++) {
-        fb_wire_member *mm = &m.members[i];
-        snprintf(mm->job_id, sizeof mm->job_id, "%s", PQgetvalue(r, i, 0));
-        snprintf(mm->tenant_id, sizeof mm->tenant_id, "%s", PQgetvalue(r, i, 1));
-        mm->spec = strdup(PQgetvalue(r, i, 2));
-        mm->start_step = strtoll(PQgetvalue(r, i, 3), NULL, 10);
-        /* a member's one blob: its state to resume from, or at step 0 its init weights */
-        for (int k = 0; k < n_ok; k++)
-            if (blobs[k] && strcmp(ids[k], mm->job_id) == 0) {
-                send_blobs[nb] = blobs[k];
-                send_lens[nb] = lens[k];
-                if (mm->start_step > 0)
-                    mm->resume_blob = ++nb;
-                else
-                    mm->init_blob = ++nb;
-            }
-    }
-    /* the message and the checkpoints it points into go with the queued ASSIGN */
-    ao->m = m;
-    memset(&m, 0, sizeof m);
-    ao->send_blobs = send_blobs;
-    ao->send_lens = send_lens;
-    ao->nb = nb;
-    ao->blobs = blobs;
-    ao->n_blobs = B;
-    ao->sendable = true;
-    blobs = NULL;
-    ao = NULL;
-out:
-    if (ao && !ao->recorded) assign_out_free(ao);
-    free(sp);
-    PQclear(r);
-    fb_wire_msg_free(&m);
-    if (blobs)
-        for (int i = 0; i < B; i++) free(blobs[i]);
-    free(blobs);
-    free(lens);
-    free(ids);
-}
-
-/* After the plan's transaction: when it committed, tracks every group it
- * recorded and sends their ASSIGNs; frees the queue either way (a group
- * that did not commit left its jobs queued for the next plan). */
-static void deliver_groups(fb_dispatch *d, assign_out *q, bool committed)
-{
-    /* queued newest first: deliver in the order the plan made them */
-    assign_out *rev = NULL;
-    while (q) {
-        assign_out *next = q->next;
-        q->next = rev;
-        rev = q;
-        q = next;
-    }
-    for (assign_out *a = rev, *next; a; a = next) {
-        next = a->next;
-        if (committed && add_group(d, a->gid, 1, a->worker)) {
-            group *g = &d->groups[d->n_groups - 1];
-            g->span = a->span;
-            a->span = NULL;
-            if (a->sendable && !g->span) {
-                fb_log_json(FB_LOG_INFO, "array assigned",
-                            json_pack("{s:s, s:s, s:i, s:s, s:f}", "group_id", a->gid, "worker",
-                                      a->worker, "members", a->m.n_members, "fusion_key",
-                                      a->m.fusion_key, "time_share", a->time_share));
-                send_to(d, a->worker, &a->m, a->send_blobs, a->send_lens, a->nb);
-            } else if (a->sendable) {
-                /* one ASSIGN per worker: its own ranks and devices, the same world, split,
-                 * rendezvous and token */
-                const span *sp = g->span;
-                fb_log_json(FB_LOG_INFO, "array assigned across workers",
-                            json_pack("{s:s, s:s, s:i, s:i, s:i, s:s, s:f}", "group_id", a->gid,
-                                      "leader", a->worker, "workers", sp->n, "world", sp->world,
-                                      "members", a->m.n_members, "rendezvous", a->rendezvous,
-                                      "time_share", a->time_share));
-                fb_wire_msg *m = &a->m;
-                m->world = sp->world;
-                snprintf(m->rendezvous, sizeof m->rendezvous, "%s", a->rendezvous);
-                snprintf(m->token, sizeof m->token, "%s", a->token);
-                for (int k = 0; k < sp->n; k++) {
-                    span_member *sm = &g->span->m[k];
-                    sm->assigned_ms = fb_clock_ms();
-                    m->rank_base = sm->rank_base;
-                    m->parallel_data = sm->n_ranks;
-                    m->parallel_pipeline = 1;
-                    m->n_group_devices = sm->n_ranks;
-                    memcpy(m->group_devices, sm->dev, (size_t)sm->n_ranks * sizeof *sm->dev);
-                    send_to(d, sm->worker, m, a->send_blobs, a->send_lens, a->nb);
-                }
-                sodium_memzero(m->token, sizeof m->token);
-            }
-        }
-        assign_out_free(a);
-    }
-}
-
-/* One planning round: snapshot, policy, decisions. */
-static void plan_run(fb_dispatch *d)
-{
-    d->plan_due = false;
-    d->last_plan_ms = fb_clock_ms();
-    if (!db_ok(d)) return;
-    plan_ctx c = {0};
-    /* where a slow plan's time went: reading the queue, the snapshot and policy, the new
-     * arrays, the reasons */
-    double t_start = real_s(), t_read = 0, t_policy = 0, t_groups = 0;
-    int n_read = 0, n_started = 0, n_reasons = 0;
-    char err[256];
-    if (fb_queue_sync(d->queue, d->pg, &n_read, err, sizeof err)) {
-        fb_log_json(FB_LOG_WARN, "control loop: the queue could not be read",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    int nj = fb_queue_ordered(d->queue, MAX_QUEUE_READ, &c.jobs);
-    if (nj < 0) goto out;
-    t_read = real_s();
-    c.tenants = q(d, "SELECT id::text, weight, share_arrays, max_devices FROM tenants", 0, NULL);
-    c.running = q(d,
-                  "SELECT g.id, coalesce(w.name, ''), g.device_idx::text, g.mem_per_device,"
-                  " g.tenant_ids::text, g.generation, g.split::text, g.time_share"
-                  " FROM groups g LEFT JOIN workers w ON w.id = g.worker_id"
-                  " WHERE g.state <> 'finished'",
-                  0, NULL);
-    if (!c.tenants || !c.running) goto out;
-    int nt = PQntuples(c.tenants), nr = PQntuples(c.running);
-    int nd = 0;
-    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
-    c.pj = calloc((size_t)(nj ? nj : 1), sizeof *c.pj);
-    c.batch = calloc((size_t)(nj ? nj : 1), sizeof *c.batch);
-    c.pt = calloc((size_t)(nt ? nt : 1), sizeof *c.pt);
-    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
-    c.pd = calloc((size_t)(nd ? nd : 1), sizeof *c.pd);
-    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
-    c.pr = calloc((size_t)(nr ? nr : 1), sizeof *c.pr);
-    c.run_tenants = calloc((size_t)(nr ? nr : 1) * 64, sizeof *c.run_tenants);
-    c.row = calloc((size_t)(nj ? nj : 1), sizeof *c.row);
-    c.run_row = calloc((size_t)(nr ? nr : 1), sizeof *c.run_row);
-    if (!c.pj || !c.batch || !c.pt || !c.tenant_ids || !c.pd || !c.dev_worker || !c.pr ||
-        !c.run_tenants || !c.row || !c.run_row)
-        goto out;
-    /* tenants, sorted by id so that jobs find theirs by binary search */
-    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
-    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
-    for (int i = 0; i < nt; i++) {
-        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
-        c.pt[k].weight = strtod(PQgetvalue(c.tenants, i, 1), NULL);
-        c.pt[k].share_arrays = PQgetvalue(c.tenants, i, 2)[0] == 't';
-        c.pt[k].max_devices = (int)strtol(PQgetvalue(c.tenants, i, 3), NULL, 10);
-    }
-    /* devices of the registered workers */
-    nd = 0;
-    for (int i = 0; i < d->n_workers; i++)
-        for (int k = 0; k < d->workers[i].n_devices; k++) {
-            const fb_wire_device *dv = &d->workers[i].devices[k];
-            c.pd[nd] = (fb_plan_device){.worker = i, .idx = dv->idx,
-                                        .kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
-                                                                              : FB_PLAN_CPU,
-                                        .memory_bytes = dv->memory_bytes,
-                                        .ready = !d->workers[i].draining,
-                                        .comm = d->workers[i].comm_host[0] != '\0' &&
-                                                d->workers[i].comm_port_lo >= 1};
-            c.dev_worker[nd++] = i;
-        }
-    /* running groups: their devices (when their worker is here) and tenants */
-    int nrun = 0;
-    for (int i = 0; i < nr; i++) {
-        worker *w = find_worker(d, PQgetvalue(c.running, i, 1));
-        if (!w) continue;
-        fb_plan_running *pr = &c.pr[nrun];
-        int widx = (int)(w - d->workers);
-        const char *p = PQgetvalue(c.running, i, 2); /* "{0,1}" */
-        while (*p && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            int idx = (int)strtol(p, (char **)&p, 10);
-            for (int k = 0; k < nd; k++)
-                if (c.pd[k].worker == widx && c.pd[k].idx == idx)
-                    pr->devices[pr->n_devices++] = k;
-        }
-        /* a group that spans workers holds the devices of each of its workers */
-        const group *gg = find_group(d, PQgetvalue(c.running, i, 0));
-        if (gg && gg->span) {
-            pr->n_devices = 0;
-            for (int s = 0; s < gg->span->n; s++) {
-                const span_member *sm = &gg->span->m[s];
-                worker *ws = find_worker(d, sm->worker);
-                int wsi = ws ? (int)(ws - d->workers) : -1;
-                for (int r = 0; r < sm->n_ranks && pr->n_devices < FB_PLAN_MAX_GROUP_DEVICES; r++)
-                    for (int k = 0; k < nd; k++)
-                        if (c.pd[k].worker == wsi && c.pd[k].idx == sm->dev[r])
-                            pr->devices[pr->n_devices++] = k;
-            }
-        }
-        pr->mem_per_device = strtoll(PQgetvalue(c.running, i, 3), NULL, 10);
-        pr->time_share = strtod(PQgetvalue(c.running, i, 7), NULL);
-        int *rt = &c.run_tenants[(size_t)nrun * 64];
-        const char *t = PQgetvalue(c.running, i, 4); /* "{uuid,uuid}" */
-        while (*t && pr->n_tenants < 64) {
-            while (*t && (*t == '{' || *t == ',' || *t == '}')) t++;
-            if (strlen(t) < FB_WIRE_ID_LEN) break;
-            char id[FB_WIRE_ID_LEN + 1];
-            memcpy(id, t, FB_WIRE_ID_LEN);
-            id[FB_WIRE_ID_LEN] = '\0';
-            t += FB_WIRE_ID_LEN;
-            int k = tenant_index(c.tenant_ids, nt, id);
-            if (k >= 0) rt[pr->n_tenants++] = k;
-        }
-        pr->tenants = rt;
-        if (pr->n_devices > 0) c.run_row[nrun++] = i;
-    }
-    /* the queue */
-    int nq = 0;
-    for (int i = 0; i < nj; i++) {
-        const fb_queue_job *qj = c.jobs[i];
-        const keyinfo *k = key_info(d, qj->fusion_key, qj->id);
-        int t = tenant_index(c.tenant_ids, nt, qj->tenant_id);
-        if (!k || t < 0) continue;
-        c.pj[nq] = (fb_plan_job){.seq = qj->seq,
-                                 .tenant = t,
-                                 .fusion_key = qj->fusion_key,
-                                 .start_step = qj->resume_step,
-                                 .priority = qj->priority,
-                                 .mem_member_bytes = k->member,
-                                 .mem_shared_bytes = k->shared,
-                                 .parallel_data = k->data,
-                                 .parallel_pipeline = k->pipeline,
-                                 .public_dataset = qj->public_dataset};
-        c.batch[nq] = k->batch;
-        c.row[nq++] = i;
-    }
-    if (nq != nj) fb_logf(FB_LOG_WARN, "%d queued jobs could not be read into the plan", nj - nq);
-    fb_plan_snapshot snap = {.jobs = c.pj, .n_jobs = nq, .tenants = c.pt, .n_tenants = nt,
-                             .devices = c.pd, .n_devices = nd, .running = c.pr, .n_running = nrun,
-                             .max_b = d->cfg.max_array,
-                             .max_groups_per_device = d->cfg.max_groups_per_device,
-                             .keep_running_shares = d->cfg.rebalance_ms > 0};
-    fb_plan_result res;
-    if (fb_plan_run(&snap, c.batch, &res, err, sizeof err)) {
-        fb_log_json(FB_LOG_ERROR, "the planner refused its snapshot",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    t_policy = real_s();
-    if (res.n_groups > 0 && begin(d)) {
-        assign_out *ready = NULL;
-        for (int i = 0; i < res.n_groups; i++) {
-            /* a plan that would start many arrays (a burst, a start-up) starts what fits in
-             * its budget and plans again at once for the rest, so that no decision holds the
-             * loop long: submissions and heartbeats wait behind it */
-            if (i > 0 && real_s() - t_policy > NEW_ARRAYS_IN_PLAN_S) {
-                d->plan_due = true;
-                break;
-            }
-            start_group(d, &c, &res.groups[i], &ready);
-            n_started++;
-        }
-        bool committed = commit(d);
-        if (!committed) rollback(d);
-        deliver_groups(d, ready, committed);
-    }
-    t_groups = real_s();
-    /* time shares of running groups changed by co-location */
-    for (int i = 0; i < res.n_shares; i++) {
-        int row = c.run_row[res.shares[i].running];
-        char share[40];
-        snprintf(share, sizeof share, "%.17g", res.shares[i].time_share);
-        const char *v[2] = {PQgetvalue(c.running, row, 0), share};
-        exec1(d, "UPDATE groups SET time_share = $2::float8 WHERE id = $1::uuid", 2, v);
-        group *g = find_group(d, v[0]);
-        if (!g) continue;
-        fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
-                         .time_share = res.shares[i].time_share};
-        snprintf(m.group_id, sizeof m.group_id, "%s", g->id);
-        const char *p = PQgetvalue(c.running, row, 6);
-        while (*p && m.n_split < FB_WIRE_MAX_DEVICES) {
-            while (*p && (*p < '0' || *p > '9')) p++;
-            if (!*p) break;
-            m.split[m.n_split++] = strtoll(p, (char **)&p, 10);
-        }
-        send_to(d, g->worker, &m, NULL, NULL, 0);
-    }
-    /* reasons of the jobs that wait, where they changed: the head of the queue now, the
-     * rest in later ticks (write_reasons) */
-    d->n_reasons = 0;
-    if (nq > d->cap_reasons) {
-        reason_todo *rt = realloc(d->reasons, (size_t)nq * sizeof *rt);
-        if (rt) {
-            d->reasons = rt;
-            d->cap_reasons = nq;
-        }
-    }
-    for (int i = 0; i < nq && d->n_reasons < d->cap_reasons; i++) {
-        if (res.reason[i] == FB_PLAN_PLACED) continue;
-        const fb_queue_job *qj = c.jobs[c.row[i]];
-        const char *text = fb_plan_reason_text(res.reason[i]);
-        if (strcmp(qj->queue_reason, text) == 0) continue;
-        reason_todo *rt = &d->reasons[d->n_reasons++];
-        memcpy(rt->job, qj->id, sizeof rt->job);
-        rt->reason = text;
-    }
-    d->next_reason = 0;
-    n_reasons = write_reasons(d, REASONS_IN_PLAN_S);
-    fb_plan_result_free(&res);
-    double t_end = real_s();
-    if (t_end - t_start > SLOW_PLAN_S)
-        fb_log_json(FB_LOG_WARN, "a slow plan",
-                    json_pack("{s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i}", "ms",
-                              (t_end - t_start) * 1e3, "read_queue_ms", (t_read - t_start) * 1e3,
-                              "policy_ms", (t_policy - t_read) * 1e3, "new_arrays_ms",
-                              (t_groups - t_policy) * 1e3, "reasons_ms", (t_end - t_groups) * 1e3,
-                              "jobs_read", n_read, "queued", nj, "arrays_started", n_started,
-                              "reasons_written", n_reasons));
-out:
-    plan_ctx_free(&c);
-}
-
 /* ---- the tick ------------------------------------------------------------ */
-
-/*
- * Writes the queue reasons the last plan left to write, in planning order,
- * REASONS_PER_STATEMENT to a statement, until budget_s has passed; returns how many it wrote.
- * A plan over 10,000 queued jobs can change the reason of all of them, and
- * writing them at once held the loop for a second: the head of the queue
- * gets its reasons with the plan, the rest a budget per tick.
- */
-static int write_reasons(fb_dispatch *d, double budget_s)
-{
-    double t0 = real_s();
-    int written = 0;
-    while (d->next_reason < d->n_reasons && real_s() - t0 < budget_s) {
-        int n = d->n_reasons - d->next_reason;
-        if (n > REASONS_PER_STATEMENT) n = REASONS_PER_STATEMENT;
-        const char *ids[REASONS_PER_STATEMENT], *texts[REASONS_PER_STATEMENT];
-        for (int i = 0; i < n; i++) {
-            ids[i] = d->reasons[d->next_reason + i].job;
-            texts[i] = d->reasons[d->next_reason + i].reason;
-        }
-        char *a = fb_db_text_array(ids, n), *b = fb_db_text_array(texts, n);
-        const char *v[2] = {a, b};
-        bool ok = a && b &&
-                  exec1(d,
-                        "UPDATE jobs j SET queue_reason = v.r FROM unnest($1::uuid[], $2::text[])"
-                        " AS v(id, r) WHERE j.id = v.id AND j.state = 'queued'"
-                        " AND j.queue_reason IS DISTINCT FROM v.r",
-                        2, v);
-        free(a);
-        free(b);
-        if (!ok) break;
-        for (int i = 0; i < n; i++) fb_queue_set_reason(d->queue, ids[i], texts[i]);
-        d->next_reason += n;
-        written += n;
-    }
-    return written;
-}
 
 /*
  * Whether a DETACH for key (a job id, or a group id for a whole stale array)
@@ -3273,7 +987,7 @@ static int write_reasons(fb_dispatch *d, double budget_s)
  * last sending.  Entries ten periods old are forgotten when the list is
  * full, so that it stays as long as the DETACHes of the last minute.
  */
-static bool detach_recent(fb_dispatch *d, const char *key, int64_t t)
+bool dsp_detach_recent(fb_dispatch *d, const char *key, int64_t t)
 {
     for (int i = 0; i < d->n_detached; i++)
         if (strcmp(d->detached[i].job, key) == 0) {
@@ -3303,17 +1017,13 @@ static bool detach_recent(fb_dispatch *d, const char *key, int64_t t)
 /* Cancelled jobs still inside a running array are detached from it. */
 static void detach_cancelled(fb_dispatch *d)
 {
-    PGresult *r = q(d,
-                    "SELECT j.id, g.id, g.generation, coalesce(w.name, '') FROM jobs j"
-                    " JOIN groups g ON g.id = j.group_id LEFT JOIN workers w ON w.id = g.worker_id"
-                    " WHERE j.in_group AND j.state = 'cancelled'",
-                    0, NULL);
+    PGresult *r = dsp_q(d, sql_cancelled_members, 0, NULL);
     if (!r) return;
     int64_t t = fb_clock_ms();
     for (int i = 0; i < PQntuples(r); i++) {
         const char *w = PQgetvalue(r, i, 3);
-        if (!find_worker(d, w) || detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
-        send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
+        if (!dsp_find_worker(d, w) || dsp_detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
+        dsp_send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
                     PQgetvalue(r, i, 0), "cancelled", false);
     }
     /* forget old entries */
@@ -3323,382 +1033,7 @@ static void detach_cancelled(fb_dispatch *d)
     PQclear(r);
 }
 
-/* ---- fair share ------------------------------------------------------------ */
-
-/* Parses up to cap integers out of a PostgreSQL array literal ("{1,2}"). */
-static int parse_ints(const char *p, int64_t *out, int cap)
-{
-    int n = 0;
-    while (*p && n < cap) {
-        while (*p && *p != '-' && (*p < '0' || *p > '9'))
-            p++;
-        if (!*p) break;
-        char *end;
-        out[n++] = strtoll(p, &end, 10);
-        if (end == p) break;
-        p = end;
-    }
-    return n;
-}
-
-/* A measured time in seconds as the policy accepts it: 0 (unknown) or within its bounds. */
-static double fair_seconds(double ms)
-{
-    double x = ms / 1000.0;
-    return isfinite(x) && x >= FB_FAIR_MIN_VALUE && x <= FB_FAIR_MAX_VALUE ? x : 0.0;
-}
-
-typedef struct fair_ctx {
-    PGresult *tenants, *groups, *jobs;
-    char **tenant_ids; /* sorted, pointing into tenants */
-    fb_fair_tenant *ft;
-    fb_fair_device *fd;
-    int *dev_worker, *dev_idx;
-    fb_fair_group *fg;
-    fb_fair_job *fj;
-    int *grow;        /* snapshot group -> row of the groups result */
-    int *jfirst;      /* snapshot group -> its first row of the jobs result */
-} fair_ctx;
-
-static void fair_ctx_free(fair_ctx *c)
-{
-    PQclear(c->tenants);
-    PQclear(c->groups);
-    PQclear(c->jobs);
-    free(c->tenant_ids);
-    free(c->ft);
-    free(c->fd);
-    free(c->dev_worker);
-    free(c->dev_idx);
-    free(c->fg);
-    free(c->fj);
-    free(c->grow);
-    free(c->jfirst);
-}
-
-/* The snapshot device of (worker w, index idx), -1 when unknown. */
-static int fair_device(const fair_ctx *c, int nd, int w, int64_t idx)
-{
-    for (int k = 0; k < nd; k++)
-        if (c->dev_worker[k] == w && c->dev_idx[k] == idx) return k;
-    return -1;
-}
-
-/* Records a decision of the controller and tells the group's worker. */
-static void fair_apply(fb_dispatch *d, const fb_fair_group *G, const fb_fair_decision *dec,
-                       const char *gid)
-{
-    group *g = find_group(d, gid);
-    if (!g || !find_worker(d, g->worker)) return;
-    const int64_t *split = dec->split_changed ? dec->split : G->split;
-    char share[40], gen[24], split_buf[FB_FAIR_MAX_SHARDS * 24 + 3];
-    size_t len = 0;
-    split_buf[len++] = '{';
-    for (int i = 0; i < G->n_shards; i++)
-        len += (size_t)snprintf(split_buf + len, sizeof split_buf - len, "%s%lld", i ? "," : "",
-                                (long long)split[i]);
-    snprintf(split_buf + len, sizeof split_buf - len, "}");
-    snprintf(share, sizeof share, "%.17g", dec->time_share);
-    snprintf(gen, sizeof gen, "%lld", (long long)g->generation);
-    const char *v[4] = {gid, share, split_buf, gen};
-    /* the generation guards against a group re-assigned since the snapshot */
-    if (!exec1(d,
-               "UPDATE groups SET time_share = $2::float8, split = CASE WHEN"
-               " cardinality(split) = cardinality($3::bigint[]) THEN $3::bigint[] ELSE split END,"
-               " updated_at = now() WHERE id = $1::uuid AND generation = $4::bigint"
-               " AND state <> 'finished'",
-               4, v))
-        return;
-    fb_wire_msg m = {.type = FB_WIRE_REBALANCE, .generation = g->generation,
-                     .time_share = dec->time_share, .n_split = G->n_shards};
-    snprintf(m.group_id, sizeof m.group_id, "%s", gid);
-    for (int i = 0; i < G->n_shards && i < FB_WIRE_MAX_DEVICES; i++) m.split[i] = split[i];
-    send_to(d, g->worker, &m, NULL, NULL, 0);
-    fb_log_json(FB_LOG_INFO, "fair share: rebalanced an array",
-                json_pack("{s:s, s:f, s:f, s:f, s:b}", "group_id", gid, "slowdown",
-                          dec->slowdown, "time_share", dec->time_share, "target_share",
-                          dec->target_share, "split_changed", dec->split_changed));
-}
-
-/*
- * A suggested migration: every member leaves its array on the server's
- * request with its full training state (DETACH keep_state), which the
- * DETACHED event records as its resume point, so it goes back to the queue
- * without losing a step, and the planner, which prefers the least loaded
- * devices, places it anew.
- */
-static void fair_migrate(fb_dispatch *d, fair_ctx *c, const fb_fair_group *G, int sg)
-{
-    const char *gid = PQgetvalue(c->groups, c->grow[sg], 0);
-    group *g = find_group(d, gid);
-    if (!g || !find_worker(d, g->worker)) return;
-    for (int k = 0; k < G->n_jobs; k++) {
-        const char *job = PQgetvalue(c->jobs, c->jfirst[sg] + k, 1);
-        /* with its full state: it resumes elsewhere from the step it left at */
-        send_detach(d, g->worker, g->id, g->generation, job, "migrated", true);
-        detach_recent(d, job, fb_clock_ms());
-    }
-    fb_log_json(FB_LOG_INFO, "fair share: migrating an array off an imbalanced device",
-                json_pack("{s:s, s:s, s:i}", "group_id", gid, "worker", g->worker, "members",
-                          G->n_jobs));
-    fb_metrics_fair_migrated();
-}
-
-/*
- * One fair-share period: a snapshot of the running groups (their devices,
- * splits and shares from the groups table, smoothed step times from the
- * reports, isolated step times from the profiles, members' progress), the
- * policy (fairshare.h), and its decisions: new shares and splits written to
- * the groups table and sent as REBALANCE, migrations started, gauges
- * published.  The controller owns the shares of running groups; the planner
- * only sets a new group's first one.
- */
-static void rebalance_run(fb_dispatch *d)
-{
-    d->last_rebalance_ms = fb_clock_ms();
-    if (!db_ok(d)) return;
-    fair_ctx c = {0};
-    fb_fair_result res = {0};
-    c.tenants = q(d, "SELECT id::text, weight FROM tenants", 0, NULL);
-    c.groups = q(d,
-                 "SELECT g.id, w.name, g.device_idx::text, g.split::text, g.time_share,"
-                 " g.parallel_data, g.parallel_pipeline, coalesce(p.isolated_step_ms, 0)"
-                 " FROM groups g JOIN workers w ON w.id = g.worker_id"
-                 " LEFT JOIN profiles p ON p.fusion_key = g.fusion_key"
-                 "  AND p.n_models = g.n_members AND p.device_kind = w.backend"
-                 " WHERE g.state <> 'finished' ORDER BY g.id",
-                 0, NULL);
-    /* members in group order; a group's first is a member of the tenant it is charged to
-     * (tenant_ids[1], as the planner charges it) */
-    /* elapsed since submission on the loop's clock (fb_db_clock_now) */
-    char now_s[32];
-    const char *vn[1] = {fb_db_clock_now(now_s, sizeof now_s)};
-    c.jobs = q(d,
-               "SELECT j.group_id, j.id, j.tenant_id::text,"
-               " extract(epoch FROM coalesce(to_timestamp($1::float8), now()) - j.created_at),"
-               " LEAST(j.step, j.steps), j.steps"
-               " FROM jobs j JOIN groups g ON g.id = j.group_id"
-               " WHERE j.in_group AND g.state <> 'finished' AND j.steps >= 1"
-               " ORDER BY j.group_id, (j.tenant_id = g.tenant_ids[1]) DESC, j.seq",
-               1, vn);
-    if (!c.tenants || !c.groups || !c.jobs) goto out;
-    int nt = PQntuples(c.tenants), nr = PQntuples(c.groups), nj = PQntuples(c.jobs);
-    int nd = 0;
-    for (int i = 0; i < d->n_workers; i++) nd += d->workers[i].n_devices;
-    c.tenant_ids = calloc((size_t)(nt ? nt : 1), sizeof *c.tenant_ids);
-    c.ft = calloc((size_t)(nt ? nt : 1), sizeof *c.ft);
-    c.fd = calloc((size_t)(nd ? nd : 1), sizeof *c.fd);
-    c.dev_worker = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_worker);
-    c.dev_idx = calloc((size_t)(nd ? nd : 1), sizeof *c.dev_idx);
-    c.fg = calloc((size_t)(nr ? nr : 1), sizeof *c.fg);
-    c.fj = calloc((size_t)(nj ? nj : 1), sizeof *c.fj);
-    c.grow = calloc((size_t)(nr ? nr : 1), sizeof *c.grow);
-    c.jfirst = calloc((size_t)(nr ? nr : 1), sizeof *c.jfirst);
-    if (!c.tenant_ids || !c.ft || !c.fd || !c.dev_worker || !c.dev_idx || !c.fg || !c.fj ||
-        !c.grow || !c.jfirst)
-        goto out;
-    for (int i = 0; i < nt; i++) c.tenant_ids[i] = PQgetvalue(c.tenants, i, 0);
-    qsort(c.tenant_ids, (size_t)nt, sizeof *c.tenant_ids, cmp_str);
-    for (int i = 0; i < nt; i++) {
-        int k = tenant_index(c.tenant_ids, nt, PQgetvalue(c.tenants, i, 0));
-        double w = strtod(PQgetvalue(c.tenants, i, 1), NULL);
-        c.ft[k].weight = isfinite(w) && w > 0 ? w : 1.0;
-    }
-    nd = 0;
-    for (int i = 0; i < d->n_workers; i++)
-        for (int k = 0; k < d->workers[i].n_devices; k++) {
-            const fb_wire_device *dv = &d->workers[i].devices[k];
-            int imb = d->workers[i].imbalanced[k];
-            c.fd[nd] = (fb_fair_device){.kind = strcmp(dv->kind, "cuda") == 0 ? FB_PLAN_CUDA
-                                                                               : FB_PLAN_CPU,
-                                        .ready = !d->workers[i].draining,
-                                        .imbalanced_periods = imb > 0 ? imb : 0};
-            c.dev_worker[nd] = i;
-            c.dev_idx[nd++] = dv->idx;
-        }
-    /* groups and their members; rows the policy would refuse are left out, not the period */
-    int ng = 0, jrow = 0, nfj = 0;
-    for (int i = 0; i < nr; i++) {
-        const char *gid = PQgetvalue(c.groups, i, 0);
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) < 0) jrow++;
-        int j0 = jrow;
-        while (jrow < nj && strcmp(PQgetvalue(c.jobs, jrow, 0), gid) == 0) jrow++;
-        worker *w = find_worker(d, PQgetvalue(c.groups, i, 1));
-        group *mem = find_group(d, gid);
-        if (!w || !mem || jrow == j0) continue;
-        int widx = (int)(w - d->workers);
-        fb_fair_group *G = &c.fg[ng];
-        memset(G, 0, sizeof *G);
-        int64_t dev[FB_PLAN_MAX_GROUP_DEVICES], split[FB_FAIR_MAX_SHARDS];
-        int n_dev = parse_ints(PQgetvalue(c.groups, i, 2), dev, FB_PLAN_MAX_GROUP_DEVICES);
-        int n_split = parse_ints(PQgetvalue(c.groups, i, 3), split, FB_FAIR_MAX_SHARDS);
-        int D = (int)strtol(PQgetvalue(c.groups, i, 5), NULL, 10);
-        int P = (int)strtol(PQgetvalue(c.groups, i, 6), NULL, 10);
-        /* a group that spans workers: rank s is the device of the worker holding it, and
-         * its rate is kept by rank */
-        int sw[FB_FAIR_MAX_SHARDS];
-        if (mem->span) {
-            n_dev = 0;
-            for (int k = 0; k < mem->span->n; k++) {
-                const span_member *sm = &mem->span->m[k];
-                worker *ws = find_worker(d, sm->worker);
-                for (int r = 0; r < sm->n_ranks && n_dev < FB_PLAN_MAX_GROUP_DEVICES; r++) {
-                    sw[n_dev] = ws ? (int)(ws - d->workers) : -1;
-                    dev[n_dev++] = sm->dev[r];
-                }
-            }
-            if (P != 1 || D > FB_FAIR_MAX_SHARDS) continue;
-        }
-        if (D < 1 || P < 1 || D > FB_FAIR_MAX_SHARDS || n_split != D || n_dev != D * P) continue;
-        bool ok = true;
-        int64_t batch = 0;
-        for (int s = 0; s < D && ok; s++) {
-            /* a shard is where its first pipeline stage runs (devices are data-major) */
-            G->devices[s] = fair_device(&c, nd, mem->span ? sw[s] : widx, dev[s * P]);
-            G->split[s] = split[s];
-            batch += split[s] > 0 ? split[s] : 0;
-            ok = G->devices[s] >= 0 && split[s] >= 1 && batch <= FB_FAIR_MAX_BATCH;
-        }
-        double share = strtod(PQgetvalue(c.groups, i, 4), NULL);
-        if (!ok || !(share > 0 && share <= 1)) continue;
-        G->n_shards = D;
-        G->time_share = share;
-        /* the memory a group kept while it had another shape means nothing now */
-        if (D >= 64 || mem->split_toward >> D == 0) {
-            G->split_periods = mem->split_periods;
-            G->split_toward = mem->split_toward;
-            G->split_gain = mem->split_gain;
-        }
-        /* a shard is as fast as the slowest of its stages, and unknown (0) until each of them
-         * has been measured; the policy then leaves the split alone */
-        for (int s = 0; s < D; s++) {
-            double rate = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t k = mem->span ? s : dev[s * P + p];
-                double x = k >= 0 && k < FB_WIRE_MAX_DEVICES ? mem->dev_rate[k] : 0;
-                if (!(x > 0)) {
-                    rate = 0;
-                    break;
-                }
-                if (p == 0 || x < rate) rate = x;
-            }
-            G->shard_rate[s] = rate >= FB_FAIR_MIN_VALUE && rate <= FB_FAIR_MAX_VALUE ? rate : 0;
-        }
-        G->step_time_s = fair_seconds(mem->step_ms);
-        double iso = strtod(PQgetvalue(c.groups, i, 7), NULL);
-        G->isolated_step_s = fair_seconds(iso > 0 ? iso : mem->busy_ms);
-        int n_in = 0;
-        for (int r = j0; r < jrow; r++) {
-            int t = tenant_index(c.tenant_ids, nt, PQgetvalue(c.jobs, r, 2));
-            int64_t total = strtoll(PQgetvalue(c.jobs, r, 5), NULL, 10);
-            int64_t done = strtoll(PQgetvalue(c.jobs, r, 4), NULL, 10);
-            double el = strtod(PQgetvalue(c.jobs, r, 3), NULL);
-            /* a member the policy could not take makes the whole group's rows unusable
-             * (the job rows must stay contiguous with jfirst) */
-            if (t < 0 || total < 1 || total > FB_FAIR_MAX_STEPS || done < 0) {
-                ok = false;
-                break;
-            }
-            c.fj[nfj + n_in++] = (fb_fair_job){
-                .tenant = t,
-                .elapsed_s = isfinite(el) && el > 0 ? fmin(el, FB_FAIR_MAX_VALUE) : 0,
-                .steps_done = done,
-                .total_steps = total};
-        }
-        if (!ok) continue;
-        G->n_jobs = n_in;
-        G->jobs = &c.fj[nfj];
-        c.jfirst[ng] = j0;
-        c.grow[ng++] = i;
-        nfj += n_in;
-    }
-    fb_fair_snapshot snap = {.devices = c.fd, .n_devices = nd, .tenants = c.ft,
-                             .n_tenants = nt, .groups = c.fg, .n_groups = ng};
-    char err[256];
-    if (fb_fair_run(&snap, &d->fair, &res, err, sizeof err)) {
-        fb_log_json(FB_LOG_ERROR, "the fair-share controller refused its snapshot",
-                    json_pack("{s:s}", "error", err));
-        goto out;
-    }
-    /* the snapshot's devices are the workers' in order */
-    for (int i = 0, k = 0; i < d->n_workers; i++)
-        for (int x = 0; x < d->workers[i].n_devices; x++, k++)
-            d->workers[i].imbalanced[x] = res.imbalanced_periods[k];
-    int n_changed = 0;
-    fb_metrics_fair_begin(res.max_slowdown, res.mean_slowdown);
-    for (int g = 0; g < ng; g++) {
-        const fb_fair_decision *dec = &res.groups[g];
-        const char *gid = PQgetvalue(c.groups, c.grow[g], 0);
-        fb_metrics_fair_group(gid, dec->slowdown,
-                              dec->share_changed ? dec->time_share : c.fg[g].time_share);
-        group *mem = find_group(d, gid);
-        if (mem) {
-            mem->split_periods = dec->split_periods;
-            mem->split_toward = dec->split_toward;
-            mem->split_gain = dec->split_gain;
-        }
-        for (int k = 0; mem && mem->span && k < mem->span->n; k++) {
-            const span_member *sm = &mem->span->m[k];
-            for (int x = 0; x < sm->n_ranks; x++) {
-                int r = sm->rank_base + x;
-                if (!mem->span->has[r]) continue;
-                const fb_wire_device_step *e = &mem->span->step[r];
-                fb_metrics_fair_device(gid, sm->worker, e->device,
-                                       (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                         e->io_ms / 1e3, e->idle_ms / 1e3},
-                                       mem->dev_rate[r]);
-            }
-        }
-        for (int k = 0; mem && !mem->span && k < mem->n_dev; k++) {
-            const fb_wire_device_step *e = &mem->dev[k];
-            fb_metrics_fair_device(gid, mem->worker, e->device,
-                                   (const double[4]){e->compute_ms / 1e3, e->comm_ms / 1e3,
-                                                     e->io_ms / 1e3, e->idle_ms / 1e3},
-                                   mem->dev_rate[e->device]);
-        }
-        if (!dec->share_changed && !dec->split_changed) continue;
-        fair_apply(d, &c.fg[g], dec, gid);
-        n_changed++;
-    }
-    fb_metrics_fair_end(n_changed);
-    for (int i = 0; i < res.n_migrations; i++)
-        fair_migrate(d, &c, &c.fg[res.migrations[i].group], res.migrations[i].group);
-    if (n_changed || res.n_migrations)
-        fb_log_json(FB_LOG_INFO, "fair share: period",
-                    json_pack("{s:i, s:i, s:i, s:f, s:f}", "groups", ng, "changed", n_changed,
-                              "migrations", res.n_migrations, "max_slowdown", res.max_slowdown,
-                              "mean_slowdown", res.mean_slowdown));
-out:
-    fb_fair_result_free(&res);
-    fair_ctx_free(&c);
-}
-
 /* ---- timed phases ---------------------------------------------------------- */
-
-/* The scheduling decision, timed for fusebox_control_loop_seconds{phase="plan"}. */
-static void plan(fb_dispatch *d)
-{
-    double t0 = real_s();
-    plan_run(d);
-    fb_metrics_control(FB_CONTROL_PLAN, real_s() - t0);
-}
-
-/* A flush of progress reports, timed when there was something to write. */
-static void flush_progress(fb_dispatch *d)
-{
-    if (!d->progress.head) return;
-    double t0 = real_s();
-    flush_progress_run(d);
-    fb_metrics_control(FB_CONTROL_FLUSH, real_s() - t0);
-}
-
-/* A fair-share period, timed. */
-static void rebalance(fb_dispatch *d)
-{
-    double t0 = real_s();
-    rebalance_run(d);
-    fb_metrics_control(FB_CONTROL_REBALANCE, real_s() - t0);
-}
 
 /* Whether a message waits on the worker socket. */
 static bool router_readable(fb_dispatch *d)
@@ -3739,49 +1074,6 @@ static bool events_waiting(const fb_dispatch *d, const char *group_id)
     return false;
 }
 
-/*
- * The stale-state check (docs/scheduling.md, "No job in limbo"): the loop's
- * own rules re-queue every array it follows whose worker is lost or no
- * longer runs it; this finds what they cannot see, whatever left it so (a
- * bug, a write that half happened, a row changed by hand): jobs scheduled
- * or running outside every array the loop follows, and arrays unfinished in
- * the database that it does not follow, past a grace of a few heartbeat
- * timeouts.  The jobs go back to the queue with a reason and an event, the
- * arrays are finished and their devices freed, and each is logged.
- */
-static void check_stale(fb_dispatch *d)
-{
-    const char **ids = malloc((size_t)(d->n_groups ? d->n_groups : 1) * sizeof *ids);
-    if (!ids) return;
-    for (int i = 0; i < d->n_groups; i++) ids[i] = d->groups[i].id;
-    char *live = fb_db_text_array(ids, d->n_groups);
-    free(ids);
-    if (!live) return;
-    char grace[24];
-    snprintf(grace, sizeof grace, "%lld",
-             (long long)STALE_GRACE_TIMEOUTS * (long long)d->cfg.heartbeat_timeout_ms);
-    const char *v[2] = {live, grace};
-    PGresult *rj = NULL, *rg = NULL;
-    bool ok = begin(d) && (rj = q(d, sql_stale_jobs, 2, v)) && (rg = q(d, sql_stale_groups, 2, v));
-    for (int i = 0; ok && rg && i < PQntuples(rg); i++)
-        ok = update_utilization(d, PQgetvalue(rg, i, 0));
-    if (ok && commit(d)) {
-        for (int i = 0; i < PQntuples(rj); i++)
-            fb_log_json(FB_LOG_WARN, "a job was found without a live array; requeued",
-                        json_pack("{s:s, s:s, s:s}", "job_id", PQgetvalue(rj, i, 0), "group_id",
-                                  PQgetvalue(rj, i, 1), "state", PQgetvalue(rj, i, 2)));
-        for (int i = 0; i < PQntuples(rg); i++)
-            fb_log_json(FB_LOG_WARN, "an unfinished array no worker runs was finished",
-                        json_pack("{s:s}", "group_id", PQgetvalue(rg, i, 0)));
-        if (PQntuples(rj) || PQntuples(rg)) d->plan_due = true;
-    } else {
-        rollback(d);
-    }
-    PQclear(rj);
-    PQclear(rg);
-    free(live);
-}
-
 static void tick(fb_dispatch *d)
 {
     int64_t t = fb_clock_ms();
@@ -3796,7 +1088,7 @@ static void tick(fb_dispatch *d)
     /* and every event received is written before a requeue reads the resume point: a
      * checkpoint, a detachment with its state or a finished job that arrived before the
      * decision must count in it (docs/wire.md, "Re-queueing") */
-    flush_events(d);
+    dsp_flush_events(d);
     /* silent workers are lost */
     for (int i = 0; i < d->n_workers; i++) {
         worker *w = &d->workers[i];
@@ -3806,7 +1098,7 @@ static void tick(fb_dispatch *d)
                     json_pack("{s:s, s:I}", "worker", w->name,
                               "silent_ms", (json_int_t)(t - w->last_seen_ms)));
         const char *v[1] = {w->name};
-        if (db_ok(d)) exec1(d, "UPDATE workers SET state = 'lost' WHERE name = $1", 1, v);
+        if (dsp_db_ok(d)) dsp_exec(d, sql_worker_lost, 1, v);
         drop_worker(d, w);
         i--;
     }
@@ -3821,7 +1113,7 @@ static void tick(fb_dispatch *d)
              * array's broken communication (its rendezvous port taken, a partition between
              * its workers) are the infrastructure's alone */
             bool lossy = true;
-            const worker *gw = find_worker(d, g->worker);
+            const worker *gw = dsp_find_worker(d, g->worker);
             if (!gw) {
                 why = "worker lost";
             } else if (g->missing_since_ms &&
@@ -3832,7 +1124,7 @@ static void tick(fb_dispatch *d)
             for (int k = 0; !why && g->span && k < g->span->n; k++) {
                 const span_member *sm = &g->span->m[k];
                 who = sm->worker;
-                if (!find_worker(d, sm->worker)) {
+                if (!dsp_find_worker(d, sm->worker)) {
                     why = "a worker of the array was lost";
                 } else if (sm->missing_since_ms &&
                            t - sm->missing_since_ms > d->cfg.heartbeat_timeout_ms) {
@@ -3855,18 +1147,18 @@ static void tick(fb_dispatch *d)
             }
             char lost_on[FB_WIRE_NAME_MAX + 1];
             snprintf(lost_on, sizeof lost_on, "%s", who);
-            if (!requeue_spanning(d, g, why, lossy ? lost_on : NULL)) break;
+            if (!dsp_requeue_spanning(d, g, why, lossy ? lost_on : NULL)) break;
             i--;
         }
     }
-    flush_progress(d);
-    if (db_ok(d)) {
+    dsp_flush_progress(d);
+    if (dsp_db_ok(d)) {
         detach_cancelled(d);
         /* after the same grace at start as the requeues: the groups are loaded, and the
          * workers had their chance to list theirs */
         if (d->groups_loaded && t - d->start_ms > d->cfg.heartbeat_timeout_ms &&
             d->ticks % STALE_EVERY_TICKS == 0)
-            check_stale(d);
+            dsp_check_stale(d);
         if (d->n_workers) {
             const char **names = malloc((size_t)d->n_workers * sizeof *names);
             if (names) {
@@ -3874,26 +1166,24 @@ static void tick(fb_dispatch *d)
                 char *a = fb_db_text_array(names, d->n_workers);
                 const char *v[1] = {a};
                 if (a)
-                    exec1(d,
-                          "UPDATE workers SET last_seen_at = now(), state = CASE WHEN state ="
-                          " 'lost' THEN 'ready' ELSE state END WHERE name = ANY($1::text[])",
-                          1, v);
+                    dsp_exec(d, sql_workers_seen, 1, v);
                 free(a);
                 free(names);
             }
         }
     }
-    if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) plan(d);
-    if (db_ok(d)) {
-        write_reasons(d, REASONS_IN_TICK_S);
+    if (d->plan_due || d->ticks % PLAN_EVERY_TICKS == 0) dsp_plan(d);
+    if (dsp_db_ok(d)) {
+        dsp_write_reasons(d, REASONS_IN_TICK_S);
         fb_queue_maintain(d->queue, d->pg);
     }
-    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms) rebalance(d);
+    if (d->cfg.rebalance_ms > 0 && t - d->last_rebalance_ms >= d->cfg.rebalance_ms)
+        dsp_rebalance(d);
     fb_metrics_tick(t);
 }
 
 /* A submission or cancellation was notified: plan soon. */
-static void take_notifies(fb_dispatch *d)
+void dsp_take_notifies(fb_dispatch *d)
 {
     if (!d->pg) return;
     PGnotify *nt;
@@ -3908,7 +1198,7 @@ static void *loop(void *arg)
     fb_dispatch *d = arg;
     d->start_ms = fb_clock_ms();
     int64_t next_tick = d->start_ms;
-    db_ok(d);
+    dsp_db_ok(d);
     for (;;) {
         zmq_pollitem_t items[4] = {{d->router, 0, ZMQ_POLLIN, 0},
                                    {d->zap, 0, ZMQ_POLLIN, 0},
@@ -3922,7 +1212,7 @@ static void *loop(void *arg)
         /* libpq also takes notifications in while it reads the results of the loop's own
          * statements, and the socket then has nothing left to wake the poll: look for
          * queued ones before every wait, or a submission would wait for the next tick */
-        take_notifies(d);
+        dsp_take_notifies(d);
         /* until the next tick or the planning gap's end: the time left on the monotonic
          * clock; on a test's manual clock, a short poll, as only the test moves it */
         long timeout = fb_clock_wait_ms(next_tick, d->cfg.tick_ms);
@@ -3936,22 +1226,22 @@ static void *loop(void *arg)
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
         if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
             PQconsumeInput(d->pg);
-            take_notifies(d);
+            dsp_take_notifies(d);
         }
         int64_t t = fb_clock_ms();
         if (t >= next_tick) {
             tick(d);
             next_tick = fb_clock_ms() + d->cfg.tick_ms;
         } else if (d->plan_due && t - d->last_plan_ms >= PLAN_MIN_GAP_MS) {
-            flush_events(d);
-            plan(d);
+            dsp_flush_events(d);
+            dsp_plan(d);
         }
     }
     /* last words: what is already received gets written when possible */
-    flush_events(d);
+    dsp_flush_events(d);
     for (int n = -1; d->progress.head && d->progress.n != n;) {
         n = d->progress.n;
-        flush_progress(d);
+        dsp_flush_progress(d);
     }
     return NULL;
 }
@@ -4083,8 +1373,8 @@ void fb_dispatch_stop(fb_dispatch *d)
     if (d->zctx) zmq_ctx_term(d->zctx);
     if (d->pg) PQfinish(d->pg);
     pending *p;
-    while ((p = pop(&d->events))) pending_free(p);
-    while ((p = pop(&d->progress))) pending_free(p);
+    while ((p = dsp_pop(&d->events))) dsp_pending_free(p);
+    while ((p = dsp_pop(&d->progress))) dsp_pending_free(p);
     sodium_memzero(d->sec, sizeof d->sec);
     free(d->workers);
     free(d->keys);

@@ -44,6 +44,39 @@ fb_fair_params fb_fair_params_default(void)
                             .migrate_patience = 6};
 }
 
+void fb_fair_memory_init(fb_fair_memory *mem) { *mem = (fb_fair_memory){0}; }
+
+void fb_fair_device_memory_init(fb_fair_device_memory *mem)
+{
+    *mem = (fb_fair_device_memory){0};
+}
+
+void fb_fair_memory_restore(const fb_fair_memory *mem, fb_fair_group *G)
+{
+    bool same_shape = G->n_shards >= 64 || mem->split_toward >> G->n_shards == 0;
+    G->split_periods = same_shape ? mem->split_periods : 0;
+    G->split_toward = same_shape ? mem->split_toward : 0;
+    G->split_gain = same_shape ? mem->split_gain : 0;
+}
+
+void fb_fair_memory_save(fb_fair_memory *mem, const fb_fair_decision *dec)
+{
+    mem->split_periods = dec->split_periods;
+    mem->split_toward = dec->split_toward;
+    mem->split_gain = dec->split_gain;
+}
+
+void fb_fair_device_memory_restore(const fb_fair_device_memory *mem, fb_fair_device *D)
+{
+    D->imbalanced_periods = mem->imbalanced_periods > 0 ? mem->imbalanced_periods : 0;
+}
+
+void fb_fair_device_memory_save(fb_fair_device_memory *mem, const fb_fair_result *res,
+                                int device)
+{
+    mem->imbalanced_periods = res->imbalanced_periods[device];
+}
+
 double fb_fair_ewma(double prev, double sample, double w)
 {
     if (prev == 0.0) return sample;

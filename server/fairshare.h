@@ -56,7 +56,8 @@
  * alike.  The policy keeps no state between periods: what it needs from the
  * last period (current splits and shares, each device's count of imbalanced
  * periods, and each group's split_periods, split_toward and split_gain,
- * which the result hands back) comes in the snapshot.  A caller that hands
+ * which the result hands back: fb_fair_memory and fb_fair_device_memory keep them
+ * for the caller) comes in the snapshot.  A caller that hands
  * back no split memory (zeroes) gets only the re-splits that pass
  * split_hysteresis.
  */
@@ -184,6 +185,45 @@ typedef struct fb_fair_result {
     double max_slowdown; /* over all jobs (1 where unknown); 0 without jobs */
     double mean_slowdown;
 } fb_fair_result;
+
+/*
+ * The controller's memory of one group between periods: the gap between its split and
+ * the proportional one that has pointed the same way without being applied (a
+ * decision's split_periods, split_toward and split_gain).  The policy keeps no state:
+ * the caller keeps one per running group, empty for a new group (fb_fair_memory_init),
+ * puts it into each period's snapshot (fb_fair_memory_restore) and takes the period's
+ * back from the group's decision (fb_fair_memory_save).  A device's memory, its count of
+ * imbalanced periods in a row, is kept the same way (fb_fair_device_memory).  The
+ * snapshot's fields stay what fb_fair_run validates.
+ */
+typedef struct fb_fair_memory {
+    int split_periods;
+    uint64_t split_toward;
+    double split_gain;
+} fb_fair_memory;
+
+typedef struct fb_fair_device_memory {
+    int imbalanced_periods;
+} fb_fair_device_memory;
+
+/* Empties *mem: a new group, or a device the controller has not seen. */
+void fb_fair_memory_init(fb_fair_memory *mem);
+void fb_fair_device_memory_init(fb_fair_device_memory *mem);
+
+/*
+ * Puts a group's memory into its snapshot G, whose n_shards must be set: memory kept
+ * while the group had another shape (a split_toward naming a shard it does not have)
+ * means nothing now, and G gets none.
+ */
+void fb_fair_memory_restore(const fb_fair_memory *mem, fb_fair_group *G);
+/* Takes a group's memory back from its decision of the period. */
+void fb_fair_memory_save(fb_fair_memory *mem, const fb_fair_decision *dec);
+
+/* Puts a device's memory into its snapshot D (a negative count, which no result gives,
+ * as none); takes it back from the result of the period for snapshot device `device`. */
+void fb_fair_device_memory_restore(const fb_fair_device_memory *mem, fb_fair_device *D);
+void fb_fair_device_memory_save(fb_fair_device_memory *mem, const fb_fair_result *res,
+                                int device);
 
 /* The defaults listed in fb_fair_params. */
 fb_fair_params fb_fair_params_default(void);

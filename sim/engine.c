@@ -43,7 +43,7 @@ typedef struct devrt {
     double busy;      /* useful device-seconds so far */
     double busy_rate; /* useful fraction of the device now */
     double t_last;
-    int imbalanced;   /* the fair-share controller's count, handed back each period */
+    fb_fair_device_memory fair; /* the fair-share controller's memory, handed back each period */
     double inflation; /* the host's step-time inflation now (1: none) */
 } devrt;
 
@@ -60,9 +60,7 @@ typedef struct grp {
     bool bneck[FB_PLAN_MAX_GROUP_DEVICES];        /* the shard limits the group's step */
     double shard_rate[FB_PLAN_MAX_GROUP_DEVICES]; /* samples/s while computing */
     double share;
-    int split_periods; /* the controller's split memory, handed back each period */
-    uint64_t split_toward;
-    double split_gain;
+    fb_fair_memory fair; /* the controller's split memory, handed back each period */
     int64_t mem_per_device;
     int64_t start_step, min_total;
     double steps, t_last, rate, step_time, ready_at;
@@ -660,6 +658,7 @@ static int run_planner(eng *e)
         grp *G = &e->g[gi];
         int *members = G->members, cap_members = G->cap_members;
         memset(G, 0, sizeof *G);
+        fb_fair_memory_init(&G->fair);
         G->members = members;
         G->cap_members = cap_members;
         const sim_job *J0 = &sc->jobs[e->queue[P->jobs[0]]];
@@ -759,9 +758,10 @@ static int rebalance(eng *e)
         goto out;
     }
     e->res->n_periods++;
-    for (int d = 0; d < e->nd; d++)
-        fd[d] = (fb_fair_device){
-            .kind = sc->devices[d].kind, .ready = true, .imbalanced_periods = e->dev[d].imbalanced};
+    for (int d = 0; d < e->nd; d++) {
+        fd[d] = (fb_fair_device){.kind = sc->devices[d].kind, .ready = true};
+        fb_fair_device_memory_restore(&e->dev[d].fair, &fd[d]);
+    }
     for (int t = 0; t < sc->n_tenants; t++)
         ft[t].weight = sc->tenants[t].weight;
     fb_fair_job *jp = fj;
@@ -779,9 +779,7 @@ static int rebalance(eng *e)
         F->isolated_step_s = *profile_slot(e, G);
         F->n_jobs = G->n_members;
         F->jobs = jp;
-        F->split_periods = G->split_periods;
-        F->split_toward = G->split_toward;
-        F->split_gain = G->split_gain;
+        fb_fair_memory_restore(&G->fair, F);
         for (int m = 0; m < G->n_members; m++) {
             const sim_job *J = &sc->jobs[G->members[m]];
             int64_t done = G->start_step + (int64_t)G->steps;
@@ -804,14 +802,12 @@ static int rebalance(eng *e)
         goto out;
     }
     for (int d = 0; d < e->nd; d++)
-        e->dev[d].imbalanced = res.imbalanced_periods[d];
+        fb_fair_device_memory_save(&e->dev[d].fair, &res, d);
     for (int k = 0; k < n; k++) {
         grp *G = &e->g[map[k]];
         const fb_fair_decision *D = &res.groups[k];
         int w = sc->devices[G->dev[0]].worker;
-        G->split_periods = D->split_periods;
-        G->split_toward = D->split_toward;
-        G->split_gain = D->split_gain;
+        fb_fair_memory_save(&G->fair, D);
         if (D->split_changed) {
             memcpy(G->split, D->split, (size_t)G->n_dev * sizeof *G->split);
             e->res->n_split_changes++;

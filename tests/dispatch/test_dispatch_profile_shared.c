@@ -1,6 +1,6 @@
 /*
  * A slowdown profile measured too slow is lowered by an array that shares its
- * device (server/dispatch.c, record_slowdown; docs/api.md, "slowdown").  A
+ * device (server/dispatch_record.c, record_slowdown; docs/api.md, "slowdown").  A
  * fake worker with two CPU devices speaks the wire protocol over ZeroMQ
  * (CURVE, the test's worker key) and holds three arrays of different fusion
  * keys: D, data parallel on both devices, then A and B, each on one of them,

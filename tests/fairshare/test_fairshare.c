@@ -7,7 +7,8 @@
  * oscillation, arrays joining one that is ahead (test_dispatch_fair's start),
  * tenant weights, the starvation floor, migration suggestions,
  * refusal of malformed snapshots and params with the output untouched, and
- * a randomized run against invariants every result must keep.
+ * a randomized run against invariants every result must keep; and the memory
+ * (fb_fair_memory) a caller keeps between periods.
  */
 #include "check.h"
 #include "errors.h"
@@ -199,6 +200,42 @@ static void test_ewma_and_defaults(void)
     CHECK_NEAR(fb_fair_ewma(0.0, 7.0, 0.3), 7.0, 0);
     CHECK_NEAR(fb_fair_ewma(10.0, 20.0, 0.3), 13.0, 1e-12);
     CHECK_NEAR(fb_fair_ewma(10.0, 20.0, 1.0), 20.0, 1e-12);
+}
+
+/* The memory the caller keeps between periods: empty at first, handed back as the decision
+ * and the result gave it, and dropped for a group whose shape changed. */
+static void test_memory(void)
+{
+    fb_fair_memory mem;
+    fb_fair_memory_init(&mem);
+    fb_fair_group G = {.n_shards = 2, .split_periods = 9, .split_toward = 1, .split_gain = 1};
+    fb_fair_memory_restore(&mem, &G);
+    CHECK_INT_EQ(G.split_periods, 0);
+    CHECK(G.split_toward == 0);
+    CHECK_NEAR(G.split_gain, 0.0, 0);
+    fb_fair_decision dec = {.split_periods = 3, .split_toward = 2, .split_gain = 0.25};
+    fb_fair_memory_save(&mem, &dec);
+    fb_fair_memory_restore(&mem, &G);
+    CHECK_INT_EQ(G.split_periods, 3);
+    CHECK(G.split_toward == 2);
+    CHECK_NEAR(G.split_gain, 0.25, 0);
+    /* kept while the group had two shards: it names shard 1, which one shard lacks */
+    fb_fair_group one = {.n_shards = 1};
+    fb_fair_memory_restore(&mem, &one);
+    CHECK_INT_EQ(one.split_periods, 0);
+    CHECK(one.split_toward == 0);
+    CHECK_NEAR(one.split_gain, 0.0, 0);
+
+    fb_fair_device_memory dm;
+    fb_fair_device_memory_init(&dm);
+    fb_fair_device D = {.imbalanced_periods = 5};
+    fb_fair_device_memory_restore(&dm, &D);
+    CHECK_INT_EQ(D.imbalanced_periods, 0);
+    int counts[2] = {0, 4};
+    fb_fair_result res = {.n_devices = 2, .imbalanced_periods = counts};
+    fb_fair_device_memory_save(&dm, &res, 1);
+    fb_fair_device_memory_restore(&dm, &D);
+    CHECK_INT_EQ(D.imbalanced_periods, 4);
 }
 
 /* ---- splits ------------------------------------------------------------------ */
@@ -1263,6 +1300,7 @@ static void test_random(void)
 int main(void)
 {
     test_ewma_and_defaults();
+    test_memory();
     test_slowdown();
     test_split();
     test_split_hysteresis();
