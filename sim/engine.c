@@ -557,6 +557,61 @@ static void end_members(eng *e, int gi)
 
 /* ---- the planner --------------------------------------------------------------------- */
 
+/* Starts the planner's group P: a new group on its devices with its members taken from the
+ * queue (as placed, with any migration's resume cost), ready after the array's start. */
+static int start_planned_group(eng *e, const fb_plan_group *P)
+{
+    const sim_scenario *sc = e->sc;
+    int gi = new_group(e);
+    if (gi < 0) {
+        return fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
+    }
+    grp *G = &e->g[gi];
+    int *members = G->members, cap_members = G->cap_members;
+    memset(G, 0, sizeof *G);
+    fb_fair_memory_init(&G->fair);
+    G->members = members;
+    G->cap_members = cap_members;
+    const sim_job *J0 = &sc->jobs[e->queue[P->jobs[0]]];
+    G->live = true;
+    G->key = J0->key;
+    G->profile = J0->profile;
+    G->n_dev = P->n_devices;
+    memcpy(G->dev, P->devices, (size_t)P->n_devices * sizeof *P->devices);
+    memcpy(G->split, P->split, (size_t)P->parallel_data * sizeof *P->split);
+    G->share = P->time_share;
+    G->mem_per_device = P->mem_per_device;
+    G->start_step = e->job[e->queue[P->jobs[0]]].start_step;
+    G->t_last = e->t;
+    double penalty = 0.0;
+    for (int m = 0; m < P->n_jobs; m++) {
+        int j = e->queue[P->jobs[m]];
+        if (push_int(&G->members, &G->n_members, &G->cap_members, j)) {
+            return fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
+        }
+        jobrt *Jr = &e->job[j];
+        if (Jr->placed_at < 0) Jr->placed_at = e->t;
+        if (Jr->penalty > penalty) penalty = Jr->penalty;
+        Jr->penalty = 0.0;
+        Jr->state = J_RUNNING;
+        Jr->group = gi;
+    }
+    /* a migrated group's resume cost, then the array's start */
+    const sim_profile *Pf = &sc->profiles[G->profile];
+    double delay = penalty + Pf->start_s + Pf->start_member_s * (double)(G->n_members - 1);
+    G->ready_at = e->t + delay;
+    G->ready = delay <= 0.0;
+    recompute_min_total(e, G);
+    for (int i = 0; i < G->n_dev; i++)
+        if (push_int(&e->dev[G->dev[i]].groups, &e->dev[G->dev[i]].n, &e->dev[G->dev[i]].cap,
+                     gi)) {
+            return fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
+        }
+    mark_dirty(e, sc->devices[G->dev[0]].worker);
+    e->live++;
+    return 0;
+}
+
 static int run_planner(eng *e)
 {
     const sim_scenario *sc = e->sc;
@@ -648,59 +703,8 @@ static int run_planner(eng *e)
         G->share = res.shares[i].time_share;
         mark_dirty(e, sc->devices[G->dev[0]].worker);
     }
-    for (int k = 0; k < res.n_groups; k++) {
-        const fb_plan_group *P = &res.groups[k];
-        int gi = new_group(e);
-        if (gi < 0) {
-            rc = fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
-            goto out;
-        }
-        grp *G = &e->g[gi];
-        int *members = G->members, cap_members = G->cap_members;
-        memset(G, 0, sizeof *G);
-        fb_fair_memory_init(&G->fair);
-        G->members = members;
-        G->cap_members = cap_members;
-        const sim_job *J0 = &sc->jobs[e->queue[P->jobs[0]]];
-        G->live = true;
-        G->key = J0->key;
-        G->profile = J0->profile;
-        G->n_dev = P->n_devices;
-        memcpy(G->dev, P->devices, (size_t)P->n_devices * sizeof *P->devices);
-        memcpy(G->split, P->split, (size_t)P->parallel_data * sizeof *P->split);
-        G->share = P->time_share;
-        G->mem_per_device = P->mem_per_device;
-        G->start_step = e->job[e->queue[P->jobs[0]]].start_step;
-        G->t_last = e->t;
-        double penalty = 0.0;
-        for (int m = 0; m < P->n_jobs; m++) {
-            int j = e->queue[P->jobs[m]];
-            if (push_int(&G->members, &G->n_members, &G->cap_members, j)) {
-                rc = fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
-                goto out;
-            }
-            jobrt *Jr = &e->job[j];
-            if (Jr->placed_at < 0) Jr->placed_at = e->t;
-            if (Jr->penalty > penalty) penalty = Jr->penalty;
-            Jr->penalty = 0.0;
-            Jr->state = J_RUNNING;
-            Jr->group = gi;
-        }
-        /* a migrated group's resume cost, then the array's start */
-        const sim_profile *Pf = &sc->profiles[G->profile];
-        double delay = penalty + Pf->start_s + Pf->start_member_s * (double)(G->n_members - 1);
-        G->ready_at = e->t + delay;
-        G->ready = delay <= 0.0;
-        recompute_min_total(e, G);
-        for (int i = 0; i < G->n_dev; i++)
-            if (push_int(&e->dev[G->dev[i]].groups, &e->dev[G->dev[i]].n, &e->dev[G->dev[i]].cap,
-                         gi)) {
-                rc = fb_errf(e->msg, e->cap, FB_ERR_NOMEM, "out of memory");
-                goto out;
-            }
-        mark_dirty(e, sc->devices[G->dev[0]].worker);
-        e->live++;
-    }
+    for (int k = 0; k < res.n_groups; k++)
+        if ((rc = start_planned_group(e, &res.groups[k]))) goto out;
     /* the queue keeps the jobs still waiting */
     int w = 0;
     for (int q = 0; q < nq; q++)

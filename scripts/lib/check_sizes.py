@@ -10,13 +10,7 @@ column 0, the body opens with "{" alone in column 0 and closes with "}" in
 column 0.  A function's size is its lines from the first signature line to
 the closing brace.
 
-Files and functions that broke the rules when the check was written are
-listed in a known-findings file (one per line: "file LINES" or
-"file:function LINES"); each may shrink but not grow, a listed one that is
-gone or within the rules must leave the list (so the list only gets
-shorter), and anything not listed fails.
-
-Exit 0: the tree follows the rules; 1: a finding (one line each); 2: usage.
+Exit 0: the tree follows the rules; 1: a finding (one line each).
 """
 import argparse
 import os
@@ -89,7 +83,7 @@ def functions(lines):
 
 
 def findings(root):
-    """Yields (key, size, message) for every file or function over its limit."""
+    """Yields (name, size, message) for every file or function over its limit."""
     for rel in source_files(root):
         with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
             lines = f.read().split("\n")
@@ -104,44 +98,11 @@ def findings(root):
                        f"and the comment above it does not say why it {WHOLE_MARK}")
 
 
-def read_known(path):
-    known = {}
-    if not path:
-        return known
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 2 or not parts[1].isdigit():
-                raise ValueError(f"{path}:{number}: expected 'name LINES', got {line!r}")
-            known[parts[0]] = int(parts[1])
-    return known
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=".")
-    ap.add_argument("--known", help="file of known findings that may shrink but not grow")
     args = ap.parse_args()
-    try:
-        known = read_known(args.known)
-    except (OSError, ValueError) as e:
-        print(e, file=sys.stderr)
-        return 2
-    bad = []
-    seen = set()
-    for key, size, message in findings(args.root):
-        seen.add(key)
-        if key in known:
-            if size > known[key]:
-                bad.append(f"{message} (known at {known[key]}: it may shrink, not grow)")
-        else:
-            bad.append(message)
-    for key in sorted(set(known) - seen):
-        bad.append(f"{key}: listed in the known findings but within the rules now; "
-                   f"remove it from the list")
+    bad = [message for _, _, message in findings(args.root)]
     for line in bad:
         print(line)
     return 1 if bad else 0

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The size check (scripts/lib/check_sizes.py) on small fake trees.
 
-Each case is a tree (files under the product folders and one outside them),
-a known-findings list, and the findings the check must print: none, or
-lines holding the given substrings, in order.  Exit 0 when every case gives
+Each case is a tree (files under the product folders and some outside them)
+and the findings the check must print: none, or lines holding the given
+substrings, in order.  Exit 0 when every case gives
 exactly its findings.
 """
 import contextlib
@@ -26,35 +26,31 @@ def func(name, body_lines, comment=None):
 
 FILLER = "int filler;\n"
 
-# (name, {path: text}, known-findings text or None, [expected substrings])
+# (name, {path: text}, [expected substrings])
 CASES = [
-    ("a small tree is clean", {"api/a.c": func("ok", 10)}, None, []),
+    ("a small tree is clean", {"api/a.c": func("ok", 10)}, []),
     # a function of 2 signature lines + braces + return: 146 + 5 = 151 lines
-    ("a function over 150 lines", {"server/s.c": "\n" + func("big", 146)}, None,
+    ("a function over 150 lines", {"server/s.c": "\n" + func("big", 146)},
      ["server/s.c:2: big is 151 lines, more than 150"]),
-    ("exactly 150 lines passes", {"server/s.c": func("fits", 145)}, None, []),
+    ("exactly 150 lines passes", {"server/s.c": func("fits", 145)}, []),
     ("a comment that says why it stays whole",
-     {"workers/w.c": func("whole", 300, "one state machine: it stays whole because ...")}, None, []),
+     {"workers/w.c": func("whole", 300, "one state machine: it stays whole because ...")}, []),
     ("a comment that says something else", {"workers/w.c": func("long", 300, "does a thing")},
-     None, ["workers/w.c:2: long is 305 lines"]),
-    ("a file over 1500 lines", {"kernels/k.h": FILLER * 1501}, None,
+     ["workers/w.c:2: long is 305 lines"]),
+    ("a file over 1500 lines", {"kernels/k.h": FILLER * 1501},
      ["kernels/k.h: 1501 lines, more than 1500"]),
-    ("1500 lines pass", {"kernels/k.h": FILLER * 1500}, None, []),
+    ("1500 lines pass", {"kernels/k.h": FILLER * 1500}, []),
     ("outside the product folders nothing counts",
-     {"tests/t.c": FILLER * 4000 + func("huge", 900), "bench/b.c": FILLER * 2000}, None, []),
-    ("a known finding that shrank passes", {"sim/e.c": FILLER * 1600}, "sim/e.c 1700\n", []),
-    ("a known finding that grew fails", {"sim/e.c": FILLER * 1800}, "sim/e.c 1700\n",
-     ["sim/e.c: 1800 lines, more than 1500 (known at 1700: it may shrink, not grow)"]),
-    ("a known finding that is gone must leave the list", {"sim/e.c": FILLER},
-     "# a comment\nsim/e.c 1700\n", ["sim/e.c: listed in the known findings but within the rules"]),
-    ("a known function", {"base/b.c": func("big", 200)}, "base/b.c:big 210\n", []),
-    ("a known function, another one new",
-     {"base/b.c": func("big", 200) + func("other", 200)}, "base/b.c:big 210\n",
-     ["base/b.c:206: other is 205 lines"]),
+     {"tests/t.c": FILLER * 4000 + func("huge", 900), "bench/b.c": FILLER * 2000}, []),
+    ("two long functions, two findings in order",
+     {"base/b.c": func("big", 200) + func("other", 200)},
+     ["base/b.c:1: big is 205 lines", "base/b.c:206: other is 205 lines"]),
+    ("a CUDA file counts", {"kernels/cuda/x.cu": FILLER * 1600},
+     ["kernels/cuda/x.cu: 1600 lines"]),
 ]
 
 
-def run_case(files, known):
+def run_case(files):
     with tempfile.TemporaryDirectory() as root:
         for rel, text in files.items():
             path = os.path.join(root, rel)
@@ -62,10 +58,6 @@ def run_case(files, known):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         argv = ["check_sizes.py", "--root", root]
-        if known is not None:
-            with open(os.path.join(root, "known.txt"), "w", encoding="utf-8") as f:
-                f.write(known)
-            argv += ["--known", os.path.join(root, "known.txt")]
         out = io.StringIO()
         saved = sys.argv
         sys.argv = argv
@@ -79,19 +71,14 @@ def run_case(files, known):
 
 def main():
     failed = 0
-    for name, files, known, expected in CASES:
-        rc, lines = run_case(files, known)
+    for name, files, expected in CASES:
+        rc, lines = run_case(files)
         ok = rc == (1 if expected else 0) and len(lines) == len(expected) and all(
             want in got for want, got in zip(expected, lines))
         if not ok:
             failed += 1
             print(f"FAIL {name}: rc {rc}, printed {lines}, expected {expected}")
-    # a malformed known-findings list is a usage error, not a pass
-    rc, _ = run_case({"api/a.c": FILLER}, "api/a.c many\n")
-    if rc != 2:
-        failed += 1
-        print(f"FAIL a malformed known list: rc {rc}, expected 2")
-    print(f"{len(CASES) + 1 - failed} of {len(CASES) + 1} cases pass")
+    print(f"{len(CASES) - failed} of {len(CASES)} cases pass")
     return 1 if failed else 0
 
 
