@@ -104,15 +104,16 @@ static bool z85_key_ok(const char *s, size_t n)
 }
 
 /* Reads a whole small file into a NUL-terminated buffer. */
-static int read_small(const char *path, size_t max, char **buf, size_t *len, char *msg, size_t cap)
+static int read_small(const char *path, size_t max, char **buf, size_t *len, char *msg,
+                      size_t msg_cap)
 {
-    if (!path || !*path) return fb_errf(msg, cap, FB_ERR_IO, "no file name");
+    if (!path || !*path) return fb_errf(msg, msg_cap, FB_ERR_IO, "no file name");
     FILE *f = fopen(path, "rb");
-    if (!f) return fb_errf(msg, cap, FB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return fb_errf(msg, msg_cap, FB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *b = malloc(max + 2);
     if (!b) {
         fclose(f);
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     size_t n = fread(b, 1, max + 1, f);
     int rd = ferror(f);
@@ -120,8 +121,8 @@ static int read_small(const char *path, size_t max, char **buf, size_t *len, cha
     if (rd || n > max) {
         sodium_memzero(b, max + 2);
         free(b);
-        return rd ? fb_errf(msg, cap, FB_ERR_IO, "%s: read error", path)
-                  : fb_errf(msg, cap, FB_ERR_BAD_WIRE, "%s: larger than %zu bytes", path, max);
+        return rd ? fb_errf(msg, msg_cap, FB_ERR_IO, "%s: read error", path)
+                  : fb_errf(msg, msg_cap, FB_ERR_BAD_WIRE, "%s: larger than %zu bytes", path, max);
     }
     b[n] = '\0';
     *buf = b;

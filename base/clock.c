@@ -74,30 +74,30 @@ void fb_clock_advance(int64_t ns)
 }
 
 /* Maps the 8 bytes of the clock file at path, for reading or writing. */
-static int64_t *map_file(const char *path, bool create, int64_t start_ns, char *msg, size_t cap)
+static int64_t *map_file(const char *path, bool create, int64_t start_ns, char *msg, size_t msg_cap)
 {
     if (!path || !path[0]) {
-        snprintf(msg, cap, "clock file: no path given");
+        snprintf(msg, msg_cap, "clock file: no path given");
         return NULL;
     }
     int fd = open(path, create ? O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDONLY | O_CLOEXEC,
                   0600);
     if (fd < 0) {
-        snprintf(msg, cap, "clock file %s: %s", path, strerror(errno));
+        snprintf(msg, msg_cap, "clock file %s: %s", path, strerror(errno));
         return NULL;
     }
     if (create) {
         unsigned char b[8];
         for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)start_ns >> (8 * i));
         if (write(fd, b, sizeof b) != (ssize_t)sizeof b) {
-            snprintf(msg, cap, "clock file %s: cannot write: %s", path, strerror(errno));
+            snprintf(msg, msg_cap, "clock file %s: cannot write: %s", path, strerror(errno));
             close(fd);
             return NULL;
         }
     } else {
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 8) {
-            snprintf(msg, cap, "clock file %s: not a regular file of 8 bytes", path);
+            snprintf(msg, msg_cap, "clock file %s: not a regular file of 8 bytes", path);
             close(fd);
             return NULL;
         }
@@ -105,18 +105,18 @@ static int64_t *map_file(const char *path, bool create, int64_t start_ns, char *
     void *p = mmap(NULL, 8, create ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
-        snprintf(msg, cap, "clock file %s: cannot map: %s", path, strerror(errno));
+        snprintf(msg, msg_cap, "clock file %s: cannot map: %s", path, strerror(errno));
         return NULL;
     }
     return p;
 }
 
-int fb_clock_use_file(const char *path, char *msg, size_t cap)
+int fb_clock_use_file(const char *path, char *msg, size_t msg_cap)
 {
-    const int64_t *p = map_file(path, false, 0, msg, cap);
+    const int64_t *p = map_file(path, false, 0, msg, msg_cap);
     if (!p) return -1;
     if (__atomic_load_n(p, __ATOMIC_ACQUIRE) < 0) {
-        snprintf(msg, cap, "clock file %s: holds a negative time", path);
+        snprintf(msg, msg_cap, "clock file %s: holds a negative time", path);
         munmap((void *)p, 8);
         return -1;
     }
@@ -125,19 +125,19 @@ int fb_clock_use_file(const char *path, char *msg, size_t cap)
     return 0;
 }
 
-fb_clock_file *fb_clock_file_create(const char *path, int64_t start_ns, char *msg, size_t cap)
+fb_clock_file *fb_clock_file_create(const char *path, int64_t start_ns, char *msg, size_t msg_cap)
 {
     if (start_ns < 0) {
-        snprintf(msg, cap, "clock file %s: start time %lld is negative", path ? path : "",
+        snprintf(msg, msg_cap, "clock file %s: start time %lld is negative", path ? path : "",
                  (long long)start_ns);
         return NULL;
     }
-    int64_t *p = map_file(path, true, start_ns, msg, cap);
+    int64_t *p = map_file(path, true, start_ns, msg, msg_cap);
     if (!p) return NULL;
     fb_clock_file *f = malloc(sizeof *f);
     if (!f) {
         munmap(p, 8);
-        snprintf(msg, cap, "clock file %s: out of memory", path);
+        snprintf(msg, msg_cap, "clock file %s: out of memory", path);
         return NULL;
     }
     f->ns = p;

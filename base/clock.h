@@ -53,13 +53,13 @@ void fb_clock_advance(int64_t ns);
 
 /* Makes this process read its time from the clock file at path (see above).
  * 0, or -1 with a message naming the file and what is wrong with it. */
-int fb_clock_use_file(const char *path, char *msg, size_t cap);
+int fb_clock_use_file(const char *path, char *msg, size_t msg_cap);
 
 /* The writing side, for tests: creates (or truncates) the clock file at path
  * holding start_ns, and moves it.  fb_clock_file_set never moves it
  * backwards (returns false). */
 typedef struct fb_clock_file fb_clock_file;
-fb_clock_file *fb_clock_file_create(const char *path, int64_t start_ns, char *msg, size_t cap);
+fb_clock_file *fb_clock_file_create(const char *path, int64_t start_ns, char *msg, size_t msg_cap);
 bool fb_clock_file_set(fb_clock_file *f, int64_t ns);
 void fb_clock_file_advance(fb_clock_file *f, int64_t ns);
 int64_t fb_clock_file_get(const fb_clock_file *f);

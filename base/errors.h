@@ -93,7 +93,7 @@ int fb_err_from_code(const char *code, int *out);
 int fb_err_write_errno(int e);
 
 /* Formats a message into buf (always NUL-terminated when cap > 0) and returns
- * err, so callers can write `return fb_errf(msg, cap, FB_ERR_X, "...", ...)`. */
+ * err, so callers can write `return fb_errf(msg, msg_cap, FB_ERR_X, "...", ...)`. */
 int fb_errf(char *buf, size_t cap, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

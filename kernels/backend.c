@@ -30,11 +30,11 @@ fb_backend *fb_backend_cuda(int device)
 }
 
 /* No CUDA backend exists in this build: FB_ERR_UNSUPPORTED, *out untouched. */
-int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap)
+int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t msg_cap)
 {
     (void)out;
-    if (msg && cap > 0)
-        snprintf(msg, cap, "CUDA device %d: fusebox was built without CUDA", device);
+    if (msg && msg_cap > 0)
+        snprintf(msg, msg_cap, "CUDA device %d: fusebox was built without CUDA", device);
     return FB_ERR_UNSUPPORTED;
 }
 
@@ -54,11 +54,11 @@ void *fb_cuda_backend_stream(fb_backend *be, int which)
 }
 
 /* A backend that is not CUDA has no recorded error. */
-int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap)
+int fb_cuda_backend_error(fb_backend *be, char *msg, size_t msg_cap)
 {
     (void)be;
     (void)msg;
-    (void)cap;
+    (void)msg_cap;
     return FB_OK;
 }
 
@@ -497,25 +497,25 @@ static void fb_seq_check(int N, int T, int B, int D)
 
 /* See kernels.h: out[n, t, b, :] = table[b, ids[n T + t], :]; FB_ERR_DATA on
  * an id outside [0, V). */
-int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                         int N, int T, int B, int V, int D, char *msg, size_t cap)
+int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table, int N,
+                         int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
     FB_OP_FN(be, embedding_forward);
     fb_seq_check(N, T, B, D);
     FB_ASSERT(V >= 1 && (N == 0 || (out != NULL && ids != NULL && table != NULL)));
     if (N == 0) return FB_OK;
-    return be->ops->embedding_forward(be, out, ids, table, N, T, B, V, D, msg, cap);
+    return be->ops->embedding_forward(be, out, ids, table, N, T, B, V, D, msg, msg_cap);
 }
 
 /* See kernels.h: dtable += dout at each position's id, in position order. */
 int fb_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
-                          int N, int T, int B, int V, int D, char *msg, size_t cap)
+                          int N, int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
     FB_OP_FN(be, embedding_backward);
     fb_seq_check(N, T, B, D);
     FB_ASSERT(V >= 1 && (N == 0 || (dtable != NULL && dout != NULL && ids != NULL)));
     if (N == 0) return FB_OK;
-    return be->ops->embedding_backward(be, dtable, dout, ids, N, T, B, V, D, msg, cap);
+    return be->ops->embedding_backward(be, dtable, dout, ids, N, T, B, V, D, msg, msg_cap);
 }
 
 /* See kernels.h: out = in + pos[b, t] at every sample. */

@@ -90,10 +90,9 @@ struct fb_backend_ops {
 
     /* ---- sequences ---- */
     int (*embedding_forward)(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                             int N, int T, int B, int V, int D, char *msg, size_t cap);
-    int (*embedding_backward)(fb_backend *be, float *dtable, const float *dout,
-                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
-                              size_t cap);
+                             int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
+    int (*embedding_backward)(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
     void (*positional_forward)(fb_backend *be, float *out, const float *in, const float *pos,
                                int N, int T, int B, int L, int D);
     void (*positional_backward)(fb_backend *be, float *din, float *dpos, const float *dout, int N,

@@ -260,14 +260,14 @@ void fb_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbe
  * returns FB_OK, leaves out untouched and records FB_ERR_DATA, which
  * fb_cuda_backend_error reports after the next fb_backend_sync.
  */
-int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                         int N, int T, int B, int V, int D, char *msg, size_t cap);
+int fb_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table, int N,
+                         int T, int B, int V, int D, char *msg, size_t msg_cap);
 /* dtable[b, v, :] += dout[n, t, b, :] for every position whose id is v,
  * added in position order (n*T + t ascending) on every backend, so the
  * result is exact and the same run after run and backend to backend.  Bad
  * ids as for the forward (dtable untouched). */
 int fb_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
-                          int N, int T, int B, int V, int D, char *msg, size_t cap);
+                          int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 
 /*
  * Learned positional add: out[n, t, b, :] = in[n, t, b, :] + pos[b, t, :],

@@ -198,32 +198,32 @@ void fb_config_usage(FILE *out)
 
 /* Stores one value into the field of o; errors name where it came from. */
 static int set_opt(fb_config *cfg, const opt *o, const char *val, const char *from, char *msg,
-                   size_t cap)
+                   size_t msg_cap)
 {
     char *base = (char *)cfg + o->offset;
     switch (o->kind) {
     case OPT_STR: {
         size_t n = strlen(val);
         if (n >= o->cap)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: value longer than %zu bytes", from,
-                           o->cap - 1);
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s: value longer than %zu bytes",
+                           from, o->cap - 1);
         memcpy(base, val, n + 1);
         return FB_OK;
     }
     case OPT_INT:
     case OPT_SIZE: {
         if (!val[0] || !(isdigit((unsigned char)val[0]) || val[0] == '-'))
-            return fb_errf(msg, cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
+            return fb_errf(msg, msg_cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
                            val);
         errno = 0;
         char *end = NULL;
         long long x = strtoll(val, &end, 10);
         if (errno || !end || *end)
-            return fb_errf(msg, cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
+            return fb_errf(msg, msg_cap, FB_ERR_WRONG_TYPE, "%s: \"%.64s\" is not an integer", from,
                            val);
         if (x < o->lo || x > o->hi)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: %lld is out of range [%lld, %lld]",
-                           from, x, o->lo, o->hi);
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "%s: %lld is out of range [%lld, %lld]", from, x, o->lo, o->hi);
         if (o->kind == OPT_INT)
             *(int *)base = (int)x;
         else
@@ -233,13 +233,13 @@ static int set_opt(fb_config *cfg, const opt *o, const char *val, const char *fr
     case OPT_LEVEL: {
         fb_log_level lvl;
         if (!fb_log_level_parse(val, &lvl))
-            return fb_errf(msg, cap, FB_ERR_BAD_ENUM,
+            return fb_errf(msg, msg_cap, FB_ERR_BAD_ENUM,
                            "%s: \"%.64s\" is not one of debug, info, warn, error", from, val);
         *(fb_log_level *)base = lvl;
         return FB_OK;
     }
     }
-    return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: unknown option kind", from);
+    return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "%s: unknown option kind", from);
 }
 
 /* A dataset name as job specs write it: ^[a-z0-9][a-z0-9._-]{0,63}$. */
@@ -256,18 +256,18 @@ static bool dataset_name_ok(const char *s, size_t n)
 
 /* Each public dataset is a dataset name: it becomes a directory under the workers' data
  * directory, so "..", a slash or an empty name would leave it. */
-static int check_public_datasets(const char *list, char *msg, size_t cap)
+static int check_public_datasets(const char *list, char *msg, size_t msg_cap)
 {
     for (const char *s = list; *s;) {
         size_t len = strcspn(s, ",");
         if (!dataset_name_ok(s, len))
-            return fb_errf(msg, cap, FB_ERR_BAD_NAME,
+            return fb_errf(msg, msg_cap, FB_ERR_BAD_NAME,
                            "--public-datasets: \"%.*s\" is not a dataset name (a-z or 0-9 "
                            "first, then a-z, 0-9, '.', '_', '-'; names separated by ',')",
                            (int)(len > 64 ? 64 : len), s);
         s += len;
         if (*s == ',' && !*++s)
-            return fb_errf(msg, cap, FB_ERR_BAD_NAME,
+            return fb_errf(msg, msg_cap, FB_ERR_BAD_NAME,
                            "--public-datasets: ends with ',' (an empty name)");
     }
     return FB_OK;
@@ -288,26 +288,26 @@ bool fb_config_dataset_public(const char *list, const char *name)
 
 /* Each import root is an absolute path; a relative one would depend on the
  * directory fuseboxd happens to start in. */
-static int check_import_roots(const char *roots, char *msg, size_t cap)
+static int check_import_roots(const char *roots, char *msg, size_t msg_cap)
 {
     int n = 0;
     for (const char *s = roots; *s;) {
         size_t len = strcspn(s, ":");
         if (len == 0 || s[0] != '/')
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "--import-roots: \"%.*s\" is not an absolute directory (roots are "
                            "separated by ':')",
                            (int)(len > 64 ? 64 : len), s);
         if (len >= FB_CONFIG_PATH_MAX)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--import-roots: a root is too long");
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--import-roots: a root is too long");
         if (++n > FB_CONFIG_MAX_ROOTS)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--import-roots: more than %d roots",
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--import-roots: more than %d roots",
                            FB_CONFIG_MAX_ROOTS);
         s += len;
         if (*s == ':') {
             s++;
             if (!*s)
-                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                                "--import-roots: ends with ':' (an empty root)");
         }
     }
@@ -317,35 +317,35 @@ static int check_import_roots(const char *roots, char *msg, size_t cap)
 /* A test hook (--test-clock, which stops the control loop's time) must never be one stray
  * flag away in a deployment: it needs FUSEBOX_TEST_HOOKS=1 exactly, as fusebox-worker's
  * --test-step-hook does.  from names where the value came from. */
-static int check_test_hooks(const fb_config *cfg, const char *from, char *msg, size_t cap)
+static int check_test_hooks(const fb_config *cfg, const char *from, char *msg, size_t msg_cap)
 {
     if (!cfg->test_clock[0]) return FB_OK;
     const char *on = getenv(FB_CONFIG_TEST_HOOKS_ENV);
     if (!on || strcmp(on, "1") != 0)
-        return fb_errf(msg, cap, FB_ERR_BAD_ENUM,
+        return fb_errf(msg, msg_cap, FB_ERR_BAD_ENUM,
                        "%s is for tests only and needs %s=1 in the environment; refusing to "
                        "start",
                        from, FB_CONFIG_TEST_HOOKS_ENV);
     return FB_OK;
 }
 
-int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t cap)
+int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t msg_cap)
 {
     if (!cfg->test_clock[0]) return FB_OK;
     char why[FB_CONFIG_PATH_MAX + 128];
     if (fb_clock_use_file(cfg->test_clock, why, sizeof why) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "--test-clock: %s", why);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "--test-clock: %s", why);
     return FB_OK;
 }
 
-int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap)
+int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t msg_cap)
 {
     fb_config work = *cfg;
     const char *clock_from = "--test-clock"; /* where --test-clock's value came from */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opts[i].env);
         if (v && v[0]) {
-            int err = set_opt(&work, &opts[i], v, opts[i].env, msg, cap);
+            int err = set_opt(&work, &opts[i], v, opts[i].env, msg, msg_cap);
             if (err) return err;
             if (opts[i].offset == offsetof(fb_config, test_clock)) clock_from = opts[i].env;
         }
@@ -361,8 +361,8 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
             return 1;
         }
         if (strncmp(arg, "--", 2) != 0)
-            return fb_errf(msg, cap, FB_ERR_BAD_ENUM, "unexpected argument \"%.64s\" (see --help)",
-                           arg);
+            return fb_errf(msg, msg_cap, FB_ERR_BAD_ENUM,
+                           "unexpected argument \"%.64s\" (see --help)", arg);
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
         size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
@@ -371,60 +371,60 @@ int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap
             if (strlen(opts[i].flag) == name_len && strncmp(opts[i].flag, name, name_len) == 0)
                 o = &opts[i];
         if (!o)
-            return fb_errf(msg, cap, FB_ERR_UNKNOWN_FIELD, "unknown flag \"%.64s\" (see --help)",
-                           arg);
+            return fb_errf(msg, msg_cap, FB_ERR_UNKNOWN_FIELD,
+                           "unknown flag \"%.64s\" (see --help)", arg);
         const char *val = eq ? eq + 1 : NULL;
         if (!val) {
             if (a + 1 >= argc)
-                return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--%s needs a value", o->flag);
+                return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD, "--%s needs a value", o->flag);
             val = argv[++a];
         }
         char from[80];
         snprintf(from, sizeof from, "--%s", o->flag);
-        int err = set_opt(&work, o, val, from, msg, cap);
+        int err = set_opt(&work, o, val, from, msg, msg_cap);
         if (err) return err;
         if (o->offset == offsetof(fb_config, test_clock)) clock_from = "--test-clock";
     }
     if (!work.database_url[0])
-        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD,
+        return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD,
                        "--database-url (or FUSEBOX_DATABASE_URL) is required");
     if (!work.data_dir[0])
-        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--data-dir must not be empty");
+        return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD, "--data-dir must not be empty");
     if (!work.artifacts_dir[0]) {
         int n =
             snprintf(work.artifacts_dir, sizeof work.artifacts_dir, "%s/artifacts", work.data_dir);
         if (n < 0 || (size_t)n >= sizeof work.artifacts_dir)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
     }
     if (!work.server_key[0]) {
         int n = snprintf(work.server_key, sizeof work.server_key, "%s/server.key", work.data_dir);
         if (n < 0 || (size_t)n >= sizeof work.server_key)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
     }
     if (!work.worker_keys[0]) {
         int n =
             snprintf(work.worker_keys, sizeof work.worker_keys, "%s/worker-keys", work.data_dir);
         if (n < 0 || (size_t)n >= sizeof work.worker_keys)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
     }
     if (!work.worker_listen[0])
-        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--worker-listen must not be empty");
+        return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD, "--worker-listen must not be empty");
     if (work.heartbeat_timeout_ms < 2 * work.heartbeat_ms)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "--heartbeat-timeout-ms must be at least twice --heartbeat-ms");
     if (!work.datasets_dir[0]) {
         int n = snprintf(work.datasets_dir, sizeof work.datasets_dir, "%s/datasets", work.data_dir);
         if (n < 0 || (size_t)n >= sizeof work.datasets_dir)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--data-dir is too long");
     }
     if (!work.data_tool[0])
-        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--data-tool must not be empty");
+        return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD, "--data-tool must not be empty");
     if (!work.builtin_dir[0])
-        return fb_errf(msg, cap, FB_ERR_MISSING_FIELD, "--builtin-dir must not be empty");
-    int err = check_import_roots(work.import_roots, msg, cap);
+        return fb_errf(msg, msg_cap, FB_ERR_MISSING_FIELD, "--builtin-dir must not be empty");
+    int err = check_import_roots(work.import_roots, msg, msg_cap);
     if (err) return err;
-    if ((err = check_public_datasets(work.public_datasets, msg, cap))) return err;
-    if ((err = check_test_hooks(&work, clock_from, msg, cap))) return err;
+    if ((err = check_public_datasets(work.public_datasets, msg, msg_cap))) return err;
+    if ((err = check_test_hooks(&work, clock_from, msg, msg_cap))) return err;
     *cfg = work;
     return FB_OK;
 }

@@ -73,7 +73,7 @@ typedef struct fb_config {
  * (fb_clock_use_file).  FB_OK, or a negative fb_err with a message naming the flag and
  * what is wrong with the file; fuseboxd then does not start.
  */
-int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t cap);
+int fb_config_apply_test_clock(const fb_config *cfg, char *msg, size_t msg_cap);
 
 /* Fills cfg with the defaults (no database URL). */
 void fb_config_defaults(fb_config *cfg);
@@ -84,7 +84,7 @@ void fb_config_defaults(fb_config *cfg);
  * went to stdout; the caller exits 0), or a negative fb_err with a message
  * naming the flag.  Derived defaults (artifacts_dir) are filled here.
  */
-int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t cap);
+int fb_config_parse(fb_config *cfg, int argc, char **argv, char *msg, size_t msg_cap);
 
 /*
  * Whether a job spec may name dataset `name` without the tenant having

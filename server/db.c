@@ -62,10 +62,10 @@ static void sleep_ms(int64_t ms)
     }
 }
 
-fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap)
+fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t msg_cap)
 {
     if (!opt || !opt->url || opt->size < 1) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "database pool: bad options");
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "database pool: bad options");
         return NULL;
     }
     fb_db_pool *p = calloc(1, sizeof *p);
@@ -90,7 +90,7 @@ fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap)
     p->n_free = p->size;
     return p;
 fail_nomem:
-    fb_errf(msg, cap, FB_ERR_NOMEM, "database pool: out of memory");
+    fb_errf(msg, msg_cap, FB_ERR_NOMEM, "database pool: out of memory");
     if (p) {
         free(p->url);
         free(p->conns);
@@ -160,7 +160,7 @@ void fb_db_route_notices(PGconn *pg)
  * jit_above_cost: on a loaded two-core machine PostgreSQL 15 then spent 6 to
  * 9 s compiling it with LLVM (42 ms without JIT), and the request met its
  * statement timeout (503). */
-static int conn_open(fb_db_pool *pool, fb_db_conn *c, char *msg, size_t cap)
+static int conn_open(fb_db_pool *pool, fb_db_conn *c, char *msg, size_t msg_cap)
 {
     char options[256];
     snprintf(options, sizeof options,
@@ -171,28 +171,29 @@ static int conn_open(fb_db_pool *pool, fb_db_conn *c, char *msg, size_t cap)
     const char *vals[] = {pool->url, "fuseboxd", "3", options, NULL};
     conn_close(c);
     PGconn *pg = PQconnectdbParams(keys, vals, 1);
-    if (!pg) return fb_errf(msg, cap, FB_ERR_NOMEM, "database: out of memory");
+    if (!pg) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "database: out of memory");
     if (PQstatus(pg) != CONNECTION_OK) {
         char text[256];
         snprintf(text, sizeof text, "%s", PQerrorMessage(pg));
         text[strcspn(text, "\n")] = '\0';
         PQfinish(pg);
         fb_logf(FB_LOG_WARN, "database connection failed: %s", text);
-        return fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "the database is unreachable");
+        return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "the database is unreachable");
     }
     fb_db_route_notices(pg);
     c->pg = pg;
     return FB_OK;
 }
 
-int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap)
+int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg,
+                  size_t msg_cap)
 {
     pthread_mutex_lock(&pool->mu);
     while (pool->n_free == 0) {
         int64_t left = deadline_ms - fb_db_now_ms();
         if (left <= 0) {
             pthread_mutex_unlock(&pool->mu);
-            return fb_errf(msg, cap, FB_ERR_UNAVAILABLE,
+            return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE,
                            "all database connections are busy; retry later");
         }
         struct timespec ts;
@@ -214,7 +215,7 @@ int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char 
     if (c->pg && PQstatus(c->pg) != CONNECTION_OK) conn_close(c);
     int64_t backoff = 25;
     while (!c->pg) {
-        int err = conn_open(pool, c, msg, cap);
+        int err = conn_open(pool, c, msg, msg_cap);
         if (err == FB_OK) break;
         int64_t left = deadline_ms - fb_db_now_ms();
         if (err != FB_ERR_UNAVAILABLE || left <= 0) {
@@ -255,7 +256,7 @@ const char *fb_db_sqlstate(const fb_db_conn *c)
 }
 
 /* Maps a failed result (or none) to an fb_err and records the SQLSTATE. */
-static int classify(fb_db_conn *c, PGresult *res, char *msg, size_t cap)
+static int classify(fb_db_conn *c, PGresult *res, char *msg, size_t msg_cap)
 {
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
     snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
@@ -268,21 +269,22 @@ static int classify(fb_db_conn *c, PGresult *res, char *msg, size_t cap)
         snprintf(text, sizeof text, "%s", res ? PQresultErrorMessage(res) : PQerrorMessage(c->pg));
         text[strcspn(text, "\n")] = '\0';
         fb_logf(FB_LOG_WARN, "database connection lost (%s): %s", c->sqlstate, text);
-        return fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "the database is unreachable; retry later");
+        return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE,
+                       "the database is unreachable; retry later");
     }
     if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0) {
         c->retryable = !c->commit_sent;
-        return fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "a concurrent update interfered; retry");
+        return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "a concurrent update interfered; retry");
     }
     if (strcmp(state, "57014") == 0)
-        return fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "the database took too long; retry later");
+        return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "the database took too long; retry later");
     if (strcmp(state, "23505") == 0)
-        return fb_errf(msg, cap, FB_ERR_ALREADY_EXISTS, "an object with this name exists");
+        return fb_errf(msg, msg_cap, FB_ERR_ALREADY_EXISTS, "an object with this name exists");
     char text[512];
     snprintf(text, sizeof text, "%s", PQresultErrorMessage(res));
     text[strcspn(text, "\n")] = '\0';
     fb_logf(FB_LOG_ERROR, "database error %s: %s", state, text);
-    return fb_errf(msg, cap, FB_ERR_INTERNAL, "internal database error (%s)", state);
+    return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "internal database error (%s)", state);
 }
 
 static bool is_prepared(const fb_db_conn *c, const char *name)
@@ -293,14 +295,14 @@ static bool is_prepared(const fb_db_conn *c, const char *name)
 }
 
 PGresult *fb_db_query(fb_db_conn *c, const char *name, const char *sql, int n,
-                      const char *const *vals, int *err, char *msg, size_t cap)
+                      const char *const *vals, int *err, char *msg, size_t msg_cap)
 {
     PGresult *res;
     *err = FB_OK;
     if (name && !is_prepared(c, name) && c->n_prepared < MAX_PREPARED) {
         res = PQprepare(c->pg, name, sql, n, NULL);
         if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-            *err = classify(c, res, msg, cap);
+            *err = classify(c, res, msg, msg_cap);
             PQclear(res);
             return NULL;
         }
@@ -313,31 +315,31 @@ PGresult *fb_db_query(fb_db_conn *c, const char *name, const char *sql, int n,
         res = PQexecParams(c->pg, sql, n, NULL, vals, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(res);
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-        *err = classify(c, res, msg, cap);
+        *err = classify(c, res, msg, msg_cap);
         PQclear(res);
         return NULL;
     }
     return res;
 }
 
-static int simple(fb_db_conn *c, const char *sql, char *msg, size_t cap)
+static int simple(fb_db_conn *c, const char *sql, char *msg, size_t msg_cap)
 {
     PGresult *res = PQexec(c->pg, sql);
     int err = FB_OK;
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) err = classify(c, res, msg, cap);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) err = classify(c, res, msg, msg_cap);
     PQclear(res);
     return err;
 }
 
-int fb_db_begin(fb_db_conn *c, char *msg, size_t cap)
+int fb_db_begin(fb_db_conn *c, char *msg, size_t msg_cap)
 {
-    return simple(c, "BEGIN", msg, cap);
+    return simple(c, "BEGIN", msg, msg_cap);
 }
 
-int fb_db_commit(fb_db_conn *c, char *msg, size_t cap)
+int fb_db_commit(fb_db_conn *c, char *msg, size_t msg_cap)
 {
     c->commit_sent = true;
-    return simple(c, "COMMIT", msg, cap);
+    return simple(c, "COMMIT", msg, msg_cap);
 }
 
 void fb_db_autocommit(fb_db_conn *c)
@@ -354,15 +356,15 @@ void fb_db_rollback(fb_db_conn *c)
     }
 }
 
-int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t cap)
+int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t msg_cap)
 {
     int64_t deadline = fb_db_now_ms() + pool->wait_ms;
     int64_t backoff = 25;
     for (;;) {
         fb_db_conn *c = NULL;
-        int err = fb_db_acquire(pool, deadline, &c, msg, cap);
+        int err = fb_db_acquire(pool, deadline, &c, msg, msg_cap);
         if (err) return err;
-        err = fn(c, arg, msg, cap);
+        err = fn(c, arg, msg, msg_cap);
         bool retry = err == FB_ERR_UNAVAILABLE && c->retryable;
         fb_db_release(pool, c);
         int64_t left = deadline - fb_db_now_ms();

@@ -35,7 +35,7 @@ typedef struct fb_db_options {
  * needs one, so a pool can be created while PostgreSQL is still down.
  * Returns NULL with a message on bad options or allocation failure.
  */
-fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t cap);
+fb_db_pool *fb_db_pool_new(const fb_db_options *opt, char *msg, size_t msg_cap);
 
 /* Closes every connection and frees the pool; accepts NULL.  No connection
  * may be borrowed. */
@@ -46,7 +46,8 @@ void fb_db_pool_free(fb_db_pool *pool);
  * deadline_ms (a fb_db_now_ms() value) with exponential backoff.  Returns
  * FB_OK and *out, or FB_ERR_UNAVAILABLE with a message.
  */
-int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg, size_t cap);
+int fb_db_acquire(fb_db_pool *pool, int64_t deadline_ms, fb_db_conn **out, char *msg,
+                  size_t msg_cap);
 
 /* Returns a connection to the pool, rolling back any transaction left open;
  * a broken connection is closed so that the next borrower reconnects. */
@@ -87,12 +88,12 @@ int fb_db_pool_open_count(fb_db_pool *pool);
  * not to msg, which gets a generic text).
  */
 PGresult *fb_db_query(fb_db_conn *c, const char *name, const char *sql, int n,
-                      const char *const *vals, int *err, char *msg, size_t cap);
+                      const char *const *vals, int *err, char *msg, size_t msg_cap);
 
 /* BEGIN, COMMIT and ROLLBACK.  fb_db_commit marks the connection so that a
  * failure from here on is never retried (its outcome is unknown). */
-int fb_db_begin(fb_db_conn *c, char *msg, size_t cap);
-int fb_db_commit(fb_db_conn *c, char *msg, size_t cap);
+int fb_db_begin(fb_db_conn *c, char *msg, size_t msg_cap);
+int fb_db_commit(fb_db_conn *c, char *msg, size_t msg_cap);
 void fb_db_rollback(fb_db_conn *c);
 
 /* Marks the next statement as one that commits by itself (a single write
@@ -118,7 +119,7 @@ PGconn *fb_db_pg(fb_db_conn *c);
  * Must have no effect outside the database until its commit succeeds,
  * because fb_db_run may call it again on a fresh connection.
  */
-typedef int (*fb_db_fn)(fb_db_conn *c, void *arg, char *msg, size_t cap);
+typedef int (*fb_db_fn)(fb_db_conn *c, void *arg, char *msg, size_t msg_cap);
 
 /*
  * Borrows a connection and runs fn on it.  When fn fails with
@@ -127,6 +128,6 @@ typedef int (*fb_db_fn)(fb_db_conn *c, void *arg, char *msg, size_t cap);
  * connection with backoff until the pool's wait time is spent.  Returns fn's
  * result or FB_ERR_UNAVAILABLE.
  */
-int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t cap);
+int fb_db_run(fb_db_pool *pool, fb_db_fn fn, void *arg, char *msg, size_t msg_cap);
 
 #endif

@@ -1248,16 +1248,16 @@ static void *loop(void *arg)
 
 /* ---- start and stop -------------------------------------------------------- */
 
-static int server_keys(fb_dispatch *d, char *msg, size_t cap)
+static int server_keys(fb_dispatch *d, char *msg, size_t msg_cap)
 {
     const char *path = d->cfg.server_key;
     if (access(path, F_OK) != 0) {
-        int err = fb_wire_key_generate(path, msg, cap);
+        int err = fb_wire_key_generate(path, msg, msg_cap);
         if (err) return err;
         fb_log_json(FB_LOG_INFO, "created the server's CURVE keypair",
                     json_pack("{s:s}", "path", path));
     }
-    int err = fb_wire_key_load(path, d->pub, d->sec, msg, cap);
+    int err = fb_wire_key_load(path, d->pub, d->sec, msg, msg_cap);
     if (err) return err;
     /* the public half beside it, for workers (--server-key) */
     char pub_path[FB_CONFIG_PATH_MAX + 8], tmp[FB_CONFIG_PATH_MAX + 16];
@@ -1266,16 +1266,16 @@ static int server_keys(fb_dispatch *d, char *msg, size_t cap)
     FILE *f = fopen(tmp, "w");
     if (!f || fprintf(f, "public: %s\n", d->pub) < 0 || fclose(f) != 0 ||
         rename(tmp, pub_path) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", pub_path);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s", pub_path);
     return FB_OK;
 }
 
 fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
-                                 size_t cap)
+                               size_t msg_cap)
 {
     fb_dispatch *d = calloc(1, sizeof *d);
     if (!d) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         return NULL;
     }
     d->cfg = *cfg;
@@ -1288,13 +1288,13 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char
     d->census = calloc(CENSUS_SLOTS, sizeof *d->census);
     d->census_used = calloc(SETTLE_READS, sizeof *d->census_used);
     if (!d->workers || !d->keys || !d->queue || !d->census || !d->census_used) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (server_keys(d, msg, cap)) goto fail;
+    if (server_keys(d, msg, msg_cap)) goto fail;
     reload_keys(d);
     if (!(d->zctx = zmq_ctx_new())) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot create a ZeroMQ context");
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot create a ZeroMQ context");
         goto fail;
     }
     /* the ZAP handler must be bound before any CURVE socket accepts */
@@ -1305,7 +1305,7 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char
     if (!d->zap || !d->ctl_rx || !d->ctl_tx || !d->router ||
         zmq_bind(d->zap, ZAP_ENDPOINT) != 0 || zmq_bind(d->ctl_rx, CTL_ENDPOINT) != 0 ||
         zmq_connect(d->ctl_tx, CTL_ENDPOINT) != 0) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot set up the control sockets: %s",
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control sockets: %s",
                 zmq_strerror(errno));
         goto fail;
     }
@@ -1320,12 +1320,12 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char
         zmq_setsockopt(d->router, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(d->router, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(d->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot configure the worker socket: %s",
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot configure the worker socket: %s",
                 zmq_strerror(errno));
         goto fail;
     }
     if (zmq_bind(d->router, cfg->worker_listen) != 0) {
-        fb_errf(msg, cap, FB_ERR_IO, "cannot listen for workers on %s: %s", cfg->worker_listen,
+        fb_errf(msg, msg_cap, FB_ERR_IO, "cannot listen for workers on %s: %s", cfg->worker_listen,
                 zmq_strerror(errno));
         goto fail;
     }
@@ -1340,12 +1340,12 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char
         FILE *f = fopen(tmp, "w");
         if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 ||
             rename(tmp, cfg->worker_port_file) != 0) {
-            fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", cfg->worker_port_file);
+            fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s", cfg->worker_port_file);
             goto fail;
         }
     }
     if (pthread_create(&d->thread, NULL, loop, d) != 0) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "cannot start the control loop");
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot start the control loop");
         goto fail;
     }
     d->thread_started = true;

@@ -29,7 +29,7 @@
 #define CHANGE_EPS 1e-12
 
 /* Every malformed snapshot or params set is refused with the same code. */
-#define BAD(...) fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, __VA_ARGS__)
+#define BAD(...) fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, __VA_ARGS__)
 
 fb_fair_params fb_fair_params_default(void)
 {
@@ -91,7 +91,7 @@ static bool measured_ok(double v)
     return v == 0.0 || (v >= FB_FAIR_MIN_VALUE && v <= FB_FAIR_MAX_VALUE);
 }
 
-static int validate_params(const fb_fair_params *p, char *msg, size_t cap)
+static int validate_params(const fb_fair_params *p, char *msg, size_t msg_cap)
 {
     if (!(p->period_s > 0.0 && p->period_s <= FB_FAIR_MAX_VALUE))
         return BAD("params.period_s = %g must be positive and finite", p->period_s);
@@ -114,7 +114,8 @@ static int validate_params(const fb_fair_params *p, char *msg, size_t cap)
     return FB_OK;
 }
 
-static int validate_group(const fb_fair_snapshot *s, int g, int *dev_stamp, char *msg, size_t cap)
+static int validate_group(const fb_fair_snapshot *s, int g, int *dev_stamp, char *msg,
+                          size_t msg_cap)
 {
     const fb_fair_group *G = &s->groups[g];
     if (G->n_shards < 1 || G->n_shards > FB_FAIR_MAX_SHARDS)
@@ -169,7 +170,7 @@ static int validate_group(const fb_fair_snapshot *s, int g, int *dev_stamp, char
     return FB_OK;
 }
 
-static int validate(const fb_fair_snapshot *s, int *dev_stamp, char *msg, size_t cap)
+static int validate(const fb_fair_snapshot *s, int *dev_stamp, char *msg, size_t msg_cap)
 {
     for (int d = 0; d < s->n_devices; d++) {
         const fb_fair_device *D = &s->devices[d];
@@ -184,7 +185,7 @@ static int validate(const fb_fair_snapshot *s, int *dev_stamp, char *msg, size_t
             return BAD("tenants[%d].weight = %g must be finite and positive", t, w);
     }
     for (int g = 0; g < s->n_groups; g++) {
-        int rc = validate_group(s, g, dev_stamp, msg, cap);
+        int rc = validate_group(s, g, dev_stamp, msg, msg_cap);
         if (rc) return rc;
     }
     return FB_OK;
@@ -688,12 +689,12 @@ static int decide_migrations(const fb_fair_snapshot *s, const fb_fair_params *p,
 }
 
 int fb_fair_run(const fb_fair_snapshot *s, const fb_fair_params *p, fb_fair_result *out, char *msg,
-                size_t cap)
+                size_t msg_cap)
 {
     if (!s || !out) return BAD("snapshot or result is NULL");
     fb_fair_params defaults = fb_fair_params_default();
     if (!p) p = &defaults;
-    int rc = validate_params(p, msg, cap);
+    int rc = validate_params(p, msg, msg_cap);
     if (rc) return rc;
     if (s->n_devices < 0 || s->n_tenants < 0 || s->n_groups < 0)
         return BAD("snapshot counts must not be negative (devices %d, tenants %d, groups %d)",
@@ -706,7 +707,7 @@ int fb_fair_run(const fb_fair_snapshot *s, const fb_fair_params *p, fb_fair_resu
     fb_fair_result res = {0};
     w.dev_stamp = zalloc((size_t)s->n_devices, sizeof *w.dev_stamp);
     if (!w.dev_stamp) goto nomem;
-    if ((rc = validate(s, w.dev_stamp, msg, cap))) goto fail;
+    if ((rc = validate(s, w.dev_stamp, msg, msg_cap))) goto fail;
     if (build_lists(s, &w)) goto nomem;
 
     /* the decisions and every job's slowdown: one block */
@@ -746,7 +747,7 @@ int fb_fair_run(const fb_fair_snapshot *s, const fb_fair_params *p, fb_fair_resu
     return FB_OK;
 
 nomem:
-    rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory rebalancing %d groups", s->n_groups);
+    rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory rebalancing %d groups", s->n_groups);
 fail:
     fb_fair_result_free(&res);
     work_free(&w);

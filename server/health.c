@@ -20,13 +20,13 @@ typedef struct ready_ctx {
     int schema;
 } ready_ctx;
 
-static int ready_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int ready_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ready_ctx *x = arg;
     int err;
     PGresult *r =
         fb_db_query(c, "readyz", "SELECT coalesce(max(version), 0) FROM schema_migrations", 0, NULL,
-                    &err, msg, cap);
+                    &err, msg, msg_cap);
     if (!r) return err;
     x->schema = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -53,7 +53,7 @@ typedef struct gauge_ctx {
     fb_textbuf *b;
 } gauge_ctx;
 
-static int gauges_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int gauges_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     gauge_ctx *g = arg;
     int err;
@@ -62,7 +62,7 @@ static int gauges_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               "'scheduled','running','completed','failed','cancelled']) s(state)"
                               " LEFT JOIN jobs j ON j.state = s.state GROUP BY s.state"
                               " ORDER BY s.state",
-                              0, NULL, &err, msg, cap);
+                              0, NULL, &err, msg, msg_cap);
     if (!r) return err;
     fb_textbuf_printf(g->b, "# HELP fusebox_jobs Jobs by state.\n# TYPE fusebox_jobs gauge\n");
     long long queued = 0;

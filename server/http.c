@@ -385,7 +385,7 @@ typedef struct key_lookup {
     bool found;
 } key_lookup;
 
-static int lookup_key_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int lookup_key_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     key_lookup *k = arg;
     const char *vals[1] = {k->key_id};
@@ -396,7 +396,7 @@ static int lookup_key_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               " t.rate_limit_burst"
                               " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id"
                               " WHERE k.key_id = $1",
-                              1, vals, &err, msg, cap);
+                              1, vals, &err, msg, msg_cap);
     if (!r) return err;
     k->found = PQntuples(r) == 1;
     if (k->found) {
@@ -959,18 +959,18 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     fb_log_json(FB_LOG_WARN, "libmicrohttpd", json_pack("{s:s}", "detail", clean));
 }
 
-int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap)
+int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t msg_cap)
 {
     if (!routes || !routes->routes || routes->n <= 0)
-        return fb_errf(msg, cap, FB_ERR_INTERNAL, "the HTTP layer was given no routes");
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "the HTTP layer was given no routes");
     for (int i = 0; i < routes->n; i++) {
         const fb_route *r = &routes->routes[i];
         if (!r->method || !r->pattern || r->pattern[0] != '/' || !r->fn)
-            return fb_errf(msg, cap, FB_ERR_INTERNAL,
+            return fb_errf(msg, msg_cap, FB_ERR_INTERNAL,
                            "route %d has no method, no handler or a pattern not starting with /",
                            i);
         if (r->body == FB_BODY_STREAM && !routes->stream_open)
-            return fb_errf(msg, cap, FB_ERR_INTERNAL,
+            return fb_errf(msg, msg_cap, FB_ERR_INTERNAL,
                            "%s %s streams its body but no stream hook was given", r->method,
                            r->pattern);
     }
@@ -978,16 +978,16 @@ int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap)
 }
 
 struct MHD_Daemon *fb_http_start(fb_server *srv, const fb_http_routes *routes, char *msg,
-                                 size_t cap)
+                                 size_t msg_cap)
 {
-    if (fb_http_check_routes(routes, msg, cap)) return NULL;
+    if (fb_http_check_routes(routes, msg, msg_cap)) return NULL;
     srv->routes = *routes;
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)srv->cfg.port);
     if (inet_pton(AF_INET, srv->cfg.listen, &addr.sin_addr) != 1) {
-        fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "--listen: \"%s\" is not an IPv4 address",
+        fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "--listen: \"%s\" is not an IPv4 address",
                 srv->cfg.listen);
         return NULL;
     }
@@ -1002,7 +1002,7 @@ struct MHD_Daemon *fb_http_start(fb_server *srv, const fb_http_routes *routes, c
         (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
         MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, srv, MHD_OPTION_END);
     if (!d)
-        fb_errf(msg, cap, FB_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
+        fb_errf(msg, msg_cap, FB_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
                 srv->cfg.listen, srv->cfg.port);
     return d;
 }

@@ -188,14 +188,14 @@ int fb_http_json_depth(const char *s, size_t n, int limit);
 
 /* Checks the route table (not empty, every route with a handler, a stream
  * hook when a route streams); FB_OK, or FB_ERR_INTERNAL with msg. */
-int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t cap);
+int fb_http_check_routes(const fb_http_routes *routes, char *msg, size_t msg_cap);
 
 /* Starts the daemon on srv's configured address, serving routes (copied into
  * srv; the table it points to must outlive the daemon, and srv->metrics must
  * have been made for the same table: requests are counted by route index);
  * NULL with msg on failure, a bad table included. */
 struct MHD_Daemon *fb_http_start(fb_server *srv, const fb_http_routes *routes, char *msg,
-                                 size_t cap);
+                                 size_t msg_cap);
 
 /* The bound port of a started daemon. */
 int fb_http_port(struct MHD_Daemon *d);

@@ -22,6 +22,6 @@
  * fills msg.
  */
 int fb_migrate_apply(PGconn *conn, const char *schema_dir, int *applied, int *latest, char *msg,
-                     size_t cap);
+                     size_t msg_cap);
 
 #endif

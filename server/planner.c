@@ -115,9 +115,10 @@ static int cmp_int(const void *a, const void *b)
 }
 
 /* Every malformed snapshot is refused with the same code. */
-#define BAD(...) fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, __VA_ARGS__)
+#define BAD(...) fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, __VA_ARGS__)
 
-static int validate_counts(const fb_plan_snapshot *s, const int64_t *batch, char *msg, size_t cap)
+static int validate_counts(const fb_plan_snapshot *s, const int64_t *batch, char *msg,
+                           size_t msg_cap)
 {
     if (s->n_jobs < 0 || s->n_tenants < 0 || s->n_devices < 0 || s->n_running < 0)
         return BAD("snapshot counts must not be negative (jobs %d, tenants %d, devices %d, "
@@ -134,7 +135,7 @@ static int validate_counts(const fb_plan_snapshot *s, const int64_t *batch, char
 
 /* Validates the jobs; fills by_seq with the job indices in seq order. */
 static int validate_jobs(const fb_plan_snapshot *s, const int64_t *batch, seq_idx *seqs,
-                         int *by_seq, char *msg, size_t cap)
+                         int *by_seq, char *msg, size_t msg_cap)
 {
     for (int j = 0; j < s->n_jobs; j++) {
         const fb_plan_job *J = &s->jobs[j];
@@ -169,7 +170,7 @@ static int validate_jobs(const fb_plan_snapshot *s, const int64_t *batch, seq_id
     return FB_OK;
 }
 
-static int validate_tenants(const fb_plan_snapshot *s, char *msg, size_t cap)
+static int validate_tenants(const fb_plan_snapshot *s, char *msg, size_t msg_cap)
 {
     for (int t = 0; t < s->n_tenants; t++) {
         double w = s->tenants[t].weight;
@@ -181,7 +182,7 @@ static int validate_tenants(const fb_plan_snapshot *s, char *msg, size_t cap)
     return FB_OK;
 }
 
-static int validate_devices(const fb_plan_snapshot *s, int *run_workers, char *msg, size_t cap)
+static int validate_devices(const fb_plan_snapshot *s, int *run_workers, char *msg, size_t msg_cap)
 {
     int n_runs = 0;
     for (int d = 0; d < s->n_devices; d++) {
@@ -205,7 +206,7 @@ static int validate_devices(const fb_plan_snapshot *s, int *run_workers, char *m
     return FB_OK;
 }
 
-static int validate_running(const fb_plan_snapshot *s, int *dev_stamp, char *msg, size_t cap)
+static int validate_running(const fb_plan_snapshot *s, int *dev_stamp, char *msg, size_t msg_cap)
 {
     for (int g = 0; g < s->n_running; g++) {
         const fb_plan_running *R = &s->running[g];

@@ -270,7 +270,7 @@ static int upsert(fb_queue *q, fb_queue_job *j)
 }
 
 /* The result of SQL_READ for the change rows in taken; NULL with msg set on failure. */
-static PGresult *read_changed(PGconn *pg, const PGresult *taken, char *msg, size_t cap)
+static PGresult *read_changed(PGconn *pg, const PGresult *taken, char *msg, size_t msg_cap)
 {
     int n = PQntuples(taken), nj = 0, nd = 0;
     const char **jobs = malloc((size_t)(n ? n : 1) * sizeof *jobs),
@@ -292,12 +292,12 @@ static PGresult *read_changed(PGconn *pg, const PGresult *taken, char *msg, size
         a[2] = fb_db_text_array(names, nd);
     }
     if (!a[0] || !a[1] || !a[2]) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory reading the queue");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory reading the queue");
     } else {
         const char *v[3] = {a[0], a[1], a[2]};
         r = PQexecParams(pg, SQL_READ, 3, NULL, v, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-            fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "reading the changed jobs: %s",
+            fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "reading the changed jobs: %s",
                     PQresultErrorMessage(r));
             PQclear(r);
             r = NULL;
@@ -310,14 +310,14 @@ static PGresult *read_changed(PGconn *pg, const PGresult *taken, char *msg, size
     return r;
 }
 
-int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t cap)
+int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t msg_cap)
 {
-    if (!q || !pg) return fb_errf(msg, cap, FB_ERR_INTERNAL, "no queue or connection");
+    if (!q || !pg) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "no queue or connection");
     bool full = !q->valid;
     PGresult *r = PQexec(pg, full ? SQL_FULL : SQL_TAKE);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         /* the statement failed as a whole: the change rows are still there */
-        int err = fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "reading the queue: %s",
+        int err = fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "reading the queue: %s",
                           PQresultErrorMessage(r));
         PQclear(r);
         return err;
@@ -327,7 +327,7 @@ int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t cap
     if (!full) {
         PGresult *taken = r;
         q->taken += PQntuples(taken);
-        r = PQntuples(taken) ? read_changed(pg, taken, msg, cap) : NULL;
+        r = PQntuples(taken) ? read_changed(pg, taken, msg, msg_cap) : NULL;
         bool failed = PQntuples(taken) && !r;
         PQclear(taken);
         if (failed) return FB_ERR_UNAVAILABLE;
@@ -351,7 +351,7 @@ int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t cap
         err = j ? upsert(q, j) : FB_ERR_NOMEM;
     }
     PQclear(r);
-    if (err) return fb_errf(msg, cap, err, "out of memory keeping the queue");
+    if (err) return fb_errf(msg, msg_cap, err, "out of memory keeping the queue");
     q->valid = true;
     if (read_rows) *read_rows = n;
     return 0;

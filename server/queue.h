@@ -60,7 +60,7 @@ void fb_queue_invalidate(fb_queue *q);
  * rows are known to be still in the table.  *read_rows (may be NULL) gets the
  * number of job rows the sync read.
  */
-int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t cap);
+int fb_queue_sync(fb_queue *q, PGconn *pg, int *read_rows, char *msg, size_t msg_cap);
 
 /* Vacuums the change table after many rows were taken from it: a cheap
  * statement, outside any transaction, for the loop's idle moments. */

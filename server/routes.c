@@ -205,14 +205,14 @@ typedef struct spec_refs {
     size_t init_cap;
 } spec_refs;
 
-static int spec_refs_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int spec_refs_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     spec_refs *x = arg;
     int err;
     x->init_path[0] = '\0';
     if (!fb_config_dataset_public(x->public_datasets, x->spec->dataset)) {
         const char *v[2] = {x->tenant_id, x->spec->dataset};
-        PGresult *r = fb_db_query(c, "ref_dataset", sql_ref_dataset, 2, v, &err, msg, cap);
+        PGresult *r = fb_db_query(c, "ref_dataset", sql_ref_dataset, 2, v, &err, msg, msg_cap);
         if (!r) return err;
         x->dataset_known = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
         PQclear(r);
@@ -223,7 +223,7 @@ static int spec_refs_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         char step[24];
         snprintf(step, sizeof step, "%lld", (long long)x->spec->init_checkpoint);
         const char *v[3] = {x->tenant_id, x->spec->init_job, step};
-        PGresult *r = fb_db_query(c, "ref_init", sql_ref_init, 3, v, &err, msg, cap);
+        PGresult *r = fb_db_query(c, "ref_init", sql_ref_init, 3, v, &err, msg, msg_cap);
         if (!r) return err;
         x->init_owned = PQntuples(r) == 1;
         if (x->init_owned) {

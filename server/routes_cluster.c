@@ -42,7 +42,7 @@ typedef struct cluster_read {
 /* The tenants of array g that the caller ($1: NULL for the admin) may see. */
 #define VISIBLE_T "t.id = ANY (g.tenant_ids) AND ($1::uuid IS NULL OR t.id = $1::uuid)"
 
-static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     cluster_read *x = arg;
     int err;
@@ -62,7 +62,7 @@ static int workers_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         ") ORDER BY d.idx) FROM devices d"
         " WHERE d.worker_id = w.id), '[]'::json)) ORDER BY w.name, w.id), '[]'::json)"
         " FROM workers w",
-        0, NULL, &err, msg, cap);
+        0, NULL, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->out);
     x->out = fb_pg_json(r, 0, 0);
@@ -86,7 +86,7 @@ int fb_route_workers(fb_req *req)
     return FB_OK;
 }
 
-static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     cluster_read *x = arg;
     int err;
@@ -146,7 +146,7 @@ static int cluster_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " 'devices_in_use', (SELECT count(*) FROM devices d WHERE EXISTS (SELECT 1 FROM"
         " " GROUPS_ON_D " WHERE t.id = ANY (g.tenant_ids))))"
         " ORDER BY t.name) FROM tenants t WHERE $1::uuid IS NULL OR t.id = $1::uuid), '[]'::json))",
-        1, v, &err, msg, cap);
+        1, v, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->out);
     x->out = fb_pg_json(r, 0, 0);

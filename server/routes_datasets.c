@@ -125,7 +125,7 @@ typedef struct ds_quota {
     long long left;
 } ds_quota;
 
-static int quota_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int quota_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ds_quota *x = arg;
     int err;
@@ -134,7 +134,7 @@ static int quota_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               "SELECT t.max_dataset_bytes - coalesce((SELECT sum(d.bytes)"
                               " FROM datasets d WHERE d.tenant_id = t.id), 0)"
                               " FROM tenants t WHERE t.id = $1::uuid",
-                              1, v, &err, msg, cap);
+                              1, v, &err, msg, msg_cap);
     if (!r) return err;
     x->left = PQntuples(r) == 1 ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
     PQclear(r);
@@ -164,7 +164,7 @@ typedef struct ds_insert {
     char *out;
 } ds_insert;
 
-static int builtin_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int builtin_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ds_insert *x = arg;
     int err;
@@ -174,12 +174,12 @@ static int builtin_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                     "INSERT INTO datasets AS d (tenant_id, name, source, state, bytes, manifest)"
                     " VALUES ($1::uuid, $2, 'builtin', 'ready', 0, $3::jsonb)"
                     " RETURNING " DS_SQL_JSON,
-                    3, x->vals, &err, msg, cap);
+                    3, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     free(x->out);
     x->out = dup_cell(r);
     PQclear(r);
-    return x->out ? FB_OK : fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    return x->out ? FB_OK : fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
 }
 
 /* Finds <dir>/<name>/<prefix>-<kind>-ubyte[.gz], as the IDX loader does;
@@ -680,7 +680,7 @@ typedef struct upload_check {
     long long active_jobs, left;
 } upload_check;
 
-static int upload_check_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int upload_check_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     upload_check *x = arg;
     int err;
@@ -690,7 +690,7 @@ static int upload_check_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " (SELECT t.max_dataset_bytes - coalesce((SELECT sum(o.bytes) FROM datasets o"
         " WHERE o.tenant_id = t.id), 0) FROM tenants t WHERE t.id = $1::uuid)"
         " FROM (SELECT 1) one LEFT JOIN datasets d ON d.tenant_id = $1::uuid AND d.name = $2",
-        2, x->vals, &err, msg, cap);
+        2, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     x->found = !PQgetisnull(r, 0, 0);
     snprintf(x->state, sizeof x->state, "%s", PQgetvalue(r, 0, 0));
@@ -881,7 +881,7 @@ typedef struct ds_list {
     char next[DS_NAME_MAX + 1];
 } ds_list;
 
-static int list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int list_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ds_list *x = arg;
     int err;
@@ -889,7 +889,7 @@ static int list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               "SELECT d.name, " DS_SQL_JSON " FROM datasets d"
                               " WHERE d.tenant_id = $1::uuid AND ($2::text IS NULL OR d.name > $2)"
                               " ORDER BY d.name LIMIT $3::integer",
-                              3, x->vals, &err, msg, cap);
+                              3, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     fb_pg_page(r, x->limit, &x->items, x->next, sizeof x->next);
     return FB_OK;
@@ -920,21 +920,21 @@ typedef struct ds_get {
     char *out;
 } ds_get;
 
-static int get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int get_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ds_get *x = arg;
     int err;
     PGresult *r = fb_db_query(c, "ds_get",
                               "SELECT " DS_SQL_JSON " FROM datasets d"
                               " WHERE d.tenant_id = $1::uuid AND d.name = $2",
-                              2, x->vals, &err, msg, cap);
+                              2, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     free(x->out);
     x->out = NULL;
     bool found = PQntuples(r) == 1;
     if (found) x->out = dup_cell(r);
     PQclear(r);
-    return found && !x->out ? fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
+    return found && !x->out ? fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
 }
 
 int fb_route_dataset_get(fb_req *req)
@@ -965,16 +965,16 @@ typedef struct ds_delete {
     char *out;
 } ds_delete;
 
-static int delete_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int delete_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     ds_delete *x = arg;
     int err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     PGresult *r = fb_db_query(c, "ds_delete_lock",
                               "SELECT d.id, d.state, " DS_SQL_ACTIVE_JOBS ", " DS_SQL_JSON
                               " FROM datasets d WHERE d.tenant_id = $1::uuid AND d.name = $2"
                               " FOR UPDATE OF d",
-                              2, x->vals, &err, msg, cap);
+                              2, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     x->found = PQntuples(r) == 1;
     free(x->out);
@@ -990,13 +990,13 @@ static int delete_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         fb_db_rollback(c);
         return FB_OK;
     }
-    if (!x->out) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!x->out) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     const char *v[1] = {x->id};
     if (!(r = fb_db_query(c, "ds_delete", "DELETE FROM datasets WHERE id = $1::uuid", 1, v, &err,
-                          msg, cap)))
+                          msg, msg_cap)))
         return err;
     PQclear(r);
-    return fb_db_commit(c, msg, cap);
+    return fb_db_commit(c, msg, msg_cap);
 }
 
 int fb_route_dataset_delete(fb_req *req)

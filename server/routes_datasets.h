@@ -8,7 +8,7 @@
  * server/ (docs/architecture.md, "Private headers").
  *
  * Functions that can fail return 0 or a negative fb_err and fill the
- * caller's message buffer (msg, cap), or answer the request themselves
+ * caller's message buffer (msg, msg_cap), or answer the request themselves
  * (those taking an fb_req).
  */
 #ifndef FB_SERVER_ROUTES_DATASETS_H
@@ -69,17 +69,17 @@ void fb_ds_rm_path(const char *dir, const char *name);
 
 /* A connection of an import's own (the pool's belong to requests), or NULL
  * with FB_ERR_UNAVAILABLE's message in msg. */
-PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t cap);
+PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t msg_cap);
 
 /* One statement on an import connection, with fb_db_query's error mapping:
  * the result, or NULL with *err and msg set. */
 PGresult *fb_ds_import_exec(PGconn *c, const char *sql, int n, const char *const *vals, int *err,
-                            char *msg, size_t cap);
+                            char *msg, size_t msg_cap);
 
 /* fb_ds_import_exec for a statement whose rows are not needed (msg may be
  * NULL). */
 int fb_ds_import_do(PGconn *c, const char *sql, int n, const char *const *vals, char *msg,
-                    size_t cap);
+                    size_t msg_cap);
 
 /* A zeroed import with no descriptors, or NULL when out of memory. */
 fb_ds_import *fb_ds_import_new(void);

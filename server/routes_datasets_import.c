@@ -213,7 +213,7 @@ static void rewrite_text(char *out, size_t cap, const char *src, const char *con
  * takes (shards and manifest).
  */
 static int read_manifest(int dfd, const char *name, json_t **summary, long long *total, char *msg,
-                         size_t cap)
+                         size_t msg_cap)
 {
     int err = FB_OK;
     char *text = NULL;
@@ -223,17 +223,17 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
     int fd = openat(dfd, FB_MANIFEST_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest.json is missing");
+        err = fb_errf(msg, msg_cap, FB_ERR_DATA, "manifest.json is missing");
         goto fail;
     }
     if (st.st_size <= 0 || (size_t)st.st_size > FB_MANIFEST_MAX_BYTES) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest.json has %lld bytes (1..%lld allowed)",
+        err = fb_errf(msg, msg_cap, FB_ERR_DATA, "manifest.json has %lld bytes (1..%lld allowed)",
                       (long long)st.st_size, (long long)FB_MANIFEST_MAX_BYTES);
         goto fail;
     }
     size_t len = (size_t)st.st_size, got = 0;
     if (!(text = malloc(len))) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     while (got < len) {
@@ -243,18 +243,18 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
         got += (size_t)r;
     }
     if (got != len) {
-        err = fb_errf(msg, cap, FB_ERR_IO, "manifest.json could not be read");
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "manifest.json could not be read");
         goto fail;
     }
-    if ((err = fb_manifest_parse(&m, text, len, FB_MANIFEST_FILE, msg, cap))) goto fail;
+    if ((err = fb_manifest_parse(&m, text, len, FB_MANIFEST_FILE, msg, msg_cap))) goto fail;
     if (strcmp(m.name, name) != 0) {
-        err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: name is not \"%s\"", name);
+        err = fb_errf(msg, msg_cap, FB_ERR_DATA, "manifest: name is not \"%s\"", name);
         goto fail;
     }
     shape = m.ndim == 0 ? json_string("variable") : json_array();
     splits = json_object();
     if (!shape || !splits) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int i = 0; i < m.ndim; i++)
@@ -266,12 +266,12 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
             const char *path = sp->shards[i].path;
             struct stat sh;
             if (fstatat(dfd, path, &sh, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sh.st_mode)) {
-                err = fb_errf(msg, cap, FB_ERR_DATA, "manifest: %s is listed but is not a file",
+                err = fb_errf(msg, msg_cap, FB_ERR_DATA, "manifest: %s is listed but is not a file",
                               path);
                 goto fail;
             }
             if ((uint64_t)sh.st_size != sp->shards[i].bytes) {
-                err = fb_errf(msg, cap, FB_ERR_DATA,
+                err = fb_errf(msg, msg_cap, FB_ERR_DATA,
                               "manifest: %s has %lld bytes; the manifest says %llu", path,
                               (long long)sh.st_size, (unsigned long long)sp->shards[i].bytes);
                 goto fail;
@@ -289,7 +289,7 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
                           "shape", shape, "classes", (json_int_t)m.n_classes, "samples",
                           (json_int_t)samples, "bytes", (json_int_t)bytes, "splits", splits);
     if (!s) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     *summary = s;
@@ -398,7 +398,7 @@ static int run_tool(char *const argv[], const int *fds, int n_fds, int *status, 
  * request connections' settings that matter to it: the statement limit, UTC,
  * and no JIT (server/db.c's conn_open says why; the import's statements are
  * as short as a request's). */
-PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t cap)
+PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t msg_cap)
 {
     char options[128];
     snprintf(options, sizeof options, "-c statement_timeout=%d -c TimeZone=UTC -c jit=off",
@@ -410,7 +410,7 @@ PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t cap)
         fb_log_json(FB_LOG_WARN, "dataset import: cannot connect to PostgreSQL",
                     json_pack("{s:s}", "detail", c ? PQerrorMessage(c) : "out of memory"));
         PQfinish(c);
-        fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "the database is unreachable; retry");
+        fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "the database is unreachable; retry");
         return NULL;
     }
     return c;
@@ -418,20 +418,20 @@ PGconn *fb_ds_import_connect(const fb_config *cfg, char *msg, size_t cap)
 
 /* One statement on an import connection, with fb_db_query's error mapping. */
 PGresult *fb_ds_import_exec(PGconn *c, const char *sql, int n, const char *const *vals, int *err,
-                            char *msg, size_t cap)
+                            char *msg, size_t msg_cap)
 {
     PGresult *r = PQexecParams(c, sql, n, NULL, vals, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
     const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
     if (state && strcmp(state, "23505") == 0) {
-        *err = fb_errf(msg, cap, FB_ERR_ALREADY_EXISTS, "already exists");
+        *err = fb_errf(msg, msg_cap, FB_ERR_ALREADY_EXISTS, "already exists");
     } else if (PQstatus(c) != CONNECTION_OK || (state && strncmp(state, "57", 2) == 0)) {
-        *err = fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "the database is unavailable; retry");
+        *err = fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "the database is unavailable; retry");
     } else {
         fb_log_json(FB_LOG_ERROR, "dataset SQL failed",
                     json_pack("{s:s}", "detail", r ? PQresultErrorMessage(r) : "no result"));
-        *err = fb_errf(msg, cap, FB_ERR_INTERNAL, "a database statement failed");
+        *err = fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "a database statement failed");
     }
     PQclear(r);
     return NULL;
@@ -439,10 +439,10 @@ PGresult *fb_ds_import_exec(PGconn *c, const char *sql, int n, const char *const
 
 /* Runs a statement whose result does not matter beyond success. */
 int fb_ds_import_do(PGconn *c, const char *sql, int n, const char *const *vals, char *msg,
-                    size_t cap)
+                    size_t msg_cap)
 {
     int err = FB_OK;
-    PGresult *r = fb_ds_import_exec(c, sql, n, vals, &err, msg, cap);
+    PGresult *r = fb_ds_import_exec(c, sql, n, vals, &err, msg, msg_cap);
     PQclear(r);
     return r ? FB_OK : err;
 }
@@ -804,7 +804,7 @@ typedef struct recover {
     bool had_data[16];
 } recover;
 
-static int recover_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int recover_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     recover *x = arg;
     int err;
@@ -822,7 +822,7 @@ static int recover_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " AND d.state = 'importing'"
         " AND pg_try_advisory_xact_lock(hashtextextended('fusebox-dataset:' || d.id::text, 0))"
         " RETURNING d.id, d.name, coalesce(d.manifest ? 'summary', false)",
-        1, v, &err, msg, cap);
+        1, v, &err, msg, msg_cap);
     if (!r) return err;
     x->n = 0;
     for (int i = 0; i < PQntuples(r) && x->n < 16; i++, x->n++) {

@@ -71,11 +71,11 @@ static const char sql_job_by_idem[] = "SELECT encode(j.request_hash, 'hex'), " F
     "NULL") " FROM jobs j WHERE j.tenant_id = $1::uuid AND j.idempotency_key = $2";
 
 /* Looks the key's job up; *found when it exists (then x->out holds it). */
-static int job_by_idem(fb_db_conn *c, job_create *x, bool *found, char *msg, size_t cap)
+static int job_by_idem(fb_db_conn *c, job_create *x, bool *found, char *msg, size_t msg_cap)
 {
     int err;
     const char *v[2] = {x->tenant_id, x->idem_key};
-    PGresult *r = fb_db_query(c, "job_by_idem", sql_job_by_idem, 2, v, &err, msg, cap);
+    PGresult *r = fb_db_query(c, "job_by_idem", sql_job_by_idem, 2, v, &err, msg, msg_cap);
     if (!r) return err;
     *found = PQntuples(r) == 1;
     if (*found) {
@@ -88,32 +88,32 @@ static int job_by_idem(fb_db_conn *c, job_create *x, bool *found, char *msg, siz
     return FB_OK;
 }
 
-static int job_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_create_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_create *x = arg;
     int err;
     bool found = false;
     /* A retry usually finds its job: look first, so that it never counts
      * against the quota a second time nor waits for the tenant's lock. */
-    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, cap)) || found)) return err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, msg_cap)) || found)) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     const char *v[1] = {x->tenant_id};
-    PGresult *r = fb_db_query(c, "tenant_lock_jobs", sql_tenant_lock, 1, v, &err, msg, cap);
+    PGresult *r = fb_db_query(c, "tenant_lock_jobs", sql_tenant_lock, 1, v, &err, msg, msg_cap);
     if (!r) return err;
     PQclear(r);
-    r = fb_db_query(c, "job_insert", sql_job_insert, 15, x->vals, &err, msg, cap);
+    r = fb_db_query(c, "job_insert", sql_job_insert, 15, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     if (PQntuples(r) == 1) {
         json_decref(x->out);
         x->out = fb_pg_json(r, 0, 0);
         PQclear(r);
-        return fb_db_commit(c, msg, cap);
+        return fb_db_commit(c, msg, msg_cap);
     }
     PQclear(r);
     /* Nothing inserted: either a request with the same key committed first
      * (its row is visible now), or the quota is full. */
     fb_db_rollback(c);
-    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, cap)) || found)) return err;
+    if (x->idem_key && ((err = job_by_idem(c, x, &found, msg, msg_cap)) || found)) return err;
     x->quota = true;
     return FB_OK;
 }
@@ -196,24 +196,27 @@ typedef struct job_read {
     size_t len;
 } job_read;
 
-static int job_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_get_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_read *x = arg;
     int err;
     const char *v[2] = {x->id, x->tenant_id};
-    PGresult *r = fb_db_query(
-        c, "job_get",
-        /* fair_share: what the fair-share controller set for the array the job trains in;
-         * device_breakdown: that array's latest step time breakdown per device */
-        "SELECT " FB_SQL_JOB_JSON(
-            FB_SQL_QUEUE_POSITION,
-            ", 'trial_params', j.trial_params, 'spec', j.spec, 'fair_share', (SELECT"
-            " json_build_object('time_share', g.time_share, 'split', to_json(g.split))"
-            " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> 'finished'),"
-            " 'device_breakdown', (SELECT g.device_breakdown"
-            " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> 'finished')")
-        " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
-        2, v, &err, msg, cap);
+    PGresult
+        *r =
+            fb_db_query(
+                c, "job_get",
+                /* fair_share: what the fair-share controller set for the array the job trains in;
+                 * device_breakdown: that array's latest step time breakdown per device */
+                "SELECT " FB_SQL_JOB_JSON(
+                    FB_SQL_QUEUE_POSITION,
+                    ", 'trial_params', j.trial_params, 'spec', j.spec, 'fair_share', (SELECT"
+                    " json_build_object('time_share', g.time_share, 'split', to_json(g.split))"
+                    " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> "
+                    "'finished'),"
+                    " 'device_breakdown', (SELECT g.device_breakdown"
+                    " FROM groups g WHERE g.id = j.group_id AND j.in_group AND g.state <> "
+                    "'finished')") " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
+                2, v, &err, msg, msg_cap);
     if (!r) return err;
     free(x->text);
     x->text = NULL;
@@ -224,7 +227,7 @@ static int job_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     }
     bool found = PQntuples(r) == 1;
     PQclear(r);
-    if (found && !x->text) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (found && !x->text) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     return FB_OK;
 }
 
@@ -255,7 +258,7 @@ typedef struct job_list {
     char next[24];
 } job_list;
 
-static int job_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_list_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_list *x = arg;
     int err;
@@ -268,7 +271,7 @@ static int job_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                         " AND ($4::text IS NULL OR j.name = $4)"
                         " AND ($5::bigint IS NULL OR j.seq < $5::bigint)"
                         " ORDER BY j.seq DESC LIMIT $6::integer",
-        6, x->vals, &err, msg, cap);
+        6, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     fb_pg_page(r, x->limit, &x->items, x->next, sizeof x->next);
     return FB_OK;
@@ -327,7 +330,7 @@ typedef struct job_cancel {
     char state[16]; /* when nothing was cancelled: the job's state, "" if absent */
 } job_cancel;
 
-static int job_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_cancel *x = arg;
     int err;
@@ -341,7 +344,7 @@ static int job_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                     " ev AS (INSERT INTO job_events (job_id, kind, message)"
                     " SELECT id, 'cancelled', 'cancelled by the tenant' FROM upd)"
                     " SELECT " FB_SQL_JOB_FULL("NULL") " FROM upd j",
-                    2, x->vals, &err, msg, cap);
+                    2, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->out);
     x->out = NULL;
@@ -354,7 +357,7 @@ static int job_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     r = fb_db_query(c, "job_get_plain",
                     "SELECT j.state, " FB_SQL_JOB_FULL(
                         "NULL") " FROM jobs j WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
-                    2, x->vals, &err, msg, cap);
+                    2, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     x->state[0] = '\0';
     if (PQntuples(r) == 1) {
@@ -425,13 +428,13 @@ bool fb_metric_fields_parse(const char *list, int sel[FB_METRIC_FIELDS], int *n_
 
 /* Does the tenant own the job? */
 static int job_owned(fb_db_conn *c, const char *id, const char *tenant_id, bool *owned, char *msg,
-                     size_t cap)
+                     size_t msg_cap)
 {
     int err;
     const char *v[2] = {id, tenant_id};
     PGresult *r = fb_db_query(c, "job_owned",
                               "SELECT 1 FROM jobs WHERE id = $1::uuid AND tenant_id = $2::uuid", 2,
-                              v, &err, msg, cap);
+                              v, &err, msg, msg_cap);
     if (!r) return err;
     *owned = PQntuples(r) == 1;
     PQclear(r);
@@ -452,10 +455,10 @@ typedef struct job_series {
     bool have_model;
 } job_series;
 
-static int job_metrics_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_metrics_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_series *x = arg;
-    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, cap);
+    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, msg_cap);
     if (err || !x->owned) return err;
     char sql[1024];
     size_t used = (size_t)snprintf(sql, sizeof sql, "SELECT step, recorded_at");
@@ -468,7 +471,7 @@ static int job_metrics_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     snprintf(since, sizeof since, "%lld", x->since);
     snprintf(limit, sizeof limit, "%lld", x->limit + 1);
     const char *v[3] = {x->id, since, limit};
-    PGresult *r = fb_db_query(c, NULL, sql, 3, v, &err, msg, cap);
+    PGresult *r = fb_db_query(c, NULL, sql, 3, v, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->items);
     x->items = json_array();
@@ -538,10 +541,10 @@ int fb_route_job_metrics(fb_req *req)
     return FB_OK;
 }
 
-static int job_events_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_events_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_series *x = arg;
-    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, cap);
+    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, msg_cap);
     if (err || !x->owned) return err;
     char after[24], limit[24];
     snprintf(after, sizeof after, "%lld", x->after);
@@ -552,7 +555,7 @@ static int job_events_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               " 'kind', e.kind, 'message', e.message, 'data', e.data)"
                               " FROM job_events e WHERE e.job_id = $1::uuid AND e.id > $2::bigint"
                               " ORDER BY e.id LIMIT $3::integer",
-                              3, v, &err, msg, cap);
+                              3, v, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->items);
     x->items = json_array();
@@ -589,10 +592,10 @@ int fb_route_job_events(fb_req *req)
     return FB_OK;
 }
 
-static int job_checkpoints_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_checkpoints_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_series *x = arg;
-    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, cap);
+    int err = job_owned(c, x->id, x->tenant_id, &x->owned, msg, msg_cap);
     if (err || !x->owned) return err;
     const char *v[1] = {x->id};
     PGresult *r = fb_db_query(c, "job_checkpoints",
@@ -600,7 +603,7 @@ static int job_checkpoints_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               " 'bytes', k.bytes, 'sha256', k.sha256, 'final', k.is_final)"
                               " FROM checkpoints k WHERE k.job_id = $1::uuid"
                               " ORDER BY k.step, k.id LIMIT 1000",
-                              1, v, &err, msg, cap);
+                              1, v, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->items);
     x->items = json_array();
@@ -631,7 +634,7 @@ int fb_route_job_checkpoints(fb_req *req)
 
 /* ---- model download ---- */
 
-static int job_model_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int job_model_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     job_series *x = arg;
     int err;
@@ -641,7 +644,7 @@ static int job_model_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               " WHERE k.job_id = j.id ORDER BY k.is_final DESC, k.step DESC,"
                               " k.id DESC LIMIT 1) FROM jobs j"
                               " WHERE j.id = $1::uuid AND j.tenant_id = $2::uuid",
-                              2, v, &err, msg, cap);
+                              2, v, &err, msg, msg_cap);
     if (!r) return err;
     x->owned = PQntuples(r) == 1;
     x->have_model = x->owned && !PQgetisnull(r, 0, 1);

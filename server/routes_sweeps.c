@@ -39,14 +39,14 @@ typedef struct sweep_read {
     json_t *out;
 } sweep_read;
 
-static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t cap)
+static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t msg_cap)
 {
     int err;
     const char *v[2] = {x->id, x->tenant_id};
     PGresult *r = fb_db_query(c, "sweep_get",
                               "SELECT s.metric, s.metric_mode, " SQL_SWEEP_JSON ", 'spec', s.spec)"
                               " FROM sweeps s WHERE s.id = $1::uuid AND s.tenant_id = $2::uuid",
-                              2, v, &err, msg, cap);
+                              2, v, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(x->out);
     x->out = NULL;
@@ -60,7 +60,7 @@ static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t cap)
     bool max = strcmp(PQgetvalue(r, 0, 1), "max") == 0;
     x->out = fb_pg_json(r, 0, 2);
     PQclear(r);
-    if (!x->out) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!x->out) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     if (!x->trials || !col) return FB_OK;
     char sql[2048];
     /* rungs: the trial's early-stopping results, rung by rung (asha_rungs) */
@@ -75,7 +75,7 @@ static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t cap)
              " WHERE a.job_id = j.id), '[]'::json))"
              " FROM jobs j WHERE j.sweep_id = $1::uuid ORDER BY j.trial_index",
              col, col, col, max ? "DESC" : "ASC");
-    r = fb_db_query(c, NULL, sql, 1, v, &err, msg, cap);
+    r = fb_db_query(c, NULL, sql, 1, v, &err, msg, msg_cap);
     if (!r) return err;
     json_t *trials = json_array();
     json_t *best = json_null();
@@ -101,9 +101,9 @@ static int sweep_read_conn(fb_db_conn *c, sweep_read *x, char *msg, size_t cap)
     return FB_OK;
 }
 
-static int sweep_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int sweep_get_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
-    return sweep_read_conn(c, arg, msg, cap);
+    return sweep_read_conn(c, arg, msg, msg_cap);
 }
 
 static int reply_sweep(fb_req *req, const char *id, int status)
@@ -144,14 +144,14 @@ typedef struct sweep_create {
     bool replayed, mismatch, quota;
 } sweep_create;
 
-static int sweep_by_idem(fb_db_conn *c, sweep_create *x, bool *found, char *msg, size_t cap)
+static int sweep_by_idem(fb_db_conn *c, sweep_create *x, bool *found, char *msg, size_t msg_cap)
 {
     int err;
     const char *v[2] = {x->tenant_id, x->idem_key};
     PGresult *r = fb_db_query(c, "sweep_by_idem",
                               "SELECT s.id, encode(s.request_hash, 'hex') FROM sweeps s"
                               " WHERE s.tenant_id = $1::uuid AND s.idempotency_key = $2",
-                              2, v, &err, msg, cap);
+                              2, v, &err, msg, msg_cap);
     if (!r) return err;
     *found = PQntuples(r) == 1;
     if (*found) {
@@ -163,13 +163,13 @@ static int sweep_by_idem(fb_db_conn *c, sweep_create *x, bool *found, char *msg,
     return FB_OK;
 }
 
-static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     sweep_create *x = arg;
     int err;
     bool found = false;
-    if (x->idem_key && ((err = sweep_by_idem(c, x, &found, msg, cap)) || found)) return err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if (x->idem_key && ((err = sweep_by_idem(c, x, &found, msg, msg_cap)) || found)) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     char n_trials[16];
     snprintf(n_trials, sizeof n_trials, "%d", fb_sweep_spec_n_trials(x->spec));
     const char *vq[2] = {x->tenant_id, n_trials};
@@ -178,14 +178,14 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
      * of its own, so that it sees what the previous holder committed */
     PGresult *r = fb_db_query(c, "tenant_lock_sweeps",
                               "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, vq,
-                              &err, msg, cap);
+                              &err, msg, msg_cap);
     if (!r) return err;
     PQclear(r);
     r = fb_db_query(c, NULL,
                     "SELECT (SELECT coalesce(sum(q.n), 0) FROM tenant_queued_counts q"
                     " WHERE q.tenant_id = t.id) + $2::integer <= t.max_queued_jobs"
                     " FROM tenants t WHERE t.id = $1::uuid",
-                    2, vq, &err, msg, cap);
+                    2, vq, &err, msg, msg_cap);
     if (!r) return err;
     x->quota = PQntuples(r) != 1 || PQgetvalue(r, 0, 0)[0] != 't';
     PQclear(r);
@@ -203,18 +203,18 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                     " $4::integer, $5, $6, $7, $8::bytea)"
                     " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
                     " DO NOTHING RETURNING id",
-                    8, vs_all, &err, msg, cap);
+                    8, vs_all, &err, msg, msg_cap);
     if (!r) return err;
     if (PQntuples(r) != 1) {
         /* a concurrent request with this key committed first */
         PQclear(r);
         fb_db_rollback(c);
-        return sweep_by_idem(c, x, &found, msg, cap);
+        return sweep_by_idem(c, x, &found, msg, msg_cap);
     }
     snprintf(x->id, sizeof x->id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     char *trials = json_dumps(x->trials, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    if (!trials) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!trials) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     /* the trials' submission on the control loop's clock (db.h) */
     char submitted[32];
     const char *vj[4] = {x->tenant_id, x->id, trials, fb_db_clock_now(submitted, sizeof submitted)};
@@ -233,11 +233,11 @@ static int sweep_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         " RETURNING id)"
         " INSERT INTO job_events (job_id, kind, message)"
         " SELECT id, 'submitted', 'queued by a sweep: waiting for devices' FROM ins",
-        4, vj, &err, msg, cap);
+        4, vj, &err, msg, msg_cap);
     free(trials);
     if (!r) return err;
     PQclear(r);
-    return fb_db_commit(c, msg, cap);
+    return fb_db_commit(c, msg, msg_cap);
 }
 
 #define SWEEP_INIT_PATH_MAX 1024
@@ -347,7 +347,7 @@ typedef struct sweep_list {
     char next[24];
 } sweep_list;
 
-static int sweep_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int sweep_list_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     sweep_list *x = arg;
     int err;
@@ -356,7 +356,7 @@ static int sweep_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               " WHERE s.tenant_id = $1::uuid"
                               " AND ($2::bigint IS NULL OR s.seq < $2::bigint)"
                               " ORDER BY s.seq DESC LIMIT $3::integer",
-                              3, x->vals, &err, msg, cap);
+                              3, x->vals, &err, msg, msg_cap);
     if (!r) return err;
     fb_pg_page(r, x->limit, &x->items, x->next, sizeof x->next);
     return FB_OK;
@@ -390,16 +390,16 @@ typedef struct sweep_cancel {
     bool found;
 } sweep_cancel;
 
-static int sweep_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int sweep_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     sweep_cancel *x = arg;
     int err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     const char *v[2] = {x->id, x->tenant_id};
     PGresult *r = fb_db_query(c, NULL,
                               "UPDATE sweeps SET state = 'cancelled', updated_at = now()"
                               " WHERE id = $1::uuid AND tenant_id = $2::uuid RETURNING id",
-                              2, v, &err, msg, cap);
+                              2, v, &err, msg, msg_cap);
     if (!r) return err;
     x->found = PQntuples(r) == 1;
     PQclear(r);
@@ -411,10 +411,10 @@ static int sweep_cancel_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                     " AND state IN ('queued', 'scheduled', 'running') RETURNING id)"
                     " INSERT INTO job_events (job_id, kind, message)"
                     " SELECT id, 'cancelled', 'the sweep was cancelled' FROM upd",
-                    2, v, &err, msg, cap);
+                    2, v, &err, msg, msg_cap);
     if (!r) return err;
     PQclear(r);
-    return fb_db_commit(c, msg, cap);
+    return fb_db_commit(c, msg, msg_cap);
 }
 
 int fb_route_sweep_cancel(fb_req *req)

@@ -166,19 +166,19 @@ static const char sql_tenant_update[] =
     " share_arrays = coalesce($8::boolean, share_arrays), updated_at = now()"
     " WHERE t.id = $1::uuid RETURNING " SQL_TENANT_JSON;
 
-static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     tenant_write *w = arg;
     int err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     char id[FB_UUID_LEN + 1];
     if (w->name) {
         const char *vals[1] = {w->name};
         PGresult *r = fb_db_query(c, NULL, "INSERT INTO tenants (name) VALUES ($1) RETURNING id", 1,
-                                  vals, &err, msg, cap);
+                                  vals, &err, msg, msg_cap);
         if (!r) {
             if (err == FB_ERR_ALREADY_EXISTS)
-                fb_errf(msg, cap, err, "name: a tenant named \"%s\" exists", w->name);
+                fb_errf(msg, msg_cap, err, "name: a tenant named \"%s\" exists", w->name);
             return err;
         }
         snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
@@ -188,7 +188,7 @@ static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     }
     const char *vals[8] = {id,           w->s.vals[0], w->s.vals[1], w->s.vals[2],
                            w->s.vals[3], w->s.vals[4], w->s.vals[5], w->s.vals[6]};
-    PGresult *r = fb_db_query(c, NULL, sql_tenant_update, 8, vals, &err, msg, cap);
+    PGresult *r = fb_db_query(c, NULL, sql_tenant_update, 8, vals, &err, msg, msg_cap);
     if (!r) return err;
     w->found = PQntuples(r) == 1;
     if (w->found) {
@@ -197,7 +197,7 @@ static int tenant_write_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     }
     PQclear(r);
     if (!w->found) return FB_OK;
-    return fb_db_commit(c, msg, cap);
+    return fb_db_commit(c, msg, msg_cap);
 }
 
 int fb_route_tenant_create(fb_req *req)
@@ -260,14 +260,14 @@ typedef struct tenant_read {
     bool more;
 } tenant_read;
 
-static int tenant_get_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int tenant_get_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     tenant_read *t = arg;
     int err;
     const char *vals[1] = {t->id};
     PGresult *r = fb_db_query(c, "tenant_get",
                               "SELECT " SQL_TENANT_JSON " FROM tenants t WHERE t.id = $1::uuid", 1,
-                              vals, &err, msg, cap);
+                              vals, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(t->out);
     t->out = PQntuples(r) == 1 ? fb_pg_json(r, 0, 0) : NULL;
@@ -306,7 +306,7 @@ int fb_route_tenant_get(fb_req *req)
     return reply_tenant(req, id);
 }
 
-static int tenant_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int tenant_list_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     tenant_read *t = arg;
     int err;
@@ -316,7 +316,7 @@ static int tenant_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     PGresult *r = fb_db_query(c, NULL,
                               "SELECT " SQL_TENANT_JSON " FROM tenants t"
                               " WHERE ($1::text IS NULL OR t.name > $1) ORDER BY t.name LIMIT $2",
-                              2, vals, &err, msg, cap);
+                              2, vals, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(t->out);
     t->out = json_array();
@@ -364,11 +364,11 @@ typedef struct key_write {
     int status; /* 0 ok, 1 no tenant/key, 2 too many keys */
 } key_write;
 
-static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     key_write *k = arg;
     int err;
-    if ((err = fb_db_begin(c, msg, cap))) return err;
+    if ((err = fb_db_begin(c, msg, msg_cap))) return err;
     const char *v1[1] = {k->tenant_id};
     /* The lock and the count are two statements: a count in the locking
      * statement reads the snapshot taken before the lock was granted, which
@@ -376,7 +376,7 @@ static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
      * requests then passed a limit of 100. */
     PGresult *r =
         fb_db_query(c, NULL, "SELECT 1 FROM tenants WHERE id = $1::uuid FOR NO KEY UPDATE", 1, v1,
-                    &err, msg, cap);
+                    &err, msg, msg_cap);
     if (!r) return err;
     bool exists = PQntuples(r) == 1;
     PQclear(r);
@@ -387,7 +387,7 @@ static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     r = fb_db_query(c, NULL,
                     "SELECT count(*) FROM api_keys WHERE tenant_id = $1::uuid"
                     " AND revoked_at IS NULL",
-                    1, v1, &err, msg, cap);
+                    1, v1, &err, msg, msg_cap);
     if (!r) return err;
     k->status = atoi(PQgetvalue(r, 0, 0)) >= MAX_ACTIVE_KEYS ? 2 : 0;
     PQclear(r);
@@ -402,12 +402,12 @@ static int key_create_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
     r = fb_db_query(c, NULL,
                     "INSERT INTO api_keys AS k (key_id, tenant_id, name, secret_hash)"
                     " VALUES ($1, $2::uuid, $3, $4::bytea) RETURNING " SQL_KEY_JSON,
-                    4, v2, &err, msg, cap);
+                    4, v2, &err, msg, msg_cap);
     if (!r) return err;
     json_decref(k->out);
     k->out = fb_pg_json(r, 0, 0);
     PQclear(r);
-    return fb_db_commit(c, msg, cap);
+    return fb_db_commit(c, msg, msg_cap);
 }
 
 int fb_route_key_create(fb_req *req)
@@ -452,7 +452,7 @@ int fb_route_key_create(fb_req *req)
     return FB_OK;
 }
 
-static int key_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int key_list_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     key_write *k = arg;
     int err;
@@ -461,7 +461,7 @@ static int key_list_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
                               "SELECT t.id IS NOT NULL, (SELECT json_agg(" SQL_KEY_JSON
                               " ORDER BY k.created_at, k.key_id) FROM api_keys k"
                               " WHERE k.tenant_id = t.id) FROM tenants t WHERE t.id = $1::uuid",
-                              1, vals, &err, msg, cap);
+                              1, vals, &err, msg, msg_cap);
     if (!r) return err;
     k->status = PQntuples(r) == 1 ? 0 : 1;
     json_decref(k->out);
@@ -491,7 +491,7 @@ int fb_route_key_list(fb_req *req)
     return FB_OK;
 }
 
-static int key_revoke_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
+static int key_revoke_txn(fb_db_conn *c, void *arg, char *msg, size_t msg_cap)
 {
     key_write *k = arg;
     int err;
@@ -500,7 +500,7 @@ static int key_revoke_txn(fb_db_conn *c, void *arg, char *msg, size_t cap)
         fb_db_query(c, NULL,
                     "UPDATE api_keys k SET revoked_at = coalesce(revoked_at, now())"
                     " WHERE k.key_id = $1 AND k.tenant_id = $2::uuid RETURNING " SQL_KEY_JSON,
-                    2, vals, &err, msg, cap);
+                    2, vals, &err, msg, msg_cap);
     if (!r) return err;
     k->status = PQntuples(r) == 1 ? 0 : 1;
     json_decref(k->out);

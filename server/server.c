@@ -47,21 +47,22 @@ void fb_server_block_signals(void)
 }
 
 /* Creates dir (and nothing above it) with mode when it does not exist. */
-static int ensure_dir(const char *dir, mode_t mode, char *msg, size_t cap)
+static int ensure_dir(const char *dir, mode_t mode, char *msg, size_t msg_cap)
 {
     struct stat st;
     if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) return fb_errf(msg, cap, FB_ERR_IO, "%s is not a directory", dir);
+        if (!S_ISDIR(st.st_mode))
+            return fb_errf(msg, msg_cap, FB_ERR_IO, "%s is not a directory", dir);
         return FB_OK;
     }
     if (mkdir(dir, mode) != 0 && errno != EEXIST)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     return FB_OK;
 }
 
 /* Opens a libpq connection for start-up work, waiting up to the startup
  * wait for PostgreSQL to come up. */
-static PGconn *connect_startup(const fb_config *cfg, char *msg, size_t cap)
+static PGconn *connect_startup(const fb_config *cfg, char *msg, size_t msg_cap)
 {
     time_t give_up = time(NULL) + cfg->startup_wait_s;
     long backoff = 100;
@@ -79,7 +80,7 @@ static PGconn *connect_startup(const fb_config *cfg, char *msg, size_t cap)
         text[strcspn(text, "\n")] = '\0';
         PQfinish(c);
         if (time(NULL) >= give_up) {
-            fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "cannot reach PostgreSQL: %s", text);
+            fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "cannot reach PostgreSQL: %s", text);
             return NULL;
         }
         if (!said) {
@@ -113,7 +114,7 @@ static int exec_ok(PGconn *c, const char *sql, int n, const char *const *vals, P
  * before COMMIT, so a crash leaves either no admin (and the next start makes
  * a new key) or a file whose key works.
  */
-static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t cap)
+static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t msg_cap)
 {
     char path[FB_CONFIG_PATH_MAX + 32], tmp[FB_CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", cfg->data_dir, ADMIN_KEY_FILE);
@@ -121,7 +122,7 @@ static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t ca
     PGresult *r = NULL;
     if (exec_ok(c, "SELECT id FROM tenants WHERE is_admin ORDER BY created_at LIMIT 1", 0, NULL,
                 &r))
-        return fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "cannot read the tenants table");
+        return fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "cannot read the tenants table");
     bool exists = PQntuples(r) > 0;
     PQclear(r);
     if (exists) {
@@ -141,7 +142,7 @@ static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t ca
     int err = FB_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
-        err = fb_errf(msg, cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         goto done;
     }
     char line[FB_KEY_LEN + 2];
@@ -150,7 +151,7 @@ static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t ca
     sodium_memzero(line, sizeof line);
     if (close(fd) != 0) ok = false;
     if (!ok) {
-        err = fb_errf(msg, cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         goto done;
     }
     if (exec_ok(c, "BEGIN", 0, NULL, NULL)) goto db_fail;
@@ -170,8 +171,8 @@ static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t ca
                 3, vals, NULL))
         goto db_fail;
     if (rename(tmp, path) != 0) {
-        err =
-            fb_errf(msg, cap, FB_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s to %s: %s", tmp, path,
+                      strerror(errno));
         PQclear(PQexec(c, "ROLLBACK"));
         goto done;
     }
@@ -186,7 +187,7 @@ static int bootstrap_admin(PGconn *c, const fb_config *cfg, char *msg, size_t ca
     goto done;
 db_fail:
     PQclear(PQexec(c, "ROLLBACK"));
-    err = fb_errf(msg, cap, FB_ERR_UNAVAILABLE, "creating the admin tenant failed");
+    err = fb_errf(msg, msg_cap, FB_ERR_UNAVAILABLE, "creating the admin tenant failed");
 done:
     sodium_memzero(key, sizeof key);
     unlink(tmp);
@@ -194,26 +195,26 @@ done:
 }
 
 /* Writes the bound port to cfg->port_file via a temporary file and rename. */
-static int write_port_file(const fb_config *cfg, int port, char *msg, size_t cap)
+static int write_port_file(const fb_config *cfg, int port, char *msg, size_t msg_cap)
 {
     if (!cfg->port_file[0]) return FB_OK;
     char tmp[FB_CONFIG_PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
     FILE *f = fopen(tmp, "w");
     if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, cfg->port_file) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot write the port file %s", cfg->port_file);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write the port file %s", cfg->port_file);
     return FB_OK;
 }
 
-fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
+fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t msg_cap)
 {
     static const char *route_names[64], *route_methods[64];
     if (sodium_init() < 0) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "libsodium failed to initialise");
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "libsodium failed to initialise");
         return NULL;
     }
     if (fb_n_routes > 64) {
-        fb_errf(msg, cap, FB_ERR_INTERNAL, "too many routes");
+        fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "too many routes");
         return NULL;
     }
     for (int i = 0; i < fb_n_routes; i++) {
@@ -223,7 +224,7 @@ fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
     fb_server *s = calloc(1, sizeof *s);
     PGconn *c = NULL;
     if (!s) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         return NULL;
     }
     s->cfg = *cfg;
@@ -235,38 +236,40 @@ fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap)
     uint8_t inst[4];
     randombytes_buf(inst, sizeof inst);
     sodium_bin2hex(s->instance, sizeof s->instance, inst, sizeof inst);
-    if (ensure_dir(cfg->data_dir, 0700, msg, cap) || ensure_dir(cfg->artifacts_dir, 0750, msg, cap))
+    if (ensure_dir(cfg->data_dir, 0700, msg, msg_cap) ||
+        ensure_dir(cfg->artifacts_dir, 0750, msg, msg_cap))
         goto fail;
     if (!realpath(cfg->artifacts_dir, s->artifacts_real)) {
-        fb_errf(msg, cap, FB_ERR_IO, "cannot resolve %s: %s", cfg->artifacts_dir, strerror(errno));
+        fb_errf(msg, msg_cap, FB_ERR_IO, "cannot resolve %s: %s", cfg->artifacts_dir,
+                strerror(errno));
         goto fail;
     }
-    if (!(c = connect_startup(cfg, msg, cap))) goto fail;
+    if (!(c = connect_startup(cfg, msg, msg_cap))) goto fail;
     int applied = 0;
-    if (fb_migrate_apply(c, cfg->schema_dir, &applied, &s->schema_latest, msg, cap)) goto fail;
+    if (fb_migrate_apply(c, cfg->schema_dir, &applied, &s->schema_latest, msg, msg_cap)) goto fail;
     fb_log_json(FB_LOG_INFO, "schema ready",
                 json_pack("{s:i, s:i}", "version", s->schema_latest, "applied_now", applied));
-    if (bootstrap_admin(c, cfg, msg, cap)) goto fail;
+    if (bootstrap_admin(c, cfg, msg, msg_cap)) goto fail;
     PQfinish(c);
     c = NULL;
     fb_db_options dbo = {.url = cfg->database_url,
                          .size = cfg->db_pool,
                          .statement_timeout_ms = cfg->request_timeout_ms,
                          .wait_ms = cfg->db_wait_ms};
-    if (!(s->db = fb_db_pool_new(&dbo, msg, cap))) goto fail;
+    if (!(s->db = fb_db_pool_new(&dbo, msg, msg_cap))) goto fail;
     s->auth = fb_auth_new(AUTH_CACHE_TTL_MS);
     s->metrics = fb_metrics_new(fb_n_routes, route_names, route_methods);
     if (!s->auth || !s->metrics) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     /* the control loop first: jobs accepted over HTTP find it running */
-    if (!(s->dispatch = fb_dispatch_start(cfg, s->artifacts_real, msg, cap))) goto fail;
+    if (!(s->dispatch = fb_dispatch_start(cfg, s->artifacts_real, msg, msg_cap))) goto fail;
     fb_http_routes routes = {
         .routes = fb_routes, .n = fb_n_routes, .stream_open = fb_route_stream_open};
-    if (!(s->mhd = fb_http_start(s, &routes, msg, cap))) goto fail;
+    if (!(s->mhd = fb_http_start(s, &routes, msg, msg_cap))) goto fail;
     s->port = fb_http_port(s->mhd);
-    if (write_port_file(cfg, s->port, msg, cap)) goto fail;
+    if (write_port_file(cfg, s->port, msg, msg_cap)) goto fail;
     fb_log_json(FB_LOG_INFO, "listening",
                 json_pack("{s:s, s:i, s:i, s:i, s:i, s:I}", "address", cfg->listen, "port", s->port,
                           "threads", cfg->threads, "db_pool", cfg->db_pool, "pid", (int)getpid(),

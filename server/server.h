@@ -28,7 +28,7 @@ typedef struct fb_server fb_server;
  * msg on failure (database unreachable past the startup wait, a bad
  * migration, an unwritable data directory, a port in use).
  */
-fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t cap);
+fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t msg_cap);
 
 /* Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread. */
 void fb_server_block_signals(void);

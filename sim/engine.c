@@ -864,13 +864,13 @@ out:
 /* ---- the loop ------------------------------------------------------------------------- */
 
 static int eng_init(eng *e, const sim_scenario *sc, const sim_config *cfg, sim_result *res,
-                    char *msg, size_t cap)
+                    char *msg, size_t msg_cap)
 {
     e->sc = sc;
     e->cfg = cfg;
     e->res = res;
     e->msg = msg;
-    e->cap = cap;
+    e->cap = msg_cap;
     e->nd = sc->n_devices;
     e->n_workers = sc->devices[sc->n_devices - 1].worker + 1;
     e->dev = calloc((size_t)e->nd, sizeof *e->dev);
@@ -892,7 +892,7 @@ static int eng_init(eng *e, const sim_scenario *sc, const sim_config *cfg, sim_r
     if (!e->dev || !e->job || !e->wfirst || !e->wcount || !e->dirty || !e->dirty_list ||
         !e->whost || !e->hw_first || !e->hw_list || !e->host_stamp || !e->profile_table ||
         !res->finish || !res->placed || !res->slowdown)
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int d = sc->n_devices - 1; d >= 0; d--) {
         e->wfirst[sc->devices[d].worker] = d;
         e->wcount[sc->devices[d].worker]++;
@@ -907,7 +907,7 @@ static int eng_init(eng *e, const sim_scenario *sc, const sim_config *cfg, sim_r
     for (int h = 0; h < sc->n_hosts; h++)
         e->hw_first[h + 1] += e->hw_first[h];
     int *fill = calloc((size_t)sc->n_hosts + 1, sizeof *fill);
-    if (!fill) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!fill) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int w = 0; w < e->n_workers; w++)
         if (e->whost[w] >= 0) e->hw_list[e->hw_first[e->whost[w]] + fill[e->whost[w]]++] = w;
     free(fill);
@@ -1015,18 +1015,19 @@ static int summarize(eng *e)
     return 0;
 }
 
-int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char *msg, size_t cap)
+int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char *msg,
+            size_t msg_cap)
 {
     if (!sc || !cfg || !out || !sc->finished || sc->n_devices < 1 || sc->n_jobs < 1)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "sim_run needs a finished scenario with devices and jobs");
     sim_result res = {0};
     eng E = {0}, *e = &E;
-    int rc = eng_init(e, sc, cfg, &res, msg, cap);
+    int rc = eng_init(e, sc, cfg, &res, msg, msg_cap);
     if (rc) goto fail;
     e->wgroups = malloc((size_t)(sc->n_jobs + 1) * sizeof *e->wgroups);
     if (!e->wgroups) {
-        rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (;;) {
@@ -1074,7 +1075,7 @@ int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char
             e->job[j].state = J_QUEUED;
             want_plan(e);
             if (push_int(&e->queue, &e->nq, &e->cap_q, j)) {
-                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
                 goto fail;
             }
         }

@@ -555,16 +555,16 @@ static int record(reader *r, const char *text, size_t len)
 }
 
 int sim_scenario_read_text(sim_scenario *sc, const char *text, const char *name, char *msg,
-                           size_t cap)
+                           size_t msg_cap)
 {
     if (sc->finished)
-        return fb_errf(msg, cap, FB_ERR_STATE_CONFLICT, "%s: the scenario is already finished",
+        return fb_errf(msg, msg_cap, FB_ERR_STATE_CONFLICT, "%s: the scenario is already finished",
                        name);
     if (sc->cfg.period_s == 0.0) { /* a zeroed scenario: its first file */
         sc->cfg = sim_config_default();
         snprintf(sc->name, sizeof sc->name, "%s", "scenario");
     }
-    reader r = {.sc = sc, .file = name, .msg = msg, .cap = cap};
+    reader r = {.sc = sc, .file = name, .msg = msg, .cap = msg_cap};
     /* the capacities of arrays grown by earlier files are their lengths */
     r.cap_profiles = sc->n_profiles;
     r.cap_tenants = sc->n_tenants;
@@ -592,10 +592,10 @@ int sim_scenario_read_text(sim_scenario *sc, const char *text, const char *name,
     return 0;
 }
 
-int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t cap)
+int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t msg_cap)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) return fb_errf(msg, cap, FB_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!f) return fb_errf(msg, msg_cap, FB_ERR_IO, "%s: %s", path, strerror(errno));
     char *buf = NULL;
     size_t len = 0, alloc = 0;
     int rc = 0;
@@ -603,12 +603,12 @@ int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t cap)
         if (len + 65536 + 1 > alloc) {
             alloc = alloc ? alloc * 2 : 131072;
             if ((int64_t)alloc > MAX_FILE) {
-                rc = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: larger than 1 GiB", path);
+                rc = fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s: larger than 1 GiB", path);
                 break;
             }
             char *q = realloc(buf, alloc);
             if (!q) {
-                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "%s: out of memory", path);
+                rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "%s: out of memory", path);
                 break;
             }
             buf = q;
@@ -616,7 +616,7 @@ int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t cap)
         size_t n = fread(buf + len, 1, 65536, f);
         len += n;
         if (n < 65536) {
-            if (ferror(f)) rc = fb_errf(msg, cap, FB_ERR_IO, "%s: read error", path);
+            if (ferror(f)) rc = fb_errf(msg, msg_cap, FB_ERR_IO, "%s: read error", path);
             break;
         }
     }
@@ -624,9 +624,9 @@ int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t cap)
     if (!rc) {
         buf[len] = '\0';
         if (strlen(buf) != len)
-            rc = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: contains a NUL byte", path);
+            rc = fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s: contains a NUL byte", path);
         else
-            rc = sim_scenario_read_text(sc, buf, path, msg, cap);
+            rc = sim_scenario_read_text(sc, buf, path, msg, msg_cap);
     }
     free(buf);
     return rc;
@@ -666,7 +666,7 @@ static int cmp_order(const void *a, const void *b)
     return (x->seq > y->seq) - (x->seq < y->seq);
 }
 
-static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t cap)
+static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t msg_cap)
 {
     int64_t total = 0;
     for (int i = 0; i < sc->n_devspecs; i++) {
@@ -674,7 +674,7 @@ static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t cap)
         total += n < 1 ? 1 : n;
     }
     sc->devices = calloc((size_t)(total ? total : 1), sizeof *sc->devices);
-    if (!sc->devices) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!sc->devices) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int worker = 0;
     for (int i = 0; i < sc->n_devspecs; i++) {
         const sim_devspec *D = &sc->devspecs[i];
@@ -694,10 +694,10 @@ static int expand_devices(sim_scenario *sc, double scale, char *msg, size_t cap)
     return 0;
 }
 
-static int generate(sim_scenario *sc, double scale, char *msg, size_t cap)
+static int generate(sim_scenario *sc, double scale, char *msg, size_t msg_cap)
 {
     const sim_generator *g = &sc->gen;
-    reader r = {.sc = sc, .file = "generator", .msg = msg, .cap = cap};
+    reader r = {.sc = sc, .file = "generator", .msg = msg, .cap = msg_cap};
     r.cap_jobs = sc->n_jobs;
     r.cap_keys = sc->n_keys;
     int target = (int)llround(g->jobs * scale);
@@ -735,26 +735,27 @@ static int generate(sim_scenario *sc, double scale, char *msg, size_t cap)
     return 0;
 }
 
-int sim_scenario_finish(sim_scenario *sc, double scale, char *msg, size_t cap)
+int sim_scenario_finish(sim_scenario *sc, double scale, char *msg, size_t msg_cap)
 {
     if (sc->finished)
-        return fb_errf(msg, cap, FB_ERR_STATE_CONFLICT, "the scenario is already finished");
+        return fb_errf(msg, msg_cap, FB_ERR_STATE_CONFLICT, "the scenario is already finished");
     if (!(scale > 0.0 && scale <= 1.0))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "scale %g is outside (0, 1]", scale);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "scale %g is outside (0, 1]", scale);
     if (sc->n_devspecs == 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the scenario has no devices record");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the scenario has no devices record");
     if (sc->n_tenants == 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the scenario has no tenant record");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the scenario has no tenant record");
     if (sc->gen.on && sc->n_mixes == 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "a generate record needs mix records");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a generate record needs mix records");
     if (!sc->gen.on && sc->n_mixes > 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "mix records need a generate record");
-    int rc = expand_devices(sc, scale, msg, cap);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "mix records need a generate record");
+    int rc = expand_devices(sc, scale, msg, msg_cap);
     if (rc) return rc;
-    if (sc->gen.on && (rc = generate(sc, scale, msg, cap))) return rc;
-    if (sc->n_jobs == 0) return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the scenario has no jobs");
+    if (sc->gen.on && (rc = generate(sc, scale, msg, msg_cap))) return rc;
+    if (sc->n_jobs == 0)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the scenario has no jobs");
     order *o = malloc((size_t)sc->n_jobs * sizeof *o);
-    if (!o) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!o) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int i = 0; i < sc->n_jobs; i++)
         o[i] = (order){sc->jobs[i], i};
     qsort(o, (size_t)sc->n_jobs, sizeof *o, cmp_order);

@@ -195,11 +195,11 @@ sim_config sim_config_default(void);
  * "path:line: what" (the scenario is then left as it was before the bad
  * record, and the caller frees it).
  */
-int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t cap);
+int sim_scenario_read(sim_scenario *sc, const char *path, char *msg, size_t msg_cap);
 
 /* The same from text held in memory; name stands for the path in messages. */
 int sim_scenario_read_text(sim_scenario *sc, const char *text, const char *name, char *msg,
-                           size_t cap);
+                           size_t msg_cap);
 
 /*
  * Expands the generator records read so far into jobs and sorts the jobs by
@@ -208,7 +208,7 @@ int sim_scenario_read_text(sim_scenario *sc, const char *text, const char *name,
  * multiplied by it (a smaller cluster under the same load).  Returns 0 or a
  * negative fb_err with msg filled.
  */
-int sim_scenario_finish(sim_scenario *sc, double scale, char *msg, size_t cap);
+int sim_scenario_finish(sim_scenario *sc, double scale, char *msg, size_t msg_cap);
 
 /* Releases everything *sc holds and zeroes it; accepts NULL. */
 void sim_scenario_free(sim_scenario *sc);
@@ -219,7 +219,8 @@ void sim_scenario_free(sim_scenario *sc);
  * fb_err with msg filled (out of memory, or a policy refused its snapshot,
  * which is a bug).
  */
-int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char *msg, size_t cap);
+int sim_run(const sim_scenario *sc, const sim_config *cfg, sim_result *out, char *msg,
+            size_t msg_cap);
 
 /* Releases what sim_run allocated; accepts NULL. */
 void sim_result_free(sim_result *r);

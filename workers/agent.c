@@ -256,45 +256,45 @@ static void find_devices(fb_agent *a, int cpu_devices)
 }
 
 static int set_opt(void *s, int opt, const void *v, size_t len, const char *what, char *msg,
-                   size_t cap)
+                   size_t msg_cap)
 {
     if (zmq_setsockopt(s, opt, v, len) == 0) return FB_OK;
-    return fb_errf(msg, cap, FB_ERR_IO, "cannot set %s on the socket: %s", what,
+    return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot set %s on the socket: %s", what,
                    zmq_strerror(errno));
 }
 
 /* The DEALER towards the server: routing id = the worker's name, CURVE client. */
-static int open_dealer(fb_agent *a, char *msg, size_t cap)
+static int open_dealer(fb_agent *a, char *msg, size_t msg_cap)
 {
     a->dealer = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!a->dealer)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create a socket: %s", zmq_strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create a socket: %s", zmq_strerror(errno));
     int ivl = 100, ivl_max = 1000, linger = DEALER_LINGER_MS, one = 1;
     int hb_ivl = 1000, hb_timeout = 5000;
     int64_t max_msg = (int64_t)FB_WIRE_MAX_BLOB;
     int err;
     if ((err = set_opt(a->dealer, ZMQ_ROUTING_ID, a->name, strlen(a->name), "the routing id", msg,
-                       cap)) ||
+                       msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_CURVE_SERVERKEY, a->server_key, 41, "the server key", msg,
-                       cap)) ||
+                       msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_CURVE_PUBLICKEY, a->public_key, 41, "the public key", msg,
-                       cap)) ||
+                       msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_CURVE_SECRETKEY, a->secret_key, 41, "the secret key", msg,
-                       cap)) ||
+                       msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl, "the reconnect interval",
-                       msg, cap)) ||
+                       msg, msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max,
-                       "the reconnect interval", msg, cap)) ||
-        (err = set_opt(a->dealer, ZMQ_LINGER, &linger, sizeof linger, "linger", msg, cap)) ||
+                       "the reconnect interval", msg, msg_cap)) ||
+        (err = set_opt(a->dealer, ZMQ_LINGER, &linger, sizeof linger, "linger", msg, msg_cap)) ||
         /* queue only to a live connection: what cannot go now waits in the outbox */
-        (err = set_opt(a->dealer, ZMQ_IMMEDIATE, &one, sizeof one, "immediate", msg, cap)) ||
+        (err = set_opt(a->dealer, ZMQ_IMMEDIATE, &one, sizeof one, "immediate", msg, msg_cap)) ||
         /* notice a dead peer even when no data flows, so that reconnecting starts */
         (err = set_opt(a->dealer, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl, "heartbeats", msg,
-                       cap)) ||
+                       msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout,
-                       "heartbeats", msg, cap)) ||
+                       "heartbeats", msg, msg_cap)) ||
         (err = set_opt(a->dealer, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg, "the size bound", msg,
-                       cap)))
+                       msg_cap)))
         return err;
     snprintf(a->mon_ep, sizeof a->mon_ep, "inproc://fusebox-agent-monitor-%p", (void *)a);
     int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
@@ -302,20 +302,21 @@ static int open_dealer(fb_agent *a, char *msg, size_t cap)
                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL;
     if (zmq_socket_monitor(a->dealer, a->mon_ep, events) != 0 ||
         !(a->mon = zmq_socket(a->ctx, ZMQ_PAIR)) || zmq_connect(a->mon, a->mon_ep) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot monitor the socket: %s", zmq_strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot monitor the socket: %s",
+                       zmq_strerror(errno));
     if (zmq_connect(a->dealer, a->server) != 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "cannot connect to %s: %s", a->server,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "cannot connect to %s: %s", a->server,
                        zmq_strerror(errno));
     return FB_OK;
 }
 
-static int check_key(const char *key, const char *what, char *msg, size_t cap)
+static int check_key(const char *key, const char *what, char *msg, size_t msg_cap)
 {
     if (!key || strlen(key) != 40)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s must be 40 characters of Z85", what);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s must be 40 characters of Z85", what);
     uint8_t bin[32];
     if (!zmq_z85_decode(bin, key))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s is not valid Z85", what);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s is not valid Z85", what);
     return FB_OK;
 }
 
@@ -325,7 +326,7 @@ static int check_key(const char *key, const char *what, char *msg, size_t cap)
  * an integer in [1, 3600000].  FB_OK, or FB_ERR_OUT_OF_RANGE naming the entry.
  */
 static int parse_script(const char *spec, struct script_entry *out, int *n_out, char *msg,
-                        size_t cap)
+                        size_t msg_cap)
 {
     int n = 0;
     for (const char *p = spec;; p++) {
@@ -334,7 +335,7 @@ static int parse_script(const char *spec, struct script_entry *out, int *n_out, 
         const char *eq = memchr(p, '=', len);
         size_t klen = eq ? (size_t)(eq - p) : 0;
         if (!eq || klen == 0 || klen > FB_SPEC_NAME_MAX || len - klen - 1 == 0)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "scripted step times: '%.*s' is not KEY=MS (KEY a job's name or id, "
                            "or *)",
                            (int)len, p);
@@ -350,15 +351,15 @@ static int parse_script(const char *spec, struct script_entry *out, int *n_out, 
             if (errno || *e || num[0] < '0' || num[0] > '9') ms = -1;
         }
         if (ms < 1 || ms > 3600000)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "scripted step times: '%.*s' needs an integer of ms in [1, 3600000]",
                            (int)len, p);
         if (n == FB_AGENT_SCRIPT_MAX)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "scripted step times: more than %d entries", FB_AGENT_SCRIPT_MAX);
         for (int k = 0; k < n; k++)
             if (strlen(out[k].key) == klen && memcmp(out[k].key, p, klen) == 0)
-                return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+                return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                                "scripted step times: '%.*s' is named twice", (int)klen, p);
         memcpy(out[n].key, p, klen);
         out[n].key[klen] = '\0';
@@ -380,64 +381,65 @@ typedef struct checked_opts {
 
 /* Checks fb_agent_new's options, all but the test clock (which the caller turns on last),
  * into c.  FB_OK, or FB_ERR_OUT_OF_RANGE with msg naming the option. */
-static int check_opts(const fb_agent_opts *o, checked_opts *c, char *msg, size_t cap)
+static int check_opts(const fb_agent_opts *o, checked_opts *c, char *msg, size_t msg_cap)
 {
     int err;
     if (!o || !o->server || !o->server[0])
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is missing");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is missing");
     if (strlen(o->server) >= sizeof((fb_agent *)0)->server)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is too long");
-    if ((err = check_key(o->server_key, "the server key", msg, cap)) ||
-        (err = check_key(o->public_key, "the public key", msg, cap)) ||
-        (err = check_key(o->secret_key, "the secret key", msg, cap)))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the server's endpoint is too long");
+    if ((err = check_key(o->server_key, "the server key", msg, msg_cap)) ||
+        (err = check_key(o->public_key, "the public key", msg, msg_cap)) ||
+        (err = check_key(o->secret_key, "the secret key", msg, msg_cap)))
         return err;
     if (o->name && !fb_agent_name_valid(o->name))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "worker name '%s': use 1..%d of a-z 0-9 . _ -, starting with a letter "
                        "or digit",
                        o->name, FB_WIRE_NAME_MAX);
     int cpu_devices = o->cpu_devices ? o->cpu_devices : 1;
     if (cpu_devices < 1 || cpu_devices > FB_WIRE_MAX_DEVICES)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "CPU devices must be in [1, %d], not %d",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "CPU devices must be in [1, %d], not %d",
                        FB_WIRE_MAX_DEVICES, o->cpu_devices);
     if (o->threads_per_device < 0 || o->threads_per_device > 1024)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "threads per device must be in [1, 1024], not %d", o->threads_per_device);
     if (o->n_device_threads < 0 || o->n_device_threads > cpu_devices ||
         (o->n_device_threads > 0 && !o->device_threads))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "device threads are given for %d devices; the worker offers %d CPU "
                        "device%s",
                        o->n_device_threads, cpu_devices, cpu_devices == 1 ? "" : "s");
     for (int i = 0; i < o->n_device_threads; i++)
         if (o->device_threads[i] < 1 || o->device_threads[i] > 1024)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "threads of device %d must be in [1, 1024], not %d", i,
                            o->device_threads[i]);
     if (o->device_turns < FB_AGENT_TURNS_AUTO || o->device_turns > FB_AGENT_TURNS_FIRST)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "device turns must be auto, all or first");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "device turns must be auto, all or first");
     int hb = o->heartbeat_ms ? o->heartbeat_ms : FB_AGENT_DEFAULT_HEARTBEAT_MS;
     if (hb < 100 || hb > 60000)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the heartbeat must be in [100, 60000] ms, not %d", o->heartbeat_ms);
     int pr = o->progress_ms ? o->progress_ms : FB_AGENT_DEFAULT_PROGRESS_MS;
     if (pr < 10 || pr > 3600000)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the progress interval must be in [10, 3600000] ms, not %d", o->progress_ms);
     if (o->comm_host && !fb_wire_host_valid(o->comm_host))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the comm host '%s' is neither a host name nor an IP address (1..%d "
                        "characters, IPv6 without brackets)",
                        o->comm_host, FB_WIRE_NAME_MAX);
     if (o->comm_host &&
         (o->comm_port_lo < 1 || o->comm_port_hi > 65535 || o->comm_port_hi < o->comm_port_lo ||
          o->comm_port_hi - o->comm_port_lo >= FB_AGENT_COMM_PORTS))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the comm ports %d..%d: 1 <= low <= high <= 65535, at most %d ports",
                        o->comm_port_lo, o->comm_port_hi, FB_AGENT_COMM_PORTS);
     int ct = o->comm_timeout_ms ? o->comm_timeout_ms : FB_AGENT_DEFAULT_COMM_TIMEOUT_MS;
     if (ct < 1 || ct > 3600000)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the comm timeout must be in [1, 3600000] ms, not %d", o->comm_timeout_ms);
     static const char *const hook_names[] = {"the test step hook", "the test clock",
                                              "the step time script"};
@@ -447,21 +449,22 @@ static int check_opts(const fb_agent_opts *o, checked_opts *c, char *msg, size_t
          * it is one */
         const char *on = getenv(FB_AGENT_TEST_HOOKS_ENV);
         if (hooks[i] && (!on || strcmp(on, "1") != 0))
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                           "%s is for tests only: it needs %s=1 in the environment",
-                           hook_names[i], FB_AGENT_TEST_HOOKS_ENV);
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                           "%s is for tests only: it needs %s=1 in the environment", hook_names[i],
+                           FB_AGENT_TEST_HOOKS_ENV);
     }
     c->n_script = 0;
-    if (o->test_step_ms && (err = parse_script(o->test_step_ms, c->script, &c->n_script, msg, cap)))
+    if (o->test_step_ms &&
+        (err = parse_script(o->test_step_ms, c->script, &c->n_script, msg, msg_cap)))
         return err;
     if (o->test_step_hook) {
         struct stat st;
         if (!o->test_step_hook[0] || strlen(o->test_step_hook) >= sizeof((fb_agent *)0)->hook_dir)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "the test step hook's directory: 1..%zu bytes",
                            sizeof((fb_agent *)0)->hook_dir - 1);
         if (stat(o->test_step_hook, &st) != 0 || !S_ISDIR(st.st_mode))
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "the test step hook's directory %s is not a directory",
                            o->test_step_hook);
     }
@@ -475,7 +478,7 @@ static int check_opts(const fb_agent_opts *o, checked_opts *c, char *msg, size_t
 /* The test hooks' part of the agent (tests only): the step hook's directory, the scripted
  * step times and, with both, the turns log.  FB_ERR_IO when that log cannot be made. */
 static int set_test_hooks(fb_agent *a, const fb_agent_opts *o, const checked_opts *c, char *msg,
-                          size_t cap)
+                          size_t msg_cap)
 {
     if (o->test_step_hook) {
         snprintf(a->hook_dir, sizeof a->hook_dir, "%s", o->test_step_hook);
@@ -495,14 +498,14 @@ static int set_test_hooks(fb_agent *a, const fb_agent_opts *o, const checked_opt
     snprintf(path, sizeof path, "%s/turns.log", a->hook_dir);
     a->turns_log = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (a->turns_log < 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     return FB_OK;
 }
 
 /* The math threads of the devices, and their cores when the worker pins them.  cores is
  * the machine's count (or less than 1 when unknown).  FB_ERR_NOMEM when out of memory. */
 static int set_device_threads(fb_agent *a, const fb_agent_opts *o, long cores, char *msg,
-                              size_t cap)
+                              size_t msg_cap)
 {
     a->threads =
         o->threads_per_device ? o->threads_per_device : (int)(cores > 0 ? cores : 1) / a->n_devices;
@@ -518,7 +521,7 @@ static int set_device_threads(fb_agent *a, const fb_agent_opts *o, long cores, c
             continue;
         }
         ad->own_be = fb_backend_clone_threads(ad->be, o->device_threads[i]);
-        if (!ad->own_be) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        if (!ad->own_be) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         ad->be = ad->own_be;
         agent_log("CPU device %d: %d math thread%s", i, o->device_threads[i],
                   o->device_threads[i] == 1 ? "" : "s");
@@ -538,10 +541,10 @@ static int set_device_threads(fb_agent *a, const fb_agent_opts *o, long cores, c
 }
 
 /* The ZeroMQ context, the PULL the group threads send to, and the DEALER. */
-static int open_sockets(fb_agent *a, char *msg, size_t cap)
+static int open_sockets(fb_agent *a, char *msg, size_t msg_cap)
 {
     if (!zmq_has("curve"))
-        return fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "this libzmq has no CURVE security");
     /* ZeroMQ starts its threads with the first socket; they inherit this mask, so that
      * SIGTERM and SIGINT interrupt the loop's zmq_poll at once */
     sigset_t block, old;
@@ -553,31 +556,32 @@ static int open_sockets(fb_agent *a, char *msg, size_t cap)
     a->pull = a->ctx ? zmq_socket(a->ctx, ZMQ_PULL) : NULL;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!a->ctx)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create a ZeroMQ context: %s",
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create a ZeroMQ context: %s",
                        zmq_strerror(errno));
     snprintf(a->inproc, sizeof a->inproc, "inproc://fusebox-agent-%p", (void *)a);
     if (!a->pull || zmq_bind(a->pull, a->inproc) != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot bind %s: %s", a->inproc, zmq_strerror(errno));
-    return open_dealer(a, msg, cap);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot bind %s: %s", a->inproc,
+                       zmq_strerror(errno));
+    return open_dealer(a, msg, msg_cap);
 }
 
-int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
+int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t msg_cap)
 {
     checked_opts c;
-    int err = check_opts(o, &c, msg, cap);
+    int err = check_opts(o, &c, msg, msg_cap);
     if (err) return err;
     /* last of the checks: from here on the process reads that clock */
-    if (o->test_clock && fb_clock_use_file(o->test_clock, msg, cap) != 0)
+    if (o->test_clock && fb_clock_use_file(o->test_clock, msg, msg_cap) != 0)
         return FB_ERR_OUT_OF_RANGE;
     const char *dd = o->data_dir;
     if (!dd || !dd[0]) dd = getenv(FB_DATASET_DIR_ENV);
     if (!dd || !dd[0]) dd = FB_DATASET_DEFAULT_DIR;
 
     fb_agent *a = calloc(1, sizeof *a);
-    if (!a) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!a) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     a->turns_log = -1;
     if (strlen(dd) >= sizeof a->data_dir) {
-        err = fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
+        err = fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
         goto fail;
     }
     snprintf(a->data_dir, sizeof a->data_dir, "%s", dd);
@@ -593,7 +597,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->progress_ms = c.progress_ms;
     a->comm_timeout_ms = c.comm_timeout_ms;
     a->device_turns = o->device_turns;
-    if ((err = set_test_hooks(a, o, &c, msg, cap))) goto fail;
+    if ((err = set_test_hooks(a, o, &c, msg, msg_cap))) goto fail;
     if (o->comm_host) {
         snprintf(a->comm_host, sizeof a->comm_host, "%s", o->comm_host);
         a->comm_port_lo = o->comm_port_lo;
@@ -603,7 +607,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     a->next_seq = 1;
     atomic_init(&a->drain_req, false);
     if (pthread_mutex_init(&a->ds_mu, NULL) != 0) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     a->ds_mu_init = true;
@@ -611,13 +615,13 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t cap)
     find_devices(a, c.cpu_devices);
     if (fb_turns_sync_init(&a->turns, a->n_devices, LEADER_WAIT_MS * 1000000LL, a->scripted,
                            a->turns_log >= 0 ? agent_turn_logged : NULL, a) != FB_OK) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     a->turns_init = true;
     a->sync_bn = o->sync_batchnorm;
-    if ((err = set_device_threads(a, o, sysconf(_SC_NPROCESSORS_ONLN), msg, cap)) ||
-        (err = open_sockets(a, msg, cap)))
+    if ((err = set_device_threads(a, o, sysconf(_SC_NPROCESSORS_ONLN), msg, msg_cap)) ||
+        (err = open_sockets(a, msg, msg_cap)))
         goto fail;
     *out = a;
     return FB_OK;

@@ -20,7 +20,7 @@
 /* ---- the dataset cache --------------------------------------------------------------------- */
 
 /* Loads a dataset's train and (when there is one) test split into memory. */
-static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
+static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t msg_cap)
 {
     char dir[2048], m2[1024];
     if (r->tenant[0])
@@ -29,7 +29,7 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
         snprintf(r->data_dir, sizeof r->data_dir, "%s", a->data_dir);
     int kind = fb_datadir_resolve(dir, sizeof dir, r->name, r->data_dir);
     if (kind < 0)
-        return fb_errf(msg, cap, FB_ERR_DATA, "dataset %s: not a valid dataset name", r->name);
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset %s: not a valid dataset name", r->name);
     struct stat st;
     if ((stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) && !r->tenant[0] &&
         strcmp(a->data_dir, FB_DATASET_DEFAULT_DIR) != 0) {
@@ -39,7 +39,7 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
         kind = fb_datadir_resolve(dir, sizeof dir, r->name, r->data_dir);
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return fb_errf(msg, cap, FB_ERR_NOT_FOUND,
+        return fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND,
                        "dataset %s is not in the worker's data directory (%s)%s", r->name,
                        a->data_dir, r->tenant[0] ? "" : " nor among the built-in datasets");
     int err;
@@ -48,23 +48,23 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
         double held; /* each group's loader holds the same records out (fb_data_open_named) */
         if ((err = fb_datadir_load_val(&r->val, &held, dir, r->val_fraction, true, m2,
                                        sizeof m2)))
-            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+            return fb_errf(msg, msg_cap, err, "dataset %s: %s", r->name, m2);
         err = fb_datadir_load_split(&r->test, dir, "test", m2, sizeof m2);
         if (err && err != FB_ERR_NOT_FOUND) {
             fb_dataset_free(&r->val);
-            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+            return fb_errf(msg, msg_cap, err, "dataset %s: %s", r->name, m2);
         }
         r->has_test = err == FB_OK;
     } else {
         if ((err = fb_dataset_open_named(r->name, "train", r->data_dir, &r->train, m2,
                                          sizeof m2)))
-            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+            return fb_errf(msg, msg_cap, err, "dataset %s: %s", r->name, m2);
         if ((err = fb_dataset_holdout(&r->train, &r->val, r->val_fraction, m2, sizeof m2)) ||
             (err = fb_dataset_open_named(r->name, "test", r->data_dir, &r->test, m2,
                                          sizeof m2))) {
             fb_dataset_free(&r->train);
             fb_dataset_free(&r->val);
-            return fb_errf(msg, cap, err, "dataset %s: %s", r->name, m2);
+            return fb_errf(msg, msg_cap, err, "dataset %s: %s", r->name, m2);
         }
         r->has_test = true;
     }
@@ -73,7 +73,7 @@ static int dataset_load(fb_agent *a, dataset_ref *r, char *msg, size_t cap)
 
 /* The named dataset, loaded on first use; NULL with msg filled when it cannot be. */
 dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *name,
-                                   double val_fraction, char *msg, size_t cap)
+                                   double val_fraction, char *msg, size_t msg_cap)
 {
     pthread_mutex_lock(&a->ds_mu);
     dataset_ref *r;
@@ -88,7 +88,7 @@ dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *
     }
     r = calloc(1, sizeof *r);
     if (!r) {
-        fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         pthread_mutex_unlock(&a->ds_mu);
         return NULL;
     }
@@ -98,7 +98,7 @@ dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *
     /* loading under the lock: a second group on the same dataset waits for this load
      * instead of reading the files again */
     double t0 = agent_now_ms();
-    if (dataset_load(a, r, msg, cap)) {
+    if (dataset_load(a, r, msg, msg_cap)) {
         free(r);
         pthread_mutex_unlock(&a->ds_mu);
         return NULL;

@@ -663,7 +663,7 @@ static void span_fault(runner *r, const char *what, const char *why)
  * *cmd receives SPAN_GO, SPAN_STOP, SPAN_DRAIN or SPAN_HOLD.  Returns FB_OK, or an error (msg says
  * why) after which the group must stop: a broken communicator or a disagreement.
  */
-static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
+static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t msg_cap)
 {
     group *g = r->g;
     int words = (g->n_members + 63) / 64;
@@ -694,15 +694,15 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
                 bits[i / 64] |= (int64_t)((uint64_t)1 << (i % 64));
         }
     }
-    int err = fb_session_broadcast(r->s, v, n, msg, cap);
+    int err = fb_session_broadcast(r->s, v, n, msg, msg_cap);
     if (err) return err;
     if (v[CV_MAGIC] != SPAN_MAGIC)
-        return fb_errf(msg, cap, FB_ERR_IO, "the leader's control message is not one");
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "the leader's control message is not one");
     if (v[CV_STEP] != fb_session_steps_done(r->s))
-        return fb_errf(msg, cap, FB_ERR_IO, "the leader is at step %lld, this worker at %lld",
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "the leader is at step %lld, this worker at %lld",
                        (long long)v[CV_STEP], (long long)fb_session_steps_done(r->s));
     if ((uint64_t)v[CV_MEMBERS] != g->members_hash)
-        return fb_errf(msg, cap, FB_ERR_IO,
+        return fb_errf(msg, msg_cap, FB_ERR_IO,
                        "the leader's assignment lists other members than this worker's");
     *cmd = (int)v[CV_CMD];
     if (!g->follower || (*cmd != SPAN_GO && *cmd != SPAN_HOLD)) return FB_OK;
@@ -711,7 +711,7 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
     if (*cmd == SPAN_GO && share > 0 && share <= 1)
         fb_turns_sync_set_share(&g->a->turns, &g->turn, share, why, sizeof why);
     if (v[CV_HAS_SPLIT]) {
-        if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, cap))) return err;
+        if ((err = fb_session_set_split(r->s, v + CV_SPLIT, g->world, msg, msg_cap))) return err;
         agent_log("group %s: the leader's batch split from step %lld", g->id,
                   (long long)fb_session_steps_done(r->s));
     }
@@ -720,8 +720,8 @@ static int span_exchange(runner *r, bool hold, int *cmd, char *msg, size_t cap)
         bool here = mb->sidx >= 0 && fb_session_has(r->s, mb->sidx);
         bool there = ((uint64_t)bits[i / 64] >> (i % 64)) & 1;
         if (there && !here)
-            return fb_errf(msg, cap, FB_ERR_IO, "member %s trains on the leader but no longer here",
-                           mb->job_id);
+            return fb_errf(msg, msg_cap, FB_ERR_IO,
+                           "member %s trains on the leader but no longer here", mb->job_id);
         if (here && !there) {
             set_alive(g, mb, false);
             fb_session_detach(r->s, mb->sidx);
@@ -837,7 +837,7 @@ static void hook_sleep(void)
 
 /* One step of the session on the turn the group holds since t1 (ms), then its events and
  * reports.  Returns the step's error (msg says why), after which the group cannot go on. */
-static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
+static int train_step(runner *r, bool first, double t1, char *msg, size_t msg_cap)
 {
     group *g = r->g;
     int64_t batch = g->m[g->by_sidx[0]].spec.batch_size;
@@ -848,7 +848,7 @@ static int train_step(runner *r, bool first, double t1, char *msg, size_t cap)
     }
     set_precision(g);
     int size = fb_session_size(r->s);
-    int err = fb_session_step(r->s, msg, cap);
+    int err = fb_session_step(r->s, msg, msg_cap);
     double t2 = agent_now_ms();
     turns_release(g, t2 - t1);
     /* scripted: the step ended when the clock reached its end, which the release waited for */

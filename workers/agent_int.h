@@ -234,7 +234,7 @@ void agent_event_text(outmsg *o, const char *fmt, ...) __attribute__((format(pri
  * use and shared by the groups that train on it; NULL with msg filled when it cannot be.
  * Any thread; each acquire is matched by a release. */
 dataset_ref *agent_dataset_acquire(fb_agent *a, const char *tenant, const char *name,
-                                   double val_fraction, char *msg, size_t cap);
+                                   double val_fraction, char *msg, size_t msg_cap);
 /* Drops a reference; the last one frees the data.  Accepts NULL. */
 void agent_dataset_release(fb_agent *a, dataset_ref *r);
 

@@ -816,7 +816,7 @@ static void on_message(fb_agent *a, zmq_msg_t *frames, int n_frames)
 }
 
 /* Reads what the server sent, a bounded number of messages per call. */
-static int recv_dealer(fb_agent *a, char *msg, size_t cap)
+static int recv_dealer(fb_agent *a, char *msg, size_t msg_cap)
 {
     for (int k = 0; k < 64; k++) {
         zmq_msg_t frames[FB_WIRE_MAX_BLOBS + 1];
@@ -832,7 +832,7 @@ static int recv_dealer(fb_agent *a, char *msg, size_t cap)
                     zmq_msg_close(&frames[i]);
                 if (e == EAGAIN && n == 0) return FB_OK;
                 if (e == EINTR) return FB_OK;
-                return fb_errf(msg, cap, FB_ERR_IO, "receiving from the server: %s",
+                return fb_errf(msg, msg_cap, FB_ERR_IO, "receiving from the server: %s",
                                zmq_strerror(e));
             }
             more = zmq_msg_more(&f);
@@ -990,7 +990,7 @@ static void on_timer(fb_agent *a, double now)
     if (a->draining && !a->drain_sent) send_drain(a);
 }
 
-int fb_agent_run(fb_agent *a, char *msg, size_t cap)
+int fb_agent_run(fb_agent *a, char *msg, size_t msg_cap)
 {
     double start = agent_now_ms();
     a->last_rx = start;
@@ -1031,12 +1031,12 @@ int fb_agent_run(fb_agent *a, char *msg, size_t cap)
         int rc = zmq_poll(items, 3, wait);
         if (rc < 0) {
             if (errno == EINTR) continue;
-            return fb_errf(msg, cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
+            return fb_errf(msg, msg_cap, FB_ERR_IO, "zmq_poll: %s", zmq_strerror(errno));
         }
         if (items[1].revents & ZMQ_POLLIN) agent_recv_pull(a);
         if (items[2].revents & ZMQ_POLLIN) recv_monitor(a);
         if (items[0].revents & ZMQ_POLLIN) {
-            int err = recv_dealer(a, msg, cap);
+            int err = recv_dealer(a, msg, msg_cap);
             if (err) return err;
         }
     }

@@ -69,7 +69,8 @@ static int add_tensor(fb_array *a, bool buffer, const char *prefix, const char *
 }
 
 static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix, int in,
-                        bool shared, node **out, int *n_out, int *out_buf, char *msg, size_t cap);
+                        bool shared, node **out, int *n_out, int *out_buf, char *msg,
+                        size_t msg_cap);
 
 /* Adds a buffer of the activation slab; returns its index, or -1 (and sets
  * a->oom) when out of memory. */
@@ -120,7 +121,7 @@ static void bf16_plan(fb_array *a, const node *nd, size_t w_per_member)
  * numel > 0 runs an elementwise layer on numel values per sample instead of
  * its own shape (a relu moved behind a max pool, see build_layers). */
 static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name, int in,
-                      bool shared, int64_t numel, char *msg, size_t cap)
+                      bool shared, int64_t numel, char *msg, size_t msg_cap)
 {
     size_t NB = (size_t)a->max_n * (size_t)a->Bcap;
     memset(nd, 0, sizeof *nd);
@@ -194,12 +195,12 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         int body_out, sc_out = in;
         snprintf(sub, sizeof sub, "%s.body", name);
         int err = build_layers(a, L->body, L->n_body, sub, in, false, &nd->body, &nd->n_body,
-                               &body_out, msg, cap);
+                               &body_out, msg, msg_cap);
         if (err) return err;
         if (L->n_shortcut) {
             snprintf(sub, sizeof sub, "%s.shortcut", name);
             err = build_layers(a, L->shortcut, L->n_shortcut, sub, in, false, &nd->sc, &nd->n_sc,
-                               &sc_out, msg, cap);
+                               &sc_out, msg, msg_cap);
             if (err) return err;
         }
         nd->save1 = body_out; /* the body's output */
@@ -210,7 +211,7 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         break;
     }
     nd->out = new_act(a, nd->out_numel);
-    return a->oom ? fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
+    return a->oom ? fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
 }
 
 static void nodes_free(node *nodes, int n)
@@ -226,11 +227,12 @@ static void nodes_free(node *nodes, int n)
 /* Plans a chain of layers starting from activation buffer in; *out_buf
  * receives the buffer of the chain's output. */
 static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix, int in,
-                        bool shared, node **out, int *n_out, int *out_buf, char *msg, size_t cap)
+                        bool shared, node **out, int *n_out, int *out_buf, char *msg,
+                        size_t msg_cap)
 {
     /* one extra slot for a broadcast of the shared input */
     node *nodes = calloc((size_t)n + 1, sizeof *nodes);
-    if (!nodes) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!nodes) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int k = 0, err = FB_OK;
     int cur = in;
     for (int i = 0; i < n; i++) {
@@ -250,7 +252,7 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
             e->save1 = e->save2 = e->sc_out = -1;
             e->out = new_act(a, e->out_numel);
             if (e->out < 0) {
-                err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
                 goto fail;
             }
             cur = e->out;
@@ -277,19 +279,19 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
                 snprintf(pname, sizeof pname, "%s.%d", prefix, i + 1);
             else
                 snprintf(pname, sizeof pname, "%d", i + 1);
-            err = build_node(a, &nodes[k], &layers[i + 1], pname, cur, false, 0, msg, cap);
+            err = build_node(a, &nodes[k], &layers[i + 1], pname, cur, false, 0, msg, msg_cap);
             k++;
             if (err) goto fail;
             cur = nodes[k - 1].out;
-            err = build_node(a, &nodes[k], L, name, cur, false,
-                             fb_shape_numel(&layers[i + 1].out), msg, cap);
+            err = build_node(a, &nodes[k], L, name, cur, false, fb_shape_numel(&layers[i + 1].out),
+                             msg, msg_cap);
             k++;
             if (err) goto fail;
             cur = nodes[k - 1].out;
             i++;
             continue;
         }
-        err = build_node(a, &nodes[k], L, name, cur, shared, 0, msg, cap);
+        err = build_node(a, &nodes[k], L, name, cur, shared, 0, msg, msg_cap);
         k++;
         if (err) goto fail;
         cur = nodes[k - 1].out;
@@ -297,7 +299,7 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
     }
     if (shared) {
         /* a model that never left the shared input (flatten only) */
-        fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "the model has no layer that computes anything");
+        fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "the model has no layer that computes anything");
         err = FB_ERR_UNSUPPORTED;
         goto fail;
     }
@@ -482,7 +484,7 @@ static int plan_span_cmp(const void *x, const void *y)
  * overlaps its own.  The slab is then never larger than the private one, and
  * a chain's gradients end up alternating between two places.
  */
-static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t cap)
+static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t msg_cap)
 {
     plan_walk(a);
     size_t total = 0;
@@ -499,7 +501,7 @@ static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t cap)
     if (!keys || !busy) {
         free(keys);
         free(busy);
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory planning activations");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory planning activations");
     }
     int n = 0;
     for (int i = 0; i < a->n_ab; i++) {
@@ -529,27 +531,27 @@ static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t cap)
     return FB_OK;
 }
 
-int fb_array_new(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
-                 fb_array **out, char *msg, size_t cap)
+int fb_array_new(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n, fb_array **out,
+                 char *msg, size_t msg_cap)
 {
-    return fb_array_new_planned(be, specs, B, max_n, FB_ARRAY_PLAN_SHARED, out, msg, cap);
+    return fb_array_new_planned(be, specs, B, max_n, FB_ARRAY_PLAN_SHARED, out, msg, msg_cap);
 }
 
 int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n,
-                         fb_array_plan plan, fb_array **out, char *msg, size_t cap)
+                         fb_array_plan plan, fb_array **out, char *msg, size_t msg_cap)
 {
     if (B < 1 || max_n < 1)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "an array needs B >= 1 and max_n >= 1");
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "an array needs B >= 1 and max_n >= 1");
     if (plan != FB_ARRAY_PLAN_SHARED && plan != FB_ARRAY_PLAN_PRIVATE)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "unknown activation plan %d", (int)plan);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "unknown activation plan %d", (int)plan);
     for (int b = 1; b < B; b++)
         if (!fb_job_spec_fusible(specs[0], specs[b]))
-            return fb_errf(msg, cap, FB_ERR_NOT_FUSIBLE,
+            return fb_errf(msg, msg_cap, FB_ERR_NOT_FUSIBLE,
                            "specs '%s' and '%s' have different fusion keys (%s, %s)",
                            specs[0]->name, specs[b]->name, specs[0]->fusion_key,
                            specs[b]->fusion_key);
     fb_array *a = calloc(1, sizeof *a);
-    if (!a) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!a) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int err = FB_ERR_NOMEM;
     a->be = be;
     a->B = a->Bcap = B;
@@ -568,14 +570,14 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
     a->x_buf = new_buf(a, (size_t)max_n * (size_t)a->in_numel, 0, false);
     if (a->x_buf < 0) goto nomem;
     err = build_layers(a, specs[0]->layers, specs[0]->n_layers, "", a->x_buf, true, &a->nodes,
-                       &a->n_nodes, &a->logits_buf, msg, cap);
+                       &a->n_nodes, &a->logits_buf, msg, msg_cap);
     if (err) goto fail;
     a->y_buf = new_buf(a, (size_t)max_n, 0, false); /* int32 labels */
     a->tgt_buf = new_buf(a, (size_t)max_n * (size_t)a->K, 0, false);
     a->loss_buf = new_buf(a, (size_t)B, 0, false);
     a->correct_buf = new_buf(a, (size_t)B, 0, false);
     if (a->oom) goto nomem;
-    if ((err = plan_slab(a, plan, msg, cap))) goto fail;
+    if ((err = plan_slab(a, plan, msg, msg_cap))) goto fail;
     err = FB_ERR_NOMEM;
 
     a->bn_tracked = calloc((size_t)B * (size_t)(a->n_bn ? a->n_bn : 1), sizeof *a->bn_tracked);
@@ -608,7 +610,7 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
             a->ls_scale[b] = FB_LOSS_SCALE_INIT;
         a->ls_interval = FB_LOSS_SCALE_INTERVAL;
         if (!fb_backend_supports(be, FB_OP_BF16)) {
-            err = fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "backend %s cannot round to bf16",
+            err = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "backend %s cannot round to bf16",
                           fb_backend_name(be));
             goto fail;
         }
@@ -622,12 +624,13 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
 
     for (int b = 0; b < B; b++) {
         init_member(a, b);
-        if (specs[b]->init[0] && (err = fb_array_load(a, b, specs[b]->init, msg, cap))) goto fail;
+        if (specs[b]->init[0] && (err = fb_array_load(a, b, specs[b]->init, msg, msg_cap)))
+            goto fail;
     }
     *out = a;
     return FB_OK;
 nomem:
-    err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory allocating the array");
+    err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory allocating the array");
 fail:
     fb_array_free(a);
     return err;

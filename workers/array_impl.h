@@ -140,9 +140,9 @@ static inline int grad_of(const fb_array *a, int id)
  * (a CUDA backend's ops return nothing and record their first failure; see
  * kernels/cuda/cuda_backend.h).  Free on the CPU backends; on CUDA it waits
  * for queued work, which the caller's downloads have mostly done already. */
-static inline int device_status(const fb_array *a, char *msg, size_t cap)
+static inline int device_status(const fb_array *a, char *msg, size_t msg_cap)
 {
-    return fb_cuda_backend_error(a->be, msg, cap);
+    return fb_cuda_backend_error(a->be, msg, msg_cap);
 }
 
 /* Divides n host floats of member m's gradient by its loss scale when the

@@ -326,10 +326,10 @@ static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stre
 
 int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
                               uint64_t stream, float *loss, float *correct, char *msg,
-                              size_t cap)
+                              size_t msg_cap)
 {
     if (N < 1 || N > a->max_n)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "batch of %d samples, the array holds %d",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "batch of %d samples, the array holds %d",
                        N, a->max_n);
     const fb_job_spec *s = a->specs[0];
     int K = a->K, B = a->B;
@@ -338,15 +338,15 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
             bool ok = s->loss == FB_LOSS_CROSS_ENTROPY || K > 1 ? (y[n] >= 0 && y[n] < K)
                                                                 : y[n] >= 0;
             if (!ok)
-                return fb_errf(msg, cap, FB_ERR_DATA,
-                               "label %d of sample %d is outside the model's %d outputs", y[n],
-                               n, K);
+                return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                               "label %d of sample %d is outside the model's %d outputs", y[n], n,
+                               K);
         }
     }
     a->step = 0; /* the steps of plan_walk */
     fb_backend_upload(a->be, ACT(a->x_buf), x, (size_t)N * (size_t)a->in_numel * sizeof(float));
     forward_nodes(a, a->nodes, a->n_nodes, N, train, stream);
-    if (!y) return device_status(a, msg, cap);
+    if (!y) return device_status(a, msg, msg_cap);
 
     bool grad = train;
     a->step++; /* the loss */
@@ -362,7 +362,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
                         (const int32_t *)ACT(a->y_buf), N, B, K, 1.0f / (float)N);
     } else {
         float *tgt = calloc((size_t)N * (size_t)K, sizeof *tgt);
-        if (!tgt) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        if (!tgt) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         for (int n = 0; n < N; n++) {
             if (K > 1)
                 tgt[(size_t)n * K + y[n]] = 1.0f;
@@ -387,7 +387,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     a->step = STEP_END;
     if (loss) fb_backend_download(a->be, loss, dev_loss, (size_t)B * sizeof(float));
     if (correct) fb_backend_download(a->be, correct, dev_correct, (size_t)B * sizeof(float));
-    return device_status(a, msg, cap);
+    return device_status(a, msg, msg_cap);
 }
 
 void fb_array_logits(const fb_array *a, int m, int N, float *dst)

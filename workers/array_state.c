@@ -232,16 +232,18 @@ bool fb_array_update_skipped(const fb_array *a, int m)
     return a->bf16 && a->ls_skipped[m];
 }
 
-int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg, size_t cap)
+int fb_array_set_loss_scale(fb_array *a, int m, float scale, int64_t good, char *msg,
+                            size_t msg_cap)
 {
     FB_ASSERT(m >= 0 && m < a->B);
     int e;
-    if (!a->bf16) return fb_errf(msg, cap, FB_ERR_CONFLICT, "only a bf16 array has a loss scale");
+    if (!a->bf16)
+        return fb_errf(msg, msg_cap, FB_ERR_CONFLICT, "only a bf16 array has a loss scale");
     if (!(scale >= FB_LOSS_SCALE_MIN && scale <= FB_LOSS_SCALE_MAX) || frexpf(scale, &e) != 0.5f)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "loss scale %g is not a power of two in [2^-24, 2^64]", (double)scale);
     if (good < 0 || good >= a->ls_interval)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "loss scale step count %lld is outside [0, %lld)", (long long)good,
                        (long long)a->ls_interval);
     a->ls_scale[m] = scale;

@@ -12,10 +12,10 @@
 
 #include "errors.h"
 
-static int shm_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int shm_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t msg_cap)
 {
     (void)msg;
-    (void)cap;
+    (void)msg_cap;
     int R = c->n_local;
     /* blocks of a few KiB keep the ranks' slices in cache between read and write */
     enum { BLOCK = 1024 };

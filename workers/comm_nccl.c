@@ -97,7 +97,7 @@ static const char *rank_name(const nccl_ctx *x, int i, char *buf, size_t cap)
  * Waits until every local communicator has finished joining.  Returns FB_OK, or
  * FB_ERR_IO when NCCL reports an error or the deadline passes first; the caller aborts.
  */
-static int nccl_wait_join(nccl_ctx *x, double deadline, char *msg, size_t cap)
+static int nccl_wait_join(nccl_ctx *x, double deadline, char *msg, size_t msg_cap)
 {
     long pause = POLL_FIRST_NS;
     char who[64];
@@ -108,14 +108,14 @@ static int nccl_wait_join(nccl_ctx *x, double deadline, char *msg, size_t cap)
             if (st == ncclInProgress) {
                 if (pending < 0) pending = i;
             } else if (st != ncclSuccess) {
-                return fb_errf(msg, cap, FB_ERR_IO, "%s joining NCCL: %s (%s)",
+                return fb_errf(msg, msg_cap, FB_ERR_IO, "%s joining NCCL: %s (%s)",
                                rank_name(x, i, who, sizeof who), ncclGetErrorString(st),
                                x->comms[i] ? ncclGetLastError(x->comms[i]) : "no communicator");
             }
         }
         if (pending < 0) return FB_OK;
         if (now_ms() >= deadline)
-            return fb_errf(msg, cap, FB_ERR_IO,
+            return fb_errf(msg, msg_cap, FB_ERR_IO,
                            "%s waited %d ms to join NCCL, and not every rank of the %d joined "
                            "(a peer that never started, or one that hangs); NCCL aborted",
                            rank_name(x, pending, who, sizeof who), x->timeout_ms, x->world);
@@ -130,7 +130,7 @@ static int nccl_wait_join(nccl_ctx *x, double deadline, char *msg, size_t cap)
  * FB_ERR_IO when CUDA or NCCL reports an error or the deadline passes first; the caller
  * aborts.
  */
-static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size_t cap)
+static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size_t msg_cap)
 {
     unsigned char done[FB_COMM_MAX_LOCAL] = {0};
     int left = x->n;
@@ -142,8 +142,8 @@ static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size
             if (done[i]) continue;
             ncclResult_t st = nccl_state(x, i);
             if (st != ncclSuccess && st != ncclInProgress)
-                return fb_errf(msg, cap, FB_ERR_IO, "all-reduce of %zu floats on %s: %s (%s)", n,
-                               rank_name(x, i, who, sizeof who), ncclGetErrorString(st),
+                return fb_errf(msg, msg_cap, FB_ERR_IO, "all-reduce of %zu floats on %s: %s (%s)",
+                               n, rank_name(x, i, who, sizeof who), ncclGetErrorString(st),
                                x->comms[i] ? ncclGetLastError(x->comms[i]) : "no communicator");
             if (st == ncclSuccess) {
                 /* the query needs the stream's device current on this thread */
@@ -155,14 +155,14 @@ static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size
                     continue;
                 }
                 if (e != cudaErrorNotReady)
-                    return fb_errf(msg, cap, FB_ERR_IO, "all-reduce of %zu floats on %s: %s", n,
+                    return fb_errf(msg, msg_cap, FB_ERR_IO, "all-reduce of %zu floats on %s: %s", n,
                                    rank_name(x, i, who, sizeof who), cudaGetErrorString(e));
             }
             if (pending < 0) pending = i;
         }
         if (left == 0) return FB_OK;
         if (now_ms() >= deadline)
-            return fb_errf(msg, cap, FB_ERR_IO,
+            return fb_errf(msg, msg_cap, FB_ERR_IO,
                            "all-reduce of %zu floats on %s not done after %d ms (a peer that "
                            "stopped summing, or one that hangs); NCCL aborted",
                            n, rank_name(x, pending, who, sizeof who), x->timeout_ms);
@@ -170,11 +170,10 @@ static int nccl_wait_sum(nccl_ctx *x, size_t n, double deadline, char *msg, size
     }
 }
 
-static int nccl_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int nccl_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t msg_cap)
 {
     nccl_ctx *x = c->ctx;
-    if (x->broken)
-        return fb_errf(msg, cap, FB_ERR_IO, "the NCCL communicator failed before");
+    if (x->broken) return fb_errf(msg, msg_cap, FB_ERR_IO, "the NCCL communicator failed before");
     double deadline = now_ms() + x->timeout_ms;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; r == ncclSuccess && i < x->n; i++)
@@ -184,10 +183,10 @@ static int nccl_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, s
     /* non-blocking: the launch may still be under way, which the wait watches */
     if (r != ncclSuccess && r != ncclInProgress) {
         nccl_abort(x);
-        return fb_errf(msg, cap, FB_ERR_IO, "ncclAllReduce of %zu floats: %s; NCCL aborted", n,
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "ncclAllReduce of %zu floats: %s; NCCL aborted", n,
                        ncclGetErrorString(r));
     }
-    int err = nccl_wait_sum(x, n, deadline, msg, cap);
+    int err = nccl_wait_sum(x, n, deadline, msg, msg_cap);
     if (err) nccl_abort(x);
     return err;
 }

@@ -226,33 +226,33 @@ static int io_write(int fd, const void *p, size_t len, int64_t deadline, bool wa
  * 0..65535 in decimal; an empty host is allowed where allow_empty_host (a
  * listener on every address).
  */
-static int split_addr(const char *addr, bool allow_empty_host, char *host, size_t hcap,
-                      char *port, size_t pcap, char *msg, size_t cap)
+static int split_addr(const char *addr, bool allow_empty_host, char *host, size_t hcap, char *port,
+                      size_t pcap, char *msg, size_t msg_cap)
 {
-    if (!addr) return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "no address (\"host:port\")");
+    if (!addr) return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "no address (\"host:port\")");
     size_t len = strlen(addr);
     const char *colon = strrchr(addr, ':');
     const char *h = addr, *h_end = colon;
     if (len == 0 || len > 300 || !colon)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                       "address \"%.64s\" is not \"host:port\"", addr);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "address \"%.64s\" is not \"host:port\"",
+                       addr);
     if (addr[0] == '[') {
         if (colon == addr || colon[-1] != ']')
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "address \"%.64s\" is not \"[host]:port\"", addr);
         h = addr + 1;
         h_end = colon - 1;
     } else if (memchr(addr, ':', (size_t)(colon - addr))) {
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "address \"%.64s\": an IPv6 host needs brackets, \"[host]:port\"", addr);
     }
     size_t hl = (size_t)(h_end - h), pl = strlen(colon + 1);
     if ((hl == 0 && !allow_empty_host) || hl >= hcap)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "address \"%.64s\" has no usable host",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "address \"%.64s\" has no usable host",
                        addr);
     if (pl == 0 || pl > 5 || pl >= pcap || strspn(colon + 1, "0123456789") != pl ||
         atol(colon + 1) > 65535)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "address \"%.64s\": the port must be 0..65535", addr);
     memcpy(host, h, hl);
     host[hl] = '\0';
@@ -419,7 +419,7 @@ typedef struct pending {
 
 /* The root: accepts hellos until every rank of the world is held, then says go. */
 static int root_rendezvous(tcp_ctx *x, int lfd, const unsigned char *token, char *msg,
-                           size_t cap)
+                           size_t msg_cap)
 {
     signed char holder[FB_COMM_MAX_WORLD]; /* 0: the root; i > 0: members[i - 1]; -1: free */
     memset(holder, -1, sizeof holder);
@@ -439,7 +439,7 @@ static int root_rendezvous(tcp_ctx *x, int lfd, const unsigned char *token, char
                 if (holder[r] < 0)
                     used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
                                              used ? ", " : "", r);
-            err = fb_errf(msg, cap, FB_ERR_IO, "ranks %s did not join within %d ms", missing,
+            err = fb_errf(msg, msg_cap, FB_ERR_IO, "ranks %s did not join within %d ms", missing,
                           x->timeout_ms);
             goto fail;
         }
@@ -449,7 +449,7 @@ static int root_rendezvous(tcp_ctx *x, int lfd, const unsigned char *token, char
             pf[1 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
         int rc = poll(pf, (nfds_t)(1 + n_pend), wait);
         if (rc < 0 && errno != EINTR) {
-            err = fb_errf(msg, cap, FB_ERR_IO, "poll: %s", strerror(errno));
+            err = fb_errf(msg, msg_cap, FB_ERR_IO, "poll: %s", strerror(errno));
             goto fail;
         }
         if (rc <= 0) continue;
@@ -513,14 +513,14 @@ static int root_rendezvous(tcp_ctx *x, int lfd, const unsigned char *token, char
         member *m = &x->members[i];
         m->buf = malloc((size_t)m->n_local * CHUNK_FLOATS * sizeof(float));
         if (!m->buf) {
-            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
             goto fail;
         }
     }
     for (int i = 0; i < x->n_members; i++) {
         char who[32];
         if (reply_send(x->members[i].fd, FB_OK, NULL, x->timeout_ms) != 0) {
-            err = fb_errf(msg, cap, FB_ERR_IO, "the process of %s left before the start",
+            err = fb_errf(msg, msg_cap, FB_ERR_IO, "the process of %s left before the start",
                           ranks_name(who, sizeof who, x->members[i].base, x->members[i].n_local));
             goto fail;
         }
@@ -537,13 +537,13 @@ fail:
 /* A member: connects to the root (retrying while it is not listening yet),
  * says hello and waits for go or a refusal. */
 static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned char *token,
-                             char *msg, size_t cap)
+                             char *msg, size_t msg_cap)
 {
     char host[256], serv[8], me[32], why[128];
-    int err = split_addr(root_addr, false, host, sizeof host, serv, sizeof serv, msg, cap);
+    int err = split_addr(root_addr, false, host, sizeof host, serv, sizeof serv, msg, msg_cap);
     if (err) return err;
     if (atoi(serv) == 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "the root's address \"%s\" has port 0",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the root's address \"%s\" has port 0",
                        root_addr);
     ranks_name(me, sizeof me, x->base, x->n_local);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -551,7 +551,7 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     struct addrinfo *ai = NULL;
     int rc = getaddrinfo(host, serv, &hints, &ai);
     if (rc != 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot resolve \"%s\": %s", root_addr,
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot resolve \"%s\": %s", root_addr,
                        gai_strerror(rc));
     int64_t deadline = mono_ms() + x->timeout_ms;
     int fd = -1;
@@ -592,7 +592,7 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     }
     freeaddrinfo(ai);
     if (fd < 0)
-        return fb_errf(msg, cap, FB_ERR_IO, "%s cannot reach rank 0's process at %s: %s", me,
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "%s cannot reach rank 0's process at %s: %s", me,
                        root_addr, why);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -601,7 +601,7 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     if (io_write(fd, h, sizeof h, deadline, false, why, sizeof why) != 0 ||
         io_read(fd, r, REPLY_BYTES, deadline, why, sizeof why) != 0) {
         close(fd);
-        return fb_errf(msg, cap, FB_ERR_IO, "joining rank 0's process at %s: it %s", root_addr,
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "joining rank 0's process at %s: it %s", root_addr,
                        why);
     }
     uint32_t tl = get_u32(r + 8);
@@ -609,13 +609,13 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     if (get_u32(r) != TCP_MAGIC || tl > REPLY_MSG_MAX ||
         io_read(fd, r + REPLY_BYTES, tl, deadline, why, sizeof why) != 0) {
         close(fd);
-        return fb_errf(msg, cap, FB_ERR_IO, "rank 0's process at %s answered the hello wrongly",
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "rank 0's process at %s answered the hello wrongly",
                        root_addr);
     }
     r[REPLY_BYTES + tl] = '\0';
     if (status != FB_OK) {
         close(fd);
-        return fb_errf(msg, cap, known_refusal(status), "rank 0's process refused %s: %s", me,
+        return fb_errf(msg, msg_cap, known_refusal(status), "rank 0's process refused %s: %s", me,
                        (char *)r + REPLY_BYTES);
     }
     x->members[0] = (member){.fd = fd, .base = 0, .n_local = 0};
@@ -626,14 +626,14 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
 /* ---- sums ------------------------------------------------------------------------------ */
 
 /* Breaks the stream for good: every later call fails with this message. */
-static int tcp_break(tcp_ctx *x, int err, char *msg, size_t cap)
+static int tcp_break(tcp_ctx *x, int err, char *msg, size_t msg_cap)
 {
     x->broken = err;
     snprintf(x->broken_msg, sizeof x->broken_msg, "%s", msg);
     return err;
 }
 
-static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t cap)
+static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t msg_cap)
 {
     const float *src[FB_COMM_MAX_WORLD];
     unsigned char hdr[CHUNK_HDR_BYTES], rep[REPLY_BYTES];
@@ -647,7 +647,7 @@ static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t 
             ranks_name(who, sizeof who, m->base, m->n_local);
             int64_t deadline = mono_ms() + x->timeout_ms;
             if (io_read(m->fd, hdr, sizeof hdr, deadline, why, sizeof why) != 0) {
-                err = fb_errf(msg, cap, FB_ERR_IO, "the process of %s %s (sum %llu)", who, why,
+                err = fb_errf(msg, msg_cap, FB_ERR_IO, "the process of %s %s (sum %llu)", who, why,
                               (unsigned long long)x->seq);
                 break;
             }
@@ -655,17 +655,16 @@ static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t 
             uint32_t hc = get_u32(hdr + 4);
             if (get_u32(hdr) != SUM_MAGIC || seq != x->seq || hn != n || hoff != off ||
                 hc != count) {
-                err = fb_errf(msg, cap, FB_ERR_IO,
+                err = fb_errf(msg, msg_cap, FB_ERR_IO,
                               "the process of %s sent %u floats at %llu of a sum of %llu "
                               "(sum %llu); rank 0 has %zu at %zu of %zu (sum %llu)",
                               who, hc, (unsigned long long)hoff, (unsigned long long)hn,
-                              (unsigned long long)seq, count, off, n,
-                              (unsigned long long)x->seq);
+                              (unsigned long long)seq, count, off, n, (unsigned long long)x->seq);
                 break;
             }
             if (io_read(m->fd, m->buf, (size_t)m->n_local * count * sizeof(float), deadline, why,
                         sizeof why) != 0) {
-                err = fb_errf(msg, cap, FB_ERR_IO, "the process of %s %s (sum %llu)", who, why,
+                err = fb_errf(msg, msg_cap, FB_ERR_IO, "the process of %s %s (sum %llu)", who, why,
                               (unsigned long long)x->seq);
                 break;
             }
@@ -689,7 +688,7 @@ static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t 
             if (io_write(m->fd, rep, sizeof rep, deadline, false, why, sizeof why) != 0 ||
                 io_write(m->fd, bufs[0] + off, count * sizeof(float), deadline, false, why,
                          sizeof why) != 0)
-                err = fb_errf(msg, cap, FB_ERR_IO, "sending the sum to the process of %s: %s",
+                err = fb_errf(msg, msg_cap, FB_ERR_IO, "sending the sum to the process of %s: %s",
                               ranks_name(who, sizeof who, m->base, m->n_local), why);
         }
     }
@@ -705,12 +704,12 @@ static int root_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t 
         for (int i = 0; i < x->n_members; i++)
             io_write(x->members[i].fd, r, REPLY_BYTES + tl, mono_ms() + 500, false, why,
                      sizeof why);
-        return tcp_break(x, err, msg, cap);
+        return tcp_break(x, err, msg, msg_cap);
     }
     return FB_OK;
 }
 
-static int member_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t cap)
+static int member_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_t msg_cap)
 {
     int fd = x->members[0].fd;
     unsigned char hdr[CHUNK_HDR_BYTES], rep[REPLY_BYTES + REPLY_MSG_MAX + 1];
@@ -728,51 +727,56 @@ static int member_sum(tcp_ctx *x, float *const *bufs, size_t n, char *msg, size_
             rc = io_write(fd, bufs[r] + off, count * sizeof(float), deadline, true, why,
                           sizeof why);
         if (rc == IO_FAILED)
-            return tcp_break(x, fb_errf(msg, cap, FB_ERR_IO,
-                                        "sending to rank 0's process (sum %llu): %s",
-                                        (unsigned long long)x->seq, why),
-                             msg, cap);
+            return tcp_break(x,
+                             fb_errf(msg, msg_cap, FB_ERR_IO,
+                                     "sending to rank 0's process (sum %llu): %s",
+                                     (unsigned long long)x->seq, why),
+                             msg, msg_cap);
         /* the answer: the sum, or the root's reason for failing (which may
          * come before this chunk was sent in full).  Twice the timeout: the
          * root gives up on a silent peer after one, and then says which. */
         deadline = mono_ms() + 2 * (int64_t)x->timeout_ms;
         if (io_read(fd, rep, REPLY_BYTES, deadline, why, sizeof why) != 0)
-            return tcp_break(x, fb_errf(msg, cap, FB_ERR_IO,
-                                        "rank 0's process %s (sum %llu)", why,
-                                        (unsigned long long)x->seq),
-                             msg, cap);
+            return tcp_break(x,
+                             fb_errf(msg, msg_cap, FB_ERR_IO, "rank 0's process %s (sum %llu)", why,
+                                     (unsigned long long)x->seq),
+                             msg, msg_cap);
         int status = (int)get_u32(rep + 4);
         uint32_t rc_count = get_u32(rep + 8), tl = get_u32(rep + 12);
         if (get_u32(rep) != SUM_MAGIC || tl > REPLY_MSG_MAX ||
             (status == FB_OK && rc_count != count))
-            return tcp_break(x, fb_errf(msg, cap, FB_ERR_IO,
-                                        "rank 0's process answered %u floats for %zu (sum %llu)",
-                                        rc_count, count, (unsigned long long)x->seq),
-                             msg, cap);
+            return tcp_break(x,
+                             fb_errf(msg, msg_cap, FB_ERR_IO,
+                                     "rank 0's process answered %u floats for %zu (sum %llu)",
+                                     rc_count, count, (unsigned long long)x->seq),
+                             msg, msg_cap);
         if (status != FB_OK) {
             if (io_read(fd, rep + REPLY_BYTES, tl, mono_ms() + 500, why, sizeof why) != 0) tl = 0;
             rep[REPLY_BYTES + tl] = '\0';
-            return tcp_break(x, fb_errf(msg, cap, FB_ERR_IO, "rank 0's process failed: %s",
-                                        (char *)rep + REPLY_BYTES),
-                             msg, cap);
+            return tcp_break(x,
+                             fb_errf(msg, msg_cap, FB_ERR_IO, "rank 0's process failed: %s",
+                                     (char *)rep + REPLY_BYTES),
+                             msg, msg_cap);
         }
         if (io_read(fd, bufs[0] + off, count * sizeof(float), deadline, why, sizeof why) != 0)
-            return tcp_break(x, fb_errf(msg, cap, FB_ERR_IO,
-                                        "rank 0's process %s in the middle of a sum (sum %llu)",
-                                        why, (unsigned long long)x->seq),
-                             msg, cap);
+            return tcp_break(x,
+                             fb_errf(msg, msg_cap, FB_ERR_IO,
+                                     "rank 0's process %s in the middle of a sum (sum %llu)", why,
+                                     (unsigned long long)x->seq),
+                             msg, msg_cap);
         for (int r = 1; r < x->n_local; r++)
             memcpy(bufs[r] + off, bufs[0] + off, count * sizeof(float));
     }
     return FB_OK;
 }
 
-static int tcp_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t cap)
+static int tcp_allreduce(fb_comm *c, float *const *bufs, size_t n, char *msg, size_t msg_cap)
 {
     tcp_ctx *x = c->ctx;
     if (x->broken)
-        return fb_errf(msg, cap, x->broken, "the communicator failed before: %s", x->broken_msg);
-    int err = x->root ? root_sum(x, bufs, n, msg, cap) : member_sum(x, bufs, n, msg, cap);
+        return fb_errf(msg, msg_cap, x->broken, "the communicator failed before: %s",
+                       x->broken_msg);
+    int err = x->root ? root_sum(x, bufs, n, msg, msg_cap) : member_sum(x, bufs, n, msg, msg_cap);
     x->seq++;
     return err;
 }

@@ -112,14 +112,14 @@ static void copy_params(const fb_array *full, int b, fb_dp *dp, int mb, int firs
 
 static int stage_build(fb_pp *pp, stage *s, int p, const fb_device *devs,
                        const fb_job_spec *const *specs, const fb_array *full,
-                       const fb_dp_opts *opts, char *msg, size_t cap)
+                       const fb_dp_opts *opts, char *msg, size_t msg_cap)
 {
     int B = pp->B, err;
     fb_device dv[FB_DP_MAX_RANKS];
     for (int d = 0; d < pp->D; d++) dv[d] = devs[d * pp->P + p];
     s->sub = calloc((size_t)B, sizeof *s->sub);
     s->subp = calloc((size_t)B, sizeof *s->subp);
-    if (!s->sub || !s->subp) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!s->sub || !s->subp) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int b = 0; b < B; b++) {
         /* a view of the member's spec: its layers first..last, no init file (the
          * parameters come from the whole model below) */
@@ -136,25 +136,25 @@ static int stage_build(fb_pp *pp, stage *s, int p, const fb_device *devs,
     s->n_dp = p == 0 ? 1 : B;
     if (p > 0) {
         s->solo = calloc((size_t)B, sizeof *s->solo);
-        if (!s->solo) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        if (!s->solo) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     s->acc = calloc((size_t)s->n_dp, sizeof *s->acc);
     s->acc_len = calloc((size_t)s->n_dp, sizeof *s->acc_len);
     s->verdict = calloc((size_t)B, sizeof *s->verdict);
     if (!s->acc || !s->acc_len || !s->verdict)
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int k = 0; k < s->n_dp; k++) {
         fb_dp **slot = p == 0 ? &s->fused : &s->solo[k];
         int nb = p == 0 ? B : 1;
-        if ((err = fb_dp_new(dv, pp->D, p == 0 ? s->subp : &s->subp[k], nb, pp->mb_max, opts,
-                             slot, msg, cap)))
+        if ((err = fb_dp_new(dv, pp->D, p == 0 ? s->subp : &s->subp[k], nb, pp->mb_max, opts, slot,
+                             msg, msg_cap)))
             return err;
         for (int b = 0; b < nb; b++) copy_params(full, p == 0 ? b : k, *slot, b, s->first);
         for (int d = 0; p + 1 < pp->P && d < fb_dp_ranks(*slot); d++)
             fb_array_set_grad_prescaled(fb_dp_array(*slot, d), true);
         s->acc_len[k] = fb_array_member_params(fb_dp_array(*slot, 0)) * (size_t)nb;
         s->acc[k] = malloc((s->acc_len[k] ? s->acc_len[k] : 1) * sizeof(float));
-        if (!s->acc[k]) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        if (!s->acc[k]) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     return FB_OK;
 }

@@ -57,14 +57,14 @@ static void emit(const fb_session *s, const fb_train_event *ev)
 /* Evaluates every member on the whole of an evaluation set (validation or test).
  * loss/acc [B]. */
 static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int chunk, double *loss,
-                    double *acc, char *msg, size_t cap)
+                    double *acc, char *msg, size_t msg_cap)
 {
     int B = fb_array_size(a);
     float *l = calloc((size_t)B, sizeof *l), *c = calloc((size_t)B, sizeof *c);
     if (!l || !c) {
         free(l);
         free(c);
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     for (int b = 0; b < B; b++)
         loss[b] = acc[b] = 0;
@@ -72,7 +72,7 @@ static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int c
     for (int64_t i = 0; i < test->n; i += chunk) {
         int N = (int)(test->n - i < chunk ? test->n - i : chunk);
         err = fb_array_forward_backward(a, test->x + i * in_numel, test->y + i, N, false, 0, l, c,
-                                        msg, cap);
+                                        msg, msg_cap);
         if (err) break;
         for (int b = 0; b < B; b++) {
             loss[b] += (double)l[b] * N;
@@ -89,22 +89,22 @@ static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int c
 }
 
 static int check_data(const fb_job_spec *s, int K, const fb_dataset *ds, const char *split,
-                      char *msg, size_t cap)
+                      char *msg, size_t msg_cap)
 {
     if (!ds) return FB_OK;
     int64_t numel = (int64_t)ds->C * ds->H * ds->W;
     if (numel != fb_shape_numel(&s->input))
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "dataset %s (%s) has samples of %d x %d x %d values; the model input "
                        "has %lld",
                        s->dataset, split, ds->C, ds->H, ds->W,
                        (long long)fb_shape_numel(&s->input));
     if (s->loss == FB_LOSS_CROSS_ENTROPY && ds->n_classes > K)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "dataset %s has %d classes; the model has only %d outputs", s->dataset,
                        ds->n_classes, K);
     if (ds->n < 1)
-        return fb_errf(msg, cap, FB_ERR_DATA, "dataset %s (%s) is empty", s->dataset, split);
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset %s (%s) is empty", s->dataset, split);
     return FB_OK;
 }
 
@@ -144,47 +144,47 @@ static bool params_finite(const fb_session *s, int b, float *tmp)
 
 int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *specs, int n,
                    const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
-                   char *msg, size_t cap)
+                   char *msg, size_t msg_cap)
 {
     if (!out || !be || !specs || n < 1 || !train)
-        return fb_errf(msg, cap, FB_ERR_INTERNAL, "fb_session_new: missing argument");
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_session_new: missing argument");
     for (int i = 0; i < n; i++)
         if (!specs[i])
-            return fb_errf(msg, cap, FB_ERR_INTERNAL, "fb_session_new: spec %d is NULL", i);
+            return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_session_new: spec %d is NULL", i);
     const fb_job_spec *s0 = specs[0];
     int64_t in_numel = fb_shape_numel(&s0->input);
     int K = (int)fb_shape_numel(&s0->output);
     int err;
-    if ((err = check_data(s0, K, train, "train", msg, cap))) return err;
+    if ((err = check_data(s0, K, train, "train", msg, msg_cap))) return err;
     /* an empty validation set (val_fraction 0) is none */
     if (val && val->n == 0) val = NULL;
     const fb_dataset *test = opts ? opts->test : NULL;
-    if ((err = check_data(s0, K, val, "validation", msg, cap))) return err;
-    if ((err = check_data(s0, K, test, "test", msg, cap))) return err;
+    if ((err = check_data(s0, K, val, "validation", msg, msg_cap))) return err;
+    if ((err = check_data(s0, K, test, "test", msg, msg_cap))) return err;
     int64_t bs = s0->batch_size;
     if (train->n < bs)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "dataset %s has %lld training samples, fewer than batch_size %lld",
                        s0->dataset, (long long)train->n, (long long)bs);
     fb_loader *loader = opts ? opts->loader : NULL;
     if (loader && fb_loader_batch_size(loader) != bs)
-        return fb_errf(msg, cap, FB_ERR_INTERNAL,
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL,
                        "the loader delivers batches of %lld, the specs train with %lld",
                        (long long)fb_loader_batch_size(loader), (long long)bs);
     int64_t start = opts ? opts->start_step : 0;
     if (start < 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "start step %lld is negative",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "start step %lld is negative",
                        (long long)start);
     for (int i = 0; i < n; i++) {
         int64_t total = fb_train_total_steps(specs[i], train->n);
         if (start >= total)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "job %s trains %lld steps; it cannot start at step %lld", specs[i]->name,
                            (long long)total, (long long)start);
     }
 
     fb_session *s = calloc(1, sizeof *s);
-    if (!s) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!s) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     s->be = be;
     s->n = n;
     s->train = train;
@@ -223,7 +223,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
         !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
         !s->hp || !s->failed ||
         !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (int i = 0; i < n; i++) {
@@ -249,7 +249,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
         s->engine = &fb_session_engine_data_parallel;
     else
         s->engine = &fb_session_engine_single;
-    if ((err = s->engine->open(s, specs, n, msg, cap))) goto fail;
+    if ((err = s->engine->open(s, specs, n, msg, msg_cap))) goto fail;
     /* none of these outlive the call (train.h) */
     s->opts.devices = NULL;
     s->opts.split = NULL;
@@ -263,14 +263,14 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     }
     s->tmp = malloc(most * sizeof *s->tmp);
     if (!s->tmp) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     /* only once the array (and its init files) are good: bad input writes nothing */
     if (s->opts.out_dir && mkdir(s->opts.out_dir, 0755) != 0) {
         struct stat st;
         if (stat(s->opts.out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            err = fb_errf(msg, cap, FB_ERR_IO, "%s: cannot create the output directory",
+            err = fb_errf(msg, msg_cap, FB_ERR_IO, "%s: cannot create the output directory",
                           s->opts.out_dir);
             goto fail;
         }
@@ -361,31 +361,32 @@ int fb_session_shards(const fb_session *s)
     return s->shards;
 }
 
-int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t cap)
+int fb_session_set_split(fb_session *s, const int64_t *split, int n, char *msg, size_t msg_cap)
 {
     int D = s->shards;
     if (!split || n != D)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "a split of %d shards for a session on %d device%s", split ? n : 0, D,
                        D == 1 ? "" : "s");
-    return s->engine->set_split(s, split, msg, cap);
+    return s->engine->set_split(s, split, msg, msg_cap);
 }
 
-int fb_session_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t cap)
+int fb_session_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t msg_cap)
 {
-    if (!s || (n > 0 && !v)) return fb_errf(msg, cap, FB_ERR_INTERNAL, "missing argument");
+    if (!s || (n > 0 && !v)) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
     if (!s->engine->broadcast) return FB_OK; /* one process: its values are rank 0's */
-    return s->engine->broadcast(s, v, n, msg, cap);
+    return s->engine->broadcast(s, v, n, msg, msg_cap);
 }
 
 /* ---- one step -------------------------------------------------------------- */
 
 /* The minibatch of the current step into bx, by (from the loader or memory). */
-static int next_batch(fb_session *s, const float **bx, const int32_t **by, char *msg, size_t cap)
+static int next_batch(fb_session *s, const float **bx, const int32_t **by, char *msg,
+                      size_t msg_cap)
 {
     if (s->loader) {
         fb_loader_batch lb;
-        int err = fb_loader_next(&lb, s->loader, msg, cap);
+        int err = fb_loader_next(&lb, s->loader, msg, msg_cap);
         if (err) return err;
         *bx = lb.x;
         *by = lb.y;
@@ -435,7 +436,7 @@ static void classify(fb_session *s, int64_t done_steps)
 /* The step's events of the members that stay or are due a file: STEP on the
  * log grid and at a member's last step, the test evaluation at its end,
  * EVAL, CHECKPOINT (writing the file first). */
-static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t cap)
+static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t msg_cap)
 {
     fb_array *a = s->a;
     int err;
@@ -480,7 +481,7 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
     }
     /* the test split once, at a member's end: reported, never a basis for a decision */
     if (need_test) {
-        if ((err = evaluate(a, s->test, s->in_numel, (int)s->bs, s->tloss, s->tacc, msg, cap)))
+        if ((err = evaluate(a, s->test, s->in_numel, (int)s->bs, s->tloss, s->tacc, msg, msg_cap)))
             return err;
         for (int b = 0; b < B; b++) {
             if (s->failed[b] || !s->last[b]) continue;
@@ -491,7 +492,7 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
         }
     }
     if (need_eval) {
-        if ((err = evaluate(a, s->val, s->in_numel, (int)s->bs, s->eloss, s->eacc, msg, cap)))
+        if ((err = evaluate(a, s->val, s->in_numel, (int)s->bs, s->eloss, s->eacc, msg, msg_cap)))
             return err;
         for (int b = 0; b < B; b++) {
             const fb_job_spec *spec = fb_array_spec(a, b);
@@ -519,7 +520,7 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
         void *blob;
         size_t blob_len;
         if ((err = fb_session_member_output(s, b, true, ".checkpoint.safetensors", path, &blob,
-                                            &blob_len, msg, cap)))
+                                            &blob_len, msg, msg_cap)))
             return err;
         int i = s->member[b];
         fb_train_event ev = {.kind = FB_TRAIN_CHECKPOINT,
@@ -541,7 +542,7 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
 
 /* The step's departures: finished members write their model and leave (DONE),
  * then failed ones leave (FAILED). */
-static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t cap)
+static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t msg_cap)
 {
     fb_array *a = s->a;
     int err = FB_OK;
@@ -559,7 +560,7 @@ static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
         void *blob;
         size_t blob_len;
         if ((err = fb_session_member_output(s, b, false, ".safetensors", path, &blob, &blob_len,
-                                            msg, cap)))
+                                            msg, msg_cap)))
             break;
         int i = s->member[b];
         fb_train_event ev = {.kind = FB_TRAIN_DONE,
@@ -599,8 +600,7 @@ static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t ca
     return err;
 }
 
-
-int fb_session_step(fb_session *s, char *msg, size_t cap)
+int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
 {
     if (fb_session_done(s)) return FB_OK;
     fb_array *a = s->a;
@@ -610,7 +610,7 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
     double t0 = now_s();
     const float *bx;
     const int32_t *by;
-    if ((err = next_batch(s, &bx, &by, msg, cap))) return err;
+    if ((err = next_batch(s, &bx, &by, msg, msg_cap))) return err;
     double t1 = now_s();
     s->wait_since += t1 - t0;
     s->steps_since++;
@@ -622,7 +622,7 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
      * with it (elsewhere it gets an empty slot's) */
     for (int b = 0; b < B; b++)
         fb_array_hparams(a, b, done_steps, s->total[s->member[b]], &s->hp[b]);
-    err = s->engine->train(s, bx, by, msg, cap);
+    err = s->engine->train(s, bx, by, msg, msg_cap);
     if (err) return err;
     for (int b = 0; b < B; b++) {
         /* each member's loss is its own mean (no sum over members feeds back), so one
@@ -658,8 +658,8 @@ int fb_session_step(fb_session *s, char *msg, size_t cap)
     classify(s, done_steps);
 
     /* reports, evaluations, checkpoints and departures, in that order */
-    err = report(s, B, done_steps, msg, cap);
-    if (!err) err = depart(s, B, done_steps, msg, cap);
+    err = report(s, B, done_steps, msg, msg_cap);
+    if (!err) err = depart(s, B, done_steps, msg, msg_cap);
     s->times.other_ms += 1e3 * (now_s() - t2);
     return err;
 }

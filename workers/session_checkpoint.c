@@ -89,7 +89,7 @@ static void metrics_json(const member_metrics *k, char *buf, size_t cap)
  * references alive; the caller frees them after the writer.
  */
 static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **out, void **hold1,
-                         void **hold2, char *msg, size_t cap)
+                         void **hold2, char *msg, size_t msg_cap)
 {
     const fb_array *a = s->a;
     const fb_job_spec *spec = fb_array_spec(a, b);
@@ -97,15 +97,15 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
     void *h1 = NULL;
     float *h2 = NULL;
     fb_st_writer *w = fb_st_writer_new();
-    if (!w) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
-    if ((err = fb_array_add_tensors(a, b, false, w, &h1, msg, cap))) goto fail;
+    if (!w) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    if ((err = fb_array_add_tensors(a, b, false, w, &h1, msg, msg_cap))) goto fail;
     char num[32];
     snprintf(num, sizeof num, "%" PRId64, s->step);
-    if ((err = fb_st_writer_set_metadata(w, "step", num, msg, cap))) goto fail;
-    if ((err = fb_array_add_description(a, b, w, msg, cap))) goto fail;
+    if ((err = fb_st_writer_set_metadata(w, "step", num, msg, msg_cap))) goto fail;
+    if ((err = fb_array_add_description(a, b, w, msg, msg_cap))) goto fail;
     char metrics[METRICS_CAP];
     metrics_json(&s->known[s->member[b]], metrics, sizeof metrics);
-    if ((err = fb_st_writer_set_metadata(w, "metrics", metrics, msg, cap))) goto fail;
+    if ((err = fb_st_writer_set_metadata(w, "metrics", metrics, msg, msg_cap))) goto fail;
     if (full) {
         const char *names[2];
         fb_array_part parts[2];
@@ -116,7 +116,7 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
             floats += fb_array_tensor_at(a, FB_ARRAY_PARAM, t).numel;
         h2 = malloc((floats * (size_t)n_slots + 1) * sizeof *h2);
         if (!h2) {
-            err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
             goto fail;
         }
         float *at = h2;
@@ -126,7 +126,8 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
                 char name[NAME_CAP];
                 snprintf(name, sizeof name, "optim.%s.%s", names[k], d.name);
                 fb_array_get(a, b, parts[k], t, at);
-                if ((err = fb_st_writer_add_f32(w, name, d.shape, d.ndim, at, msg, cap))) goto fail;
+                if ((err = fb_st_writer_add_f32(w, name, d.shape, d.ndim, at, msg, msg_cap)))
+                    goto fail;
                 at += d.numel;
             }
         }
@@ -144,7 +145,7 @@ static int member_writer(const fb_session *s, int b, bool full, fb_st_writer **o
         /* only a bf16 member has a loss scale */
         size_t n_keys = sizeof keys / sizeof *keys - (spec->precision == FB_PREC_BF16 ? 0 : 2);
         for (size_t k = 0; k < n_keys; k++)
-            if ((err = fb_st_writer_set_metadata(w, keys[k], values[k], msg, cap))) goto fail;
+            if ((err = fb_st_writer_set_metadata(w, keys[k], values[k], msg, msg_cap))) goto fail;
     }
     *out = w;
     *hold1 = h1;
@@ -159,12 +160,12 @@ fail:
 
 /* Slot b's bytes: its full state or its model. */
 static int member_bytes(const fb_session *s, int b, bool full, void **buf, size_t *len, char *msg,
-                        size_t cap)
+                        size_t msg_cap)
 {
     fb_st_writer *w = NULL;
     void *h1 = NULL, *h2 = NULL;
-    int err = member_writer(s, b, full, &w, &h1, &h2, msg, cap);
-    if (!err) err = fb_st_write_buffer(w, buf, len, msg, cap);
+    int err = member_writer(s, b, full, &w, &h1, &h2, msg, msg_cap);
+    if (!err) err = fb_st_write_buffer(w, buf, len, msg, msg_cap);
     fb_st_writer_free(w);
     free(h1);
     free(h2);
@@ -172,8 +173,8 @@ static int member_bytes(const fb_session *s, int b, bool full, void **buf, size_
 }
 
 /* The files of a step (session_impl.h). */
-int fb_session_member_output(const fb_session *s, int b, bool full, const char *suffix,
-                             char *path, void **buf, size_t *len, char *msg, size_t cap)
+int fb_session_member_output(const fb_session *s, int b, bool full, const char *suffix, char *path,
+                             void **buf, size_t *len, char *msg, size_t msg_cap)
 {
     path[0] = '\0';
     *buf = NULL;
@@ -181,34 +182,35 @@ int fb_session_member_output(const fb_session *s, int b, bool full, const char *
     if (!s->opts.out_dir && !s->opts.blobs) return FB_OK;
     fb_st_writer *w = NULL;
     void *h1 = NULL, *h2 = NULL;
-    int err = member_writer(s, b, full, &w, &h1, &h2, msg, cap);
+    int err = member_writer(s, b, full, &w, &h1, &h2, msg, msg_cap);
     if (!err && s->opts.out_dir) {
         snprintf(path, PATH_CAP, "%s/%s%s", s->opts.out_dir, s->files[s->member[b]], suffix);
-        err = fb_st_write(w, path, msg, cap);
+        err = fb_st_write(w, path, msg, msg_cap);
         if (err) path[0] = '\0';
     }
-    if (!err && s->opts.blobs) err = fb_st_write_buffer(w, buf, len, msg, cap);
+    if (!err && s->opts.blobs) err = fb_st_write_buffer(w, buf, len, msg, msg_cap);
     fb_st_writer_free(w);
     free(h1);
     free(h2);
     return err;
 }
 
-
 int fb_session_checkpoint(const fb_session *s, int member, void **buf, size_t *len, char *msg,
-                          size_t cap)
+                          size_t msg_cap)
 {
     int b = fb_session_slot(s, member);
-    if (b < 0) return fb_errf(msg, cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
-    return member_bytes(s, b, true, buf, len, msg, cap);
+    if (b < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
+    return member_bytes(s, b, true, buf, len, msg, msg_cap);
 }
 
 int fb_session_model(const fb_session *s, int member, void **buf, size_t *len, char *msg,
-                     size_t cap)
+                     size_t msg_cap)
 {
     int b = fb_session_slot(s, member);
-    if (b < 0) return fb_errf(msg, cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
-    return member_bytes(s, b, false, buf, len, msg, cap);
+    if (b < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
+    return member_bytes(s, b, false, buf, len, msg, msg_cap);
 }
 
 /* ---- restoring ------------------------------------------------------------- */
@@ -249,20 +251,20 @@ static const char *fmt_shape(char *buf, size_t cap, const int64_t *shape, int nd
 
 /* Checks that tensor name is in f with dtype and shape; copies its bytes to dst. */
 static int take_tensor(const fb_st_file *f, const char *who, const char *name, fb_st_dtype dtype,
-                       const int64_t *shape, int ndim, void *dst, char *msg, size_t cap)
+                       const int64_t *shape, int ndim, void *dst, char *msg, size_t msg_cap)
 {
     const fb_st_tensor *t = fb_st_find(f, name);
-    if (!t) return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s is missing", who, name);
+    if (!t) return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s is missing", who, name);
     if (t->dtype != dtype)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s has dtype %s, expected %s", who,
-                       name, fb_st_dtype_name(t->dtype), fb_st_dtype_name(dtype));
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s has dtype %s, expected %s",
+                       who, name, fb_st_dtype_name(t->dtype), fb_st_dtype_name(dtype));
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == shape[i];
     if (!same) {
         char got[160], want[160];
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s has shape %s, expected %s", who,
-                       name, fmt_shape(got, sizeof got, t->shape, t->ndim),
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s has shape %s, expected %s",
+                       who, name, fmt_shape(got, sizeof got, t->shape, t->ndim),
                        fmt_shape(want, sizeof want, shape, ndim));
     }
     memcpy(dst, t->data, t->nbytes);
@@ -299,26 +301,26 @@ static bool known_tensor(const fb_session *s, int b, const char *name)
 
 /* Checks the checkpoint's metadata against slot b and the session. */
 static int check_metadata(const fb_session *s, int b, const fb_st_file *f, const char *who,
-                          char *msg, size_t cap)
+                          char *msg, size_t msg_cap)
 {
     const fb_job_spec *spec = fb_array_spec(s->a, b);
     const char *format = fb_st_metadata_get(f, "format");
     if (!format || strcmp(format, FB_CHECKPOINT_FORMAT) != 0)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata format is %s%s%s, expected \"%s\"", who, format ? "\"" : "",
                        format ? format : "missing", format ? "\"" : "", FB_CHECKPOINT_FORMAT);
     uint64_t step;
     const char *v = fb_st_metadata_get(f, "step");
     if (!meta_u64(v, &step))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata step is %s, expected a step count", who, v ? v : "missing");
     if (step != (uint64_t)s->step)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata step is %" PRIu64 ", the session is at step %" PRId64, who,
                        step, s->step);
     v = fb_st_metadata_get(f, "fusion_key");
     if (!v || strcmp(v, spec->fusion_key) != 0)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata fusion_key is %s, the job's is %s", who, v ? v : "missing",
                        spec->fusion_key);
     /* the seeds drive the dropout masks and the data order: another seed is another job */
@@ -328,7 +330,7 @@ static int check_metadata(const fb_session *s, int b, const fb_st_file *f, const
         uint64_t got;
         v = fb_st_metadata_get(f, keys[k]);
         if (!meta_u64(v, &got) || got != want[k])
-            return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                            "%s: metadata %s is %s, the job's is %" PRIu64, who, keys[k],
                            v ? v : "missing", want[k]);
     }
@@ -345,14 +347,14 @@ static int check_metadata(const fb_session *s, int b, const fb_st_file *f, const
  * checks are fb_array_set_loss_scale's, made by the caller.
  */
 static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, const char *who,
-                           float *scale, int64_t *good, char *msg, size_t cap)
+                           float *scale, int64_t *good, char *msg, size_t msg_cap)
 {
     const fb_job_spec *spec = fb_array_spec(s->a, b);
     const char *vs = fb_st_metadata_get(f, "loss_scale");
     const char *vg = fb_st_metadata_get(f, "loss_scale_good");
     if (spec->precision != FB_PREC_BF16) {
         if (vs || vg)
-            return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                            "%s: metadata %s is set, but the job's precision has no loss scale", who,
                            vs ? "loss_scale" : "loss_scale_good");
         *scale = 1.0f;
@@ -365,8 +367,8 @@ static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, cons
         return FB_OK;
     }
     if (!vs || !vg)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata %s is missing (%s is set)", who,
-                       vs ? "loss_scale_good" : "loss_scale",
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: metadata %s is missing (%s is set)",
+                       who, vs ? "loss_scale_good" : "loss_scale",
                        vs ? "loss_scale" : "loss_scale_good");
     /* strict: the whole text is one number, exactly a float (the writer's
      * exact decimal is), so a damaged digit is refused, not rounded away */
@@ -374,12 +376,12 @@ static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, cons
     errno = 0;
     double x = strtod(vs, &end);
     if (end == vs || *end || errno || !(x > 0 && x <= FLT_MAX) || (double)(float)x != x)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata loss_scale is %s, expected a power of two in [2^-24, 2^64]",
                        who, vs);
     uint64_t g;
     if (!meta_u64(vg, &g) || g > INT64_MAX)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata loss_scale_good is %s, expected a count of steps", who, vg);
     *scale = (float)x;
     *good = (int64_t)g;
@@ -389,7 +391,7 @@ static int read_loss_scale(const fb_session *s, int b, const fb_st_file *f, cons
 /* A number of the metrics entry into *out: present with json null (NaN), or
  * a number; *seen tells whether it was present. */
 static int metric_value(const json_t *o, const char *key, const char *who, double lo, double hi,
-                        bool *seen, double *out, char *msg, size_t cap)
+                        bool *seen, double *out, char *msg, size_t msg_cap)
 {
     const json_t *v = json_object_get(o, key);
     *seen = v != NULL;
@@ -399,7 +401,7 @@ static int metric_value(const json_t *o, const char *key, const char *who, doubl
         return FB_OK;
     }
     if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: metadata metrics.%s is not a number in [%g, %g]", who, key, lo, hi);
     *out = json_number_value(v);
     return FB_OK;
@@ -414,7 +416,7 @@ static int metric_value(const json_t *o, const char *key, const char *who, doubl
  * eval_* were test evaluations) still loads.
  */
 static int read_metrics(const fb_st_file *f, const char *who, int64_t step, member_metrics *out,
-                        char *msg, size_t cap)
+                        char *msg, size_t msg_cap)
 {
     member_metrics k = {.val_step = -1};
     const char *text = fb_st_metadata_get(f, "metrics");
@@ -425,33 +427,33 @@ static int read_metrics(const fb_st_file *f, const char *who, int64_t step, memb
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
     int err = FB_OK;
     if (!json_is_object(o)) {
-        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics is not a JSON object",
+        err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: metadata metrics is not a JSON object",
                       who);
         goto done;
     }
     bool has_loss, has_acc, has_eloss, has_eacc, has_tloss, has_tacc;
     double loss = 0;
-    if ((err = metric_value(o, METRIC_LOSS, who, 0, HUGE_VAL, &has_loss, &loss, msg, cap)) ||
-        (err = metric_value(o, METRIC_ACCURACY, who, 0, 1, &has_acc, &k.accuracy, msg, cap)) ||
+    if ((err = metric_value(o, METRIC_LOSS, who, 0, HUGE_VAL, &has_loss, &loss, msg, msg_cap)) ||
+        (err = metric_value(o, METRIC_ACCURACY, who, 0, 1, &has_acc, &k.accuracy, msg, msg_cap)) ||
         (err = metric_value(o, METRIC_VAL_LOSS, who, 0, HUGE_VAL, &has_eloss, &k.val_loss, msg,
-                            cap)) ||
+                            msg_cap)) ||
         (err = metric_value(o, METRIC_VAL_ACCURACY, who, 0, 1, &has_eacc, &k.val_accuracy, msg,
-                            cap)) ||
+                            msg_cap)) ||
         (err = metric_value(o, METRIC_TEST_LOSS, who, 0, HUGE_VAL, &has_tloss, &k.test_loss, msg,
-                            cap)) ||
+                            msg_cap)) ||
         (err = metric_value(o, METRIC_TEST_ACCURACY, who, 0, 1, &has_tacc, &k.test_accuracy, msg,
-                            cap)))
+                            msg_cap)))
         goto done;
     if (has_tloss != has_tacc) {
-        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s", who,
-                      has_tloss ? METRIC_TEST_LOSS : METRIC_TEST_ACCURACY,
+        err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s",
+                      who, has_tloss ? METRIC_TEST_LOSS : METRIC_TEST_ACCURACY,
                       has_tloss ? METRIC_TEST_ACCURACY : METRIC_TEST_LOSS);
         goto done;
     }
     k.tested = has_tloss;
     if (has_loss != has_acc) {
-        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s", who,
-                      has_loss ? METRIC_LOSS : METRIC_ACCURACY,
+        err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: metadata metrics has %s without %s",
+                      who, has_loss ? METRIC_LOSS : METRIC_ACCURACY,
                       has_loss ? METRIC_ACCURACY : METRIC_LOSS);
         goto done;
     }
@@ -460,13 +462,13 @@ static int read_metrics(const fb_st_file *f, const char *who, int64_t step, memb
     const json_t *es = json_object_get(o, METRIC_VAL_STEP);
     if (es && (!json_is_integer(es) || json_integer_value(es) < 1 ||
                json_integer_value(es) > step)) {
-        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                       "%s: metadata metrics.%s is not a step in [1, %" PRId64 "]", who,
                       METRIC_VAL_STEP, step);
         goto done;
     }
     if (has_eloss != has_eacc || has_eloss != (es != NULL)) {
-        err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                       "%s: metadata metrics needs %s, %s and %s together", who, METRIC_VAL_LOSS,
                       METRIC_VAL_ACCURACY, METRIC_VAL_STEP);
         goto done;
@@ -479,22 +481,23 @@ done:
 }
 
 int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, char *msg,
-                       size_t cap)
+                       size_t msg_cap)
 {
     int b = fb_session_slot(s, member);
-    if (b < 0) return fb_errf(msg, cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
+    if (b < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
     fb_array *a = s->a;
     const fb_job_spec *spec = fb_array_spec(a, b);
     char who[FILE_CAP + 32];
     snprintf(who, sizeof who, "checkpoint of %s", spec->name);
-    if (!buf || len == 0) return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: no bytes", who);
+    if (!buf || len == 0) return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: no bytes", who);
 
     fb_st_file *f = NULL;
     char inner[512];
     int err = fb_st_parse_buffer(buf, len, &f, inner, sizeof inner);
     if (err) {
-        if (err == FB_ERR_NOMEM) return fb_errf(msg, cap, err, "%s", inner);
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: %s", who, inner);
+        if (err == FB_ERR_NOMEM) return fb_errf(msg, msg_cap, err, "%s", inner);
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: %s", who, inner);
     }
     const char *names[2];
     fb_array_part oparts[2];
@@ -511,14 +514,14 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
     float *scratch = malloc((floats + 1) * sizeof *scratch);
     int64_t *tracked = malloc(((size_t)n_bn + 1) * sizeof *tracked);
     if (!scratch || !tracked) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((err = check_metadata(s, b, f, who, msg, cap))) goto done;
+    if ((err = check_metadata(s, b, f, who, msg, msg_cap))) goto done;
     for (size_t i = 0; i < fb_st_count(f); i++) {
         const char *name = fb_st_at(f, i)->name;
         if (!known_tensor(s, b, name)) {
-            err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                           "%s: tensor %s is not part of this job's training state", who, name);
             goto done;
         }
@@ -528,7 +531,7 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
     for (int p = 0; p < 2; p++) {
         for (int t = 0; t < fb_array_tensor_count(a, parts[p]); t++) {
             fb_array_tensor d = fb_array_tensor_at(a, parts[p], t);
-            if ((err = take_tensor(f, who, d.name, FB_ST_F32, d.shape, d.ndim, at, msg, cap)))
+            if ((err = take_tensor(f, who, d.name, FB_ST_F32, d.shape, d.ndim, at, msg, msg_cap)))
                 goto done;
             at += d.numel;
         }
@@ -538,7 +541,7 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
             fb_array_tensor d = fb_array_tensor_at(a, oparts[k], t);
             char name[NAME_CAP];
             snprintf(name, sizeof name, "optim.%s.%s", names[k], d.name);
-            if ((err = take_tensor(f, who, name, FB_ST_F32, d.shape, d.ndim, at, msg, cap)))
+            if ((err = take_tensor(f, who, name, FB_ST_F32, d.shape, d.ndim, at, msg, msg_cap)))
                 goto done;
             at += d.numel;
         }
@@ -546,26 +549,27 @@ int fb_session_restore(fb_session *s, int member, const void *buf, size_t len, c
     for (int k = 0; k < n_bn; k++) {
         char name[NAME_CAP];
         fb_array_bn_name(a, k, name, sizeof name);
-        if ((err = take_tensor(f, who, name, FB_ST_I64, NULL, 0, &tracked[k], msg, cap))) goto done;
+        if ((err = take_tensor(f, who, name, FB_ST_I64, NULL, 0, &tracked[k], msg, msg_cap)))
+            goto done;
         if (tracked[k] < 0) {
-            err = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s is negative (%" PRId64 ")",
-                          who, name, tracked[k]);
+            err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
+                          "%s: tensor %s is negative (%" PRId64 ")", who, name, tracked[k]);
             goto done;
         }
     }
 
     member_metrics known;
-    if ((err = read_metrics(f, who, s->step, &known, msg, cap))) goto done;
+    if ((err = read_metrics(f, who, s->step, &known, msg, msg_cap))) goto done;
     float scale = FB_LOSS_SCALE_INIT;
     int64_t good = 0;
-    if ((err = read_loss_scale(s, b, f, who, &scale, &good, msg, cap))) goto done;
+    if ((err = read_loss_scale(s, b, f, who, &scale, &good, msg, msg_cap))) goto done;
     if (spec->precision == FB_PREC_BF16) {
         /* the last check; it changes only the scale of a, and only when it passes,
          * after which nothing below fails */
         char inner[256];
         if ((err = fb_array_set_loss_scale(a, b, scale, good, inner, sizeof inner))) {
             const char *vs = fb_st_metadata_get(f, "loss_scale");
-            err = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            err = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                           "%s: metadata loss_scale %s, good %" PRId64 ": %s", who,
                           vs ? vs : "(absent)", good, inner);
             goto done;
@@ -608,17 +612,19 @@ done:
 }
 
 int fb_session_load_weights(fb_session *s, int member, const void *buf, size_t len, char *msg,
-                            size_t cap)
+                            size_t msg_cap)
 {
     int b = fb_session_slot(s, member);
-    if (b < 0) return fb_errf(msg, cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
+    if (b < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "member %d is not in the array", member);
     if (s->step != 0)
-        return fb_errf(msg, cap, FB_ERR_STATE_CONFLICT,
+        return fb_errf(msg, msg_cap, FB_ERR_STATE_CONFLICT,
                        "initial weights are for a session at step 0, this one is at %lld",
                        (long long)s->step);
     fb_array *a = s->a;
-    if (!buf || len == 0) return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "the init weights: no bytes");
-    int err = fb_array_load_buffer(a, b, buf, len, "the init weights", msg, cap);
+    if (!buf || len == 0)
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "the init weights: no bytes");
+    int err = fb_array_load_buffer(a, b, buf, len, "the init weights", msg, msg_cap);
     if (err) return err;
     /* the data-parallel replicas hold one state: they take what the first took */
     int replicas = replica_count(s);
@@ -629,7 +635,7 @@ int fb_session_load_weights(fb_session *s, int member, const void *buf, size_t l
             if (fb_array_tensor_at(a, parts[p], t).numel > most)
                 most = fb_array_tensor_at(a, parts[p], t).numel;
     float *tmp = replicas > 1 ? malloc(most * sizeof *tmp) : NULL;
-    if (replicas > 1 && !tmp) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (replicas > 1 && !tmp) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     for (int d = 0; d < replicas; d++) {
         fb_array *ad = replica_at(s, d);
         if (ad == a) continue;

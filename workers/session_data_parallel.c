@@ -8,12 +8,12 @@
 
 #include "session_impl.h"
 
-static int dp_open(fb_session *s, const fb_job_spec *const *specs, int n, char *msg, size_t cap)
+static int dp_open(fb_session *s, const fb_job_spec *const *specs, int n, char *msg, size_t msg_cap)
 {
     int D = s->opts.n_devices;
     int64_t bs = s->bs;
     if (!s->opts.devices || D < 1 || D > FB_DP_MAX_RANKS || D > bs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "data parallelism over %d devices needs %d..%d devices and a batch of "
                        "at least that many samples (batch_size %lld)",
                        D, s->opts.comm ? 1 : 2, FB_DP_MAX_RANKS, (long long)bs);
@@ -23,20 +23,20 @@ static int dp_open(fb_session *s, const fb_job_spec *const *specs, int n, char *
     if (s->opts.comm) dpo.comm = s->opts.comm;
     if (s->opts.control_comm) dpo.control_comm = s->opts.control_comm;
     fb_dp *dp = NULL;
-    int err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, &dpo, &dp, msg, cap);
+    int err = fb_dp_new(s->opts.devices, D, specs, n, (int)bs, &dpo, &dp, msg, msg_cap);
     if (err) return err;
     s->ctx = dp;
     /* the split covers every rank of the world, this process's and the others' */
     D = fb_dp_world(dp);
     s->shards = D;
     if (D > bs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "a world of %d ranks needs a batch of at least that many samples "
                        "(batch_size %lld)",
                        D, (long long)bs);
     s->a = fb_dp_array(dp, 0);
     if (s->opts.split) {
-        if ((err = fb_dp_check_split(dp, s->opts.split, (int)bs, msg, cap))) return err;
+        if ((err = fb_dp_check_split(dp, s->opts.split, (int)bs, msg, msg_cap))) return err;
         memcpy(s->split, s->opts.split, (size_t)D * sizeof *s->split);
     } else {
         fb_dp_even_split(D, (int)bs, NULL, s->split);
@@ -50,10 +50,10 @@ static void dp_free(fb_session *s)
     fb_dp_free(s->ctx);
 }
 
-static int dp_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t cap)
+static int dp_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t msg_cap)
 {
     return fb_dp_forward_backward(s->ctx, x, y, (int)s->bs, s->split, (uint64_t)s->step, s->loss,
-                                  s->correct, msg, cap);
+                                  s->correct, msg, msg_cap);
 }
 
 static void dp_update(fb_session *s)
@@ -96,17 +96,17 @@ static int dp_devices(const fb_session *s)
     return fb_dp_ranks(s->ctx);
 }
 
-static int dp_set_split(fb_session *s, const int64_t *split, char *msg, size_t cap)
+static int dp_set_split(fb_session *s, const int64_t *split, char *msg, size_t msg_cap)
 {
-    int err = fb_dp_check_split(s->ctx, split, (int)s->bs, msg, cap);
+    int err = fb_dp_check_split(s->ctx, split, (int)s->bs, msg, msg_cap);
     if (err) return err;
     memcpy(s->split, split, (size_t)s->shards * sizeof *split);
     return FB_OK;
 }
 
-static int dp_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t cap)
+static int dp_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t msg_cap)
 {
-    return fb_dp_broadcast_i64(s->ctx, v, n, msg, cap);
+    return fb_dp_broadcast_i64(s->ctx, v, n, msg, msg_cap);
 }
 
 static int dp_replicas(const fb_session *s)

@@ -49,14 +49,14 @@ typedef struct fb_session_engine_ops {
     /* Builds the engine over specs[0..n) from s->opts: sets s->a (the array
      * that holds every member's whole state), s->ctx, s->shards and s->split.
      * On failure it may leave part of that set; free releases it. */
-    int (*open)(fb_session *s, const fb_job_spec *const *specs, int n, char *msg, size_t cap);
+    int (*open)(fb_session *s, const fb_job_spec *const *specs, int n, char *msg, size_t msg_cap);
     /* Releases s->ctx and s->a, whatever open left.  Accepts a session whose
      * open failed. */
     void (*free)(fb_session *s);
     /* Forward and backward of the step's batch x, y [s->bs] over the split
      * in force, the step as the dropout stream; s->loss and s->correct
      * receive each slot's.  The pipeline updates here too, with s->hp. */
-    int (*train)(fb_session *s, const float *x, const int32_t *y, char *msg, size_t cap);
+    int (*train)(fb_session *s, const float *x, const int32_t *y, char *msg, size_t msg_cap);
     /* Applies the step's update with s->hp (the pipeline: brings s->a up
      * to the stages, which updated in train). */
     void (*update)(fb_session *s);
@@ -69,9 +69,9 @@ typedef struct fb_session_engine_ops {
     /* Devices the engine trains on. */
     int (*devices)(const fb_session *s);
     /* Checks a split of s->shards entries and puts it in force (s->split). */
-    int (*set_split)(fb_session *s, const int64_t *split, char *msg, size_t cap);
+    int (*set_split)(fb_session *s, const int64_t *split, char *msg, size_t msg_cap);
     /* fb_session_broadcast across processes; NULL: the session is in one. */
-    int (*broadcast)(fb_session *s, int64_t *v, int n, char *msg, size_t cap);
+    int (*broadcast)(fb_session *s, int64_t *v, int n, char *msg, size_t msg_cap);
     /* The arrays that each hold every member's whole state, d in
      * [0, replicas); NULL: s->a alone. */
     int (*replicas)(const fb_session *s);
@@ -139,7 +139,7 @@ int fb_session_slot(const fb_session *s, int member);
  * receives it, else "") and returned as bytes when it has blobs (*buf, else
  * NULL; the caller frees it).  session_checkpoint.c.
  */
-int fb_session_member_output(const fb_session *s, int b, bool full, const char *suffix,
-                             char *path, void **buf, size_t *len, char *msg, size_t cap);
+int fb_session_member_output(const fb_session *s, int b, bool full, const char *suffix, char *path,
+                             void **buf, size_t *len, char *msg, size_t msg_cap);
 
 #endif

@@ -11,14 +11,14 @@
 #include "session_impl.h"
 
 static int pipeline_open(fb_session *s, const fb_job_spec *const *specs, int n, char *msg,
-                         size_t cap)
+                         size_t msg_cap)
 {
     if (s->opts.comm || s->opts.control_comm)
-        return fb_errf(msg, cap, FB_ERR_UNSUPPORTED, "pipeline stages do not span processes");
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED, "pipeline stages do not span processes");
     int64_t bs = s->bs;
     int P = s->opts.pipeline, D = s->opts.n_devices / P;
     if (!s->opts.devices || D < 1 || D * P != s->opts.n_devices || D > FB_DP_MAX_RANKS || D > bs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "%d pipeline stages need a multiple of %d devices (not %d) and a batch "
                        "of at least one sample per data shard",
                        P, P, s->opts.n_devices);
@@ -26,11 +26,11 @@ static int pipeline_open(fb_session *s, const fb_job_spec *const *specs, int n, 
     if (m > bs / D) m = (int)(bs / D);
     if (m > 64) m = 64;
     fb_pp *pp = NULL;
-    int err = fb_pp_new(s->opts.devices, D, P, m, specs, n, (int)bs, s->opts.dp, &pp, msg, cap);
+    int err = fb_pp_new(s->opts.devices, D, P, m, specs, n, (int)bs, s->opts.dp, &pp, msg, msg_cap);
     if (err) return err;
     s->ctx = pp;
     /* the whole model, for evaluation, checkpoints and weights, kept equal to the stages */
-    if ((err = fb_array_new(s->be, specs, n, (int)bs, &s->a, msg, cap))) return err;
+    if ((err = fb_array_new(s->be, specs, n, (int)bs, &s->a, msg, msg_cap))) return err;
     s->shards = D;
     if (s->opts.split) {
         int64_t sum = 0;
@@ -39,7 +39,7 @@ static int pipeline_open(fb_session *s, const fb_job_spec *const *specs, int n, 
             if (sum >= 0) sum += s->opts.split[d];
         }
         if (sum != bs)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "the split of %d shards does not add up to the batch of %lld", D,
                            (long long)bs);
         memcpy(s->split, s->opts.split, (size_t)D * sizeof *s->split);
@@ -57,10 +57,11 @@ static void pipeline_free(fb_session *s)
 
 /* The stages update within the step, with the hyperparameters the session
  * set before it. */
-static int pipeline_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t cap)
+static int pipeline_train(fb_session *s, const float *x, const int32_t *y, char *msg,
+                          size_t msg_cap)
 {
     return fb_pp_train_step(s->ctx, x, y, (int)s->bs, s->split, (uint64_t)s->step, s->hp, s->loss,
-                            s->correct, msg, cap);
+                            s->correct, msg, msg_cap);
 }
 
 /* The whole model's view, for what follows the step. */
@@ -101,18 +102,18 @@ static int pipeline_devices(const fb_session *s)
     return s->shards * s->opts.pipeline;
 }
 
-static int pipeline_set_split(fb_session *s, const int64_t *split, char *msg, size_t cap)
+static int pipeline_set_split(fb_session *s, const int64_t *split, char *msg, size_t msg_cap)
 {
     int64_t sum = 0;
     for (int d = 0; d < s->shards; d++) {
         if (split[d] < 1)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "shard %d of the split has %lld samples (at least 1)", d,
                            (long long)split[d]);
         sum += split[d];
     }
     if (sum != s->bs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the split adds up to %lld samples, the batch has %lld", (long long)sum,
                        (long long)s->bs);
     memcpy(s->split, split, (size_t)s->shards * sizeof *split);

@@ -5,10 +5,10 @@
 #include "session_impl.h"
 
 static int single_open(fb_session *s, const fb_job_spec *const *specs, int n, char *msg,
-                       size_t cap)
+                       size_t msg_cap)
 {
     s->shards = 1;
-    return fb_array_new(s->be, specs, n, (int)s->bs, &s->a, msg, cap);
+    return fb_array_new(s->be, specs, n, (int)s->bs, &s->a, msg, msg_cap);
 }
 
 static void single_free(fb_session *s)
@@ -16,10 +16,10 @@ static void single_free(fb_session *s)
     fb_array_free(s->a);
 }
 
-static int single_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t cap)
+static int single_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t msg_cap)
 {
     return fb_array_forward_backward(s->a, x, y, (int)s->bs, true, (uint64_t)s->step, s->loss,
-                                     s->correct, msg, cap);
+                                     s->correct, msg, msg_cap);
 }
 
 static void single_update(fb_session *s)
@@ -49,12 +49,12 @@ static int single_devices(const fb_session *s)
     return 1;
 }
 
-static int single_set_split(fb_session *s, const int64_t *split, char *msg, size_t cap)
+static int single_set_split(fb_session *s, const int64_t *split, char *msg, size_t msg_cap)
 {
     if (split[0] != s->bs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
-                       "the split adds up to %lld samples, the batch has %lld",
-                       (long long)split[0], (long long)s->bs);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "the split adds up to %lld samples, the batch has %lld", (long long)split[0],
+                       (long long)s->bs);
     return FB_OK;
 }
 

@@ -27,9 +27,9 @@ static void run_event(const fb_train_event *ev, void *user)
     if (c->caller && c->caller->cb) c->caller->cb(ev, c->caller->user);
 }
 
-int fb_train_run(fb_backend *be, const fb_job_spec *const *specs, int n,
-                 const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
-                 double *final_loss, double *final_acc, char *msg, size_t cap)
+int fb_train_run(fb_backend *be, const fb_job_spec *const *specs, int n, const fb_dataset *train,
+                 const fb_dataset *val, const fb_train_opts *opts, double *final_loss,
+                 double *final_acc, char *msg, size_t msg_cap)
 {
     run_ctx c = {.caller = opts, .evaluated = val && val->n > 0, .final_loss = final_loss,
                  .final_acc = final_acc};
@@ -37,14 +37,14 @@ int fb_train_run(fb_backend *be, const fb_job_spec *const *specs, int n,
     o.cb = run_event;
     o.user = &c;
     fb_session *s = NULL;
-    int err = fb_session_new(&s, be, specs, n, train, val, &o, msg, cap);
+    int err = fb_session_new(&s, be, specs, n, train, val, &o, msg, msg_cap);
     if (err) return err;
     for (int i = 0; i < n; i++) {
         if (final_loss) final_loss[i] = NAN;
         if (final_acc) final_acc[i] = NAN;
     }
     while (!fb_session_done(s))
-        if ((err = fb_session_step(s, msg, cap))) break;
+        if ((err = fb_session_step(s, msg, msg_cap))) break;
     fb_session_free(s);
     return err;
 }

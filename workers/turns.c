@@ -22,23 +22,23 @@
  * which is the pace of its busiest device, as a step that needs all its devices must be.
  */
 
-int fb_turn_init(fb_turn *g, int n_devices, uint64_t ticket, double share, const int *devs,
-                 int n, int64_t step_ns, void *user, char *msg, size_t cap)
+int fb_turn_init(fb_turn *g, int n_devices, uint64_t ticket, double share, const int *devs, int n,
+                 int64_t step_ns, void *user, char *msg, size_t msg_cap)
 {
     if (!(share > 0 && share <= 1)) /* NaN too */
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "a time share must be in (0, 1], not %g",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a time share must be in (0, 1], not %g",
                        share);
     if (n < 1 || n > FB_TURNS_MAX_DEVICES || !devs)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "a group takes its turns on 1..%d devices, not %d", FB_TURNS_MAX_DEVICES, n);
     if (step_ns < 0)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "a scripted step of %lld ns",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a scripted step of %lld ns",
                        (long long)step_ns);
     int sorted[FB_TURNS_MAX_DEVICES], m = 0;
     for (int k = 0; k < n; k++) {
         int dev = devs[k];
         if (dev < 0 || dev >= n_devices)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "device %d does not exist (there are %d)", dev, n_devices);
         /* insertion into a sorted list; a device named twice counts once */
         bool seen = false;
@@ -277,10 +277,10 @@ void fb_turns_park(fb_turns *t, fb_turn *g, bool parked, int64_t now_ns)
 }
 
 int fb_turns_set_share(fb_turns *t, fb_turn *g, double share, int64_t now_ns, char *msg,
-                       size_t cap)
+                       size_t msg_cap)
 {
     if (!(share > 0 && share <= 1))
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "a time share must be in (0, 1], not %g",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a time share must be in (0, 1], not %g",
                        share);
     g->share = share;
     event(t, FB_TURN_EV_SHARE, g, when(t, g, now_ns), share);
@@ -412,10 +412,10 @@ void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked, fb_turns_stop
     pthread_mutex_unlock(&s->mu);
 }
 
-int fb_turns_sync_set_share(fb_turns_sync *s, fb_turn *g, double share, char *msg, size_t cap)
+int fb_turns_sync_set_share(fb_turns_sync *s, fb_turn *g, double share, char *msg, size_t msg_cap)
 {
     pthread_mutex_lock(&s->mu);
-    int err = fb_turns_set_share(&s->core, g, share, fb_clock_ns(), msg, cap);
+    int err = fb_turns_set_share(&s->core, g, share, fb_clock_ns(), msg, msg_cap);
     pthread_mutex_unlock(&s->mu);
     return err;
 }

@@ -92,8 +92,8 @@ typedef struct fb_turns {
  * scripted mode, its step length step_ns (> 0; 0 otherwise).  FB_OK, or
  * FB_ERR_OUT_OF_RANGE with msg saying what is wrong (g untouched).
  */
-int fb_turn_init(fb_turn *g, int n_devices, uint64_t ticket, double share, const int *devs,
-                 int n, int64_t step_ns, void *user, char *msg, size_t cap);
+int fb_turn_init(fb_turn *g, int n_devices, uint64_t ticket, double share, const int *devs, int n,
+                 int64_t step_ns, void *user, char *msg, size_t msg_cap);
 
 /* Its time share, and whether it holds its devices now. */
 double fb_turn_share(const fb_turn *g);
@@ -134,7 +134,7 @@ void fb_turns_park(fb_turns *t, fb_turn *g, bool parked, int64_t now_ns);
 /* A new time share in (0, 1] for the charges from now on (in any state); FB_OK, or
  * FB_ERR_OUT_OF_RANGE with msg (nothing changes). */
 int fb_turns_set_share(fb_turns *t, fb_turn *g, double share, int64_t now_ns, char *msg,
-                       size_t cap);
+                       size_t msg_cap);
 
 /* Grants what may go at now_ns (a leader's wait may have run out).  Returns the earliest
  * time at which a wait runs out, INT64_MAX when none is pending. */
@@ -180,7 +180,7 @@ void fb_turns_sync_destroy(fb_turns_sync *s);
 void fb_turns_sync_join(fb_turns_sync *s, fb_turn *g);
 void fb_turns_sync_leave(fb_turns_sync *s, fb_turn *g, fb_turns_stop_fn stop);
 void fb_turns_sync_park(fb_turns_sync *s, fb_turn *g, bool parked, fb_turns_stop_fn stop);
-int fb_turns_sync_set_share(fb_turns_sync *s, fb_turn *g, double share, char *msg, size_t cap);
+int fb_turns_sync_set_share(fb_turns_sync *s, fb_turn *g, double share, char *msg, size_t msg_cap);
 double fb_turns_sync_share(fb_turns_sync *s, const fb_turn *g);
 
 /* Waits for g's turn on every device it steps on and takes them all at once.  False (and g

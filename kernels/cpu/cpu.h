@@ -46,7 +46,7 @@ void fb_cpu_scale_members(fb_backend *be, float *x, const float *scales, int N, 
 /* FB_OK when every ids[i] of [0, n_ids) is in [0, V); else FB_ERR_DATA and
  * msg (may be NULL) names op and the first bad position. */
 int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, char *msg,
-                     size_t cap);
+                     size_t msg_cap);
 
 /* ---- reference ---- */
 void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
@@ -102,10 +102,9 @@ void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float 
                                const float *rstd, const float *gamma, int N, int B, int F);
 
 int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                             int N, int T, int B, int V, int D, char *msg, size_t cap);
-int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout,
-                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
-                              size_t cap);
+                             int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
+int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
                                int N, int T, int B, int L, int D);
 void fb_ref_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
@@ -185,10 +184,9 @@ void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float 
 
 size_t fb_cpu_attention_scratch_floats(const fb_backend *be, int N, int T, int B, int H);
 int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                             int N, int T, int B, int V, int D, char *msg, size_t cap);
-int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout,
-                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
-                              size_t cap);
+                             int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
+int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
                                int N, int T, int B, int L, int D);
 void fb_cpu_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,

@@ -34,10 +34,10 @@
 /* ids [N*T]; table [B, V, D]; out [N, T, B, D]: one row copy per (position,
  * member), positions cut over threads. */
 int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                             int N, int T, int B, int V, int D, char *msg, size_t cap)
+                             int N, int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
     const size_t P = (size_t)N * T;
-    int rc = fb_cpu_check_ids(ids, P, V, "embedding", msg, cap);
+    int rc = fb_cpu_check_ids(ids, P, V, "embedding", msg, msg_cap);
     if (rc != FB_OK) return rc;
     const int nt = fb_cpu_team(be, (double)P * B * D, SEQ_GRAIN);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -50,12 +50,11 @@ int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
 
 /* dout [N, T, B, D]; dtable [B, V, D]: pieces of (member, feature range),
  * each walking the positions in order (the reference's order per element). */
-int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout,
-                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
-                              size_t cap)
+int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
     const size_t P = (size_t)N * T;
-    int rc = fb_cpu_check_ids(ids, P, V, "embedding", msg, cap);
+    int rc = fb_cpu_check_ids(ids, P, V, "embedding", msg, msg_cap);
     if (rc != FB_OK) return rc;
     const int nt = fb_cpu_team(be, (double)P * B * D, SEQ_GRAIN);
     const int R = B >= nt ? 1 : (nt + B - 1) / B;

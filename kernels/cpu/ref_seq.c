@@ -13,12 +13,12 @@
 /* FB_OK when every id of ids [n_ids] is in [0, V); else FB_ERR_DATA with the
  * first bad position in msg.  Shared by both CPU backends. */
 int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, char *msg,
-                     size_t cap)
+                     size_t msg_cap)
 {
     for (size_t i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= V) {
-            if (msg && cap)
-                snprintf(msg, cap, "%s: token id %d at position %zu is outside [0, %d)", op,
+            if (msg && msg_cap)
+                snprintf(msg, msg_cap, "%s: token id %d at position %zu is outside [0, %d)", op,
                          (int)ids[i], i, V);
             return FB_ERR_DATA;
         }
@@ -30,9 +30,9 @@ int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, ch
  *   out[n, t, b, d] = table[b, ids[n T + t], d].
  */
 int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                             int N, int T, int B, int V, int D, char *msg, size_t cap)
+                             int N, int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
-    int rc = fb_cpu_check_ids(ids, (size_t)N * T, V, "embedding", msg, cap);
+    int rc = fb_cpu_check_ids(ids, (size_t)N * T, V, "embedding", msg, msg_cap);
     if (rc != FB_OK) return rc;
     for (size_t p = 0; p < (size_t)N * T; p++)
         for (int b = 0; b < B; b++)
@@ -46,11 +46,10 @@ int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
  *   for p = 0, 1, ... N T - 1 in order: dtable[b, ids[p], d] += dout[p, b, d]
  * (float adds in position order: the order every backend keeps).
  */
-int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout,
-                              const int32_t *ids, int N, int T, int B, int V, int D, char *msg,
-                              size_t cap)
+int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
+                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap)
 {
-    int rc = fb_cpu_check_ids(ids, (size_t)N * T, V, "embedding", msg, cap);
+    int rc = fb_cpu_check_ids(ids, (size_t)N * T, V, "embedding", msg, msg_cap);
     if (rc != FB_OK) return rc;
     for (size_t p = 0; p < (size_t)N * T; p++)
         for (int b = 0; b < B; b++)

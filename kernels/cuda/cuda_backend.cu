@@ -360,14 +360,14 @@ static const struct fb_backend_ops fb_cuda_ops = {
 static pthread_mutex_t fbc_create_lock = PTHREAD_MUTEX_INITIALIZER;
 static fb_backend *fbc_backends[FBC_MAX_DEVICES];
 
-static int create_errf(char *msg, size_t cap, int err, const char *fmt, ...)
+static int create_errf(char *msg, size_t msg_cap, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int create_errf(char *msg, size_t cap, int err, const char *fmt, ...)
+static int create_errf(char *msg, size_t msg_cap, int err, const char *fmt, ...)
 {
-    if (msg && cap > 0) {
+    if (msg && msg_cap > 0) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
+        vsnprintf(msg, msg_cap, fmt, ap);
         va_end(ap);
     }
     return err;
@@ -394,14 +394,14 @@ static void destroy_ctx(struct fbc_ctx *c)
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
             (void)cudaGetLastError();                                                              \
-            rc = create_errf(msg, cap, e_ == cudaErrorMemoryAllocation ? FB_ERR_NOMEM : FB_ERR_IO, \
-                             "CUDA device %d: %s failed: %s", device, #call,                      \
-                             cudaGetErrorString(e_));                                              \
+            rc = create_errf(                                                                      \
+                msg, msg_cap, e_ == cudaErrorMemoryAllocation ? FB_ERR_NOMEM : FB_ERR_IO,          \
+                "CUDA device %d: %s failed: %s", device, #call, cudaGetErrorString(e_));           \
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
 
-static int create_backend(int device, fb_backend **out, char *msg, size_t cap)
+static int create_backend(int device, fb_backend **out, char *msg, size_t msg_cap)
 {
     struct fbc_ctx *c = NULL;
     fb_backend *be = NULL;
@@ -413,18 +413,19 @@ static int create_backend(int device, fb_backend **out, char *msg, size_t cap)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return create_errf(msg, cap, e == cudaErrorNoDevice ? FB_ERR_NOT_FOUND : FB_ERR_UNSUPPORTED,
+        return create_errf(msg, msg_cap,
+                           e == cudaErrorNoDevice ? FB_ERR_NOT_FOUND : FB_ERR_UNSUPPORTED,
                            "CUDA: no usable device: %s", cudaGetErrorString(e));
     }
     if (device < 0 || device >= n || device >= FBC_MAX_DEVICES)
-        return create_errf(msg, cap, FB_ERR_NOT_FOUND, "CUDA device %d does not exist (%d present)",
-                           device, n);
+        return create_errf(msg, msg_cap, FB_ERR_NOT_FOUND,
+                           "CUDA device %d does not exist (%d present)", device, n);
     /* the convolutions read it again at each call (cuda_conv.cu); a value they would refuse
      * stops the backend here, so that a worker with it does not start, rather than fail
      * every convolution job it takes */
     const char *search = getenv("FUSEBOX_CUDNN_SEARCH");
     if (search && *search && strcmp(search, "timed") != 0 && strcmp(search, "heuristic") != 0)
-        return create_errf(msg, cap, FB_ERR_BAD_ENUM,
+        return create_errf(msg, msg_cap, FB_ERR_BAD_ENUM,
                            "FUSEBOX_CUDNN_SEARCH=\"%.40s\": expected \"timed\" or \"heuristic\"",
                            search);
 
@@ -433,7 +434,7 @@ static int create_backend(int device, fb_backend **out, char *msg, size_t cap)
     if (!c || !be) {
         free(be);
         free(c);
-        return create_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return create_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     c->device = device;
     pthread_mutex_init(&c->lock, NULL);
@@ -453,27 +454,27 @@ static int create_backend(int device, fb_backend **out, char *msg, size_t cap)
     bs = cublasCreate(&c->blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;
-        rc = create_errf(msg, cap, bs == CUBLAS_STATUS_ALLOC_FAILED ? FB_ERR_NOMEM : FB_ERR_IO,
+        rc = create_errf(msg, msg_cap, bs == CUBLAS_STATUS_ALLOC_FAILED ? FB_ERR_NOMEM : FB_ERR_IO,
                          "cuBLAS: cublasCreate failed: %s", cublasGetStatusString(bs));
         goto fail;
     }
     bs = cublasSetStream(c->blas, c->stream);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
     if (bs != CUBLAS_STATUS_SUCCESS) {
-        rc = create_errf(msg, cap, FB_ERR_IO, "cuBLAS: setting stream or math mode failed: %s",
+        rc = create_errf(msg, msg_cap, FB_ERR_IO, "cuBLAS: setting stream or math mode failed: %s",
                          cublasGetStatusString(bs));
         goto fail;
     }
     ds = cudnnCreate(&c->dnn);
     if (ds != CUDNN_STATUS_SUCCESS) {
         c->dnn = NULL;
-        rc = create_errf(msg, cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s",
+        rc = create_errf(msg, msg_cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s",
                          cudnnGetErrorString(ds));
         goto fail;
     }
     ds = cudnnSetStream(c->dnn, c->stream);
     if (ds != CUDNN_STATUS_SUCCESS) {
-        rc = create_errf(msg, cap, FB_ERR_IO, "cuDNN: cudnnSetStream failed: %s",
+        rc = create_errf(msg, msg_cap, FB_ERR_IO, "cuDNN: cudnnSetStream failed: %s",
                          cudnnGetErrorString(ds));
         goto fail;
     }
@@ -488,11 +489,11 @@ fail:
     return rc;
 }
 
-extern "C" int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap)
+extern "C" int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t msg_cap)
 {
-    if (!out) return create_errf(msg, cap, FB_ERR_INTERNAL, "fb_cuda_backend_get: out is NULL");
+    if (!out) return create_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_cuda_backend_get: out is NULL");
     if (device < 0 || device >= FBC_MAX_DEVICES)
-        return create_errf(msg, cap, FB_ERR_NOT_FOUND, "CUDA device %d does not exist", device);
+        return create_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "CUDA device %d does not exist", device);
     pthread_mutex_lock(&fbc_create_lock);
     int rc = FB_OK;
     if (!fbc_backends[device]) {
@@ -502,7 +503,7 @@ extern "C" int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size
             (void)cudaGetLastError();
             prev = -1;
         }
-        rc = create_backend(device, &be, msg, cap);
+        rc = create_backend(device, &be, msg, msg_cap);
         if (prev >= 0 && prev != device && cudaSetDevice(prev) != cudaSuccess)
             (void)cudaGetLastError();
         if (rc == FB_OK) fbc_backends[device] = be;
@@ -538,13 +539,13 @@ extern "C" void *fb_cuda_backend_stream(fb_backend *be, int which)
     return NULL;
 }
 
-extern "C" int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap)
+extern "C" int fb_cuda_backend_error(fb_backend *be, char *msg, size_t msg_cap)
 {
     if (!fb_backend_is_cuda(be)) return FB_OK;
     struct fbc_ctx *c = fbc_ctx_of(be);
     cuda_sync(be);
     if (c->err == FB_OK) return FB_OK;
-    return create_errf(msg, cap, c->err, "%s", c->err_msg);
+    return create_errf(msg, msg_cap, c->err, "%s", c->err_msg);
 }
 
 extern "C" void fb_cuda_backend_clear_error(fb_backend *be)

@@ -32,7 +32,7 @@ extern "C" {
  * handle failed) with the reason in msg, *out untouched.  A failed creation
  * is retried on the next call.
  */
-int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t cap);
+int fb_cuda_backend_get(int device, fb_backend **out, char *msg, size_t msg_cap);
 
 /* Whether be is a CUDA backend (false for NULL), or a wrapper that copied a
  * CUDA backend's table and context to override some of its ops. */
@@ -61,7 +61,7 @@ void *fb_cuda_backend_stream(fb_backend *be, int which);
  * Synchronises the compute stream first, so errors of queued kernels are seen.
  * FB_OK for a backend that is not CUDA.
  */
-int fb_cuda_backend_error(fb_backend *be, char *msg, size_t cap);
+int fb_cuda_backend_error(fb_backend *be, char *msg, size_t msg_cap);
 
 /* Forgets a recorded error so the backend runs ops again (after an error
  * that left the device usable, such as an out-of-range label). */

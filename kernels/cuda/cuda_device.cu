@@ -24,14 +24,14 @@ extern "C" {
 
 /* Formats msg (NUL-terminated when cap > 0) and returns err.  Local instead
  * of fb_errf so that kernels/ does not link against fb_api. */
-static int dev_errf(char *msg, size_t cap, int err, const char *fmt, ...)
+static int dev_errf(char *msg, size_t msg_cap, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int dev_errf(char *msg, size_t cap, int err, const char *fmt, ...)
+static int dev_errf(char *msg, size_t msg_cap, int err, const char *fmt, ...)
 {
-    if (msg && cap > 0) {
+    if (msg && msg_cap > 0) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
+        vsnprintf(msg, msg_cap, fmt, ap);
         va_end(ap);
     }
     return err;
@@ -59,26 +59,26 @@ static int dev_err_from_cuda(cudaError_t e)
 }
 
 /* Reports a failed runtime call and clears the runtime's last error. */
-static int dev_fail_cuda(char *msg, size_t cap, cudaError_t e, const char *what)
+static int dev_fail_cuda(char *msg, size_t msg_cap, cudaError_t e, const char *what)
 {
     (void)cudaGetLastError();
-    return dev_errf(msg, cap, dev_err_from_cuda(e), "CUDA: %s failed: %s (%s)", what,
+    return dev_errf(msg, msg_cap, dev_err_from_cuda(e), "CUDA: %s failed: %s (%s)", what,
                     cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 /* FB_OK when `device` names an existing device, else the reason. */
-static int dev_check_ordinal(int device, char *msg, size_t cap)
+static int dev_check_ordinal(int device, char *msg, size_t msg_cap)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e == cudaErrorNoDevice) {
         (void)cudaGetLastError();
-        return dev_errf(msg, cap, FB_ERR_NOT_FOUND, "CUDA: no device");
+        return dev_errf(msg, msg_cap, FB_ERR_NOT_FOUND, "CUDA: no device");
     }
-    if (e != cudaSuccess) return dev_fail_cuda(msg, cap, e, "cudaGetDeviceCount");
+    if (e != cudaSuccess) return dev_fail_cuda(msg, msg_cap, e, "cudaGetDeviceCount");
     if (device < 0 || device >= n)
-        return dev_errf(msg, cap, FB_ERR_NOT_FOUND, "CUDA: device %d does not exist (%d present)",
-                        device, n);
+        return dev_errf(msg, msg_cap, FB_ERR_NOT_FOUND,
+                        "CUDA: device %d does not exist (%d present)", device, n);
     return FB_OK;
 }
 
@@ -93,7 +93,7 @@ extern "C" int fb_cuda_device_count(void)
 }
 
 extern "C" int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, char *msg,
-                                   size_t cap)
+                                   size_t msg_cap)
 {
     struct fb_cuda_device_info info;
     cudaDeviceProp prop;
@@ -102,8 +102,8 @@ extern "C" int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, 
     cudaError_t e;
     int rc;
 
-    if (!out) return dev_errf(msg, cap, FB_ERR_INTERNAL, "fb_cuda_device_info: out is NULL");
-    rc = dev_check_ordinal(device, msg, cap);
+    if (!out) return dev_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_cuda_device_info: out is NULL");
+    rc = dev_check_ordinal(device, msg, msg_cap);
     if (rc != FB_OK) return rc;
     if (cudaGetDevice(&prev) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -112,12 +112,12 @@ extern "C" int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, 
 
     memset(&info, 0, sizeof info);
     e = cudaGetDeviceProperties(&prop, device);
-    if (e != cudaSuccess) return dev_fail_cuda(msg, cap, e, "cudaGetDeviceProperties");
+    if (e != cudaSuccess) return dev_fail_cuda(msg, msg_cap, e, "cudaGetDeviceProperties");
     e = cudaSetDevice(device);
-    if (e != cudaSuccess) return dev_fail_cuda(msg, cap, e, "cudaSetDevice");
+    if (e != cudaSuccess) return dev_fail_cuda(msg, msg_cap, e, "cudaSetDevice");
     e = cudaMemGetInfo(&free_b, &total_b);
     if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
-    if (e != cudaSuccess) return dev_fail_cuda(msg, cap, e, "cudaMemGetInfo");
+    if (e != cudaSuccess) return dev_fail_cuda(msg, msg_cap, e, "cudaMemGetInfo");
 
     info.device = device;
     snprintf(info.name, sizeof info.name, "%s", prop.name);
@@ -154,7 +154,7 @@ static double rel_diff(double got, double want)
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            rc = dev_fail_cuda(msg, cap, e_, what);                                                \
+            rc = dev_fail_cuda(msg, msg_cap, e_, what);                                            \
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
@@ -162,7 +162,7 @@ static double rel_diff(double got, double want)
 /* Our own kernel: y = a x + y over SAXPY_N floats, checked against the host.
  * Values are small multiples of a power of two, so the result is exact.
  * Sets *err to the largest relative difference seen. */
-static int selftest_saxpy(char *msg, size_t cap, double *err)
+static int selftest_saxpy(char *msg, size_t msg_cap, double *err)
 {
     const size_t n = SAXPY_N;
     const float a = 1.5f;
@@ -174,7 +174,7 @@ static int selftest_saxpy(char *msg, size_t cap, double *err)
     hy = (float *)malloc(n * sizeof *hy);
     hr = (float *)malloc(n * sizeof *hr);
     if (!hx || !hy || !hr) {
-        rc = dev_errf(msg, cap, FB_ERR_NOMEM, "self-test: host allocation failed");
+        rc = dev_errf(msg, msg_cap, FB_ERR_NOMEM, "self-test: host allocation failed");
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
@@ -196,7 +196,7 @@ static int selftest_saxpy(char *msg, size_t cap, double *err)
         double d = rel_diff(hr[i], want);
         if (d > *err) *err = d;
         if (d > 1e-6) {
-            rc = dev_errf(msg, cap, FB_ERR_INTERNAL,
+            rc = dev_errf(msg, msg_cap, FB_ERR_INTERNAL,
                           "self-test: saxpy y[%zu] = %.9g on the device, %.9g on the host", i,
                           (double)hr[i], want);
             goto fail;
@@ -215,7 +215,7 @@ fail:
  * column-major as cuBLAS expects.  Small integers, so every product and sum
  * is exact in fp32 and in TF32 and the GPU must match the host.  Sets *err to
  * the largest relative difference seen. */
-static int selftest_sgemm(char *msg, size_t cap, double *err)
+static int selftest_sgemm(char *msg, size_t msg_cap, double *err)
 {
     const int m = GEMM_M, n = GEMM_N, k = GEMM_K;
     const float alpha = 1.0f, beta = 0.5f;
@@ -230,7 +230,7 @@ static int selftest_sgemm(char *msg, size_t cap, double *err)
     hc = (float *)malloc((size_t)m * n * sizeof *hc);
     hcr = (float *)malloc((size_t)m * n * sizeof *hcr);
     if (!ha || !hb || !hc || !hcr) {
-        rc = dev_errf(msg, cap, FB_ERR_NOMEM, "self-test: host allocation failed");
+        rc = dev_errf(msg, msg_cap, FB_ERR_NOMEM, "self-test: host allocation failed");
         goto fail;
     }
     for (int i = 0; i < m * k; i++)
@@ -248,13 +248,13 @@ static int selftest_sgemm(char *msg, size_t cap, double *err)
     bs = cublasCreate(&blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         blas = NULL;
-        rc = dev_errf(msg, cap, bs == CUBLAS_STATUS_ALLOC_FAILED ? FB_ERR_NOMEM : FB_ERR_IO,
+        rc = dev_errf(msg, msg_cap, bs == CUBLAS_STATUS_ALLOC_FAILED ? FB_ERR_NOMEM : FB_ERR_IO,
                       "cuBLAS: cublasCreate failed: %s", cublasGetStatusString(bs));
         goto fail;
     }
     bs = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta, dc, m);
     if (bs != CUBLAS_STATUS_SUCCESS) {
-        rc = dev_errf(msg, cap, FB_ERR_IO, "cuBLAS: cublasSgemm failed: %s",
+        rc = dev_errf(msg, msg_cap, FB_ERR_IO, "cuBLAS: cublasSgemm failed: %s",
                       cublasGetStatusString(bs));
         goto fail;
     }
@@ -269,7 +269,7 @@ static int selftest_sgemm(char *msg, size_t cap, double *err)
             double d = rel_diff(hcr[i + j * m], want);
             if (d > *err) *err = d;
             if (d > 1e-5) {
-                rc = dev_errf(msg, cap, FB_ERR_INTERNAL,
+                rc = dev_errf(msg, msg_cap, FB_ERR_INTERNAL,
                               "self-test: sgemm C[%d,%d] = %.9g on the device, %.9g on the host", i,
                               j, (double)hcr[i + j * m], want);
                 goto fail;
@@ -289,23 +289,23 @@ fail:
 }
 
 /* cuDNN and NCCL: the libraries load and answer with their versions. */
-static int selftest_libraries(char *msg, size_t cap, size_t *cudnn_version, int *nccl_version)
+static int selftest_libraries(char *msg, size_t msg_cap, size_t *cudnn_version, int *nccl_version)
 {
     cudnnHandle_t dnn = NULL;
     cudnnStatus_t ds = cudnnCreate(&dnn);
     if (ds != CUDNN_STATUS_SUCCESS)
-        return dev_errf(msg, cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s",
+        return dev_errf(msg, msg_cap, FB_ERR_IO, "cuDNN: cudnnCreate failed: %s",
                         cudnnGetErrorString(ds));
     *cudnn_version = cudnnGetVersion();
     cudnnDestroy(dnn);
     ncclResult_t ns = ncclGetVersion(nccl_version);
     if (ns != ncclSuccess)
-        return dev_errf(msg, cap, FB_ERR_IO, "NCCL: ncclGetVersion failed: %s",
+        return dev_errf(msg, msg_cap, FB_ERR_IO, "NCCL: ncclGetVersion failed: %s",
                         ncclGetErrorString(ns));
     return FB_OK;
 }
 
-extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
+extern "C" int fb_cuda_selftest(int device, char *msg, size_t msg_cap)
 {
     cudaDeviceProp prop;
     double err_saxpy = 0.0, err_gemm = 0.0;
@@ -313,7 +313,7 @@ extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
     size_t cudnn_version = 0;
     int prev = -1, rc;
 
-    rc = dev_check_ordinal(device, msg, cap);
+    rc = dev_check_ordinal(device, msg, msg_cap);
     if (rc != FB_OK) return rc;
     if (cudaGetDevice(&prev) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -321,11 +321,11 @@ extern "C" int fb_cuda_selftest(int device, char *msg, size_t cap)
     }
     TRY_CUDA(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     TRY_CUDA(cudaSetDevice(device), "cudaSetDevice");
-    rc = selftest_saxpy(msg, cap, &err_saxpy);
-    if (rc == FB_OK) rc = selftest_sgemm(msg, cap, &err_gemm);
-    if (rc == FB_OK) rc = selftest_libraries(msg, cap, &cudnn_version, &nccl_version);
+    rc = selftest_saxpy(msg, msg_cap, &err_saxpy);
+    if (rc == FB_OK) rc = selftest_sgemm(msg, msg_cap, &err_gemm);
+    if (rc == FB_OK) rc = selftest_libraries(msg, msg_cap, &cudnn_version, &nccl_version);
     if (rc == FB_OK)
-        rc = dev_errf(msg, cap, FB_OK,
+        rc = dev_errf(msg, msg_cap, FB_OK,
                       "device %d %s (cc %d.%d, %d SMs): saxpy n=%zu max rel err %.3g, sgemm "
                       "%dx%dx%d max rel err %.3g, cuDNN %zu, NCCL %d",
                       device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,

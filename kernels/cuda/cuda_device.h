@@ -47,7 +47,7 @@ int fb_cuda_device_count(void);
  * present; FB_ERR_IO when a runtime call fails.  On failure msg (capacity cap,
  * NUL-terminated when cap > 0) says why and *out is left untouched.
  */
-int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, char *msg, size_t cap);
+int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, char *msg, size_t msg_cap);
 
 /*
  * Proves that device `device` computes correctly: runs a saxpy kernel of our
@@ -59,7 +59,7 @@ int fb_cuda_device_info(int device, struct fb_cuda_device_info *out, char *msg, 
  * or FB_ERR_INTERNAL (a result differs from the host), with the reason in msg.
  * Frees everything it allocated on every path.
  */
-int fb_cuda_selftest(int device, char *msg, size_t cap);
+int fb_cuda_selftest(int device, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

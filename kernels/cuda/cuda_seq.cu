@@ -97,7 +97,7 @@ static bool check_ids(struct fbc_ctx *c, const int32_t *ids, size_t P, int V)
 
 extern "C" int fbc_embedding_forward(fb_backend *be, float *out, const int32_t *ids,
                                      const float *table, int N, int T, int B, int V, int D,
-                                     char *msg, size_t cap)
+                                     char *msg, size_t msg_cap)
 {
     struct fbc_ctx *c = fbc_begin(be);
     const size_t P = (size_t)N * T;
@@ -110,7 +110,7 @@ extern "C" int fbc_embedding_forward(fb_backend *be, float *out, const int32_t *
 
 extern "C" int fbc_embedding_backward(fb_backend *be, float *dtable, const float *dout,
                                       const int32_t *ids, int N, int T, int B, int V, int D,
-                                      char *msg, size_t cap)
+                                      char *msg, size_t msg_cap)
 {
     struct fbc_ctx *c = fbc_begin(be);
     const size_t P = (size_t)N * T;

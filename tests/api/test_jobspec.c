@@ -281,10 +281,10 @@ static char *to_json(const char *s)
     return j;
 }
 
-static int parse(const char *squoted, fb_job_spec *out, char *msg, size_t cap)
+static int parse(const char *squoted, fb_job_spec *out, char *msg, size_t msg_cap)
 {
     char *j = to_json(squoted);
-    int err = fb_job_spec_parse(j, strlen(j), NULL, out, msg, cap);
+    int err = fb_job_spec_parse(j, strlen(j), NULL, out, msg, msg_cap);
     free(j);
     return err;
 }

@@ -94,14 +94,14 @@ typedef struct proc {
 
 #ifdef FB_HAVE_CUDA
 /* One sum of N floats of value base + 1 on the device; returns FB_OK or the error. */
-static int sum_once(fb_comm *nccl, float *dbuf, int base, float *host, char *msg, size_t cap)
+static int sum_once(fb_comm *nccl, float *dbuf, int base, float *host, char *msg, size_t msg_cap)
 {
     for (int i = 0; i < N; i++) host[i] = (float)(base + 1);
     CHECK(cudaMemcpy(dbuf, host, N * sizeof *host, cudaMemcpyHostToDevice) == cudaSuccess);
     /* from pageable memory the copy may still be under way; NCCL's stream does not wait */
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     float *bufs[1] = {dbuf};
-    return fb_comm_allreduce_sum(nccl, bufs, N, msg, cap);
+    return fb_comm_allreduce_sum(nccl, bufs, N, msg, msg_cap);
 }
 #endif
 

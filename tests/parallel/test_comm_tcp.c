@@ -66,11 +66,11 @@ typedef struct proc {
 
 static int ready_pipe[2];
 
-static fb_comm *join(const proc *p, char *msg, size_t cap, int *err)
+static fb_comm *join(const proc *p, char *msg, size_t msg_cap, int *err)
 {
     fb_comm *c = NULL;
-    *err = fb_comm_tcp_new(p->n_local, p->base, p->world, root_addr,
-                           p->base == 0 ? listener : NULL, p->token, p->timeout_ms, &c, msg, cap);
+    *err = fb_comm_tcp_new(p->n_local, p->base, p->world, root_addr, p->base == 0 ? listener : NULL,
+                           p->token, p->timeout_ms, &c, msg, msg_cap);
     return c;
 }
 

@@ -52,18 +52,18 @@ static void usage(FILE *f)
  * them.  *x and *y are malloc'd; the caller frees them.
  */
 static int read_batch(const fb_st_file *f, const fb_shape *input, int n_lead, int64_t *lead,
-                      float **x, int32_t **y, char *msg, size_t cap)
+                      float **x, int32_t **y, char *msg, size_t msg_cap)
 {
     const fb_st_tensor *tx = fb_st_find(f, "x");
-    if (!tx) return fb_errf(msg, cap, FB_ERR_DATA, "the batch file has no tensor \"x\"");
+    if (!tx) return fb_errf(msg, msg_cap, FB_ERR_DATA, "the batch file has no tensor \"x\"");
     if (tx->ndim != n_lead + input->ndim)
-        return fb_errf(msg, cap, FB_ERR_DATA, "x has %d dimensions, expected %d", tx->ndim,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "x has %d dimensions, expected %d", tx->ndim,
                        n_lead + input->ndim);
     int64_t shape[FB_ST_MAX_DIMS];
     size_t rows = 1;
     for (int i = 0; i < n_lead; i++) {
         if (tx->shape[i] < 1 || tx->shape[i] > (1 << 20))
-            return fb_errf(msg, cap, FB_ERR_DATA, "x dimension %d is %lld", i,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA, "x dimension %d is %lld", i,
                            (long long)tx->shape[i]);
         lead[i] = shape[i] = tx->shape[i];
         rows *= (size_t)tx->shape[i];
@@ -75,14 +75,14 @@ static int read_batch(const fb_st_file *f, const fb_shape *input, int n_lead, in
     int32_t *hy = malloc(rows * sizeof *hy);
     int err = FB_ERR_NOMEM;
     if (!hx || !y64 || !hy) {
-        fb_errf(msg, cap, err, "out of memory");
+        fb_errf(msg, msg_cap, err, "out of memory");
         goto fail;
     }
-    if ((err = fb_st_get_f32(f, "x", shape, n_lead + input->ndim, hx, msg, cap))) goto fail;
-    if ((err = fb_st_get_i64(f, "y", lead, n_lead, y64, msg, cap))) goto fail;
+    if ((err = fb_st_get_f32(f, "x", shape, n_lead + input->ndim, hx, msg, msg_cap))) goto fail;
+    if ((err = fb_st_get_i64(f, "y", lead, n_lead, y64, msg, msg_cap))) goto fail;
     for (size_t i = 0; i < rows; i++) {
         if (y64[i] < 0 || y64[i] > INT32_MAX) {
-            err = fb_errf(msg, cap, FB_ERR_DATA, "label %lld at %zu is out of range",
+            err = fb_errf(msg, msg_cap, FB_ERR_DATA, "label %lld at %zu is out of range",
                           (long long)y64[i], i);
             goto fail;
         }
@@ -109,7 +109,7 @@ static void put_number(FILE *f, double v)
 }
 
 static int run_grad(fb_backend *be, const char *spec_path, const char *init_path,
-                    const char *batch_path, const char *prefix, char *msg, size_t cap)
+                    const char *batch_path, const char *prefix, char *msg, size_t msg_cap)
 {
     fb_job_spec spec;
     fb_st_file *bf = NULL;
@@ -119,44 +119,45 @@ static int run_grad(fb_backend *be, const char *spec_path, const char *init_path
     int32_t *y = NULL;
     int64_t lead[1];
     char path[4096];
-    int err = fb_job_spec_load(spec_path, NULL, &spec, msg, cap);
+    int err = fb_job_spec_load(spec_path, NULL, &spec, msg, msg_cap);
     if (err) return err;
     const fb_job_spec *specs[1] = {&spec};
-    if ((err = fb_st_open(batch_path, &bf, msg, cap))) goto done;
-    if ((err = read_batch(bf, &spec.input, 1, lead, &x, &y, msg, cap))) goto done;
+    if ((err = fb_st_open(batch_path, &bf, msg, msg_cap))) goto done;
+    if ((err = read_batch(bf, &spec.input, 1, lead, &x, &y, msg, msg_cap))) goto done;
     int N = (int)lead[0];
-    if ((err = fb_array_new(be, specs, 1, N, &a, msg, cap))) goto done;
-    if ((err = fb_array_load(a, 0, init_path, msg, cap))) goto done;
+    if ((err = fb_array_new(be, specs, 1, N, &a, msg, msg_cap))) goto done;
+    if ((err = fb_array_load(a, 0, init_path, msg, msg_cap))) goto done;
 
     float loss = 0;
-    if ((err = fb_array_forward_backward(a, x, y, N, true, 0, &loss, NULL, msg, cap))) goto done;
+    if ((err = fb_array_forward_backward(a, x, y, N, true, 0, &loss, NULL, msg, msg_cap)))
+        goto done;
     int K = fb_array_outputs(a);
     logits = malloc((size_t)N * (size_t)K * sizeof *logits);
     eval_logits = malloc((size_t)N * (size_t)K * sizeof *eval_logits);
     w = fb_st_writer_new();
     if (!logits || !eval_logits || !w) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto done;
     }
     fb_array_logits(a, 0, N, logits);
 
     /* gradients and running statistics before the eval forward touches anything */
     snprintf(path, sizeof path, "%s.grads.safetensors", prefix);
-    if ((err = fb_array_save(a, 0, path, true, NULL, NULL, msg, cap))) goto done;
+    if ((err = fb_array_save(a, 0, path, true, NULL, NULL, msg, msg_cap))) goto done;
     snprintf(path, sizeof path, "%s.after.safetensors", prefix);
-    if ((err = fb_array_save(a, 0, path, false, NULL, NULL, msg, cap))) goto done;
+    if ((err = fb_array_save(a, 0, path, false, NULL, NULL, msg, msg_cap))) goto done;
 
-    if ((err = fb_array_forward_backward(a, x, NULL, N, false, 0, NULL, NULL, msg, cap)))
+    if ((err = fb_array_forward_backward(a, x, NULL, N, false, 0, NULL, NULL, msg, msg_cap)))
         goto done;
     fb_array_logits(a, 0, N, eval_logits);
 
     int64_t shape[2] = {N, K};
-    if ((err = fb_st_writer_add_f32(w, "logits", shape, 2, logits, msg, cap)) ||
-        (err = fb_st_writer_add_f32(w, "eval_logits", shape, 2, eval_logits, msg, cap)) ||
-        (err = fb_st_writer_add_f32(w, "loss", NULL, 0, &loss, msg, cap)))
+    if ((err = fb_st_writer_add_f32(w, "logits", shape, 2, logits, msg, msg_cap)) ||
+        (err = fb_st_writer_add_f32(w, "eval_logits", shape, 2, eval_logits, msg, msg_cap)) ||
+        (err = fb_st_writer_add_f32(w, "loss", NULL, 0, &loss, msg, msg_cap)))
         goto done;
     snprintf(path, sizeof path, "%s.logits.safetensors", prefix);
-    err = fb_st_write(w, path, msg, cap);
+    err = fb_st_write(w, path, msg, msg_cap);
 done:
     fb_st_writer_free(w);
     free(logits);
@@ -171,7 +172,7 @@ done:
 
 /* pairs: B (SPEC, INIT) path pairs. */
 static int run_traj(fb_backend *be, char **pairs, int B, const char *batch_path,
-                    const char *out_path, char *msg, size_t cap)
+                    const char *out_path, char *msg, size_t msg_cap)
 {
     fb_job_spec *specs = calloc((size_t)B, sizeof *specs);
     const fb_job_spec **sp = calloc((size_t)B, sizeof *sp);
@@ -183,34 +184,34 @@ static int run_traj(fb_backend *be, char **pairs, int B, const char *batch_path,
     int32_t *y = NULL;
     int n_specs = 0, err = FB_ERR_NOMEM;
     if (!specs || !sp || !hp || !step_loss) {
-        fb_errf(msg, cap, err, "out of memory");
+        fb_errf(msg, msg_cap, err, "out of memory");
         goto done;
     }
     for (; n_specs < B; n_specs++) {
-        if ((err = fb_job_spec_load(pairs[2 * n_specs], NULL, &specs[n_specs], msg, cap)))
+        if ((err = fb_job_spec_load(pairs[2 * n_specs], NULL, &specs[n_specs], msg, msg_cap)))
             goto done;
         sp[n_specs] = &specs[n_specs];
     }
     int64_t lead[2];
-    if ((err = fb_st_open(batch_path, &bf, msg, cap))) goto done;
-    if ((err = read_batch(bf, &specs[0].input, 2, lead, &x, &y, msg, cap))) goto done;
+    if ((err = fb_st_open(batch_path, &bf, msg, msg_cap))) goto done;
+    if ((err = read_batch(bf, &specs[0].input, 2, lead, &x, &y, msg, msg_cap))) goto done;
     int S = (int)lead[0], N = (int)lead[1];
     size_t x_step = (size_t)N * (size_t)fb_shape_numel(&specs[0].input);
     losses = calloc((size_t)S * (size_t)B, sizeof *losses);
     if (!losses) {
-        err = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((err = fb_array_new(be, sp, B, N, &a, msg, cap))) goto done;
+    if ((err = fb_array_new(be, sp, B, N, &a, msg, msg_cap))) goto done;
     for (int b = 0; b < B; b++)
-        if ((err = fb_array_load(a, b, pairs[2 * b + 1], msg, cap))) goto done;
+        if ((err = fb_array_load(a, b, pairs[2 * b + 1], msg, msg_cap))) goto done;
     /* as the worker does per group turn: TF32 for tf32, and for bf16, whose
      * operands the array rounds itself (exact in TF32); no-op off CUDA */
     fb_cuda_backend_set_tf32(be, specs[0].precision != FB_PREC_FP32);
 
     for (int s = 0; s < S; s++) {
-        if ((err = fb_array_forward_backward(a, x + (size_t)s * x_step, y + (size_t)s * N, N,
-                                             true, (uint64_t)s, step_loss, NULL, msg, cap)))
+        if ((err = fb_array_forward_backward(a, x + (size_t)s * x_step, y + (size_t)s * N, N, true,
+                                             (uint64_t)s, step_loss, NULL, msg, msg_cap)))
             goto done;
         for (int b = 0; b < B; b++) {
             losses[(size_t)b * S + s] = step_loss[b];
@@ -221,7 +222,7 @@ static int run_traj(fb_backend *be, char **pairs, int B, const char *batch_path,
 
     FILE *f = fopen(out_path, "w");
     if (!f) {
-        err = fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", out_path);
+        err = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s", out_path);
         goto done;
     }
     if (B > 1) fputc('[', f);
@@ -235,7 +236,7 @@ static int run_traj(fb_backend *be, char **pairs, int B, const char *batch_path,
     }
     if (B > 1) fputc(']', f);
     fputc('\n', f);
-    err = fclose(f) == 0 ? FB_OK : fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", out_path);
+    err = fclose(f) == 0 ? FB_OK : fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s", out_path);
 done:
     fb_array_free(a);
     fb_st_close(bf);

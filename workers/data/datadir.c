@@ -17,14 +17,14 @@
 #define DD_PATH 4096
 #define DD_MAX_LABEL (1 << 24)
 
-static int dd_mkdir(const char *p, char *msg, size_t cap)
+static int dd_mkdir(const char *p, char *msg, size_t msg_cap)
 {
     if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return fb_errf(msg, cap, fb_err_write_errno(errno), "cannot create %s: %s", p,
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot create %s: %s", p,
                        strerror(errno));
     struct stat st;
     if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
-        return fb_errf(msg, cap, FB_ERR_IO, "%s is not a directory", p);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "%s is not a directory", p);
     return 0;
 }
 

@@ -453,23 +453,23 @@ static wslot *try_open_window(fb_loader *l)
 
 /* Reads and checks chunk j of window w into its buffer (outside the lock). */
 static int decode_chunk(fb_loader *l, fb_shard_scratch *sc, wslot *w, int64_t j, char *msg,
-                        size_t cap)
+                        size_t msg_cap)
 {
     const gchunk *gc = &l->chunks[w->gidx[j]];
     if (w->buf_cap[j] < gc->raw) {
         uint8_t *nb = realloc(w->buf[j], (size_t)gc->raw);
-        if (!nb) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        if (!nb) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         w->buf[j] = nb;
         w->buf_cap[j] = (size_t)gc->raw;
     }
     fb_shard_reader *r = l->readers[gc->shard];
-    int rc = fb_shard_read_chunk(&w->view[j], w->buf[j], w->buf_cap[j], sc, r, gc->chunk, msg,
-                                 cap);
+    int rc =
+        fb_shard_read_chunk(&w->view[j], w->buf[j], w->buf_cap[j], sc, r, gc->chunk, msg, msg_cap);
     if (rc) return rc;
     const int32_t *lab = w->view[j].labels;
     for (int64_t i = 0; i < gc->records; i++)
         if (lab[i] < 0 || lab[i] >= l->n_classes)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
                            ", outside [0, %d) of the manifest",
                            fb_shard_name(r), gc->chunk, w->view[j].first_record + i, lab[i],
@@ -609,24 +609,24 @@ static void *reader_main(void *arg)
 /* ------------------------------------------------------------ public API */
 
 static int check_split(int64_t *off, int64_t *cnt, int rank, int world, const int64_t *counts,
-                       int64_t N, int64_t *dst, char *msg, size_t cap)
+                       int64_t N, int64_t *dst, char *msg, size_t msg_cap)
 {
     if (world < 1 || world > FB_LOADER_MAX_WORLD)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "world size %d; allowed 1 to %d", world,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "world size %d; allowed 1 to %d", world,
                        FB_LOADER_MAX_WORLD);
     if (rank < 0 || rank >= world)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "rank %d of %d", rank, world);
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "rank %d of %d", rank, world);
     int64_t sum = 0, o = 0;
     for (int r = 0; r < world; r++) {
         int64_t c = counts ? counts[r] : N / world + (r < N % world ? 1 : 0);
         if (c < 0 || c > N)
-            return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+            return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                            "rank %d's share %" PRId64 " is outside 0..%" PRId64, r, c, N);
         if (r < rank) o += c;
         sum += c;
     }
     if (sum != N)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE,
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "the ranks' shares add up to %" PRId64 ", not the batch size %" PRId64, sum,
                        N);
     for (int r = 0; r < world; r++)
@@ -636,13 +636,13 @@ static int check_split(int64_t *off, int64_t *cnt, int rank, int world, const in
     return 0;
 }
 
-static int open_shards(fb_loader *l, const char *dir, char (*staged)[FB_STAGE_PATH_MAX],
-                       char *msg, size_t cap)
+static int open_shards(fb_loader *l, const char *dir, char (*staged)[FB_STAGE_PATH_MAX], char *msg,
+                       size_t msg_cap)
 {
     const fb_manifest_split *sp = l->sp;
     l->n_shards = sp->n_shards;
     l->readers = calloc((size_t)sp->n_shards, sizeof *l->readers);
-    if (!l->readers) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!l->readers) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int64_t G = 0;
     char path[FB_STAGE_PATH_MAX];
     for (int i = 0; i < sp->n_shards; i++) {
@@ -651,28 +651,28 @@ static int open_shards(fb_loader *l, const char *dir, char (*staged)[FB_STAGE_PA
             snprintf(path, sizeof path, "%s", staged[i]);
         else
             snprintf(path, sizeof path, "%s/%s", dir, sh->path);
-        int rc = fb_shard_open(&l->readers[i], path, msg, cap);
+        int rc = fb_shard_open(&l->readers[i], path, msg, msg_cap);
         if (rc) return rc;
         const fb_shard_meta *mt = fb_shard_get_meta(l->readers[i]);
         if (mt->bytes != sh->bytes)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: the manifest says %" PRIu64 " bytes, the file has %" PRIu64, path,
                            sh->bytes, mt->bytes);
         if (mt->dtype != l->m.dtype || mt->sample_numel != l->m.sample_numel)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: holds %s records of %" PRId64 " values; the manifest says %s "
                            "records of %" PRId64,
                            path, fb_data_dtype_name(mt->dtype), mt->sample_numel,
                            fb_data_dtype_name(l->m.dtype), l->m.sample_numel);
         if (mt->records != sh->records || mt->chunks != sh->chunks)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: holds %" PRId64 " records in %" PRId64 " chunks; the manifest "
                            "says %" PRId64 " in %" PRId64,
                            path, mt->records, mt->chunks, sh->records, sh->chunks);
         G += mt->chunks;
     }
     l->chunks = calloc((size_t)G, sizeof *l->chunks);
-    if (!l->chunks) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!l->chunks) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int64_t g = 0, first = 0, kept = 0, minc = INT64_MAX;
     for (int i = 0; i < sp->n_shards; i++) {
         const fb_shard_meta *mt = fb_shard_get_meta(l->readers[i]);

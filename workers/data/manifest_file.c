@@ -21,27 +21,28 @@ _Static_assert(FB_MANIFEST_MAX_SAMPLE_NUMEL == FB_SHARD_MAX_SAMPLE_NUMEL, "sampl
 _Static_assert(FB_MANIFEST_MIN_SHARD_BYTES == FB_SHARD_HEADER_BYTES + FB_SHARD_INDEX_ENTRY_BYTES,
                "smallest shard");
 
-static int slurp(char **buf, size_t *len, const char *path, size_t max, char *msg, size_t cap)
+static int slurp(char **buf, size_t *len, const char *path, size_t max, char *msg, size_t msg_cap)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) return fb_errf(msg, cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
-                           "cannot open %s: %s", path, strerror(errno));
+    if (!f)
+        return fb_errf(msg, msg_cap, errno == ENOENT ? FB_ERR_DATA : FB_ERR_IO,
+                       "cannot open %s: %s", path, strerror(errno));
     size_t n = 0, bcap = 65536;
     char *b = malloc(bcap);
     int rc = 0;
     if (!b) {
         fclose(f);
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     for (;;) {
         if (n == bcap) {
             if (bcap > max) {
-                rc = fb_errf(msg, cap, FB_ERR_DATA, "%s: larger than %zu bytes", path, max);
+                rc = fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: larger than %zu bytes", path, max);
                 break;
             }
             char *nb = realloc(b, 2 * bcap);
             if (!nb) {
-                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
                 break;
             }
             b = nb;
@@ -50,7 +51,7 @@ static int slurp(char **buf, size_t *len, const char *path, size_t max, char *ms
         size_t k = fread(b + n, 1, bcap - n, f);
         n += k;
         if (k == 0) {
-            if (ferror(f)) rc = fb_errf(msg, cap, FB_ERR_IO, "cannot read %s", path);
+            if (ferror(f)) rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot read %s", path);
             break;
         }
     }

@@ -259,11 +259,11 @@ fail:
 }
 
 /* Compresses and writes the records gathered so far as one chunk. */
-static int writer_flush(fb_shard_writer *w, char *msg, size_t cap)
+static int writer_flush(fb_shard_writer *w, char *msg, size_t msg_cap)
 {
     if (w->n == 0) return 0;
     if (w->chunks >= FB_SHARD_MAX_CHUNKS)
-        return fb_errf(msg, cap, FB_ERR_OUT_OF_RANGE, "%s: more than %" PRId64 " chunks",
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "%s: more than %" PRId64 " chunks",
                        w->path, FB_SHARD_MAX_CHUNKS);
     bool var = w->p.sample_numel == 0;
     size_t n = (size_t)w->n;
@@ -272,7 +272,7 @@ static int writer_flush(fb_shard_writer *w, char *msg, size_t cap)
     size_t zb = ZSTD_compressBound(raw);
     if (grow((void **)&w->raw, &w->raw_cap, raw) || grow((void **)&w->z, &w->z_cap, zb) ||
         grow((void **)&w->index, &w->index_cap, w->index_len + FB_SHARD_INDEX_ENTRY_BYTES))
-        return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     memcpy(w->raw, w->labels, n * 4);
     swap32_if_be(w->raw, n);
     if (var) {
@@ -283,9 +283,10 @@ static int writer_flush(fb_shard_writer *w, char *msg, size_t cap)
     if (w->esz == 4) swap32_if_be(w->raw + head, w->values_len / 4);
     size_t zn = ZSTD_compress2(w->cctx, w->z, zb, w->raw, raw);
     if (ZSTD_isError(zn))
-        return fb_errf(msg, cap, FB_ERR_INTERNAL, "%s: zstd: %s", w->path, ZSTD_getErrorName(zn));
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "%s: zstd: %s", w->path,
+                       ZSTD_getErrorName(zn));
     if (write_all(w->fd, w->z, zn) != 0)
-        return fb_errf(msg, cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
+        return fb_errf(msg, msg_cap, fb_err_write_errno(errno), "cannot write %s: %s", w->tmp,
                        strerror(errno));
     uint8_t *e = w->index + w->index_len;
     put_u64(e, w->offset);
@@ -452,11 +453,11 @@ struct fb_shard_scratch {
 
 /* Reads len bytes at off; a short read means the file was cut short. */
 static int rd_at(const fb_shard_reader *r, void *dst, size_t len, uint64_t off, const char *what,
-                 char *msg, size_t cap)
+                 char *msg, size_t msg_cap)
 {
     if (r->mem) {
         if (off > r->meta.bytes || len > r->meta.bytes - off)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: truncated: %s needs bytes %" PRIu64 "..%" PRIu64
                            " but the shard has %" PRIu64,
                            r->name, what, off, off + len, r->meta.bytes);
@@ -464,91 +465,106 @@ static int rd_at(const fb_shard_reader *r, void *dst, size_t len, uint64_t off, 
         return 0;
     }
     ssize_t k = pread_full(r->fd, dst, len, off);
-    if (k < 0) return fb_errf(msg, cap, FB_ERR_IO, "cannot read %s: %s", r->name, strerror(errno));
+    if (k < 0)
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot read %s: %s", r->name, strerror(errno));
     if ((size_t)k < len)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "%s: truncated: %s needs bytes %" PRIu64 "..%" PRIu64
                        " but the file ends at %" PRIu64,
                        r->name, what, off, off + len, off + (uint64_t)k);
     return 0;
 }
 
-static int shard_bad(const fb_shard_reader *r, char *msg, size_t cap, const char *fmt, ...)
+static int shard_bad(const fb_shard_reader *r, char *msg, size_t msg_cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static int shard_bad(const fb_shard_reader *r, char *msg, size_t cap, const char *fmt, ...)
+static int shard_bad(const fb_shard_reader *r, char *msg, size_t msg_cap, const char *fmt, ...)
 {
     char what[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return fb_errf(msg, cap, FB_ERR_DATA, "%s: %s", r->name, what);
+    return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: %s", r->name, what);
 }
 
 /* Checks the header and the index; fills r->meta and r->entries. */
-static int shard_load(fb_shard_reader *r, char *msg, size_t cap)
+static int shard_load(fb_shard_reader *r, char *msg, size_t msg_cap)
 {
     uint64_t size = r->meta.bytes;
     uint8_t h[FB_SHARD_HEADER_BYTES];
     if (size < FB_SHARD_HEADER_BYTES)
-        return shard_bad(r, msg, cap, "truncated: %" PRIu64 " bytes is too short for the %d-byte "
-                         "shard header", size, FB_SHARD_HEADER_BYTES);
-    int rc = rd_at(r, h, sizeof h, 0, "the header", msg, cap);
+        return shard_bad(r, msg, msg_cap,
+                         "truncated: %" PRIu64 " bytes is too short for the %d-byte "
+                         "shard header",
+                         size, FB_SHARD_HEADER_BYTES);
+    int rc = rd_at(r, h, sizeof h, 0, "the header", msg, msg_cap);
     if (rc) return rc;
     if (memcmp(h, FB_SHARD_MAGIC, 8) != 0)
-        return shard_bad(r, msg, cap, "not a fusebox shard (bad magic %02x %02x %02x %02x %02x "
+        return shard_bad(r, msg, msg_cap,
+                         "not a fusebox shard (bad magic %02x %02x %02x %02x %02x "
                          "%02x %02x %02x; a shard starts with \"FBSHARD\\0\")",
                          h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
     uint32_t version = get_u32(h + 8);
     if (version != FB_SHARD_VERSION)
-        return shard_bad(r, msg, cap, "shard format version %" PRIu32 "; this fusebox reads "
-                         "version %d", version, FB_SHARD_VERSION);
+        return shard_bad(r, msg, msg_cap,
+                         "shard format version %" PRIu32 "; this fusebox reads "
+                         "version %d",
+                         version, FB_SHARD_VERSION);
     uint32_t hcrc = fb_crc32c(0, h, 60);
     if (hcrc != get_u32(h + 60))
-        return shard_bad(r, msg, cap, "header checksum mismatch (stored %08" PRIx32
-                         ", computed %08" PRIx32 ")", get_u32(h + 60), hcrc);
+        return shard_bad(r, msg, msg_cap,
+                         "header checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32 ")",
+                         get_u32(h + 60), hcrc);
     if (get_u32(h + 12) != FB_SHARD_HEADER_BYTES)
-        return shard_bad(r, msg, cap, "header size %" PRIu32 ", expected %d", get_u32(h + 12),
+        return shard_bad(r, msg, msg_cap, "header size %" PRIu32 ", expected %d", get_u32(h + 12),
                          FB_SHARD_HEADER_BYTES);
     int dtype = get_u16(h + 16);
     size_t esz = fb_data_dtype_size(dtype);
-    if (!esz) return shard_bad(r, msg, cap, "unknown sample dtype code %d (1 uint8, 2 float32)", dtype);
+    if (!esz)
+        return shard_bad(r, msg, msg_cap, "unknown sample dtype code %d (1 uint8, 2 float32)",
+                         dtype);
     if (get_u16(h + 18) != FB_SHARD_CODEC_ZSTD)
-        return shard_bad(r, msg, cap, "unknown codec %d (1 zstd)", get_u16(h + 18));
+        return shard_bad(r, msg, msg_cap, "unknown codec %d (1 zstd)", get_u16(h + 18));
     uint32_t flags = get_u32(h + 20);
     if (flags & ~FB_SHARD_FLAG_VARIABLE)
-        return shard_bad(r, msg, cap, "unknown flags 0x%08" PRIx32, flags);
+        return shard_bad(r, msg, msg_cap, "unknown flags 0x%08" PRIx32, flags);
     bool var = flags & FB_SHARD_FLAG_VARIABLE;
     uint64_t numel = get_u64(h + 24), records = get_u64(h + 32), chunks = get_u64(h + 40);
     uint64_t index_off = get_u64(h + 48);
     if (var ? numel != 0 : (numel < 1 || numel > (uint64_t)FB_SHARD_MAX_SAMPLE_NUMEL))
-        return shard_bad(r, msg, cap, "sample size %" PRIu64 " values is not allowed for %s "
-                         "records", numel, var ? "variable" : "fixed");
+        return shard_bad(r, msg, msg_cap,
+                         "sample size %" PRIu64 " values is not allowed for %s "
+                         "records",
+                         numel, var ? "variable" : "fixed");
     if (records < 1 || records > (uint64_t)FB_SHARD_MAX_RECORDS)
-        return shard_bad(r, msg, cap, "record count %" PRIu64 " out of range 1..%" PRId64,
+        return shard_bad(r, msg, msg_cap, "record count %" PRIu64 " out of range 1..%" PRId64,
                          records, FB_SHARD_MAX_RECORDS);
     if (chunks < 1 || chunks > (uint64_t)FB_SHARD_MAX_CHUNKS || chunks > records)
-        return shard_bad(r, msg, cap, "chunk count %" PRIu64 " out of range 1..%" PRIu64, chunks,
-                         records < (uint64_t)FB_SHARD_MAX_CHUNKS ? records
-                                                                 : (uint64_t)FB_SHARD_MAX_CHUNKS);
+        return shard_bad(
+            r, msg, msg_cap, "chunk count %" PRIu64 " out of range 1..%" PRIu64, chunks,
+            records < (uint64_t)FB_SHARD_MAX_CHUNKS ? records : (uint64_t)FB_SHARD_MAX_CHUNKS);
     uint64_t index_len = chunks * FB_SHARD_INDEX_ENTRY_BYTES;
     if (index_off < FB_SHARD_HEADER_BYTES || index_off > size || size - index_off != index_len)
-        return shard_bad(r, msg, cap, "the index of %" PRIu64 " chunks (%" PRIu64 " bytes at "
+        return shard_bad(r, msg, msg_cap,
+                         "the index of %" PRIu64 " chunks (%" PRIu64 " bytes at "
                          "offset %" PRIu64 ") does not end the %" PRIu64 "-byte file%s",
                          chunks, index_len, index_off, size,
                          index_off <= size && size - index_off < index_len ? " (truncated?)" : "");
     uint8_t *idx = malloc((size_t)index_len);
     fb_shard_chunk_entry *e = calloc((size_t)chunks, sizeof *e);
     if (!idx || !e) {
-        rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+        rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = rd_at(r, idx, (size_t)index_len, index_off, "the chunk index", msg, cap))) goto fail;
+    if ((rc = rd_at(r, idx, (size_t)index_len, index_off, "the chunk index", msg, msg_cap)))
+        goto fail;
     uint32_t icrc = fb_crc32c(0, idx, (size_t)index_len);
     if (icrc != get_u32(h + 56)) {
-        rc = shard_bad(r, msg, cap, "chunk index checksum mismatch (stored %08" PRIx32
-                       ", computed %08" PRIx32 ")", get_u32(h + 56), icrc);
+        rc = shard_bad(r, msg, msg_cap,
+                       "chunk index checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32
+                       ")",
+                       get_u32(h + 56), icrc);
         goto fail;
     }
     uint64_t pos = FB_SHARD_HEADER_BYTES, raw_total = 0, max_raw = 0, max_stored = 0;
@@ -558,20 +574,26 @@ static int shard_load(fb_shard_reader *r, char *msg, size_t cap)
         uint64_t off = get_u64(p), stored = get_u64(p + 8), raw = get_u64(p + 16);
         uint64_t n = get_u32(p + 24);
         if (off != pos) {
-            rc = shard_bad(r, msg, cap, "chunk %" PRIu64 ": index gives offset %" PRIu64
-                           ", but the chunk must start at %" PRIu64, c, off, pos);
+            rc = shard_bad(r, msg, msg_cap,
+                           "chunk %" PRIu64 ": index gives offset %" PRIu64
+                           ", but the chunk must start at %" PRIu64,
+                           c, off, pos);
             goto fail;
         }
         if (stored < 1 || stored > index_off - off) {
-            rc = shard_bad(r, msg, cap, "chunk %" PRIu64 ": index entry points outside the "
+            rc = shard_bad(r, msg, msg_cap,
+                           "chunk %" PRIu64 ": index entry points outside the "
                            "chunk area (%" PRIu64 " bytes at offset %" PRIu64
-                           ", chunks end at %" PRIu64 ")", c, stored, off, index_off);
+                           ", chunks end at %" PRIu64 ")",
+                           c, stored, off, index_off);
             goto fail;
         }
         if (n < 1 || n > (uint64_t)FB_SHARD_MAX_CHUNK_RECORDS || n > records - (uint64_t)first) {
-            rc = shard_bad(r, msg, cap, "chunk %" PRIu64 ": %" PRIu64 " records is out of range "
+            rc = shard_bad(r, msg, msg_cap,
+                           "chunk %" PRIu64 ": %" PRIu64 " records is out of range "
                            "(the header promises %" PRIu64 " in all, %" PRId64 " before this "
-                           "chunk)", c, n, records, first);
+                           "chunk)",
+                           c, n, records, first);
             goto fail;
         }
         bool raw_ok;
@@ -582,13 +604,17 @@ static int shard_load(fb_shard_reader *r, char *msg, size_t cap)
         else
             raw_ok = raw == n * (4 + numel * esz);
         if (!raw_ok) {
-            rc = shard_bad(r, msg, cap, "chunk %" PRIu64 ": decoded size %" PRIu64 " bytes does "
-                           "not fit %" PRIu64 " %s records", c, raw, n, var ? "variable" : "fixed");
+            rc = shard_bad(r, msg, msg_cap,
+                           "chunk %" PRIu64 ": decoded size %" PRIu64 " bytes does "
+                           "not fit %" PRIu64 " %s records",
+                           c, raw, n, var ? "variable" : "fixed");
             goto fail;
         }
         if (stored > ZSTD_compressBound((size_t)raw)) {
-            rc = shard_bad(r, msg, cap, "chunk %" PRIu64 ": %" PRIu64 " stored bytes cannot "
-                           "decode to %" PRIu64 " bytes", c, stored, raw);
+            rc = shard_bad(r, msg, msg_cap,
+                           "chunk %" PRIu64 ": %" PRIu64 " stored bytes cannot "
+                           "decode to %" PRIu64 " bytes",
+                           c, stored, raw);
             goto fail;
         }
         e[c] = (fb_shard_chunk_entry){.offset = off, .stored = stored, .raw = raw,
@@ -602,13 +628,16 @@ static int shard_load(fb_shard_reader *r, char *msg, size_t cap)
         if ((int64_t)n > max_rec) max_rec = (int64_t)n;
     }
     if (pos != index_off) {
-        rc = shard_bad(r, msg, cap, "%" PRIu64 " unaccounted bytes between the last chunk and "
-                       "the index", index_off - pos);
+        rc = shard_bad(r, msg, msg_cap,
+                       "%" PRIu64 " unaccounted bytes between the last chunk and "
+                       "the index",
+                       index_off - pos);
         goto fail;
     }
     if ((uint64_t)first != records) {
-        rc = shard_bad(r, msg, cap, "the chunks hold %" PRId64 " records; the header promises %"
-                       PRIu64, first, records);
+        rc = shard_bad(r, msg, msg_cap,
+                       "the chunks hold %" PRId64 " records; the header promises %" PRIu64, first,
+                       records);
         goto fail;
     }
     free(idx);

@@ -97,7 +97,7 @@ static int entry_name_ok(const char *f)
  * file is gone are dropped, files the index does not know (a crash between
  * copy and index update) are adopted as least recently used, and leftover
  * temporary files are removed.  A missing or corrupt index is not an error. */
-static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, size_t cap)
+static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, size_t msg_cap)
 {
     char path[FB_STAGE_PATH_MAX + STAGE_NAME_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, FB_STAGE_INDEX);
@@ -117,7 +117,7 @@ static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, si
                 if (!idx_add(ix, f, (uint64_t)json_integer_value(b),
                              (uint64_t)json_integer_value(u))) {
                     json_decref(root);
-                    return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+                    return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
                 }
             }
     }
@@ -135,7 +135,7 @@ static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, si
         }
     }
     DIR *d = opendir(dir);
-    if (!d) return fb_errf(msg, cap, FB_ERR_IO, "cannot list %s: %s", dir, strerror(errno));
+    if (!d) return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot list %s: %s", dir, strerror(errno));
     struct dirent *de;
     int rc = 0;
     while ((de = readdir(d)) != NULL) {
@@ -150,7 +150,7 @@ static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, si
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
         if (!idx_add(ix, f, (uint64_t)st.st_size, 0)) {
-            rc = fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+            rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
             break;
         }
     }
@@ -158,7 +158,7 @@ static int idx_load(stage_index *ix, const char *dir, bool repair, char *msg, si
     return rc;
 }
 
-static int idx_save(const stage_index *ix, const char *dir, char *msg, size_t cap)
+static int idx_save(const stage_index *ix, const char *dir, char *msg, size_t msg_cap)
 {
     char path[FB_STAGE_PATH_MAX + 64], tmp[FB_STAGE_PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/%s", dir, FB_STAGE_INDEX);
@@ -170,12 +170,12 @@ static int idx_save(const stage_index *ix, const char *dir, char *msg, size_t ca
                                              (json_int_t)ix->e[i].last_used));
     json_t *root = json_pack("{s:i, s:I, s:o}", "version", 1, "clock", (json_int_t)ix->clock,
                              "entries", arr);
-    if (!root) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!root) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(root);
     if (rc != 0) {
         unlink(tmp);
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot write %s", tmp);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s", tmp);
     }
     int fd = open(tmp, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
@@ -184,43 +184,43 @@ static int idx_save(const stage_index *ix, const char *dir, char *msg, size_t ca
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot rename %s: %s", tmp, strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s: %s", tmp, strerror(errno));
     }
     return 0;
 }
 
-static int mkdir_p(const char *dir, char *msg, size_t cap)
+static int mkdir_p(const char *dir, char *msg, size_t msg_cap)
 {
     char p[FB_STAGE_PATH_MAX];
     if ((size_t)snprintf(p, sizeof p, "%s", dir) >= sizeof p)
-        return fb_errf(msg, cap, FB_ERR_IO, "cache directory path is too long");
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cache directory path is too long");
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;
         *s = '\0';
         if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
+            return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
         *s = '/';
     }
     if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
     struct stat st;
     if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
-        return fb_errf(msg, cap, FB_ERR_IO, "%s is not a directory", p);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "%s is not a directory", p);
     return 0;
 }
 
 /* Copies src to dst (through a temporary name, fsynced) and checks that the
  * copied bytes are the manifest's: size and CRC32C. */
-static int stage_copy(const char *src, const char *dst, const fb_manifest_shard *sh,
-                      uint8_t *buf, char *msg, size_t cap)
+static int stage_copy(const char *src, const char *dst, const fb_manifest_shard *sh, uint8_t *buf,
+                      char *msg, size_t msg_cap)
 {
     char tmp[FB_STAGE_PATH_MAX + STAGE_NAME_MAX + 32];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
     int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
-    if (in < 0) return fb_errf(msg, cap, FB_ERR_IO, "cannot open %s: %s", src, strerror(errno));
+    if (in < 0) return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot open %s: %s", src, strerror(errno));
     out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) {
-        rc = fb_errf(msg, cap, FB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto done;
     }
     uint32_t crc = 0;
@@ -229,7 +229,7 @@ static int stage_copy(const char *src, const char *dst, const fb_manifest_shard 
         ssize_t k = read(in, buf, STAGE_BLOCK);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
-            rc = fb_errf(msg, cap, FB_ERR_IO, "cannot read %s: %s", src, strerror(errno));
+            rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot read %s: %s", src, strerror(errno));
             goto done;
         }
         if (k == 0) break;
@@ -239,34 +239,37 @@ static int stage_copy(const char *src, const char *dst, const fb_manifest_shard 
             ssize_t w = write(out, buf + off, (size_t)(k - off));
             if (w < 0 && errno == EINTR) continue;
             if (w < 0) {
-                rc = fb_errf(msg, cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+                rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
                 goto done;
             }
             off += w;
         }
     }
     if (n != sh->bytes) {
-        rc = fb_errf(msg, cap, FB_ERR_DATA, "%s: the manifest says %" PRIu64 " bytes, the file "
-                     "has %" PRIu64, src, sh->bytes, n);
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                     "%s: the manifest says %" PRIu64 " bytes, the file "
+                     "has %" PRIu64,
+                     src, sh->bytes, n);
         goto done;
     }
     if (crc != sh->crc32c) {
-        rc = fb_errf(msg, cap, FB_ERR_DATA, "%s: checksum mismatch (manifest %08" PRIx32
-                     ", file %08" PRIx32 ")", src, sh->crc32c, crc);
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
+                     "%s: checksum mismatch (manifest %08" PRIx32 ", file %08" PRIx32 ")", src,
+                     sh->crc32c, crc);
         goto done;
     }
     if (fsync(out) != 0) {
-        rc = fb_errf(msg, cap, FB_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
         goto done;
     }
     int o = out;
     out = -1;
     if (close(o) != 0) {
-        rc = fb_errf(msg, cap, FB_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
         goto done;
     }
     if (rename(tmp, dst) != 0)
-        rc = fb_errf(msg, cap, FB_ERR_IO, "cannot rename %s: %s", tmp, strerror(errno));
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot rename %s: %s", tmp, strerror(errno));
 done:
     close(in);
     if (out >= 0) close(out);

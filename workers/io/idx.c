@@ -52,7 +52,7 @@ static const char *idx_zmsg(const idx_src *s, const char *zmsg)
 }
 
 /* Reads up to n bytes; *got is how many arrived (fewer only at the end). */
-static int idx_src_read(idx_src *s, void *dst, size_t n, size_t *got, char *msg, size_t cap)
+static int idx_src_read(idx_src *s, void *dst, size_t n, size_t *got, char *msg, size_t msg_cap)
 {
     uint8_t *p = dst;
     size_t have = 0;
@@ -71,8 +71,9 @@ static int idx_src_read(idx_src *s, void *dst, size_t n, size_t *got, char *msg,
             int zerr;
             const char *zmsg = gzerror(s->gz, &zerr);
             if (zerr == Z_ERRNO)
-                return fb_errf(msg, cap, FB_ERR_IO, "cannot read %s: %s", s->name, strerror(errno));
-            return fb_errf(msg, cap, FB_ERR_DATA, "%s: corrupt gzip stream: %s", s->name,
+                return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot read %s: %s", s->name,
+                               strerror(errno));
+            return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: corrupt gzip stream: %s", s->name,
                            idx_zmsg(s, zmsg));
         }
         if (r == 0) break;
@@ -83,10 +84,10 @@ static int idx_src_read(idx_src *s, void *dst, size_t n, size_t *got, char *msg,
         int zerr;
         const char *zmsg = gzerror(s->gz, &zerr);
         if (zerr == Z_BUF_ERROR)
-            return fb_errf(msg, cap, FB_ERR_DATA, "%s: truncated gzip stream: %s", s->name,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: truncated gzip stream: %s", s->name,
                            idx_zmsg(s, zmsg));
         if (zerr != Z_OK)
-            return fb_errf(msg, cap, FB_ERR_DATA, "%s: corrupt gzip stream: %s", s->name,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: corrupt gzip stream: %s", s->name,
                            idx_zmsg(s, zmsg));
     }
     *got = have;
@@ -109,42 +110,42 @@ static void idx_to_host(uint8_t *p, size_t nbytes, size_t esz)
 #endif
 }
 
-static int idx_truncated(const char *src, size_t want, size_t have, char *msg, size_t cap)
+static int idx_truncated(const char *src, size_t want, size_t have, char *msg, size_t msg_cap)
 {
-    return fb_errf(msg, cap, FB_ERR_DATA,
+    return fb_errf(msg, msg_cap, FB_ERR_DATA,
                    "%s: truncated: the header promises %zu bytes of values, the file holds %zu",
                    src, want, have);
 }
 
-static int idx_parse(idx_src *s, fb_idx *out, char *msg, size_t cap)
+static int idx_parse(idx_src *s, fb_idx *out, char *msg, size_t msg_cap)
 {
     const char *src = s->name;
     uint8_t hdr[4 + 4 * FB_IDX_MAX_DIMS];
     uint8_t *data = NULL;
     size_t got;
-    int rc = idx_src_read(s, hdr, 4, &got, msg, cap);
+    int rc = idx_src_read(s, hdr, 4, &got, msg, msg_cap);
     if (rc) return rc;
     if (got < 4)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "%s: %zu bytes is too short for an IDX header (4-byte magic)", src, got);
     if (hdr[0] != 0 || hdr[1] != 0)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "%s: bad magic %02x %02x %02x %02x (an IDX file starts with 00 00, a "
                        "type byte and a dimension count)",
                        src, hdr[0], hdr[1], hdr[2], hdr[3]);
     size_t esz = fb_idx_type_size(hdr[2]);
     if (!esz)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "%s: unknown IDX type byte 0x%02x (known: 0x08 u8, 0x09 i8, 0x0b i16, "
                        "0x0c i32, 0x0d f32, 0x0e f64)",
                        src, hdr[2]);
     int ndim = hdr[3];
     if (ndim < 1 || ndim > FB_IDX_MAX_DIMS)
-        return fb_errf(msg, cap, FB_ERR_DATA, "%s: %d dimensions, expected 1 to %d", src, ndim,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: %d dimensions, expected 1 to %d", src, ndim,
                        FB_IDX_MAX_DIMS);
-    if ((rc = idx_src_read(s, hdr + 4, 4 * (size_t)ndim, &got, msg, cap)) != 0) return rc;
+    if ((rc = idx_src_read(s, hdr + 4, 4 * (size_t)ndim, &got, msg, msg_cap)) != 0) return rc;
     if (got < 4 * (size_t)ndim)
-        return fb_errf(msg, cap, FB_ERR_DATA,
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
                        "%s: header is truncated: %d dimensions need %d bytes, %zu present", src,
                        ndim, 4 * ndim, got);
     int64_t dims[FB_IDX_MAX_DIMS] = {0};
@@ -153,11 +154,11 @@ static int idx_parse(idx_src *s, fb_idx *out, char *msg, size_t cap)
         const uint8_t *b = hdr + 4 + 4 * i;
         uint32_t d = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
         if (d == 0 || d > FB_IDX_MAX_DIM)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: dimension %d is %" PRIu32 ", expected 1 to %d", src, i, d,
                            FB_IDX_MAX_DIM);
         if (total > FB_IDX_MAX_BYTES / d)
-            return fb_errf(msg, cap, FB_ERR_DATA,
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "%s: values would take more than the %" PRIu64 "-byte limit", src,
                            FB_IDX_MAX_BYTES);
         total *= d;
@@ -166,7 +167,7 @@ static int idx_parse(idx_src *s, fb_idx *out, char *msg, size_t cap)
 
     size_t want = (size_t)total, have = 0, bcap = 0;
     if (!s->gz && want > s->mem_len - s->mem_pos) /* known short: no allocation */
-        return idx_truncated(src, want, s->mem_len - s->mem_pos, msg, cap);
+        return idx_truncated(src, want, s->mem_len - s->mem_pos, msg, msg_cap);
     /* Grow the buffer as bytes arrive, so that a short file claiming a huge
      * shape costs little. */
     while (have < want) {
@@ -175,24 +176,24 @@ static int idx_parse(idx_src *s, fb_idx *out, char *msg, size_t cap)
             if (nc > want) nc = want;
             uint8_t *nd = realloc(data, nc);
             if (!nd) {
-                rc = fb_errf(msg, cap, FB_ERR_NOMEM, "%s: out of memory (%zu bytes)", src, nc);
+                rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "%s: out of memory (%zu bytes)", src, nc);
                 goto fail;
             }
             data = nd;
             bcap = nc;
         }
-        if ((rc = idx_src_read(s, data + have, bcap - have, &got, msg, cap)) != 0) goto fail;
+        if ((rc = idx_src_read(s, data + have, bcap - have, &got, msg, msg_cap)) != 0) goto fail;
         have += got;
         if (have < bcap) break;
     }
     if (have < want) {
-        rc = idx_truncated(src, want, have, msg, cap);
+        rc = idx_truncated(src, want, have, msg, msg_cap);
         goto fail;
     }
     uint8_t extra[64];
-    if ((rc = idx_src_read(s, extra, sizeof extra, &got, msg, cap)) != 0) goto fail;
+    if ((rc = idx_src_read(s, extra, sizeof extra, &got, msg, msg_cap)) != 0) goto fail;
     if (got > 0) {
-        rc = fb_errf(msg, cap, FB_ERR_DATA,
+        rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
                      "%s: trailing bytes after the %zu bytes of values the header promises", src,
                      want);
         goto fail;

@@ -166,20 +166,20 @@ void fb_st_close(fb_st_file *file)
 
 /* Checks the 8-byte header length against the limit and the file size. */
 static int st_check_prefix(const uint8_t *buf, uint64_t file_len, const char *src, char *msg,
-                           size_t cap)
+                           size_t msg_cap)
 {
     if (file_len < 8)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: %" PRIu64 " bytes is too short for a safetensors file "
                        "(the 8-byte header length is missing)",
                        src, file_len);
     uint64_t hlen = st_load_le64(buf);
     if (hlen > FB_ST_MAX_HEADER)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: header length %" PRIu64 " exceeds the limit of %" PRIu64 " bytes", src,
                        hlen, FB_ST_MAX_HEADER);
     if (hlen > file_len - 8)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: header length %" PRIu64 " runs past the end of the file (%" PRIu64
                        " bytes)",
                        src, hlen, file_len);
@@ -197,17 +197,17 @@ static int st_get_u64(const json_t *v, uint64_t *out)
 /* Validates one tensor entry of the header into *t (name set by the caller)
  * and its byte range into *r; data is the start of the data section. */
 static int st_parse_entry(const char *name, json_t *e, const uint8_t *data, uint64_t data_len,
-                          const char *src, fb_st_tensor *t, st_range *r, char *msg, size_t cap)
+                          const char *src, fb_st_tensor *t, st_range *r, char *msg, size_t msg_cap)
 {
     if (!json_is_object(e))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s: entry is not a JSON object",
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s: entry is not a JSON object",
                        src, name);
     const char *k;
     json_t *v;
     json_object_foreach(e, k, v)
     {
         if (strcmp(k, "dtype") != 0 && strcmp(k, "shape") != 0 && strcmp(k, "data_offsets") != 0)
-            return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                            "%s: tensor %s: unknown field \"%s\" (expected dtype, shape, "
                            "data_offsets)",
                            src, name, k);
@@ -215,19 +215,19 @@ static int st_parse_entry(const char *name, json_t *e, const uint8_t *data, uint
 
     json_t *jd = json_object_get(e, "dtype");
     if (!json_is_string(jd))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s: \"dtype\" %s", src, name,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s: \"dtype\" %s", src, name,
                        jd ? "is not a string" : "is missing");
     if (!fb_st_dtype_from_name(json_string_value(jd), &t->dtype))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s: unknown dtype \"%.32s\"", src,
-                       name, json_string_value(jd));
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s: unknown dtype \"%.32s\"",
+                       src, name, json_string_value(jd));
 
     json_t *js = json_object_get(e, "shape");
     if (!json_is_array(js))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s: \"shape\" %s", src, name,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s: \"shape\" %s", src, name,
                        js ? "is not an array" : "is missing");
     size_t nd = json_array_size(js);
     if (nd > FB_ST_MAX_DIMS)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s has %zu dimensions, more than the %d supported", src, name,
                        nd, FB_ST_MAX_DIMS);
     t->ndim = (int)nd;
@@ -236,7 +236,7 @@ static int st_parse_entry(const char *name, json_t *e, const uint8_t *data, uint
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
         if (!st_get_u64(json_array_get(js, i), &d))
-            return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                            "%s: tensor %s: shape[%zu] is not a non-negative integer", src, name, i);
         t->shape[i] = (int64_t)d;
         if (d != 0 && numel > UINT64_MAX / d)
@@ -249,31 +249,31 @@ static int st_parse_entry(const char *name, json_t *e, const uint8_t *data, uint
         if (t->shape[i] == 0) numel = 0, overflow = false;
     size_t esz = st_dtypes[t->dtype].size;
     if (overflow || numel > UINT64_MAX / esz)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s: shape size overflows", src,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s: shape size overflows", src,
                        name);
     uint64_t nbytes = numel * esz;
 
     json_t *jo = json_object_get(e, "data_offsets");
     if (!json_is_array(jo) || json_array_size(jo) != 2)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s: \"data_offsets\" must be an array [begin, end]", src, name);
     uint64_t b, en;
     if (!st_get_u64(json_array_get(jo, 0), &b) || !st_get_u64(json_array_get(jo, 1), &en))
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s: data offsets are not non-negative integers", src, name);
     if (en < b)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s: data offsets [%" PRIu64 ", %" PRIu64 "] end before they "
                        "begin",
                        src, name, b, en);
     if (en > data_len)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s: data offsets [%" PRIu64 ", %" PRIu64
                        "] run past the data section (%" PRIu64 " bytes)",
                        src, name, b, en, data_len);
     if (en - b != nbytes) {
         char sh[ST_SHAPE_STR];
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                        "%s: tensor %s: %s %s needs %" PRIu64 " bytes but its data offsets "
                        "[%" PRIu64 ", %" PRIu64 "] span %" PRIu64,
                        src, name, st_dtypes[t->dtype].name,
@@ -289,9 +289,9 @@ static int st_parse_entry(const char *name, json_t *e, const uint8_t *data, uint
 
 /* Parses buf[0..len) (owned by the caller until success, then by *out). */
 static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file **out, char *msg,
-                          size_t cap)
+                          size_t msg_cap)
 {
-    int rc = st_check_prefix(buf, len, src, msg, cap);
+    int rc = st_check_prefix(buf, len, src, msg, msg_cap);
     if (rc) return rc;
     uint64_t hlen = st_load_le64(buf);
     uint64_t data_len = (uint64_t)len - 8 - hlen;
@@ -300,23 +300,23 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
     json_t *root = NULL;
     st_range *ranges = NULL;
     fb_st_file *f = calloc(1, sizeof *f);
-    if (!f) return fb_errf(msg, cap, FB_ERR_NOMEM, "%s: out of memory", src);
+    if (!f) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "%s: out of memory", src);
     f->source = st_strdup(src);
     if (!f->source) goto nomem;
 
     json_error_t jerr;
     root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: header is not valid JSON: %s (byte %d)", src,
-                     jerr.text, jerr.position);
+        rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: header is not valid JSON: %s (byte %d)",
+                     src, jerr.text, jerr.position);
         goto fail;
     }
     if (!json_is_object(root)) {
-        rc =
-            fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: header is a JSON %s, expected an object", src,
-                    json_is_array(root)    ? "array"
-                    : json_is_string(root) ? "string"
-                                           : "scalar");
+        rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: header is a JSON %s, expected an object",
+                     src,
+                     json_is_array(root)    ? "array"
+                     : json_is_string(root) ? "string"
+                                            : "scalar");
         goto fail;
     }
 
@@ -325,8 +325,8 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
     size_t n_tensors = n_keys - (jmeta ? 1 : 0);
     if (jmeta && !json_is_null(jmeta)) {
         if (!json_is_object(jmeta)) {
-            rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: \"__metadata__\" is not a JSON object",
-                         src);
+            rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
+                         "%s: \"__metadata__\" is not a JSON object", src);
             goto fail;
         }
         f->meta = calloc(json_object_size(jmeta) + 1, sizeof *f->meta);
@@ -336,7 +336,7 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
         json_object_foreach(jmeta, k, v)
         {
             if (!json_is_string(v)) {
-                rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+                rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                              "%s: metadata value of \"%.64s\" is not a string", src, k);
                 goto fail;
             }
@@ -361,7 +361,7 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
     {
         if (strcmp(name, "__metadata__") == 0) continue;
         fb_st_tensor *t = &f->tensors[f->n];
-        rc = st_parse_entry(name, entry, data, data_len, src, t, &ranges[f->n], msg, cap);
+        rc = st_parse_entry(name, entry, data, data_len, src, t, &ranges[f->n], msg, msg_cap);
         if (rc) goto fail;
         t->name = st_strdup(name);
         if (!t->name) goto nomem;
@@ -375,14 +375,14 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
     const char *prev = NULL;
     for (size_t i = 0; i < f->n; i++) {
         if (ranges[i].begin < pos) {
-            rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                          "%s: tensors %s and %s overlap (data offset %" PRIu64 " is before %" PRIu64
                          ")",
                          src, prev, ranges[i].name, ranges[i].begin, pos);
             goto fail;
         }
         if (ranges[i].begin > pos) {
-            rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+            rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                          "%s: data bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", src, pos,
                          ranges[i].begin);
             goto fail;
@@ -391,7 +391,7 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
         prev = ranges[i].name;
     }
     if (pos != data_len) {
-        rc = fb_errf(msg, cap, FB_ERR_CHECKPOINT,
+        rc = fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT,
                      "%s: data section is %" PRIu64 " bytes but the tensors cover only %" PRIu64,
                      src, data_len, pos);
         goto fail;
@@ -407,7 +407,7 @@ static int st_parse_owned(uint8_t *buf, size_t len, const char *src, fb_st_file 
     return 0;
 
 nomem:
-    rc = fb_errf(msg, cap, FB_ERR_NOMEM, "%s: out of memory", src);
+    rc = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "%s: out of memory", src);
 fail:
     json_decref(root);
     free(ranges);
@@ -430,15 +430,18 @@ int fb_st_parse_buffer(const uint8_t *buf, size_t len, fb_st_file **out, char *m
 }
 
 /* Reads exactly n bytes at the current offset; a short file is FB_ERR_IO. */
-static int st_read_exact(int fd, uint8_t *dst, size_t n, const char *path, char *msg, size_t cap)
+static int st_read_exact(int fd, uint8_t *dst, size_t n, const char *path, char *msg,
+                         size_t msg_cap)
 {
     size_t got = 0;
     while (got < n) {
         size_t chunk = n - got > (1u << 30) ? (1u << 30) : n - got;
         ssize_t r = read(fd, dst + got, chunk);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return fb_errf(msg, cap, FB_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-        if (r == 0) return fb_errf(msg, cap, FB_ERR_IO, "%s shrank while it was being read", path);
+        if (r < 0)
+            return fb_errf(msg, msg_cap, FB_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+        if (r == 0)
+            return fb_errf(msg, msg_cap, FB_ERR_IO, "%s shrank while it was being read", path);
         got += (size_t)r;
     }
     return 0;
@@ -529,20 +532,21 @@ const char *fb_st_metadata_get(const fb_st_file *file, const char *key)
 
 /* Finds name and checks its shape against expected[0..ndim). */
 static int st_lookup_shaped(const fb_st_file *file, const char *name, const int64_t *expected,
-                            int ndim, const fb_st_tensor **out, char *msg, size_t cap)
+                            int ndim, const fb_st_tensor **out, char *msg, size_t msg_cap)
 {
     if (!file || !name || ndim < 0 || ndim > FB_ST_MAX_DIMS || (ndim > 0 && !expected))
-        return fb_errf(msg, cap, FB_ERR_INTERNAL, "invalid arguments for tensor %s",
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "invalid arguments for tensor %s",
                        name ? name : "(null)");
     const fb_st_tensor *t = fb_st_find(file, name);
     if (!t)
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s is missing", file->source, name);
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s is missing", file->source,
+                       name);
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == expected[i];
     if (!same) {
         char a[ST_SHAPE_STR], b[ST_SHAPE_STR];
-        return fb_errf(msg, cap, FB_ERR_CHECKPOINT, "%s: tensor %s has shape %s, expected %s",
+        return fb_errf(msg, msg_cap, FB_ERR_CHECKPOINT, "%s: tensor %s has shape %s, expected %s",
                        file->source, name, st_fmt_shape(a, sizeof a, t->shape, t->ndim),
                        st_fmt_shape(b, sizeof b, expected, ndim));
     }
@@ -840,7 +844,7 @@ static int st_cmp_layout(const void *a, const void *b)
 
 /* Builds the padded header; *out is malloc'd, *out_len a multiple of 8. */
 static int st_build_header(const fb_st_writer *w, const st_wtensor *const *order, char **out,
-                           size_t *out_len, char *msg, size_t cap)
+                           size_t *out_len, char *msg, size_t msg_cap)
 {
     json_t *root = json_object();
     char *s = NULL;
@@ -888,7 +892,7 @@ static int st_build_header(const fb_st_writer *w, const st_wtensor *const *order
 nomem:
     free(s);
     json_decref(root);
-    return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory while building the header");
+    return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory while building the header");
 }
 
 static int st_write_all(int fd, const void *buf, uint64_t n)
@@ -906,7 +910,7 @@ static int st_write_all(int fd, const void *buf, uint64_t n)
 }
 
 /* fsyncs the directory holding path, so a rename in it survives a crash. */
-static int st_fsync_dir(const char *path, char *msg, size_t cap)
+static int st_fsync_dir(const char *path, char *msg, size_t msg_cap)
 {
     const char *slash = strrchr(path, '/');
     char *dir;
@@ -920,16 +924,16 @@ static int st_fsync_dir(const char *path, char *msg, size_t cap)
             dir[n] = '\0';
         }
     }
-    if (!dir) return fb_errf(msg, cap, FB_ERR_NOMEM, "out of memory");
+    if (!dir) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int rc = 0;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        rc = fb_errf(msg, cap, FB_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
+        rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
     } else {
         /* Some file systems cannot fsync a directory (EINVAL); nothing to do then. */
         if (fsync(fd) != 0 && errno != EINVAL)
-            rc =
-                fb_errf(msg, cap, FB_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
+            rc = fb_errf(msg, msg_cap, FB_ERR_IO, "cannot fsync directory %s: %s", dir,
+                         strerror(errno));
         close(fd);
     }
     free(dir);
