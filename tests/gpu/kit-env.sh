@@ -27,20 +27,20 @@ fb_kit_env() {
     fi
     if ! cmp -s "$src/MANIFEST" "$kit/MANIFEST"; then
         rm -rf -- "$kit"
-        mkdir -p "$kit" && cp -a "$src/." "$kit/" || {
+        if ! { mkdir -p "$kit" && cp -a "$src/." "$kit/"; }; then
             echo "error: could not copy the kit to $kit" >&2
             return 1
-        }
+        fi
     fi
     kit=$(cd "$kit" && pwd)
     usr=$kit/usr
     lib=$usr/lib/x86_64-linux-gnu
     while IFS= read -r gz; do
         [[ -e ${gz%.gz} ]] && continue
-        gzip -dc "$gz" >"${gz%.gz}.part" && mv "${gz%.gz}.part" "${gz%.gz}" || {
+        if ! { gzip -dc "$gz" >"${gz%.gz}.part" && mv "${gz%.gz}.part" "${gz%.gz}"; }; then
             echo "error: could not unpack $gz" >&2
             return 1
-        }
+        fi
     done < <(find "$kit/usr" -name '*.gz' -path '*/lib/*')
 
     # Sonames the machine's loader already resolves.
