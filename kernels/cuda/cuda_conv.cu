@@ -73,11 +73,13 @@ static void plan_destroy(struct fbc_conv_plan *p)
 }
 
 /* The exact workspace of one algorithm of one direction (dir 0 forward,
- * 1 backward data, 2 backward filter); false when cuDNN cannot say. */
+ * 1 backward data, 2 backward filter) in math type math (set on the
+ * descriptor first); false when cuDNN cannot say. */
 static bool algo_ws(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, int algo,
-                    size_t *ws)
+                    cudnnMathType_t math, size_t *ws)
 {
-    cudnnStatus_t s;
+    cudnnStatus_t s = cudnnSetConvolutionMathType(p->conv, math);
+    if (s != CUDNN_STATUS_SUCCESS) return false;
     if (dir == 0)
         s = cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->x, p->w, p->conv, p->y,
                                                     (cudnnConvolutionFwdAlgo_t)algo, ws);
@@ -91,7 +93,10 @@ static bool algo_ws(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, i
 }
 
 /* Keeps, in cuDNN's heuristic order, the results that succeeded, are
- * deterministic and whose workspace fits the limit.  perf has n entries. */
+ * deterministic and whose workspace fits the limit, each with the math type
+ * cuDNN ranked it with.  Without TF32 only FMA-math results are kept: the
+ * descriptor asks for FMA math, and a result in another math type would put
+ * float convolutions on the TF32 tensor cores.  perf has n entries. */
 template <typename Perf>
 static void keep_algos(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, const Perf *perf,
                        int n, struct fbc_conv_algos *out)
@@ -101,8 +106,12 @@ static void keep_algos(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir
         size_t ws = 0;
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC)
             continue;
-        if (!algo_ws(c, p, dir, (int)perf[i].algo, &ws) || ws > FBC_CONV_WS_LIMIT) continue;
+        if (!p->tf32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+        if (!algo_ws(c, p, dir, (int)perf[i].algo, perf[i].mathType, &ws) ||
+            ws > FBC_CONV_WS_LIMIT)
+            continue;
         out->algo[out->n] = (int)perf[i].algo;
+        out->math[out->n] = perf[i].mathType;
         out->ws[out->n] = ws;
         out->n++;
     }
@@ -160,9 +169,12 @@ static bool plan_make(struct fbc_ctx *c, struct fbc_conv_plan *p, const fb_conv_
         fbc_fail(c, FB_ERR_UNSUPPORTED, "conv2d: cuDNN offers no deterministic forward algorithm");
         return false;
     }
+    /* keep_algos left the last candidate's math type on the descriptor; each
+     * ranking is asked in the plan's (which says what math cuDNN may use). */
     if (!g->shared) {
         cudnnConvolutionBwdDataAlgoPerf_t pd[MAXALG];
-        if (!FBC_DNN(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv,
+        if (!FBC_DNN(c, cudnnSetConvolutionMathType(p->conv, plan_math(p))) ||
+            !FBC_DNN(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv,
                                                                     p->x, MAXALG, &n, pd)))
             return false;
         keep_algos(c, p, 1, pd, n, &p->bwd_data);
@@ -173,7 +185,8 @@ static bool plan_make(struct fbc_ctx *c, struct fbc_conv_plan *p, const fb_conv_
         }
     }
     cudnnConvolutionBwdFilterAlgoPerf_t pw[MAXALG];
-    if (!FBC_DNN(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->x, p->y, p->conv,
+    if (!FBC_DNN(c, cudnnSetConvolutionMathType(p->conv, plan_math(p))) ||
+        !FBC_DNN(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->x, p->y, p->conv,
                                                                   p->w, MAXALG, &n, pw)))
         return false;
     keep_algos(c, p, 2, pw, n, &p->bwd_filter);
@@ -245,14 +258,20 @@ static size_t dir_out_floats(const struct fbc_conv_plan *p, int dir)
     return (size_t)g->B * g->K * g->C * g->kh * g->kw;
 }
 
-/* One cuDNN call of direction dir with algorithm algo: dst = beta dst +
- * conv(a, b) (forward: a = x, b = w; backward data: a = w, b = dy; backward
- * filter: a = x, b = dy).  The math type is the plan's. */
-static cudnnStatus_t conv_exec(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, int algo,
+/* One cuDNN call of direction dir with candidate i of its algorithms: dst =
+ * beta dst + conv(a, b) (forward: a = x, b = w; backward data: a = w, b = dy;
+ * backward filter: a = x, b = dy).  The descriptor gets the candidate's math
+ * type first (the directions share it). */
+static cudnnStatus_t conv_exec(struct fbc_ctx *c, const struct fbc_conv_plan *p, int dir, int i,
                                void *ws, size_t wsz, const float *a, const float *b, float *dst,
                                float beta)
 {
     const float one = 1.0f;
+    const struct fbc_conv_algos *al =
+        dir == 0 ? &p->fwd : dir == 1 ? &p->bwd_data : &p->bwd_filter;
+    const int algo = al->algo[i];
+    cudnnStatus_t s = cudnnSetConvolutionMathType(p->conv, al->math[i]);
+    if (s != CUDNN_STATUS_SUCCESS) return s;
     if (dir == 0)
         return cudnnConvolutionForward(c->dnn, &one, p->x, a, p->w, b, p->conv,
                                        (cudnnConvolutionFwdAlgo_t)algo, ws, wsz, &beta, p->y, dst);
@@ -296,13 +315,13 @@ static bool conv_search(fb_backend *be, struct fbc_ctx *c, struct fbc_conv_plan 
     float best = 0.0f;
     bool ok = true;
     for (int i = al->cur; i < al->n && ok; i++) {
-        if (conv_exec(c, p, dir, al->algo[i], ws, al->ws[i], a, b, scratch, beta) !=
+        if (conv_exec(c, p, dir, i, ws, al->ws[i], a, b, scratch, beta) !=
             CUDNN_STATUS_SUCCESS)
             continue;
         if (!(ok = FBC_CUDA(c, cudaEventRecord(c->ev[0], c->stream)))) break;
         bool ran = true;
         for (int r = 0; r < FBC_SEARCH_RUNS && ran; r++)
-            ran = conv_exec(c, p, dir, al->algo[i], ws, al->ws[i], a, b, scratch, beta) ==
+            ran = conv_exec(c, p, dir, i, ws, al->ws[i], a, b, scratch, beta) ==
                   CUDNN_STATUS_SUCCESS;
         float ms = 0.0f;
         ok = FBC_CUDA(c, cudaEventRecord(c->ev[1], c->stream)) &&
@@ -325,14 +344,13 @@ static bool conv_run(fb_backend *be, struct fbc_ctx *c, struct fbc_conv_plan *p,
                      const float *a, const float *b, float *dst, float beta)
 {
     struct fbc_conv_algos *al = plan_algos(p, dir);
-    if (!FBC_DNN(c, cudnnSetConvolutionMathType(p->conv, plan_math(p)))) return false;
     if (p->search == FBC_SEARCH_TIMED && !al->searched && !conv_search(be, c, p, dir, a, b, beta))
         return false;
     for (;;) {
         size_t wsz = al->ws[al->cur];
         void *ws = NULL;
         if (wsz && !(ws = fbc_buf_get(c, &c->ws, wsz, "cuDNN workspace"))) return false;
-        cudnnStatus_t s = conv_exec(c, p, dir, al->algo[al->cur], ws, wsz, a, b, dst, beta);
+        cudnnStatus_t s = conv_exec(c, p, dir, al->cur, ws, wsz, a, b, dst, beta);
         if (not_supported(s) && al->cur + 1 < al->n) {
             al->cur++;
             continue;

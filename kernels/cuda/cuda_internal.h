@@ -41,7 +41,10 @@ struct fbc_buf {
 };
 
 /* The usable algorithms of one convolution direction, in cuDNN's heuristic
- * order, with the workspace each needs; cur is the one in use (the timed
+ * order, with the math type cuDNN ranked each with (set on the descriptor
+ * before its workspace query and every run of it, as an algorithm's
+ * workspace and kernels depend on both) and the workspace each needs; cur is
+ * the one in use (the timed
  * search may move it to a faster one; the next is tried when cuDNN refuses
  * the current one for this shape at run time).  searched is set once the
  * timed search of this direction has run, so it runs once per plan. */
@@ -50,6 +53,7 @@ struct fbc_conv_algos {
     int n, cur;
     int searched;
     int algo[FBC_CONV_CANDIDATES];
+    cudnnMathType_t math[FBC_CONV_CANDIDATES];
     size_t ws[FBC_CONV_CANDIDATES];
 };
 

@@ -45,6 +45,15 @@
 static double loss_tol = LOSS_TOL, weight_tol = WEIGHT_TOL;
 #define REF_LOSS_TOL 1e-4
 #define REF_WEIGHT_TOL 1e-3
+/* bf16 on CUDA, fused vs solo: where cuBLAS and cuDNN sum in another order for
+ * B members than for one, an operand that lies near a bf16 rounding boundary
+ * rounds the other way (2^-8 of it), and over 100 steps such flips grow.  The
+ * fast CPU backend against cpu-ref (two summation orders, the same flips) in
+ * bf16 measured, on these models and steps (2026-12-02): per-step loss 3.3e-3,
+ * final weights 3.8e-2 (a batch-norm bias, the smallest tensor); these bounds
+ * are about three times that, still far below a wrong member's errors near 1. */
+#define BF16_CUDA_LOSS_TOL 1e-2
+#define BF16_CUDA_WEIGHT_TOL 1e-1
 
 typedef enum model_kind { MODEL_MLP, MODEL_CNN } model_kind;
 
@@ -282,8 +291,9 @@ static void run_case(fb_backend *be, model_kind m, fb_optim_type opt, int B)
     }
     printf("%-28s fused vs solo: loss %.3g, weights %.3g (%s); loss %.4f -> %.4f; %.2f s\n", tag,
            le, we, worst, fused_loss[0][0], fused_loss[STEPS - 1][0], et_now() - t0);
-    check_bound(tag, le, loss_tol, "per-step loss");
-    check_bound(tag, we, weight_tol, worst);
+    bool bf16_cuda = strcmp(precision, "fp32") != 0 && strcmp(fb_backend_name(be), "cuda") == 0;
+    check_bound(tag, le, bf16_cuda ? BF16_CUDA_LOSS_TOL : loss_tol, "per-step loss");
+    check_bound(tag, we, bf16_cuda ? BF16_CUDA_WEIGHT_TOL : weight_tol, worst);
     worst_loss_err = fmax(worst_loss_err, le);
     worst_weight_err = fmax(worst_weight_err, we);
     for (int i = 0; i < B; i++)
