@@ -233,9 +233,9 @@ void fbc_scale_members(fb_backend *be, float *x, const float *scales, int N, int
 
 /* cuda_seq.cu */
 int fbc_embedding_forward(fb_backend *be, float *out, const int32_t *ids, const float *table,
-                          int N, int T, int B, int V, int D, char *msg, size_t cap);
+                          int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 int fbc_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
-                           int N, int T, int B, int V, int D, char *msg, size_t cap);
+                           int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 void fbc_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
                             int T, int B, int L, int D);
 void fbc_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
