@@ -488,6 +488,59 @@ static int shard_bad(const fb_shard_reader *r, char *msg, size_t msg_cap, const 
     return fb_errf(msg, msg_cap, FB_ERR_DATA, "%s: %s", r->name, what);
 }
 
+/* Checks index entry c (the bytes at p) of a shard whose header says records records of
+ * numel values of esz bytes (var: of variable size), chunks ending at index_off: the chunk
+ * starts at pos, right after the one before, and holds records from first on.  Fills *e. */
+static int shard_check_entry(const fb_shard_reader *r, uint64_t c, const uint8_t *p, uint64_t pos,
+                             uint64_t index_off, uint64_t records, int64_t first, uint64_t numel,
+                             size_t esz, bool var, fb_shard_chunk_entry *e, char *msg,
+                             size_t msg_cap)
+{
+    uint64_t off = get_u64(p), stored = get_u64(p + 8), raw = get_u64(p + 16);
+    uint64_t n = get_u32(p + 24);
+    if (off != pos)
+        return shard_bad(r, msg, msg_cap,
+                         "chunk %" PRIu64 ": index gives offset %" PRIu64
+                         ", but the chunk must start at %" PRIu64,
+                         c, off, pos);
+    if (stored < 1 || stored > index_off - off)
+        return shard_bad(r, msg, msg_cap,
+                         "chunk %" PRIu64 ": index entry points outside the "
+                         "chunk area (%" PRIu64 " bytes at offset %" PRIu64
+                         ", chunks end at %" PRIu64 ")",
+                         c, stored, off, index_off);
+    if (n < 1 || n > (uint64_t)FB_SHARD_MAX_CHUNK_RECORDS || n > records - (uint64_t)first)
+        return shard_bad(r, msg, msg_cap,
+                         "chunk %" PRIu64 ": %" PRIu64 " records is out of range "
+                         "(the header promises %" PRIu64 " in all, %" PRId64 " before this "
+                         "chunk)",
+                         c, n, records, first);
+    bool raw_ok;
+    if (raw > FB_SHARD_MAX_CHUNK_BYTES)
+        raw_ok = false;
+    else if (var)
+        raw_ok = raw >= 8 * n && (raw - 8 * n) % esz == 0;
+    else
+        raw_ok = raw == n * (4 + numel * esz);
+    if (!raw_ok)
+        return shard_bad(r, msg, msg_cap,
+                         "chunk %" PRIu64 ": decoded size %" PRIu64 " bytes does "
+                         "not fit %" PRIu64 " %s records",
+                         c, raw, n, var ? "variable" : "fixed");
+    if (stored > ZSTD_compressBound((size_t)raw))
+        return shard_bad(r, msg, msg_cap,
+                         "chunk %" PRIu64 ": %" PRIu64 " stored bytes cannot "
+                         "decode to %" PRIu64 " bytes",
+                         c, stored, raw);
+    *e = (fb_shard_chunk_entry){.offset = off,
+                                .stored = stored,
+                                .raw = raw,
+                                .first_record = first,
+                                .records = (int64_t)n,
+                                .crc32c = get_u32(p + 28)};
+    return FB_OK;
+}
+
 /* Checks the header and the index; fills r->meta and r->entries. */
 static int shard_load(fb_shard_reader *r, char *msg, size_t msg_cap)
 {
@@ -571,55 +624,11 @@ static int shard_load(fb_shard_reader *r, char *msg, size_t msg_cap)
     int64_t first = 0, max_rec = 0;
     for (uint64_t c = 0; c < chunks; c++) {
         const uint8_t *p = idx + c * FB_SHARD_INDEX_ENTRY_BYTES;
-        uint64_t off = get_u64(p), stored = get_u64(p + 8), raw = get_u64(p + 16);
-        uint64_t n = get_u32(p + 24);
-        if (off != pos) {
-            rc = shard_bad(r, msg, msg_cap,
-                           "chunk %" PRIu64 ": index gives offset %" PRIu64
-                           ", but the chunk must start at %" PRIu64,
-                           c, off, pos);
+        if ((rc = shard_check_entry(r, c, p, pos, index_off, records, first, numel, esz, var, &e[c],
+                                    msg, msg_cap)))
             goto fail;
-        }
-        if (stored < 1 || stored > index_off - off) {
-            rc = shard_bad(r, msg, msg_cap,
-                           "chunk %" PRIu64 ": index entry points outside the "
-                           "chunk area (%" PRIu64 " bytes at offset %" PRIu64
-                           ", chunks end at %" PRIu64 ")",
-                           c, stored, off, index_off);
-            goto fail;
-        }
-        if (n < 1 || n > (uint64_t)FB_SHARD_MAX_CHUNK_RECORDS || n > records - (uint64_t)first) {
-            rc = shard_bad(r, msg, msg_cap,
-                           "chunk %" PRIu64 ": %" PRIu64 " records is out of range "
-                           "(the header promises %" PRIu64 " in all, %" PRId64 " before this "
-                           "chunk)",
-                           c, n, records, first);
-            goto fail;
-        }
-        bool raw_ok;
-        if (raw > FB_SHARD_MAX_CHUNK_BYTES)
-            raw_ok = false;
-        else if (var)
-            raw_ok = raw >= 8 * n && (raw - 8 * n) % esz == 0;
-        else
-            raw_ok = raw == n * (4 + numel * esz);
-        if (!raw_ok) {
-            rc = shard_bad(r, msg, msg_cap,
-                           "chunk %" PRIu64 ": decoded size %" PRIu64 " bytes does "
-                           "not fit %" PRIu64 " %s records",
-                           c, raw, n, var ? "variable" : "fixed");
-            goto fail;
-        }
-        if (stored > ZSTD_compressBound((size_t)raw)) {
-            rc = shard_bad(r, msg, msg_cap,
-                           "chunk %" PRIu64 ": %" PRIu64 " stored bytes cannot "
-                           "decode to %" PRIu64 " bytes",
-                           c, stored, raw);
-            goto fail;
-        }
-        e[c] = (fb_shard_chunk_entry){.offset = off, .stored = stored, .raw = raw,
-                                      .first_record = first, .records = (int64_t)n,
-                                      .crc32c = get_u32(p + 28)};
+        uint64_t off = e[c].offset, stored = e[c].stored, raw = e[c].raw;
+        uint64_t n = (uint64_t)e[c].records;
         pos = off + stored;
         first += (int64_t)n;
         raw_total += raw;
