@@ -1,6 +1,6 @@
 /*
  * gpu_bench: fused arrays on a CUDA device against the same jobs run one
- * after another and as concurrent processes (bench/gpu/run.sh drives it and
+ * after another and as concurrent processes (tests/gpu/run.sh drives it and
  * prints the table).
  *
  *   gpu_bench train --model mlp|cnn --mode fused|serial --B 1,2,4,...
