@@ -629,6 +629,19 @@ static void decide_shares(const fb_fair_snapshot *s, const fb_fair_params *p, wo
         double delta = w->comp_delta[root], gap = w->comp_gap[root];
         dec[g].target_share = w->target[g];
         dec[g].time_share = G->time_share;
+        /* An array alone on all its devices has all their time, whatever share it kept from
+         * when it had company (the stride scheduler only weighs shares against each other):
+         * its share says so, rather than a figure that no longer means anything. */
+        bool alone = true;
+        for (int i = 0; i < G->n_shards; i++)
+            alone &= w->off[G->devices[i] + 1] - w->off[G->devices[i]] < 2;
+        if (alone) {
+            if (fabs(1.0 - G->time_share) > CHANGE_EPS) {
+                dec[g].time_share = 1.0;
+                dec[g].share_changed = true;
+            }
+            continue;
+        }
         if (delta == 0.0 || gap < p->share_hysteresis * (1.0 - 1e-9)) continue;
         /* A move that would stop inside the dead band would stay there short
          * of the target; it stops at the band's edge instead, so the next

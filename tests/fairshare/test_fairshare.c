@@ -643,6 +643,51 @@ static void test_share_hysteresis(void)
     fb_fair_result_free(&r);
 }
 
+/* An array left alone on its devices (its partner finished) gets share 1, once: the share
+ * it kept from the company it had means nothing alone, and the dashboard shows it. */
+static void test_lone_share(void)
+{
+    fx f;
+    int t, d[2];
+    const struct {
+        int n_devices;
+        double share;
+        bool changed;
+    } cases[] = {
+        {1, 0.437, true},  /* the share it had beside another */
+        {2, 0.437, true},  /* on two devices, alone on both */
+        {1, 1.0, false},   /* already 1: nothing to write */
+        {1, FB_FAIR_MIN_VALUE, true},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        fx_init(&f);
+        t = add_tenant(&f, 1.0);
+        d[0] = add_device(&f, FB_PLAN_CPU);
+        d[1] = add_device(&f, FB_PLAN_CPU);
+        int a = add_group(&f, d, cases[k].n_devices, 32, cases[k].share, 2.0, 1.0);
+        add_job(&f, a, t, 100.0, 0, 1000);
+        fb_fair_result r;
+        run_ok(&f, NULL, &r);
+        CHECK(r.groups[a].share_changed == cases[k].changed);
+        CHECK_NEAR(r.groups[a].time_share, 1.0, 0);
+        CHECK_NEAR(r.groups[a].target_share, 1.0, 0);
+        fb_fair_result_free(&r);
+    }
+    /* beside another array on one of its devices it is not alone: shares move as before */
+    fx_init(&f);
+    t = add_tenant(&f, 1.0);
+    d[0] = add_device(&f, FB_PLAN_CPU);
+    d[1] = add_device(&f, FB_PLAN_CPU);
+    int a = add_group(&f, d, 2, 32, 0.437, 2.0, 1.0);
+    add_job(&f, a, t, 0.0, 0, 1000);
+    int b = add_group(&f, &d[1], 1, 32, 0.563, 2.0, 1.0);
+    add_job(&f, b, t, 0.0, 0, 1000);
+    fb_fair_result r;
+    run_ok(&f, NULL, &r);
+    CHECK(r.groups[a].time_share < 1.0);
+    fb_fair_result_free(&r);
+}
+
 static void test_tenant_weights(void)
 {
     fb_fair_params p = fb_fair_params_default();
@@ -1309,6 +1354,7 @@ int main(void)
     test_split_noise();
     test_convergence();
     test_share_hysteresis();
+    test_lone_share();
     test_tenant_weights();
     test_no_starvation();
     test_unprofiled_neutral();
