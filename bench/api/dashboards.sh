@@ -22,6 +22,7 @@ source "$root/bench/lib/cluster.sh"
 bench_setup dashboards
 
 bench_cluster dashboards 16
+# shellcheck disable=SC2154 # api, dir, key, url: set by bench_cluster
 # the dashboards' polls are many more requests a second than a tenant's default allows
 tenant=$(curl -fsS -H "Authorization: Bearer $key" "$api/v1/tenant" | json "d['id']")
 curl -fsS -X PATCH -H "Authorization: Bearer $(cat "$dir/admin.key")" \
