@@ -17,6 +17,8 @@
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -56,20 +58,41 @@ static inline int fbt_free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* The lowest port of the kernel's ephemeral range (ip_local_port_range), 32768 if unknown. */
+static inline int fbt_ephemeral_low(void)
+{
+    int lo = 32768, hi = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+        fclose(f);
+    }
+    return lo;
+}
+
 /*
  * The first of n consecutive TCP ports on 127.0.0.1, n in [1, 64], that were
- * all free a moment ago.  Each run starts at a port the system hands out, so
- * two calls rarely overlap; a test that needs disjoint runs checks that they
- * are and asks again.
+ * all free a moment ago, below the kernel's ephemeral range: the ports the
+ * system hands out to outgoing connections (every test's clients of fuseboxd
+ * and PostgreSQL, many a second on a busy machine) never land in it, so a
+ * worker's communication range stays free until the worker binds it, however
+ * many tests run beside.  Runs start at a port drawn from the pid and the
+ * clock, so two calls rarely overlap; a test that needs disjoint runs checks
+ * that they are and asks again.
  */
 static inline int fbt_free_port_range(int n)
 {
     CHECK(n >= 1 && n <= 64);
+    int top = fbt_ephemeral_low(), bottom = 10000;
+    CHECK(top - n > bottom);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)ts.tv_nsec;
     for (int attempt = 0; attempt < 200; attempt++) {
-        int base = fbt_free_port();
-        if (base + n - 1 > 65535) continue;
+        seed = seed * 1103515245u + 12345u;
+        int base = bottom + (int)((seed >> 8) % (unsigned)(top - n - bottom));
         bool all = true;
-        for (int k = 1; k < n && all; k++) {
+        for (int k = 0; k < n && all; k++) {
             int fd = fbt_port_bind(base + k);
             all = fd >= 0;
             if (all) close(fd);
