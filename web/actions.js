@@ -3,7 +3,7 @@
 // spec (pasted or read from a .json file), with the server's validation
 // error shown next to the spec, naming its field.
 
-import { $, ApiError, apiSend, h, main, makeView } from './lib.js';
+import { $, ApiError, apiSend, h, main, makeView, put } from './lib.js';
 
 // Asks before something that cannot be undone, in a modal <dialog> (so a
 // page can be driven and read like any other, unlike window.confirm).
@@ -111,7 +111,7 @@ export function submitView(kind) {
     idem = null;
   });
   const showError = (message, field, range) => {
-    err.replaceChildren(field ? h('code', { class: 'field' }, field) : null, field ? ': ' : null,
+    put(err, field ? h('code', { class: 'field' }, field) : null, field ? ': ' : null,
       h('span', { class: 'message' }, message),
       range ? h('span', { class: 'muted' }, ` (line ${lineCol(text.value, range[0]).join(', column ')})`) : null);
     err.dataset.field = field || '';

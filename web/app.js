@@ -6,7 +6,7 @@
 
 import {
   $, COLORS, Chart, Series, api, fmt, fmtBytes, fmtMs, fmtShare, fmtTime, h, hooks, key, kv, main,
-  makeView, metricOf, progress, setBanner, short, stateBadge, sweepLabel, KEY_STORE,
+  makeView, metricOf, progress, put, setBanner, short, stateBadge, sweepLabel, KEY_STORE,
 } from './lib.js';
 import { cancelButton, submitView } from './actions.js';
 import { compareView, sweepView } from './sweep.js';
@@ -175,7 +175,7 @@ function jobView(id) {
     // a job of no sweep says so: its sweep_id and trial_index are null
     if (job.sweep_id && !sweepNames.has(job.sweep_id)) await loadSweepNames();
     const sw = job.sweep_id ? sweepNames.get(job.sweep_id) : null;
-    head.replaceChildren(h('h2', {}, job.name), stateBadge(job.state),
+    put(head, h('h2', {}, job.name), stateBadge(job.state),
       h('span', { class: 'spacer' }), live && cancel ? cancel : null,
       job.sweep_id ? h('a', { href: `#/sweeps/${job.sweep_id}`, id: 'job-sweep' },
         `trial ${job.trial_index ?? '?'} of sweep ${sw ? sw.name : short(job.sweep_id)}`) : null);

@@ -35,6 +35,15 @@ export function h(tag, attrs = {}, ...kids) {
   return el;
 }
 
+// Replaces el's children with kids, as h() takes them: nested lists are
+// flattened and null, undefined and false left out (replaceChildren itself
+// would write them as the text "null").
+export function put(el, ...kids) {
+  el.replaceChildren(...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false)
+    .map((k) => (k instanceof Node ? k : document.createTextNode(String(k)))));
+  return el;
+}
+
 // An element of the SVG namespace (the sweep's scatter and parallel coordinates).
 export function svg(tag, attrs = {}, ...kids) {
   const el = document.createElementNS('http://www.w3.org/2000/svg', tag);

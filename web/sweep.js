@@ -6,7 +6,7 @@
 import { cancelButton } from './actions.js';
 import {
   Chart, Series, api, colorOf, fmt, fmtTime, h, main, makeView, metricOf, overlay, short,
-  stateBadge, svg,
+  put, stateBadge, svg,
 } from './lib.js';
 
 const FINAL = new Set(['completed', 'failed', 'cancelled']);
@@ -238,8 +238,8 @@ export function sweepView(id) {
           `finished trials keep their results. This cannot be undone.`,
         path: `/v1/sweeps/${id}/cancel`, done: () => poller.run() });
     }
-    actions.replaceChildren(s.state === 'active' && cancel ? cancel : []);
-    head.replaceChildren(h('h2', {}, s.name), stateBadge(s.state),
+    put(actions, s.state === 'active' ? cancel : null);
+    put(head, h('h2', {}, s.name), stateBadge(s.state),
       h('span', { class: 'muted' }, `${s.n_trials} trials, ranked by ${s.metric.name} (${s.metric.mode})`,
         rule ? `; ASHA early stopping on ${rule.metric} (${rule.mode}), rungs at steps ` +
           `${rungSteps(rule).join(', ')}` : ''),
@@ -317,7 +317,7 @@ export function compareView(id, params) {
     if (chosen.length !== want.length) {
       throw new Error(`this sweep has trials 0 to ${s.n_trials - 1}; asked for ${want.join(', ')}`);
     }
-    head.replaceChildren(h('h2', {}, `Compare trials of ${s.name}`), h('span', { class: 'spacer' }),
+    put(head, h('h2', {}, `Compare trials of ${s.name}`), h('span', { class: 'spacer' }),
       h('a', { href: `#/sweeps/${id}` }, 'back to the sweep'));
     const pnames = [...new Set(chosen.flatMap((t) => Object.keys(t.params || {})))].sort();
     facts.replaceChildren(h('table', { id: 'compared' }, h('thead', {}, h('tr', {},

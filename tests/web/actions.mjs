@@ -155,8 +155,10 @@ export async function actionChecks(t) {
     await until('every curve drawn', async () => {
       // the last trial's points are in: each trial reports 300 steps
       const n = Number(await page.getAttribute('[data-chart=sweep-loss]', 'data-points'));
-      return n > 0 && (await canvas('sweep-loss')).ink > 200 &&
-        (await page.getAttribute('[data-chart=sweep-metric]', 'data-dots')).split(',').length === 16;
+      const ink = (await canvas('sweep-loss')).ink;
+      const dots = await page.getAttribute('[data-chart=sweep-metric]', 'data-dots');
+      if (n > 0 && ink > 200 && dots.split(',').length === 16) return true;
+      throw new Error(`points ${n}, ink ${ink}, dots "${dots}"`);
     }, 20000);
     const lr = page.locator('svg.scatter[data-param="optimizer.lr"]');
     await until('the scatter of all 16', async () => (await lr.getAttribute('data-points')) === '16');
@@ -194,7 +196,8 @@ export async function actionChecks(t) {
       expect((await page.getAttribute(`[data-chart=compare-${f}]`, 'data-series')) === '3', `${f}: 3 series`);
     await until('overlaid loss', async () => (await canvas('compare-loss')).ink > 200);
     const names = await page.locator('#compared tbody tr td:nth-child(2)').allInnerTexts();
-    expect(names.join() === 'grid16-0,grid16-5,grid16-15', `compared ${names}`);
+    const want = [0, 5, 15].map((i) => sweep.trials.find((x) => x.index === i).name);
+    expect(names.join() === want.join(), `compared ${names}, chosen ${want}`);
     await shot('17-compare');
   });
 
