@@ -198,9 +198,7 @@ function jobView(id) {
     ]));
   });
   v.poll(async () => {
-    const before = series.points.length;
-    await series.pull();
-    if (series.points.length === before && before > 0) return;
+    if (!(await series.pull()) && series.points.length > 0) return;
     const x = series.steps();
     loss.set([x, series.column('loss'), series.column('val_loss')]);
     acc.set([x, series.column('accuracy'), series.column('val_accuracy')]);

@@ -332,27 +332,40 @@ export class Chart {
   }
 }
 
-// Accumulates metric points of one job, asking only for steps after the
-// last one seen.
+// Accumulates metric points of one job, asking only for the steps from the
+// last one seen on: that one again, because a step's point can gain fields
+// after it was read (the evaluation at a member's last step lands on the
+// point its progress report wrote), then the new ones.  pull() resolves to
+// how many points were added or changed.
 export class Series {
   constructor(jobId, fields) {
     this.jobId = jobId;
     this.fields = fields;
-    this.since = -1;
     this.points = [];
   }
 
   async pull() {
     let more = true;
     let n = 0;
+    let changed = 0;
     while (more && n++ < 10) {
-      const q = new URLSearchParams({ since_step: String(this.since), limit: '1000' });
+      const last = this.points.length ? this.points[this.points.length - 1] : null;
+      const q = new URLSearchParams({ since_step: String(last ? last.step - 1 : -1), limit: '1000' });
       if (this.fields) q.set('fields', this.fields.join(','));
       const r = await api(`/v1/jobs/${this.jobId}/metrics?${q}`);
-      for (const p of r.points) this.points.push(p);
-      if (r.points.length) this.since = r.points[r.points.length - 1].step;
-      more = r.next_since_step !== null && r.points.length > 0;
+      let pts = r.points;
+      if (last && pts.length && pts[0].step === last.step) {
+        if (JSON.stringify(pts[0]) !== JSON.stringify(last)) {
+          this.points[this.points.length - 1] = pts[0];
+          changed++;
+        }
+        pts = pts.slice(1);
+      }
+      for (const p of pts) this.points.push(p);
+      changed += pts.length;
+      more = r.next_since_step !== null && pts.length > 0;
     }
+    return changed;
   }
 
   column(name) {

@@ -132,6 +132,19 @@ function parallel(box, trials, params, metric, mode, bestIndex) {
 
 // ---- the sweep view ---------------------------------------------------------
 
+// The best trial as the API names it (best_trial: by the sweep's own metric
+// and mode, the one ASHA ranks by), with its value, step and parameters.
+function bestTrial(s) {
+  const best = s.best_trial;
+  const bt = best && s.trials.find((t) => t.index === best.index);
+  if (!bt) return h('p', { class: 'muted best-trial' }, `No trial has a ${s.metric.name} yet.`);
+  return h('p', { class: 'best-trial' }, 'Best trial by ', h('b', {}, s.metric.name),
+    ` (${s.metric.mode}): `, h('a', { href: `#/jobs/${bt.job_id}`, 'data-trial': bt.index }, bt.name),
+    ` — ${fmt(best.value)}${bt.best ? ` at step ${bt.best.step}` : ''}`,
+    Object.keys(bt.params || {}).length ? h('span', { class: 'muted' }, ` (${Object.entries(bt.params)
+      .map(([k, x]) => `${k} ${fmt(x)}`).join(', ')})`) : null);
+}
+
 // The sweep's metric ranks its trials; its training loss is drawn, and the
 // metric's own curve where it is another series.
 function curveFields(metric) {
@@ -246,13 +259,7 @@ export function sweepView(id) {
       h('span', { class: 'spacer' }), actions,
       h('a', { href: `#/jobs?sweep=${id}` }, 'jobs'));
     sub.replaceChildren(h('code', { title: s.id }, short(s.id)), ` · created ${fmtTime(s.created_at)}`);
-    const bt = best && s.trials.find((t) => t.index === best.index);
-    bestBox.replaceChildren(bt ? h('p', { class: 'best-trial' }, 'Best trial by ', h('b', {}, s.metric.name),
-      ` (${s.metric.mode}): `, h('a', { href: `#/jobs/${bt.job_id}`, 'data-trial': bt.index }, bt.name),
-      ` — ${fmt(best.value)}${bt.best ? ` at step ${bt.best.step}` : ''}`,
-      Object.keys(bt.params || {}).length ? h('span', { class: 'muted' }, ` (${Object.entries(bt.params)
-        .map(([k, x]) => `${k} ${fmt(x)}`).join(', ')})`) : null) :
-      h('p', { class: 'muted best-trial' }, `No trial has a ${s.metric.name} yet.`));
+    bestBox.replaceChildren(bestTrial(s));
     const byId = new Map(jobs.jobs.map((j) => [j.id, j]));
     paramNames = [...new Set(s.trials.flatMap((t) => Object.keys(t.params || {})))].sort();
     rows = s.trials.map((t) => {
@@ -328,7 +335,9 @@ export function compareView(id, params) {
     h('td', {}, h('a', { href: `#/jobs/${t.job_id}` }, t.name)), h('td', {}, stateBadge(t.state)),
     h('td', { class: 'num' }, t.step), pnames.map((p) => h('td', { class: 'num' }, fmt((t.params || {})[p]))),
     h('td', { class: 'num' }, fmt(t.best ? t.best.value : null)))))));
-    for (const t of chosen) if (!series.has(t.job_id)) series.set(t.job_id, new Series(t.job_id, COMPARED.map(([f]) => f)));
+    for (const t of chosen) {
+      if (!series.has(t.job_id)) series.set(t.job_id, new Series(t.job_id, ['loss', 'val_loss', 'accuracy', 'val_accuracy']));
+    }
     for (const t of chosen) await series.get(t.job_id).pull();
     if (!made) {
       made = COMPARED.map(([f, title]) => {
