@@ -25,9 +25,9 @@ export function scaleOf(values) {
     const at = (v) => (cats.length > 1 ? cats.indexOf(String(v)) / (cats.length - 1) : 0.5);
     return { kind: 'category', at, ticks: cats.map((c) => [c, c]) };
   }
-  let lo = Math.min(...vals);
-  let hi = Math.max(...vals);
-  if (!vals.length) lo = hi = 0;
+  if (!vals.length) return { kind: 'linear', at: () => 0.5, ticks: [] };
+  const lo = Math.min(...vals);
+  const hi = Math.max(...vals);
   if (lo > 0 && hi / lo > 10) {
     const l0 = Math.log10(lo);
     const l1 = Math.log10(hi);
@@ -96,6 +96,7 @@ function scatters(box, trials, params, metric, bestIndex) {
     h('figcaption', { class: 'muted small' }, `best ${metric} by ${p}`));
   }));
   if (!params.length) box.replaceChildren(h('p', { class: 'muted' }, 'This sweep varies no parameter.'));
+  else if (!withY.length) box.replaceChildren(h('p', { class: 'muted' }, `No trial has a ${metric} yet.`));
 }
 
 // Parallel coordinates: one vertical axis per swept parameter and one for the

@@ -43,6 +43,18 @@ export async function actionChecks(t) {
   };
   const dialogOpen = () => page.evaluate(() => !!document.querySelector('dialog#confirm[open]'));
 
+  await check('durations read in ns, µs, ms or s, never as "5.47e-4 ms"', async () => {
+    const cases = [[5.47e-4, '547 ns'], [0.25, '250 µs'], [0.999, '999 µs'], [1, '1 ms'],
+      [12.345, '12.3 ms'], [999, '999 ms'], [1500, '1.5 s'], [61234, '61.2 s'], [0, '0 ms'], [null, '—']];
+    const got = await page.evaluate(async (xs) => {
+      const { fmtMs } = await import('/static/lib.js');
+      return xs.map(([ms]) => fmtMs(ms));
+    }, cases);
+    const wrong = cases.map(([ms, want], i) => (got[i] === want ? null : `${ms}: ${got[i]} (want ${want})`))
+      .filter(Boolean);
+    expect(!wrong.length, wrong.join('; '));
+  });
+
   const job = { name: 'web-job', dataset: 'synth', model: model(32), batch_size: 16, steps: 10000000,
     eval_every: 10000000, checkpoint_every: 10000000, optimizer: { type: 'adam', lr: 0.001 } };
   await check('a bad job spec shows the server\'s error at its field, and nothing is created', async () => {
