@@ -69,22 +69,83 @@ const EXAMPLES = {
   },
 };
 
-// Where a field (the server's JSON path, "base.optimizer.lr" or "layers.2.out")
-// is written in the pasted text: the range of its last name's key, or null
-// when the text does not name it.  Finds the key of each path part in turn,
-// so that "lr" under "optimizer" is not confused with another "lr".
+// Where each JSON path of text is written: path ("base.optimizer.lr",
+// "model.layers.2.out", as the server names fields) -> [start, end) of its
+// key, or of the value for an array element.  A small scanner of its own, so
+// that the offsets are the text's; it stops at the first thing that is not
+// JSON (then what it saw so far is returned).
+function jsonPaths(text) {
+  const at = new Map();
+  let i = 0;
+  const ws = () => {
+    while (i < text.length && /\s/.test(text[i])) i++;
+  };
+  const string = () => {
+    const start = i++;
+    while (i < text.length && text[i] !== '"') i += text[i] === '\\' ? 2 : 1;
+    i++;
+    return [start, i];
+  };
+  const join = (path, k) => (path === '' ? String(k) : `${path}.${k}`);
+  const value = (path) => {
+    ws();
+    const c = text[i];
+    if (c === '{') {
+      i++;
+      for (;;) {
+        ws();
+        if (text[i] !== '"') break;
+        const [s, e] = string();
+        const name = JSON.parse(text.slice(s, e));
+        at.set(join(path, name), [s, e]);
+        ws();
+        if (text[i++] !== ':') throw new Error('no colon');
+        value(join(path, name));
+        ws();
+        if (text[i] !== ',') break;
+        i++;
+      }
+      if (text[i++] !== '}') throw new Error('no close');
+    } else if (c === '[') {
+      i++;
+      for (let k = 0; ; k++) {
+        ws();
+        if (text[i] === ']') break;
+        const s = i;
+        value(join(path, k));
+        at.set(join(path, k), [s, i]);
+        ws();
+        if (text[i] !== ',') break;
+        i++;
+      }
+      if (text[i++] !== ']') throw new Error('no close');
+    } else if (c === '"') {
+      string();
+    } else {
+      const s = i;
+      while (i < text.length && !/[\s,\]}]/.test(text[i])) i++;
+      if (i === s) throw new Error('no value');
+    }
+  };
+  try {
+    value('');
+  } catch {
+    // what was found before the text stopped being JSON stays
+  }
+  return at;
+}
+
+// Where a field the server named is written in the pasted text: the range of
+// its key (an array element: of its value), or of the nearest enclosing field
+// the text has (a missing field: the object that lacks it); null without one.
 export function fieldRange(text, field) {
   if (!field) return null;
-  let from = 0;
-  let hit = null;
-  for (const part of field.split('.')) {
-    if (/^\d+$/.test(part)) continue; // an array index: the key of what follows is searched
-    const at = text.indexOf(JSON.stringify(part), from);
-    if (at < 0) return hit;
-    hit = [at, at + JSON.stringify(part).length];
-    from = hit[1];
+  const at = jsonPaths(text);
+  for (let parts = field.split('.'); parts.length; parts.pop()) {
+    const r = at.get(parts.join('.'));
+    if (r) return r;
   }
-  return hit;
+  return null;
 }
 
 // The line and column of offset i of text, counted from 1.

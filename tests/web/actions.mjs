@@ -27,10 +27,11 @@ export async function actionChecks(t) {
   const fill = (spec) => page.fill('#spec', typeof spec === 'string' ? spec : JSON.stringify(spec, null, 2));
   const selected = () => page.evaluate(() => {
     const ta = document.querySelector('#spec');
-    return ta.value.slice(ta.selectionStart, ta.selectionEnd);
+    return [ta.value.slice(ta.selectionStart, ta.selectionEnd), ta.selectionStart];
   });
-  // Submits the spec in the form and waits for the error naming want.field.
-  const refusedAt = async (spec, want) => {
+  // Submits the spec in the form and waits for the error naming want.field; at, when
+  // given, is where in the text its name must be selected.
+  const refusedAt = async (spec, want, at) => {
     await fill(spec);
     await page.click('#spec-submit');
     const got = await until(`the error at ${want.field}`, async () =>
@@ -38,8 +39,12 @@ export async function actionChecks(t) {
       (await page.getAttribute('#spec-error', 'data-field')) === want.field && text('#spec-error'));
     expect(got.includes(want.field) && got.includes(want.message), `shown: "${got}", the API: ${JSON.stringify(want)}`);
     const last = want.field.split('.').filter((p) => !/^\d+$/.test(p)).pop();
-    const sel = await selected();
+    const [sel, start] = await selected();
     expect(sel === JSON.stringify(last), `the field's name selected in the spec: "${sel}"`);
+    if (at) {
+      const where = at(JSON.stringify(spec, null, 2));
+      expect(start === where, `${want.field} selected at ${start}, written at ${where}`);
+    }
   };
   const dialogOpen = () => page.evaluate(() => !!document.querySelector('dialog#confirm[open]'));
 
@@ -75,7 +80,13 @@ export async function actionChecks(t) {
       { ...job, colour: 'blue' },
     ];
     for (const spec of bad) await refusedAt(spec, await refusal('/v1/jobs', spec));
-    expect(posts.filter((u) => u.endsWith('/v1/jobs')).length === bad.length, 'one POST per bad spec');
+    // a field inside a list: the third layer's "out", not the first one's
+    const layers = { ...job, model: { ...job.model, layers: [...job.model.layers.slice(0, 2),
+      { type: 'linear', out: -4 }] } };
+    const want = await refusal('/v1/jobs', layers);
+    expect(/^model\.layers\.2\b/.test(want.field), `the API names ${want.field}`);
+    await refusedAt(layers, want, (t) => t.lastIndexOf('"out"'));
+    expect(posts.filter((u) => u.endsWith('/v1/jobs')).length === bad.length + 1, 'one POST per bad spec');
     expect(await countJobs() === n0, 'a refused spec created a job');
     expect(/#\/submit\/job$/.test(page.url()), `still on the form: ${page.url()}`);
     await shot('11-submit-job-refused');
