@@ -70,7 +70,7 @@ const EXAMPLES = {
 };
 
 // Where each JSON path of text is written: path ("base.optimizer.lr",
-// "model.layers.2.out", as the server names fields) -> [start, end) of its
+// "model.layers.2.out") -> [start, end) of its
 // key, or of the value for an array element.  A small scanner of its own, so
 // that the offsets are the text's; it stops at the first thing that is not
 // JSON (then what it saw so far is returned).
@@ -135,13 +135,14 @@ function jsonPaths(text) {
   return at;
 }
 
-// Where a field the server named is written in the pasted text: the range of
+// Where a field the server named ("model.layers[2].out") is written in the
+// pasted text: the range of
 // its key (an array element: of its value), or of the nearest enclosing field
 // the text has (a missing field: the object that lacks it); null without one.
 export function fieldRange(text, field) {
   if (!field) return null;
   const at = jsonPaths(text);
-  for (let parts = field.split('.'); parts.length; parts.pop()) {
+  for (let parts = field.replace(/\[(\d+)\]/g, '.$1').split('.'); parts.length; parts.pop()) {
     const r = at.get(parts.join('.'));
     if (r) return r;
   }
