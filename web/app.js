@@ -170,7 +170,7 @@ function jobView(id) {
     if (live && !cancel) {
       cancel = cancelButton({ id: 'cancel-job', label: 'Cancel job', title: `Cancel ${job.name}?`,
         text: 'The job stops where it is and leaves its array; its checkpoints stay. ' +
-          'This cannot be undone.', path: `/v1/jobs/${id}/cancel`, done: () => poller.run() });
+          'This cannot be undone.', path: `/v1/jobs/${id}/cancel`, done: () => poller.now() });
     }
     // a job of no sweep says so: its sweep_id and trial_index are null
     if (job.sweep_id && !sweepNames.has(job.sweep_id)) await loadSweepNames();

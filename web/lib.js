@@ -203,7 +203,8 @@ export const hooks = { signOut: () => {} };
 
 // A poller runs fn, waits for it to finish, then sleeps interval ms (more
 // after errors, doubling up to MAX_BACKOFF_MS) and runs it again, until the
-// view that owns it is left.
+// view that owns it is left.  now() runs it at once (an action shows its
+// effect): during a run, right after it; never two runs at a time.
 export class Poller {
   constructor(fn, interval = POLL_MS) {
     this.fn = fn;
@@ -211,12 +212,20 @@ export class Poller {
     this.failures = 0;
     this.stopped = false;
     this.timer = null;
+    this.busy = false;
+    this.again = false;
     this.run();
+  }
+
+  now() {
+    if (this.busy) this.again = true;
+    else this.run();
   }
 
   async run() {
     if (this.stopped) return;
     clearTimeout(this.timer);
+    this.busy = true;
     let wait = this.interval;
     if (!document.hidden) {
       try {
@@ -224,6 +233,7 @@ export class Poller {
         if (this.failures) setBanner('');
         this.failures = 0;
       } catch (e) {
+        this.busy = false;
         if (this.stopped) return;
         if (e.status === 401) {
           hooks.signOut('Your key is no longer accepted. Sign in again.');
@@ -236,6 +246,11 @@ export class Poller {
         setBanner(`${why}; retrying in ${Math.round(wait / 1000)} s.`);
       }
     }
+    this.busy = false;
+    if (this.again) {
+      this.again = false;
+      wait = 0;
+    }
     if (!this.stopped) this.timer = setTimeout(() => this.run(), wait);
   }
 
@@ -246,7 +261,7 @@ export class Poller {
 }
 
 // A view: pollers it started and charts to resize, all stopped on leave.
-// v.poll returns the poller, whose run() an action calls to show its effect at once.
+// v.poll returns the poller, whose now() an action calls to show its effect at once.
 export function makeView() {
   const v = { pollers: [], charts: [] };
   v.poll = (fn, ms) => {

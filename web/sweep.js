@@ -250,7 +250,7 @@ export function sweepView(id) {
       cancel = cancelButton({ id: 'cancel-sweep', label: 'Cancel sweep', title: `Cancel ${s.name}?`,
         text: `The sweep and every trial of it that has not finished are cancelled; ` +
           `finished trials keep their results. This cannot be undone.`,
-        path: `/v1/sweeps/${id}/cancel`, done: () => poller.run() });
+        path: `/v1/sweeps/${id}/cancel`, done: () => poller.now() });
     }
     put(actions, s.state === 'active' ? cancel : null);
     put(head, h('h2', {}, s.name), stateBadge(s.state),
