@@ -102,6 +102,10 @@ static const opt opts[] = {
     INT("rebalance-ms", "FUSEBOX_REBALANCE_MS", rebalance_ms, 0, 3600000,
         "fair-share period: time shares and batch splits of running arrays are revised this "
         "often (0: off, shares stay as placed)"),
+    INT("control-lock-poll-ms", "FUSEBOX_CONTROL_LOCK_POLL_MS", control_lock_poll_ms, 10,
+        600000,
+        "a standby fuseboxd (another one's control loop holds the database's control lock) "
+        "asks for the lock this often and takes over when it is free"),
     STR("datasets-dir", "FUSEBOX_DATASETS_DIR", datasets_dir,
         "tenants' datasets, DIR/<tenant id>/<name>/ (default DATA_DIR/datasets)"),
     STR("import-roots", "FUSEBOX_IMPORT_ROOTS", import_roots,
@@ -154,6 +158,7 @@ void fb_config_defaults(fb_config *cfg)
     cfg->max_array = 64;
     cfg->max_groups_per_device = 4;
     cfg->rebalance_ms = 5000;
+    cfg->control_lock_poll_ms = 1000;
     snprintf(cfg->data_tool, sizeof cfg->data_tool, "%s", FB_DEFAULT_DATA_TOOL);
     snprintf(cfg->builtin_dir, sizeof cfg->builtin_dir, "%s", FB_DEFAULT_BUILTIN_DIR);
 }
