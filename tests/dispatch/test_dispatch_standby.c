@@ -8,11 +8,18 @@
  *    exactly one holder in pg_locks;
  * 2. a job submitted to the standby B is dispatched by A to a real worker
  *    and completes (the standby serves HTTP, the active loop dispatches);
- * 3. A is killed (SIGKILL): its session ends, B takes the lock (its /readyz
- *    is polled until it says "active", a liveness bound only), binds the
- *    worker address, the worker registers with it, and a new job submitted
- *    to B completes;
- * 4. A started again is a standby while B lives, and stops cleanly.
+ * 3. A is killed (SIGKILL) while the worker trains an array A placed (held
+ *    at a step by the worker's test step hook): its session ends, B takes
+ *    the lock (its /readyz is polled until it says "active", a liveness
+ *    bound only), binds the worker address, the worker registers with it,
+ *    the array goes on under B's loop and completes, and a new job
+ *    submitted to B completes;
+ * 4. A started again is a standby while B lives;
+ * 5. B's lock session is ended while B lives (as when PostgreSQL drops one
+ *    connection) and the test takes the lock itself before B's loop is back:
+ *    B steps down (both are standbys, nothing dispatches); when the test
+ *    lets the lock go, one of A and B takes over, and a job completes; both
+ *    stop cleanly.
  *
  * Every wait is a condition with a generous overall limit; nothing depends
  * on how fast the machine is.
@@ -82,6 +89,17 @@ static bool log_has(const char *path, const char *text)
     return found;
 }
 
+/* Prints the lines of the log at path that hold text (what the roles were, for the record). */
+static void print_lines(const char *who, const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[8192];
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, text)) printf("%s: %s", who, line);
+    fclose(f);
+}
+
 /* The flags of a second fuseboxd beside T's: the same worker address, heartbeats and tick
  * as e2e_start gives the first, and what the two must share (a standby that takes over
  * is reached by the same workers and finds the same files). */
@@ -128,6 +146,23 @@ static int control_lock_holders(void)
                                     " AND granted"));
 }
 
+/* Ends the session that holds the control lock and takes the lock on the test's own
+ * connection; should the holder's process have taken it again on a new session first,
+ * ends that one too (a condition wait, bounded by WAIT_S). */
+static void steal_lock(fbt_server *s)
+{
+    double start = fbt_now_ms();
+    for (;;) {
+        PQclear(fbt_sql(s, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE"
+                           " locktype = 'advisory' AND classid = 746029052 AND objid = 1"
+                           " AND objsubid = 2 AND granted AND pid <> pg_backend_pid()"));
+        if (strcmp(fbt_sql_value(s, "SELECT pg_try_advisory_lock(746029052, 1)"), "t") == 0)
+            return;
+        CHECK(fbt_now_ms() - start < WAIT_S * 1000.0);
+        sleep_ms(5);
+    }
+}
+
 int main(void)
 {
     const char *const first[] = {"--control-lock-poll-ms", POLL_MS, NULL};
@@ -160,6 +195,12 @@ int main(void)
     e2e_wait_state(&T, T.key, first_job, "completed", WAIT_S);
     CHECK_STR_EQ(role(&b), "standby");
 
+    /* an array in training when A dies: held by the worker's step hook at step 10 */
+    e2e_hold(&T, "during", 10);
+    char during_job[64];
+    snprintf(during_job, sizeof during_job, "%s", submit(&b, e2e_spec("during", 0.01, 40, 5)));
+    CHECK_INT_EQ(e2e_wait_held(&T, "during", WAIT_S), 10);
+
     /* 3. A dies: B takes over */
     CHECK_INT_EQ(e2e_kill(a.pid, SIGKILL), 128 + SIGKILL);
     T.s = b;
@@ -168,11 +209,13 @@ int main(void)
     CHECK(log_has(b.log_path, "control loop: active"));
     CHECK(log_has(b.log_path, "listening for workers"));
     CHECK_INT_EQ(control_lock_holders(), 1);
+    /* the array A had placed goes on under B's loop and completes */
+    e2e_release(&T, "during");
+    e2e_wait_state(&T, T.key, during_job, "completed", WAIT_S);
     char second_job[64];
     snprintf(second_job, sizeof second_job, "%s",
              submit(&T.s, e2e_spec("after", 0.01, 30, 10)));
     e2e_wait_state(&T, T.key, second_job, "completed", WAIT_S);
-    /* the first job's worker is the one the new loop dispatched to */
     CHECK_STR_EQ(e2e_job_field(&T, T.key, first_job, "state"), "completed");
 
     /* 4. A again: a standby while B lives */
@@ -181,8 +224,30 @@ int main(void)
     CHECK_STR_EQ(role(&a), "standby");
     CHECK_STR_EQ(role(&T.s), "active");
     CHECK_INT_EQ(control_lock_holders(), 1);
+
+    /* 5. B's lock session dies while B lives, and the test's own session takes the lock
+     * before B's loop reconnects: B steps down, both are standbys; once the test lets go,
+     * one of them takes over and dispatches */
+    steal_lock(&T.s);
+    wait_role(&T.s, "standby", "B after its lock was taken");
+    CHECK(log_has(b.log_path, "another fuseboxd holds the control lock; stepping down"));
+    CHECK_STR_EQ(role(&a), "standby");
+    CHECK_STR_EQ(fbt_sql_value(&T.s, "SELECT pg_advisory_unlock(746029052, 1)"), "t");
+    double start = fbt_now_ms();
+    while (strcmp(role(&a), "active") != 0 && strcmp(role(&T.s), "active") != 0) {
+        CHECK(fbt_now_ms() - start < WAIT_S * 1000.0);
+        sleep_ms(20);
+    }
+    CHECK_INT_EQ(control_lock_holders(), 1);
+    CHECK(strcmp(role(&a), "active") == 0 || strcmp(role(&T.s), "active") == 0);
+    CHECK(strcmp(role(&a), "standby") == 0 || strcmp(role(&T.s), "standby") == 0);
+    char third_job[64];
+    snprintf(third_job, sizeof third_job, "%s", submit(&T.s, e2e_spec("third", 0.01, 30, 10)));
+    e2e_wait_state(&T, T.key, third_job, "completed", WAIT_S);
     CHECK_INT_EQ(fbt_server_stop(&a), 0);
 
+    print_lines("A", a.log_path, "control loop:");
+    print_lines("B", b.log_path, "control loop:");
     e2e_kill(w, SIGTERM);
     e2e_finish(&T);
     printf("ok: a standby served HTTP, took the control lock when the active fuseboxd died, "
