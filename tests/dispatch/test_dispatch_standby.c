@@ -41,6 +41,11 @@
 
 static e2e T;
 
+/* Advisory locks belong to one database, and other tests' fuseboxd hold theirs on the same
+ * PostgreSQL server: every look at pg_locks keeps to the test's own database. */
+#define THIS_DATABASE                                                                              \
+    "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -143,7 +148,7 @@ static int control_lock_holders(void)
 {
     return atoi(fbt_sql_value(&T.s, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                                     " AND classid = 746029052 AND objid = 1 AND objsubid = 2"
-                                    " AND granted"));
+                                    " AND granted AND " THIS_DATABASE));
 }
 
 /* Ends the session that holds the control lock and takes the lock on the test's own
@@ -155,7 +160,8 @@ static void steal_lock(fbt_server *s)
     for (;;) {
         PQclear(fbt_sql(s, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE"
                            " locktype = 'advisory' AND classid = 746029052 AND objid = 1"
-                           " AND objsubid = 2 AND granted AND pid <> pg_backend_pid()"));
+                           " AND objsubid = 2 AND granted AND pid <> pg_backend_pid() AND "
+                           THIS_DATABASE));
         if (strcmp(fbt_sql_value(s, "SELECT pg_try_advisory_lock(746029052, 1)"), "t") == 0)
             return;
         CHECK(fbt_now_ms() - start < WAIT_S * 1000.0);
