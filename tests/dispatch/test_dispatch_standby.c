@@ -234,6 +234,13 @@ int main(void)
     CHECK_STR_EQ(role(&a), "standby");
     CHECK_STR_EQ(role(&T.s), "active");
     CHECK_INT_EQ(control_lock_holders(), 1);
+    /* both answers, recorded for the check against api/openapi.yaml */
+    fbt_resp r = fbt_call(&a, "GET", "/readyz", NULL, NULL);
+    fbt_expect(&r, 200, NULL, "a standby's /readyz");
+    fbt_resp_free(&r);
+    r = fbt_call(&T.s, "GET", "/readyz", NULL, NULL);
+    fbt_expect(&r, 200, NULL, "the active one's /readyz");
+    fbt_resp_free(&r);
 
     /* 5. B's lock session dies while B lives, and the test's own session takes the lock
      * before B's loop reconnects: B steps down, both are standbys; once the test lets go,
@@ -260,6 +267,9 @@ int main(void)
     print_lines("B", b.log_path, "control loop:");
     e2e_kill(w, SIGTERM);
     e2e_finish(&T);
+    /* the responses, /readyz's control_loop among them, against api/openapi.yaml */
+    int v = fbt_validate_recorded();
+    CHECK(v == 0 || v == 77);
     printf("ok: a standby served HTTP, took the control lock when the active fuseboxd died, "
            "and dispatched\n");
     return 0;

@@ -237,6 +237,9 @@ int main(int argc, char **argv)
     check_units();
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     CHECK(system(cmd) == 0);
+    /* the responses, /readyz's control_loop among them, against api/openapi.yaml */
+    int v = fbt_validate_recorded();
+    CHECK(v == 0 || v == 77);
     printf("ok: installed into a prefix, moved, and run from there\n");
     return 0;
 }
