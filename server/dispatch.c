@@ -190,6 +190,7 @@ static bool retake_lock(fb_dispatch *d, int64_t t)
         fb_logf(FB_LOG_WARN, "control loop: another fuseboxd holds the control lock; stepping "
                              "down");
         atomic_store(&d->lock_lost, true);
+        if (d->on_step_down) d->on_step_down(d->step_down_arg);
     }
     return false;
 }
@@ -1308,7 +1309,8 @@ bool fb_dispatch_stepped_down(fb_dispatch *d)
 }
 
 fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGconn *locked,
-                               char *msg, size_t msg_cap)
+                               void (*on_step_down)(void *arg), void *arg, char *msg,
+                               size_t msg_cap)
 {
     fb_dispatch *d = calloc(1, sizeof *d);
     if (!d) {
@@ -1317,6 +1319,8 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGco
         return NULL;
     }
     d->pg = locked;
+    d->on_step_down = on_step_down;
+    d->step_down_arg = arg;
     d->cfg = *cfg;
     d->fair = fb_fair_params_default();
     if (cfg->rebalance_ms > 0) d->fair.period_s = cfg->rebalance_ms / 1000.0;

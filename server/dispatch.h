@@ -50,11 +50,13 @@ typedef struct fb_dispatch fb_dispatch;
  * failure it is closed, which releases the lock).  When that connection is
  * lost the loop takes the lock again on its next one before it writes
  * anything; if another session holds it by then, the loop steps down
- * (fb_dispatch_stepped_down).  Returns NULL with msg filled when the key,
- * the endpoint or the thread cannot be set up.
+ * (fb_dispatch_stepped_down) and calls on_step_down(arg) from its thread, when
+ * not NULL, so the caller hears of it at once.  Returns NULL with msg filled
+ * when the key, the endpoint or the thread cannot be set up.
  */
 fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGconn *locked,
-                               char *msg, size_t msg_cap);
+                               void (*on_step_down)(void *arg), void *arg, char *msg,
+                               size_t msg_cap);
 
 /* Whether the loop found the control lock held by another session and stopped
  * (its socket still bound until fb_dispatch_stop).  Any thread may ask. */

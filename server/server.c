@@ -248,6 +248,18 @@ static bool ask_control_lock(fb_server *s, PGconn **locked)
     return true;
 }
 
+/* From the control loop's thread, when it stepped down: this process is a standby from now
+ * on (/readyz), and the keeper stops the loop now rather than at its next poll. */
+static void on_step_down(void *arg)
+{
+    fb_server *s = arg;
+    atomic_store(&s->control_active, false);
+    pthread_mutex_lock(&s->keeper_mu);
+    s->keeper_wake = true;
+    pthread_cond_signal(&s->keeper_cv);
+    pthread_mutex_unlock(&s->keeper_mu);
+}
+
 /* One turn of the keeper: a loop that stepped down is stopped; a standby asks for the
  * lock and starts the loop when it gets it.  An error only when the loop could not start
  * on the lock it got (msg filled; the lock is released again). */
@@ -272,7 +284,8 @@ static int control_turn(fb_server *s, char *msg, size_t msg_cap)
         return FB_OK;
     }
     /* the loop first: jobs accepted over HTTP find it running */
-    if (!(s->dispatch = fb_dispatch_start(&s->cfg, s->artifacts_real, locked, msg, msg_cap)))
+    if (!(s->dispatch = fb_dispatch_start(&s->cfg, s->artifacts_real, locked, on_step_down, s,
+                                          msg, msg_cap)))
         return FB_ERR_UNAVAILABLE;
     atomic_store(&s->control_active, true);
     s->standby_said = false;
@@ -291,10 +304,11 @@ static void *keeper_thread(void *arg)
         long long ns = until.tv_nsec + (long long)s->cfg.control_lock_poll_ms * 1000000LL;
         until.tv_sec += (time_t)(ns / 1000000000LL);
         until.tv_nsec = (long)(ns % 1000000000LL);
-        while (!s->keeper_stop &&
+        while (!s->keeper_stop && !s->keeper_wake &&
                pthread_cond_timedwait(&s->keeper_cv, &s->keeper_mu, &until) != ETIMEDOUT) {
         }
         if (s->keeper_stop) break;
+        s->keeper_wake = false;
         pthread_mutex_unlock(&s->keeper_mu);
         char why[512];
         if (control_turn(s, why, sizeof why))
@@ -306,20 +320,28 @@ static void *keeper_thread(void *arg)
     return NULL;
 }
 
-static int keeper_start(fb_server *s, char *msg, size_t msg_cap)
+/* The keeper's mutex and condition (on the monotonic clock), before any control loop can
+ * call on_step_down; fb_server_free destroys them after the loop is stopped. */
+static int keeper_init(fb_server *s, char *msg, size_t msg_cap)
 {
     pthread_condattr_t ca;
-    if (pthread_condattr_init(&ca) != 0 ||
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
-        pthread_cond_init(&s->keeper_cv, &ca) != 0)
+    if (pthread_condattr_init(&ca) != 0)
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control lock's keeper");
+    bool ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&s->keeper_cv, &ca) == 0;
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&s->keeper_mu, NULL);
-    if (pthread_create(&s->keeper, NULL, keeper_thread, s) != 0) {
-        pthread_cond_destroy(&s->keeper_cv);
-        pthread_mutex_destroy(&s->keeper_mu);
-        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot start the control lock's keeper");
+    if (!ok || pthread_mutex_init(&s->keeper_mu, NULL) != 0) {
+        if (ok) pthread_cond_destroy(&s->keeper_cv);
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control lock's keeper");
     }
+    s->keeper_ready = true;
+    return FB_OK;
+}
+
+static int keeper_start(fb_server *s, char *msg, size_t msg_cap)
+{
+    if (pthread_create(&s->keeper, NULL, keeper_thread, s) != 0)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot start the control lock's keeper");
     s->keeper_started = true;
     return FB_OK;
 }
@@ -333,8 +355,6 @@ static void keeper_join(fb_server *s)
     pthread_cond_signal(&s->keeper_cv);
     pthread_mutex_unlock(&s->keeper_mu);
     pthread_join(s->keeper, NULL);
-    pthread_cond_destroy(&s->keeper_cv);
-    pthread_mutex_destroy(&s->keeper_mu);
     s->keeper_started = false;
 }
 
@@ -397,7 +417,9 @@ fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t msg_cap)
     }
     /* the control loop first when the lock is free (a loop that cannot start on it is a
      * start-up error, as a bad --worker-listen), then its keeper */
-    if (control_turn(s, msg, msg_cap) || keeper_start(s, msg, msg_cap)) goto fail;
+    if (keeper_init(s, msg, msg_cap) || control_turn(s, msg, msg_cap) ||
+        keeper_start(s, msg, msg_cap))
+        goto fail;
     fb_http_routes routes = {
         .routes = fb_routes, .n = fb_n_routes, .stream_open = fb_route_stream_open};
     if (!(s->mhd = fb_http_start(s, &routes, msg, msg_cap))) goto fail;
@@ -453,6 +475,10 @@ void fb_server_free(fb_server *s)
     keeper_join(s);
     fb_dispatch_stop(s->dispatch);
     PQfinish(s->standby_pg);
+    if (s->keeper_ready) {
+        pthread_cond_destroy(&s->keeper_cv);
+        pthread_mutex_destroy(&s->keeper_mu);
+    }
     fb_db_pool_free(s->db);
     fb_auth_free(s->auth);
     fb_metrics_free(s->metrics);

@@ -33,7 +33,8 @@ struct fb_server {
      * the loop after fb_server_new; standby_pg is its connection while it waits for the
      * lock, which becomes the loop's own once the lock is taken */
     pthread_t keeper;
-    bool keeper_started, keeper_stop; /* keeper_stop under keeper_mu */
+    bool keeper_ready, keeper_started;  /* keeper_mu and keeper_cv made; the thread runs */
+    bool keeper_stop, keeper_wake;      /* under keeper_mu */
     pthread_mutex_t keeper_mu;
     pthread_cond_t keeper_cv;
     PGconn *standby_pg;
