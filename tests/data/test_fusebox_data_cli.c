@@ -293,7 +293,7 @@ static void test_usage(void)
     expect(run(NULL), 2, NULL, "usage");
     expect(run("--help", NULL), 0, "usage", NULL);
     expect(run("frobnicate", NULL), 2, NULL, "unknown command");
-    expect(run("import", NULL), 2, NULL, "idx or csv");
+    expect(run("import", NULL), 2, NULL, "idx, csv or text");
     expect(run("import", "tfrecord", NULL), 2, NULL, "unknown source");
     expect(run("import", "idx", "--images", "a", "--out", out, "--name", "x", "--split", "train",
                NULL),
