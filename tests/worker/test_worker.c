@@ -679,7 +679,10 @@ static void scenario_drain(void)
     char dir[700];
     snprintf(dir, sizeof dir, "%s/fbworker-draindir-XXXXXX", t && *t ? t : "/tmp");
     CHECK(mkdtemp(dir) != NULL);
-    const char *extra[] = {"--test-step-hook", dir, NULL};
+    /* reports at the first step, at a member's end and on entering a hold (each after steps,
+     * so with samples, which record checks), not every --progress-ms while held: how long the
+     * array waits held is the test's real time, which a sanitizer makes longer */
+    const char *extra[] = {"--test-step-hook", dir, "--progress-ms", "3600000", NULL};
     scene c;
     scene_start(&c, "drain", 13, "w-drain", extra, NULL);
     group_def *g = &c.g;
