@@ -60,7 +60,10 @@ export function svg(tag, attrs = {}, ...kids) {
 export function fmt(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return '—';
   if (typeof v !== 'number') return String(v);
-  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(2);
+  // 1e-4, not 1.00e-4: the zeros of the mantissa say nothing
+  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) {
+    return v.toExponential(2).replace(/\.?0+e/, 'e');
+  }
   return String(Number(v.toPrecision(digits)));
 }
 

@@ -124,7 +124,8 @@ function parallel(box, trials, params, metric, mode, bestIndex) {
     svg('line', { x1: xAt(i), y1: m.t, x2: xAt(i), y2: H - m.b, class: 'axis' }),
     scales[i].ticks.map(([v, label]) => svg('text', { x: xAt(i) - 4, y: yAt(i, v) + 4, class: 'tick',
       'text-anchor': 'end' }, label)),
-    svg('text', { x: xAt(i), y: 14, class: 'label', 'text-anchor': 'middle' },
+    // the first axis's name starts at the left edge (centred, a long one would be cut off)
+    svg('text', { x: i === 0 ? 2 : xAt(i), y: 14, class: 'label', 'text-anchor': i === 0 ? 'start' : 'middle' },
       `${a.name}${scales[i].kind === 'log' ? ' (log)' : ''}`)))),
   h('p', { class: 'muted small' }, `Colour: best ${metric} of the trial, `,
     h('span', { style: `color:${heat(0)}` }, 'worst'), ' to ', h('span', { style: `color:${heat(1)}` }, 'best'),

@@ -190,10 +190,12 @@ async function call(method, p, key, body) {
   return json;
 }
 
-// What the page shows for a number (app.js's fmt) and for a time share.
+// What the page shows for a number (lib.js's fmt) and for a time share.
 function fmt(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return '—';
-  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(2);
+  if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) {
+    return v.toExponential(2).replace(/\.?0+e/, 'e');
+  }
   return String(Number(v.toPrecision(digits)));
 }
 const share = (x) => `${fmt(100 * x, 3)}%`;
