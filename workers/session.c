@@ -88,10 +88,48 @@ static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int c
     return err;
 }
 
+/*
+ * A token model's dataset (docs/jobspec.md, "Token models"): records of T + 1
+ * ids for a language model, T for one that pools, each an integer in [0, V),
+ * and labels for one that pools.  Ids held in memory are checked here, so a
+ * mismatched dataset fails when training opens rather than at some step.
+ */
+static int check_token_data(const fb_job_spec *s, const fb_dataset *ds, const char *split,
+                            char *msg, size_t msg_cap)
+{
+    int64_t rec = (int64_t)ds->C * ds->H * ds->W;
+    if (rec != fb_shape_numel(&s->input))
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s (%s) has records of %lld values; the model (model.input.tokens "
+                       "%lld, %s) reads records of %lld tokens",
+                       s->dataset, split, (long long)rec, (long long)s->tokens,
+                       s->lm ? "a language model: T + 1" : "pooled: T",
+                       (long long)fb_shape_numel(&s->input));
+    if (!s->lm && ds->n_classes < 2)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s (%s) has no labels; a model with a pool layer is a classifier "
+                       "(remove the pool layer for a language model)",
+                       s->dataset, split);
+    if (ds->n < 1)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset %s (%s) is empty", s->dataset, split);
+    if (!ds->x) return FB_OK;
+    for (int64_t i = 0; i < ds->n * rec; i++) {
+        float v = ds->x[i];
+        if (!(v >= 0 && v < (float)s->vocab && v == floorf(v)))
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "dataset %s (%s) record %lld position %lld: %g is not a token id below "
+                           "the model's vocab %lld (model.input.vocab)",
+                           s->dataset, split, (long long)(i / rec), (long long)(i % rec), (double)v,
+                           (long long)s->vocab);
+    }
+    return FB_OK;
+}
+
 static int check_data(const fb_job_spec *s, int K, const fb_dataset *ds, const char *split,
                       char *msg, size_t msg_cap)
 {
     if (!ds) return FB_OK;
+    if (s->tokens) return check_token_data(s, ds, split, msg, msg_cap);
     int64_t numel = (int64_t)ds->C * ds->H * ds->W;
     if (numel != fb_shape_numel(&s->input))
         return fb_errf(msg, msg_cap, FB_ERR_DATA,
