@@ -547,6 +547,40 @@ static int infer_layer(parse_ctx *c, fb_layer *L, const char *path)
     return check_dim(c, path, &L->out);
 }
 
+/* The fields of the token-model layers (embedding, positional, transformer_block, pool). */
+static int parse_token_fields(parse_ctx *c, json_t *obj, const char *path, fb_layer *L)
+{
+    static const char *const k_embed[] = {"type", "dim", NULL};
+    static const char *const k_pos[] = {"type", "max_len", NULL};
+    static const char *const k_block[] = {"type", "heads", "mlp_ratio", "causal", "dropout", NULL};
+    static const char *const k_seqpool[] = {"type", "mode", NULL};
+    static const char *const pool_names[] = {"mean", "first"};
+    int err, t = 0;
+    int64_t v;
+    switch (L->type) {
+    case FB_LAYER_EMBEDDING:
+        if ((err = check_fields(c, obj, path, k_embed))) return err;
+        return get_int(c, obj, "dim", path, true, 0, 1, 65536, &L->out_features);
+    case FB_LAYER_POSITIONAL:
+        if ((err = check_fields(c, obj, path, k_pos))) return err;
+        return get_int(c, obj, "max_len", path, false, 0, 1, FB_SPEC_MAX_TOKENS, &L->max_len);
+    case FB_LAYER_TRANSFORMER_BLOCK:
+        if ((err = check_fields(c, obj, path, k_block))) return err;
+        if ((err = get_int(c, obj, "heads", path, true, 0, 1, 1024, &v))) return err;
+        L->heads = (int)v;
+        if ((err = get_int(c, obj, "mlp_ratio", path, false, 4, 1, 16, &v))) return err;
+        L->mlp_ratio = (int)v;
+        if ((err = get_bool(c, obj, "causal", path, true, &L->causal))) return err;
+        return get_num(c, obj, "dropout", path, false, 0.0, 0.0, false, 0.99, &L->p);
+    default: /* pool */
+        if ((err = check_fields(c, obj, path, k_seqpool))) return err;
+        if ((err = get_enum(c, obj, "mode", path, false, FB_POOL_MEAN, pool_names, 2, &t)))
+            return err;
+        L->pool = (fb_pool_mode)t;
+        return FB_OK;
+    }
+}
+
 static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, fb_shape in,
                        fb_layer *L)
 {
@@ -559,12 +593,7 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
     static const char *const k_bn[] = {"type", "eps", "momentum", "affine", NULL};
     static const char *const k_ln[] = {"type", "eps", "affine", NULL};
     static const char *const k_res[] = {"type", "body", "shortcut", NULL};
-    static const char *const k_embed[] = {"type", "dim", NULL};
-    static const char *const k_pos[] = {"type", "max_len", NULL};
-    static const char *const k_block[] = {"type", "heads", "mlp_ratio", "causal", "dropout", NULL};
-    static const char *const k_seqpool[] = {"type", "mode", NULL};
     static const char *const gelu_names[] = {"none", "tanh"};
-    static const char *const pool_names[] = {"mean", "first"};
     int err, t = 0;
     int64_t v;
 
@@ -579,38 +608,17 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
         return fb_errf(c->msg, c->cap, FB_ERR_TOO_MANY_LAYERS,
                        "%s: the model has more than %d layers (nested ones included)", path,
                        FB_SPEC_MAX_LAYERS);
-    if (c->tokens && c->at_input && L->type != FB_LAYER_EMBEDDING)
+    if (c->tokens && c->at_input && L->type != FB_LAYER_EMBEDDING) /* the token input */
         return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
-                       "%s (%s): a token input (model.input.tokens) needs an embedding layer "
-                       "first",
+                       "%s (%s): a token input (model.input.tokens) needs an embedding first",
                        path, layer_names[L->type]);
 
     switch (L->type) {
     case FB_LAYER_EMBEDDING:
-        if ((err = check_fields(c, obj, path, k_embed))) return err;
-        if ((err = get_int(c, obj, "dim", path, true, 0, 1, 65536, &L->out_features))) return err;
-        break;
     case FB_LAYER_POSITIONAL:
-        if ((err = check_fields(c, obj, path, k_pos))) return err;
-        if ((err = get_int(c, obj, "max_len", path, false, 0, 1, FB_SPEC_MAX_TOKENS,
-                           &L->max_len)))
-            return err;
-        break;
     case FB_LAYER_TRANSFORMER_BLOCK:
-        if ((err = check_fields(c, obj, path, k_block))) return err;
-        if ((err = get_int(c, obj, "heads", path, true, 0, 1, 1024, &v))) return err;
-        L->heads = (int)v;
-        if ((err = get_int(c, obj, "mlp_ratio", path, false, 4, 1, 16, &v))) return err;
-        L->mlp_ratio = (int)v;
-        if ((err = get_bool(c, obj, "causal", path, true, &L->causal))) return err;
-        if ((err = get_num(c, obj, "dropout", path, false, 0.0, 0.0, false, 0.99, &L->p)))
-            return err;
-        break;
     case FB_LAYER_POOL:
-        if ((err = check_fields(c, obj, path, k_seqpool))) return err;
-        if ((err = get_enum(c, obj, "mode", path, false, FB_POOL_MEAN, pool_names, 2, &t)))
-            return err;
-        L->pool = (fb_pool_mode)t;
+        if ((err = parse_token_fields(c, obj, path, L))) return err;
         break;
     case FB_LAYER_LINEAR:
         if ((err = check_fields(c, obj, path, k_linear))) return err;
@@ -964,6 +972,39 @@ static int parse_init(parse_ctx *c, json_t *root, fb_job_spec *s)
     return FB_OK;
 }
 
+/*
+ * A token model without a pool layer is a language model: logits (T, V)
+ * against the next token of each position, from records of T + 1 tokens.
+ */
+static int check_lm(parse_ctx *c, fb_job_spec *s, const char *loss_name)
+{
+    s->lm = true;
+    if (s->loss != FB_LOSS_CROSS_ENTROPY || s->output.ndim != 2 || s->output.d[1] != s->vocab) {
+        char a[96];
+        shape_str(&s->output, a, sizeof a);
+        return fb_errf(c->msg, c->cap, FB_ERR_BAD_LOSS,
+                       "loss: a token model without a pool layer is a language model: it needs "
+                       "cross_entropy and a last layer of vocab (%lld) features per position, "
+                       "the model ends in %s with loss %s",
+                       (long long)s->vocab, a, loss_name);
+    }
+    s->input.d[0] = s->tokens + 1;
+    return FB_OK;
+}
+
+/* What token models do not (yet) have: bf16 and more than one device. */
+static int check_token_limits(parse_ctx *c, const fb_job_spec *s)
+{
+    if (s->tokens && s->precision == FB_PREC_BF16)
+        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
+                       "precision: bf16 is not available for token models (model.input.tokens); "
+                       "use fp32 or tf32");
+    if (s->tokens && (s->parallel_data > 1 || s->parallel_pipeline > 1))
+        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
+                       "parallel: token models (model.input.tokens) train on one device");
+    return FB_OK;
+}
+
 static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 {
     static const char *const k_root[] = {
@@ -1024,19 +1065,7 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     s->tokens = c->tokens;
     s->vocab = c->vocab;
     if (s->tokens && !c->pooled[0]) {
-        /* language modelling: logits (T, V) against the next token of each position */
-        s->lm = true;
-        if (s->loss != FB_LOSS_CROSS_ENTROPY || s->output.ndim != 2 ||
-            s->output.d[1] != s->vocab) {
-            char a[96];
-            shape_str(&s->output, a, sizeof a);
-            return fb_errf(c->msg, c->cap, FB_ERR_BAD_LOSS,
-                           "loss: a token model without a pool layer is a language model: it "
-                           "needs cross_entropy and a last layer of vocab (%lld) features per "
-                           "position, the model ends in %s with loss %s",
-                           (long long)s->vocab, a, loss_names[s->loss]);
-        }
-        s->input.d[0] = s->tokens + 1; /* records of T + 1 tokens */
+        if ((err = check_lm(c, s, loss_names[s->loss]))) return err;
     } else if (s->output.ndim != 1 ||
                (s->loss == FB_LOSS_CROSS_ENTROPY && s->output.d[0] < 2)) {
         char a[96];
@@ -1101,13 +1130,7 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_enum(c, root, "precision", "", false, FB_PREC_FP32, prec_names, 3, &t)))
         return err;
     s->precision = (fb_precision)t;
-    if (s->tokens && s->precision == FB_PREC_BF16)
-        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
-                       "precision: bf16 is not available for token models (model.input.tokens); "
-                       "use fp32 or tf32");
-    if (s->tokens && (s->parallel_data > 1 || s->parallel_pipeline > 1))
-        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
-                       "parallel: token models (model.input.tokens) train on one device");
+    if ((err = check_token_limits(c, s))) return err;
     if ((err = get_int(c, root, "priority", "", false, 50, 0, 100, &v))) return err;
     s->priority = (int)v;
     if ((err = get_int(c, root, "max_restarts", "", false, 3, 0, 100, &v))) return err;

@@ -293,7 +293,7 @@ static const spec_case cases[] = {
                              EMB "]}," REST "}",
      FB_ERR_UNKNOWN_FIELD, "model.input.dim"},
     {"embedding not first", TOKENS("{'type':'layernorm'}," EMB "," LM_HEAD),
-     FB_ERR_SHAPE_MISMATCH, "needs an embedding layer first"},
+     FB_ERR_SHAPE_MISMATCH, "needs an embedding first"},
     {"embedding twice", TOKENS(EMB "," EMB "," LM_HEAD), FB_ERR_SHAPE_MISMATCH,
      "model.layers[1] (embedding): must be the first layer"},
     {"block on features", "{" DS ",'model':{'input':[10],'layers':[" BLOCK "]}," REST "}",
