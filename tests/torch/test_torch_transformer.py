@@ -15,6 +15,9 @@ compares, by relative error max|fusebox - torch| / max|torch|:
         different learning rates and warmups): the loss before every update,
         <= TRAJ_TOL at every step.
 
+The fusebox package's to_torch builds the same module from the spec, and
+fusebox.load rebuilds the engine's weights file: both give the same logits.
+
 The language model's text is the GPL-3 licence every Debian system carries,
 folded to 40 symbols; records are T + 1 symbols (input the first T, target the
 last T).  The classifier's label is a function of its T symbols.  Exits 0 when
@@ -196,6 +199,21 @@ def check_grad(args, rep, tmp, kind, seed):
             GRAD_TOL)
     rep.add("grad", f"{kind} loss", tp.rel_err(got["loss"], loss.item()), GRAD_TOL,
             f"loss {loss.item():.4f}")
+    # the fusebox package builds the same module from the spec, and loads the
+    # engine's weights file from its own metadata
+    pkg = tp.fusebox.to_torch(make_spec(kind, "pkg", {"type": "sgd", "lr": 0.1}, {}, seed))
+    pkg.load_state_dict({k: torch.from_numpy(v) for k, v in tp.state_arrays(model).items()},
+                        strict=True)
+    pkg.eval()
+    model.eval()
+    with torch.no_grad():
+        ref = forward(kind, model, x, y)[0].numpy()
+        mine = pkg(torch.from_numpy(x[:, :T])).reshape(N, -1).numpy()
+    rep.add("grad", f"{kind} fusebox.to_torch logits", tp.rel_err(mine, ref), GRAD_TOL)
+    loaded, _ = tp.fusebox.load(base + ".after.safetensors")
+    with torch.no_grad():
+        mine = loaded(torch.from_numpy(x[:, :T])).reshape(N, -1).numpy()
+    rep.add("grad", f"{kind} fusebox.load logits", tp.rel_err(mine, got["logits"]), GRAD_TOL)
     gg = tp.st_read(base + ".grads.safetensors")
     missing = sorted(set(grads) ^ set(gg))
     if missing:
