@@ -398,6 +398,12 @@ static int infer_token_layer(parse_ctx *c, fb_layer *L, const char *path)
             return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
                            "%s.heads: %d does not divide the model dimension %lld", path,
                            L->heads, (long long)D);
+        if ((int64_t)L->heads * T * T > MAX_ACT_NUMEL)
+            return fb_errf(c->msg, c->cap, FB_ERR_DIM_TOO_LARGE,
+                           "%s: attention probabilities of %d heads over %lld positions are "
+                           "%lld values per sample, more than %lld",
+                           path, L->heads, (long long)T, (long long)L->heads * T * T,
+                           (long long)MAX_ACT_NUMEL);
         int64_t M = (int64_t)L->mlp_ratio * D;
         /* ln1, qkv (D -> 3D), out (D -> D), ln2, mlp (D -> M -> D) */
         L->n_params = 2 * D + (3 * D * D + 3 * D) + (D * D + D) + 2 * D + (D * M + M) + (M * D + D);

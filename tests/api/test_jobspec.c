@@ -332,6 +332,10 @@ static const spec_case cases[] = {
      FB_ERR_BAD_ENUM, "model.layers[1].mode"},
     {"embedding dim 0", TOKENS("{'type':'embedding','dim':0}," LM_HEAD), FB_ERR_OUT_OF_RANGE,
      "model.layers[0].dim"},
+    {"attention too large",
+     "{" DS ",'model':{'input':{'tokens':8192,'vocab':40},'layers':[{'type':'embedding','dim':8},"
+     "{'type':'transformer_block','heads':8},{'type':'linear','out':40}]}," REST "}",
+     FB_ERR_DIM_TOO_LARGE, "attention probabilities of 8 heads over 8192 positions"},
     {"token bf16", TOKENS(EMB "," LM_HEAD, ",'precision':'bf16'"), FB_ERR_UNSUPPORTED,
      "precision: bf16"},
     {"token data parallel", TOKENS(EMB "," LM_HEAD, ",'parallel':{'data':2}"), FB_ERR_UNSUPPORTED,
