@@ -14,7 +14,7 @@ keys of each fusebox-train event.  Required:
   a test metric never decides);
 - every metric key fusebox-train prints (workers/fusebox_train.c) is in the
   vocabulary, and the event table lists exactly those keys;
-- every metric name the dashboard (web/app.js) reads from latest_metrics or
+- every metric name the dashboard (web/*.js) reads from latest_metrics or
   the series is in the vocabulary;
 - every Prometheus name the tables mention exists in server/metrics.c;
 - the names used before the vocabulary (eval_loss, eval_accuracy, eval_step,
@@ -37,12 +37,14 @@ DOC = os.path.join(SRC, "docs", "jobspec.md")
 ROUTES = os.path.join(SRC, "server", "routes_jobs.c")
 OPENAPI = os.path.join(SRC, "api", "openapi.yaml")
 TRAIN = os.path.join(SRC, "workers", "fusebox_train.c")
-APP = os.path.join(SRC, "web", "app.js")
+# the dashboard's own modules (web/*.js; not node_modules)
+APP_FILES = sorted(os.path.join("web", n) for n in os.listdir(os.path.join(SRC, "web"))
+                   if n.endswith(".js"))
 PROM = os.path.join(SRC, "server", "metrics.c")
 OLD_NAMES = ["eval_loss", "eval_accuracy", "eval_step", "train_accuracy", "io_wait_ms"]
 # where the old names must not come back: (directory or file, suffixes)
 # (bench/RESULTS.md keeps the history of measurements, old names included)
-OLD_NAME_PLACES = [("workers/fusebox_train.c", ()), ("web/app.js", ()), ("api/openapi.yaml", ()),
+OLD_NAME_PLACES = [("workers/fusebox_train.c", ()), *((f, ()) for f in APP_FILES), ("api/openapi.yaml", ()),
                    ("python/fusebox", (".py",)), ("server", (".c",)), ("scripts", ()),
                    ("bench", (".sh", ".c", ".py"))]
 # fusebox-train's keys that are not metrics (docs/jobspec.md's event table, other columns)
@@ -313,7 +315,8 @@ def main():
         return 1
     with open(OPENAPI, encoding="utf-8") as f:
         spec = yaml.safe_load(f)
-    problems = check(read(DOC), read(ROUTES), spec, read(TRAIN), read(APP), read(PROM),
+    problems = check(read(DOC), read(ROUTES), spec, read(TRAIN),
+                     "\n".join(read(os.path.join(SRC, f)) for f in APP_FILES), read(PROM),
                      old_name_hits(), "docs/jobspec.md")
     for p in problems:
         print("FAIL: " + p)

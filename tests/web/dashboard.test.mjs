@@ -13,6 +13,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { actionChecks } from './actions.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 // A missing prerequisite skips the test, except under FUSEBOX_TEST_STRICT=1
@@ -335,6 +336,12 @@ try {
     expect((await page.locator(`#arrays tr[data-array="${theirs.id}"] td.tenants`).innerText()) ===
       '1 other tenant', 'bob is only counted');
     expect(!/bob/.test(await text('main')), 'another tenant\'s name is not shown');
+    // durations in a unit that reads (never "5.47e-4 ms")
+    const times = await page.locator('#arrays .step-time').allInnerTexts();
+    expect(times.length >= 1 && times.every((x) => /^\d+(\.\d+)? (ns|µs|ms|s)\b/.test(x)), `step times: ${times}`);
+    const hover = await page.locator('#arrays .step-time').first().getAttribute('title');
+    expect(/^compute \d+(\.\d+)? (ns|µs|ms|s), /.test(hover) && !/\de-\d/.test(hover), `parts: ${hover}`);
+    expect(!/\de-\d+ ms/.test(await text('main')), 'a duration in exponent notation');
     // slowdown as the control loop measured it (alice's array ran alone first: its profile)
     const c = await call('GET', '/v1/cluster', key);
     expect(typeof c.slowdown.max === 'number' && c.slowdown.max > 0, `cluster slowdown ${JSON.stringify(c.slowdown)}`);
@@ -353,6 +360,12 @@ try {
       return r.includes(`×3 ${share(mine.time_share)}`) && r;
     });
     expect(/running/.test(row) && row.includes(` / ${steps}`) && /alice/.test(row), `row: ${row}`);
+    // the array's samples/s and the member's (a third of it: three members of one batch size)
+    const lm = (await call('GET', `/v1/jobs/${jobs[0]}`, key)).latest_metrics;
+    const r0 = page.locator(`#jobs tr[data-job="${jobs[0]}"]`);
+    await until('the throughputs', async () =>
+      (await r0.locator('td.sps-array').innerText()) === fmt(lm.samples_per_s) &&
+      (await r0.locator('td.sps-job').innerText()) === fmt(lm.samples_per_s / 3));
     // the state filter asks the server
     await page.selectOption('#f-state', 'queued');
     await until('no queued jobs', async () => /No jobs yet/.test(await text('#jobs tbody')));
@@ -505,10 +518,13 @@ try {
     await shot('09-sweep-asha');
   });
 
+  await actionChecks({ page, base, key, call, check, expect, until, text, canvas, shot, model, fmt });
+
   await check('an unreachable server is reported, and polling backs off', async () => {
     await page.goto(`${base}/#/jobs`);
-    // the lr-grid trials, and the lr-asha ones
-    await until('jobs', async () => (await page.locator('#jobs tr[data-job]').count()) === 6);
+    // every job of alice's: the sweeps' trials and the one submitted from the page
+    const all = (await call('GET', '/v1/jobs?limit=200', key)).jobs.length;
+    await until('jobs', async () => (await page.locator('#jobs tr[data-job]').count()) === all);
     await stopServer();
     // fuseboxd exits 0 on SIGTERM (under ASan: without leaks or errors)
     expect(server.exitCode === 0, `fuseboxd exit status ${server.exitCode} ${server.signalCode || ''}`);
