@@ -281,6 +281,14 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     }
     s->shards = 1;
     /* the engine: pipeline stages, data-parallel replicas, or the array on one device */
+    if (s0->tokens && (s->opts.pipeline > 1 || s->opts.n_devices > 1 || s->opts.comm ||
+                       s->opts.control_comm)) {
+        /* their loss is a mean over N*T positions, which the engines that split a batch do
+         * not scale for (the spec refuses parallel for them, docs/jobspec.md) */
+        err = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                      "job %s: token models (model.input.tokens) train on one device", s0->name);
+        goto fail;
+    }
     if (s->opts.pipeline > 1)
         s->engine = &fb_session_engine_pipeline;
     else if (s->opts.n_devices > 1 || s->opts.comm || s->opts.control_comm)
