@@ -749,6 +749,17 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
         a->seeds[b] = specs[b]->seed;
     }
 
+    if (a->T) {
+        static const fb_op need[] = {FB_OP_EMBEDDING, FB_OP_POSITIONAL, FB_OP_ATTENTION,
+                                     FB_OP_SEQ_POOL, FB_OP_LAYERNORM};
+        for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+            if (!fb_backend_supports(be, need[i])) {
+                err = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                              "backend %s lacks the sequence ops of token models",
+                              fb_backend_name(be));
+                goto fail;
+            }
+    }
     a->bf16 = specs[0]->precision == FB_PREC_BF16;
     a->x_buf = new_buf(a, (size_t)max_n * (size_t)a->in_numel, 0, false);
     if (a->x_buf < 0) goto nomem;
