@@ -125,6 +125,20 @@ static int check_token_data(const fb_job_spec *s, const fb_dataset *ds, const ch
     return FB_OK;
 }
 
+/* A token model against the manifest of a shard dataset read by a loader, whose train
+ * records are not in memory for check_token_data to scan. */
+static int check_token_manifest(const fb_job_spec *s, const fb_manifest *m, char *msg,
+                                size_t msg_cap)
+{
+    if (m->dtype == FB_DTYPE_U8)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s holds uint8 samples (images); a token model "
+                       "(model.input.tokens) reads token ids: an int32 dataset, or float32 "
+                       "values that are ids",
+                       s->dataset);
+    return FB_OK;
+}
+
 static int check_data(const fb_job_spec *s, int K, const fb_dataset *ds, const char *split,
                       char *msg, size_t msg_cap)
 {
@@ -194,6 +208,9 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     int K = (int)fb_shape_numel(&s0->output);
     int err;
     if ((err = check_data(s0, K, train, "train", msg, msg_cap))) return err;
+    if (opts && opts->loader && s0->tokens &&
+        (err = check_token_manifest(s0, fb_loader_manifest(opts->loader), msg, msg_cap)))
+        return err;
     /* an empty validation set (val_fraction 0) is none */
     if (val && val->n == 0) val = NULL;
     const fb_dataset *test = opts ? opts->test : NULL;

@@ -14,7 +14,8 @@
  *     PyTorch names and shapes ("2.attn.in_proj_weight" [96, 32], ...);
  *   - a dataset that does not fit the model exits 1 before training, with a
  *     message naming the problem: records of the wrong length for T (a
- *     language model reads T + 1), ids at or beyond the model's vocab.
+ *     language model reads T + 1), ids at or beyond the model's vocab, an
+ *     image (uint8) dataset of the right length.
  */
 #include "engine_util.h"
 
@@ -105,20 +106,54 @@ static void import_split(const char *text, size_t lo, size_t hi, const char *spl
     result_free(&r);
 }
 
-static void write_spec(const char *path, int tokens, int vocab, int steps)
+/* An image dataset of 1 x 17 uint8 pixels (IDX, imported as shards "images"): the right
+ * length for T = 16, but images, not tokens. */
+static void import_images(void)
+{
+    enum { n = 64, W = T + 1 };
+    char img[1200], lab[1200], out[1200];
+    snprintf(img, sizeof img, "%s/img.idx", root);
+    snprintf(lab, sizeof lab, "%s/lab.idx", root);
+    snprintf(out, sizeof out, "%s/images", data_dir);
+    uint8_t hi[16] = {0, 0, 8, 3, 0, 0, 0, n, 0, 0, 0, 1, 0, 0, 0, W}, hl[8] = {0, 0, 8, 1, 0, 0, 0, n};
+    FILE *f = fopen(img, "wb");
+    CHECK(f && fwrite(hi, 1, sizeof hi, f) == sizeof hi);
+    for (int i = 0; i < n * W; i++) fputc((i * 37) & 0xff, f);
+    CHECK(fclose(f) == 0);
+    f = fopen(lab, "wb");
+    CHECK(f && fwrite(hl, 1, sizeof hl, f) == sizeof hl);
+    for (int i = 0; i < n; i++) fputc(i % 2, f);
+    CHECK(fclose(f) == 0);
+    for (int k = 0; k < 2; k++) {
+        const char *argv[] = {data_bin, "import", "idx", "--images", img, "--labels", lab,
+                              "--out", out, "--name", "images", "--split", k ? "test" : "train",
+                              NULL};
+        result r = run(argv);
+        if (r.rc != 0) fprintf(stderr, "fusebox-data: %s\n", r.err);
+        CHECK_INT_EQ(r.rc, 0);
+        result_free(&r);
+    }
+}
+
+static void write_spec_on(const char *path, const char *dataset, int tokens, int vocab, int steps)
 {
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
     fprintf(f,
-            "{\"name\":\"charlm\",\"dataset\":\"licence-lm\",\"model\":{\"input\":{\"tokens\":%d,"
+            "{\"name\":\"charlm\",\"dataset\":\"%s\",\"model\":{\"input\":{\"tokens\":%d,"
             "\"vocab\":%d},\"layers\":[{\"type\":\"embedding\",\"dim\":32},"
             "{\"type\":\"positional\"},{\"type\":\"transformer_block\",\"heads\":4},"
             "{\"type\":\"transformer_block\",\"heads\":4},{\"type\":\"layernorm\"},"
             "{\"type\":\"linear\",\"out\":%d}]},\"batch_size\":16,\"steps\":%d,"
             "\"optimizer\":{\"type\":\"adamw\",\"lr\":0.003},\"schedule\":{\"warmup_steps\":5},"
             "\"seed\":1,\"val_fraction\":0.1}",
-            tokens, vocab, vocab, steps);
+            dataset, tokens, vocab, vocab, steps);
     CHECK(fclose(f) == 0);
+}
+
+static void write_spec(const char *path, int tokens, int vocab, int steps)
+{
+    write_spec_on(path, "licence-lm", tokens, vocab, steps);
 }
 
 static void test_train(void)
@@ -187,19 +222,20 @@ static void test_train(void)
 static void test_mismatch(void)
 {
     static const struct {
-        const char *what;
+        const char *what, *dataset;
         int tokens, vocab;
         const char *needle;
     } cases[] = {
-        {"T + 1 != record", 20, 256, "reads records of 21 tokens"},
-        {"T + 1 = 18", 17, 256, "reads records of 18 tokens"},
-        {"vocab too small", T, 100, "not a token id below the model's vocab 100"},
+        {"T + 1 != record", "licence-lm", 20, 256, "reads records of 21 tokens"},
+        {"T + 1 = 18", "licence-lm", 17, 256, "reads records of 18 tokens"},
+        {"vocab too small", "licence-lm", T, 100, "not a token id below the model's vocab 100"},
+        {"image dataset", "images", T, 256, "dataset images holds uint8 samples (images)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char spec[1200], out[1200];
         snprintf(spec, sizeof spec, "%s/bad.json", root);
         snprintf(out, sizeof out, "%s/bad-out", root);
-        write_spec(spec, cases[i].tokens, cases[i].vocab, 10);
+        write_spec_on(spec, cases[i].dataset, cases[i].tokens, cases[i].vocab, 10);
         const char *argv[] = {train_bin, spec, "--log-every", "1", "--out", out, NULL};
         result r = run(argv);
         printf("%s -> exit %d: %s", cases[i].what, r.rc, r.err);
@@ -236,6 +272,7 @@ int main(void)
     CHECK(len > 20000);
     import_split(text, 0, len * 9 / 10, "train");
     import_split(text, len * 9 / 10, len, "test");
+    import_images();
     free(text);
     CHECK(chdir(root) == 0);
 
