@@ -16,14 +16,30 @@
 #include "clock.h"
 #include "errors.h"
 #include "jobspec.h"
+#include "paths.h"
 
+/* the build tree's files (server/CMakeLists.txt): the defaults of a fuseboxd run where it
+ * was built */
 #ifndef FB_DEFAULT_SCHEMA_DIR
 #define FB_DEFAULT_SCHEMA_DIR "schema"
+#endif
+#ifndef FB_DEFAULT_WEB_DIR
+#define FB_DEFAULT_WEB_DIR ""
 #endif
 /* the build's fusebox-data (server/CMakeLists.txt); else found on PATH */
 #ifndef FB_DEFAULT_DATA_TOOL
 #define FB_DEFAULT_DATA_TOOL "fusebox-data"
 #endif
+/* the installed files, relative to the installed fuseboxd's directory (GNUInstallDirs:
+ * bin/ and share/fusebox/); they win where they exist, so an installed fuseboxd needs no
+ * path into a source tree */
+#ifndef FB_INSTALLED_SCHEMA_DIR
+#define FB_INSTALLED_SCHEMA_DIR "../share/fusebox/schema"
+#endif
+#ifndef FB_INSTALLED_WEB_DIR
+#define FB_INSTALLED_WEB_DIR "../share/fusebox/web"
+#endif
+#define FB_INSTALLED_DATA_TOOL "fusebox-data"
 /* where Debian's dataset-fashion-mnist package puts its files, as the
  * workers' IDX loader looks for them */
 #define FB_DEFAULT_BUILTIN_DIR "/usr/share/datasets"
@@ -102,6 +118,10 @@ static const opt opts[] = {
     INT("rebalance-ms", "FUSEBOX_REBALANCE_MS", rebalance_ms, 0, 3600000,
         "fair-share period: time shares and batch splits of running arrays are revised this "
         "often (0: off, shares stay as placed)"),
+    INT("control-lock-poll-ms", "FUSEBOX_CONTROL_LOCK_POLL_MS", control_lock_poll_ms, 10,
+        600000,
+        "a standby fuseboxd (another one's control loop holds the database's control lock) "
+        "asks for the lock this often and takes over when it is free"),
     STR("datasets-dir", "FUSEBOX_DATASETS_DIR", datasets_dir,
         "tenants' datasets, DIR/<tenant id>/<name>/ (default DATA_DIR/datasets)"),
     STR("import-roots", "FUSEBOX_IMPORT_ROOTS", import_roots,
@@ -128,8 +148,10 @@ void fb_config_defaults(fb_config *cfg)
     snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1");
     cfg->port = 8080;
     snprintf(cfg->data_dir, sizeof cfg->data_dir, "fuseboxd-data");
-    snprintf(cfg->schema_dir, sizeof cfg->schema_dir, "%s", FB_DEFAULT_SCHEMA_DIR);
-    snprintf(cfg->web_dir, sizeof cfg->web_dir, "%s", FB_DEFAULT_WEB_DIR);
+    if (!fb_path_beside_exe(FB_INSTALLED_SCHEMA_DIR, cfg->schema_dir, sizeof cfg->schema_dir))
+        snprintf(cfg->schema_dir, sizeof cfg->schema_dir, "%s", FB_DEFAULT_SCHEMA_DIR);
+    if (!fb_path_beside_exe(FB_INSTALLED_WEB_DIR, cfg->web_dir, sizeof cfg->web_dir))
+        snprintf(cfg->web_dir, sizeof cfg->web_dir, "%s", FB_DEFAULT_WEB_DIR);
     cfg->max_body_bytes = 1 << 20;
     /* one HTTP thread and one connection per core: with PostgreSQL on the
      * same machine more only adds context switches between its backends and
@@ -154,7 +176,9 @@ void fb_config_defaults(fb_config *cfg)
     cfg->max_array = 64;
     cfg->max_groups_per_device = 4;
     cfg->rebalance_ms = 5000;
-    snprintf(cfg->data_tool, sizeof cfg->data_tool, "%s", FB_DEFAULT_DATA_TOOL);
+    cfg->control_lock_poll_ms = 1000;
+    if (!fb_path_beside_exe(FB_INSTALLED_DATA_TOOL, cfg->data_tool, sizeof cfg->data_tool))
+        snprintf(cfg->data_tool, sizeof cfg->data_tool, "%s", FB_DEFAULT_DATA_TOOL);
     snprintf(cfg->builtin_dir, sizeof cfg->builtin_dir, "%s", FB_DEFAULT_BUILTIN_DIR);
 }
 

@@ -50,6 +50,7 @@ typedef struct fb_config {
     int max_array;                          /* members per fused array; 1 disables fusion */
     int max_groups_per_device;              /* arrays co-located on one device */
     int rebalance_ms;                       /* fair-share period; 0 = off */
+    int control_lock_poll_ms;               /* a standby asks for the control lock this often */
     /* datasets (routes_datasets.c) */
     char datasets_dir[FB_CONFIG_PATH_MAX];  /* tenants' datasets; default DATA_DIR/datasets */
     char import_roots[FB_CONFIG_ROOTS_MAX]; /* colon-separated roots imports may read; "" none */

@@ -173,27 +173,57 @@ int dsp_tenant_index(char **sorted, int n, const char *s)
 
 static bool load_groups(fb_dispatch *d);
 
-/* Whether the loop's connection is usable now; reconnects with backoff. */
+/* Takes the control lock on a new connection, before anything is written through it: the
+ * session that held it died with the old connection.  False when the lock is another
+ * session's (the loop steps down) or the question failed (a retry later). */
+static bool retake_lock(fb_dispatch *d, int64_t t)
+{
+    PGresult *r = PQexec(d->pg, FB_CONTROL_LOCK_SQL);
+    bool answered = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    bool held = answered && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (held) return true;
+    PQfinish(d->pg);
+    d->pg = NULL;
+    d->pg_retry_ms = t + 1000;
+    if (answered) {
+        fb_logf(FB_LOG_WARN, "control loop: another fuseboxd holds the control lock; stepping "
+                             "down");
+        atomic_store(&d->lock_lost, true);
+        if (d->on_step_down) d->on_step_down(d->step_down_arg);
+    }
+    return false;
+}
+
+/* Whether the loop's connection is usable now; reconnects with backoff.  The connection
+ * holds the control lock (dispatch.h): a new one takes it first. */
 bool dsp_db_ok(fb_dispatch *d)
 {
-    if (d->pg && PQstatus(d->pg) == CONNECTION_OK) return true;
+    if (atomic_load(&d->lock_lost)) return false;
+    bool up = d->pg && PQstatus(d->pg) == CONNECTION_OK;
+    if (up && d->pg_ready) return true;
     int64_t t = fb_clock_ms();
-    if (t < d->pg_retry_ms) return false;
-    if (d->pg) PQfinish(d->pg);
-    /* what changed while the connection was away is read whole */
-    fb_queue_invalidate(d->queue);
-    const char *keys[] = {"dbname", "connect_timeout", "application_name", NULL};
-    const char *vals[] = {d->cfg.database_url, "2", "fuseboxd-control", NULL};
-    d->pg = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(d->pg) != CONNECTION_OK) {
-        if (!d->pg_down_said)
-            fb_log_json(FB_LOG_WARN, "control loop: PostgreSQL unreachable; reports wait in memory",
-                        json_pack("{s:s}", "detail", PQerrorMessage(d->pg)));
-        d->pg_down_said = true;
-        d->pg_backoff_ms = d->pg_backoff_ms ? d->pg_backoff_ms * 2 : 200;
-        if (d->pg_backoff_ms > 2000) d->pg_backoff_ms = 2000;
-        d->pg_retry_ms = t + d->pg_backoff_ms;
-        return false;
+    if (!up) {
+        if (t < d->pg_retry_ms) return false;
+        if (d->pg) PQfinish(d->pg);
+        d->pg_ready = false;
+        /* what changed while the connection was away is read whole */
+        fb_queue_invalidate(d->queue);
+        const char *keys[] = {"dbname", "connect_timeout", "application_name", NULL};
+        const char *vals[] = {d->cfg.database_url, "2", "fuseboxd-control", NULL};
+        d->pg = PQconnectdbParams(keys, vals, 1);
+        if (PQstatus(d->pg) != CONNECTION_OK) {
+            if (!d->pg_down_said)
+                fb_log_json(FB_LOG_WARN,
+                            "control loop: PostgreSQL unreachable; reports wait in memory",
+                            json_pack("{s:s}", "detail", PQerrorMessage(d->pg)));
+            d->pg_down_said = true;
+            d->pg_backoff_ms = d->pg_backoff_ms ? d->pg_backoff_ms * 2 : 200;
+            if (d->pg_backoff_ms > 2000) d->pg_backoff_ms = 2000;
+            d->pg_retry_ms = t + d->pg_backoff_ms;
+            return false;
+        }
+        if (!retake_lock(d, t)) return false;
     }
     PQclear(PQexec(d->pg, sql_session_timeout));
     PGresult *r = PQexec(d->pg, sql_listen);
@@ -206,6 +236,7 @@ bool dsp_db_ok(fb_dispatch *d)
         return false;
     }
     if (d->pg_down_said) fb_logf(FB_LOG_INFO, "control loop: PostgreSQL is back");
+    d->pg_ready = true;
     d->pg_down_said = false;
     d->pg_backoff_ms = 0;
     d->plan_due = true;
@@ -1222,6 +1253,8 @@ static void *loop(void *arg)
         }
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) break;
         if (items[2].revents & ZMQ_POLLIN) break;
+        /* another fuseboxd's loop runs now: this one decides nothing more */
+        if (atomic_load(&d->lock_lost)) break;
         if (items[1].revents & ZMQ_POLLIN) on_zap(d);
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
         if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
@@ -1270,14 +1303,24 @@ static int server_keys(fb_dispatch *d, char *msg, size_t msg_cap)
     return FB_OK;
 }
 
-fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, char *msg,
+bool fb_dispatch_stepped_down(fb_dispatch *d)
+{
+    return d && atomic_load(&d->lock_lost);
+}
+
+fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGconn *locked,
+                               void (*on_step_down)(void *arg), void *arg, char *msg,
                                size_t msg_cap)
 {
     fb_dispatch *d = calloc(1, sizeof *d);
     if (!d) {
+        PQfinish(locked);
         fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         return NULL;
     }
+    d->pg = locked;
+    d->on_step_down = on_step_down;
+    d->step_down_arg = arg;
     d->cfg = *cfg;
     d->fair = fb_fair_params_default();
     if (cfg->rebalance_ms > 0) d->fair.period_s = cfg->rebalance_ms / 1000.0;

@@ -14,6 +14,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -167,6 +168,10 @@ struct fb_dispatch {
     bool thread_started;
 
     PGconn *pg;
+    bool pg_ready;          /* pg holds the control lock and its session is set up */
+    atomic_bool lock_lost;  /* another session holds the control lock: the loop stopped */
+    void (*on_step_down)(void *); /* told once, from the loop's thread (fb_dispatch_start) */
+    void *step_down_arg;
     int64_t pg_retry_ms;
     int pg_backoff_ms;
     bool pg_down_said;

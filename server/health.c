@@ -44,8 +44,9 @@ int fb_route_readyz(fb_req *req)
                            "the database schema is at %d, fuseboxd needs %d", x.schema,
                            req->srv->schema_latest);
     fb_req_reply_json(req, 200,
-                      json_pack("{s:s, s:s, s:i}", "status", "ready", "database", "ok",
-                                "schema_version", x.schema));
+                      json_pack("{s:s, s:s, s:i, s:s}", "status", "ready", "database", "ok",
+                                "schema_version", x.schema, "control_loop",
+                                atomic_load(&req->srv->control_active) ? "active" : "standby"));
     return FB_OK;
 }
 
@@ -95,6 +96,12 @@ int fb_route_metrics(fb_req *req)
                       "# TYPE fusebox_db_connections_open gauge\n"
                       "fusebox_db_connections_open %d\n",
                       fb_db_pool_open_count(req->srv->db));
+    fb_textbuf_printf(&b,
+                      "# HELP fusebox_control_loop_active Whether this fuseboxd holds the "
+                      "control lock and runs the control loop (0: standby).\n"
+                      "# TYPE fusebox_control_loop_active gauge\n"
+                      "fusebox_control_loop_active %d\n",
+                      atomic_load(&req->srv->control_active) ? 1 : 0);
     fb_textbuf_printf(&b,
                       "# HELP fusebox_http_in_flight Requests being served.\n"
                       "# TYPE fusebox_http_in_flight gauge\nfusebox_http_in_flight %d\n",

@@ -27,6 +27,24 @@ bool fb_path_safe_relative(const char *p)
     return true;
 }
 
+bool fb_path_beside_exe(const char *rel, char *out, size_t cap)
+{
+    char exe[PATH_MAX];
+    if (cap) out[0] = '\0';
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return false;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return false;
+    *slash = '\0';
+    int m = snprintf(out, cap, "%s/%s", exe, rel);
+    if (m < 0 || (size_t)m >= cap || access(out, F_OK) != 0) {
+        if (cap) out[0] = '\0';
+        return false;
+    }
+    return true;
+}
+
 int fb_path_open_under(const char *root, const char *rel)
 {
     char root_real[PATH_MAX], joined[PATH_MAX], real[PATH_MAX];

@@ -10,6 +10,7 @@
 #define FB_SERVER_PATHS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* True when p is a relative path without empty, "." or ".." segments (a
  * trailing slash aside). */
@@ -24,5 +25,15 @@ bool fb_path_safe_relative(const char *p);
  * (EACCES for a path that leaves root); nothing is left open on failure.
  */
 int fb_path_open_under(const char *root, const char *rel);
+
+/*
+ * Where an installed program finds what was installed with it: rel is a
+ * path relative to the directory of this process's executable (as the
+ * install rules lay it out, "../share/fusebox/schema" under bin/), joined
+ * into out (cap bytes).  True when that path exists; false (out "") when it
+ * does not, the executable cannot be read or the path does not fit: a
+ * program run from its build tree then keeps its build-tree defaults.
+ */
+bool fb_path_beside_exe(const char *rel, char *out, size_t cap);
 
 #endif

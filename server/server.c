@@ -206,6 +206,158 @@ static int write_port_file(const fb_config *cfg, int port, char *msg, size_t msg
     return FB_OK;
 }
 
+/* ---- the control lock ------------------------------------------------------
+ *
+ * One fuseboxd of a database runs the control loop: the one whose session holds the
+ * control lock (FB_CONTROL_LOCK_SQL, dispatch.h).  The others are standbys: they serve
+ * HTTP, bind no worker socket, and ask for the lock every --control-lock-poll-ms on a
+ * connection of their own.  The lock is released when its session ends, so a standby
+ * takes over once the holder dies; a holder whose connection drops takes the lock again
+ * on its next one, or steps down when a standby has it by then (dispatch.c).
+ */
+
+/* Asks for the lock on the standby connection (opened when needed); true with the
+ * connection handed to *locked when this session holds it now. */
+static bool ask_control_lock(fb_server *s, PGconn **locked)
+{
+    if (s->standby_pg && PQstatus(s->standby_pg) != CONNECTION_OK) {
+        PQfinish(s->standby_pg);
+        s->standby_pg = NULL;
+    }
+    if (!s->standby_pg) {
+        const char *keys[] = {"dbname", "connect_timeout", "application_name", NULL};
+        const char *vals[] = {s->cfg.database_url, "2", "fuseboxd-control", NULL};
+        s->standby_pg = PQconnectdbParams(keys, vals, 1);
+        if (PQstatus(s->standby_pg) != CONNECTION_OK) {
+            PQfinish(s->standby_pg);
+            s->standby_pg = NULL;
+            return false;
+        }
+    }
+    PGresult *r = PQexec(s->standby_pg, FB_CONTROL_LOCK_SQL);
+    bool answered = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    bool held = answered && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!answered) {
+        PQfinish(s->standby_pg);
+        s->standby_pg = NULL;
+    }
+    if (!held) return false;
+    *locked = s->standby_pg;
+    s->standby_pg = NULL;
+    return true;
+}
+
+/* From the control loop's thread, when it stepped down: this process is a standby from now
+ * on (/readyz), and the keeper stops the loop now rather than at its next poll. */
+static void on_step_down(void *arg)
+{
+    fb_server *s = arg;
+    atomic_store(&s->control_active, false);
+    pthread_mutex_lock(&s->keeper_mu);
+    s->keeper_wake = true;
+    pthread_cond_signal(&s->keeper_cv);
+    pthread_mutex_unlock(&s->keeper_mu);
+}
+
+/* One turn of the keeper: a loop that stepped down is stopped; a standby asks for the
+ * lock and starts the loop when it gets it.  An error only when the loop could not start
+ * on the lock it got (msg filled; the lock is released again). */
+static int control_turn(fb_server *s, char *msg, size_t msg_cap)
+{
+    if (s->dispatch) {
+        if (!fb_dispatch_stepped_down(s->dispatch)) return FB_OK;
+        fb_dispatch_stop(s->dispatch);
+        s->dispatch = NULL;
+        atomic_store(&s->control_active, false);
+        s->standby_said = false;
+    }
+    PGconn *locked = NULL;
+    if (!ask_control_lock(s, &locked)) {
+        if (!s->standby_said)
+            fb_log_json(FB_LOG_INFO, "control loop: standby",
+                        json_pack("{s:s, s:i}", "reason",
+                                  "another fuseboxd holds the control lock, or PostgreSQL is "
+                                  "unreachable",
+                                  "poll_ms", s->cfg.control_lock_poll_ms));
+        s->standby_said = true;
+        return FB_OK;
+    }
+    /* the loop first: jobs accepted over HTTP find it running */
+    if (!(s->dispatch = fb_dispatch_start(&s->cfg, s->artifacts_real, locked, on_step_down, s,
+                                          msg, msg_cap)))
+        return FB_ERR_UNAVAILABLE;
+    atomic_store(&s->control_active, true);
+    s->standby_said = false;
+    fb_log_json(FB_LOG_INFO, "control loop: active",
+                json_pack("{s:s}", "worker_listen", s->cfg.worker_listen));
+    return FB_OK;
+}
+
+static void *keeper_thread(void *arg)
+{
+    fb_server *s = arg;
+    pthread_mutex_lock(&s->keeper_mu);
+    while (!s->keeper_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long long ns = until.tv_nsec + (long long)s->cfg.control_lock_poll_ms * 1000000LL;
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
+        while (!s->keeper_stop && !s->keeper_wake &&
+               pthread_cond_timedwait(&s->keeper_cv, &s->keeper_mu, &until) != ETIMEDOUT) {
+        }
+        if (s->keeper_stop) break;
+        s->keeper_wake = false;
+        pthread_mutex_unlock(&s->keeper_mu);
+        char why[512];
+        if (control_turn(s, why, sizeof why))
+            fb_log_json(FB_LOG_WARN, "control loop: cannot start; the control lock is released",
+                        json_pack("{s:s}", "detail", why));
+        pthread_mutex_lock(&s->keeper_mu);
+    }
+    pthread_mutex_unlock(&s->keeper_mu);
+    return NULL;
+}
+
+/* The keeper's mutex and condition (on the monotonic clock), before any control loop can
+ * call on_step_down; fb_server_free destroys them after the loop is stopped. */
+static int keeper_init(fb_server *s, char *msg, size_t msg_cap)
+{
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control lock's keeper");
+    bool ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&s->keeper_cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!ok || pthread_mutex_init(&s->keeper_mu, NULL) != 0) {
+        if (ok) pthread_cond_destroy(&s->keeper_cv);
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control lock's keeper");
+    }
+    s->keeper_ready = true;
+    return FB_OK;
+}
+
+static int keeper_start(fb_server *s, char *msg, size_t msg_cap)
+{
+    if (pthread_create(&s->keeper, NULL, keeper_thread, s) != 0)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot start the control lock's keeper");
+    s->keeper_started = true;
+    return FB_OK;
+}
+
+/* Stops the keeper: from then on nothing else starts or stops the loop. */
+static void keeper_join(fb_server *s)
+{
+    if (!s->keeper_started) return;
+    pthread_mutex_lock(&s->keeper_mu);
+    s->keeper_stop = true;
+    pthread_cond_signal(&s->keeper_cv);
+    pthread_mutex_unlock(&s->keeper_mu);
+    pthread_join(s->keeper, NULL);
+    s->keeper_started = false;
+}
+
 fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t msg_cap)
 {
     static const char *route_names[64], *route_methods[64];
@@ -263,8 +415,11 @@ fb_server *fb_server_new(const fb_config *cfg, char *msg, size_t msg_cap)
         fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    /* the control loop first: jobs accepted over HTTP find it running */
-    if (!(s->dispatch = fb_dispatch_start(cfg, s->artifacts_real, msg, msg_cap))) goto fail;
+    /* the control loop first when the lock is free (a loop that cannot start on it is a
+     * start-up error, as a bad --worker-listen), then its keeper */
+    if (keeper_init(s, msg, msg_cap) || control_turn(s, msg, msg_cap) ||
+        keeper_start(s, msg, msg_cap))
+        goto fail;
     fb_http_routes routes = {
         .routes = fb_routes, .n = fb_n_routes, .stream_open = fb_route_stream_open};
     if (!(s->mhd = fb_http_start(s, &routes, msg, msg_cap))) goto fail;
@@ -304,6 +459,7 @@ int fb_server_run(fb_server *s)
     int left = atomic_load(&s->in_flight);
     MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    keeper_join(s);
     fb_dispatch_stop(s->dispatch);
     s->dispatch = NULL;
     fb_log_json(
@@ -316,7 +472,13 @@ void fb_server_free(fb_server *s)
 {
     if (!s) return;
     if (s->mhd) MHD_stop_daemon(s->mhd);
+    keeper_join(s);
     fb_dispatch_stop(s->dispatch);
+    PQfinish(s->standby_pg);
+    if (s->keeper_ready) {
+        pthread_cond_destroy(&s->keeper_cv);
+        pthread_mutex_destroy(&s->keeper_mu);
+    }
     fb_db_pool_free(s->db);
     fb_auth_free(s->auth);
     fb_metrics_free(s->metrics);

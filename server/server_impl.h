@@ -7,6 +7,8 @@
 #define FB_SERVER_SERVER_IMPL_H
 
 #include <limits.h>
+#include <libpq-fe.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -26,7 +28,18 @@ struct fb_server {
     fb_metrics *metrics;
     struct MHD_Daemon *mhd;
     fb_http_routes routes;        /* what mhd serves (fb_http_start) */
-    struct fb_dispatch *dispatch; /* the control loop (dispatch.h) */
+    struct fb_dispatch *dispatch; /* the control loop (dispatch.h); NULL while standby */
+    /* the control lock (server.c, "control lock"): the keeper thread alone starts and stops
+     * the loop after fb_server_new; standby_pg is its connection while it waits for the
+     * lock, which becomes the loop's own once the lock is taken */
+    pthread_t keeper;
+    bool keeper_ready, keeper_started;  /* keeper_mu and keeper_cv made; the thread runs */
+    bool keeper_stop, keeper_wake;      /* under keeper_mu */
+    pthread_mutex_t keeper_mu;
+    pthread_cond_t keeper_cv;
+    PGconn *standby_pg;
+    bool standby_said;         /* "control loop: standby" logged since the last change */
+    atomic_bool control_active; /* this process's control loop runs (/readyz) */
     int port;                      /* bound port */
     int schema_latest;             /* highest migration version this binary knows */
     char artifacts_real[PATH_MAX]; /* canonical artifacts directory ("" when absent) */

@@ -27,6 +27,7 @@ static void usage(FILE *f)
             "  --scale F        shrink devices, generated jobs and their rate by F in (0, 1]\n"
             "  --json           print JSON instead of a table\n"
             "  --jobs           also print one line per job (single runs only)\n"
+            "  --version        print the version and exit\n"
             "  -h, --help       this text\n");
 }
 
@@ -72,6 +73,9 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("fusebox-sim %s\n", FB_VERSION_STRING);
             return 0;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "fusebox-sim: unknown option %s\n", a);

@@ -59,6 +59,7 @@ static void usage(FILE *f)
             "  --json          JSON lines even on a terminal\n"
             "  --no-eval       skip validation and the test evaluation (no val_* or test_*\n"
             "                  metrics)\n"
+            "  --version       print the version and exit\n"
             "  -h, --help      this text\n");
 }
 
@@ -224,6 +225,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"json", no_argument, NULL, 'j'},            {"no-eval", no_argument, NULL, 'E'},
         {"data-threads", required_argument, NULL, 'D'}, {"stage", required_argument, NULL, 'S'},
         {"stage-bytes", required_argument, NULL, 'B'},
+        {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
     *o = (options){.log_every = 100, .threads = 1, .data_threads = 2, .out_dir = "fusebox-out",
                    .backend = "cpu", .stage_bytes = 16ULL << 30, .eval = true};
@@ -266,6 +268,7 @@ static int parse_options(int argc, char **argv, options *o)
             }
             break;
         case 'h': usage(stdout); return 0;
+        case 'V': printf("fusebox-train %s\n", FB_VERSION_STRING); return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
     }

@@ -82,6 +82,7 @@ static void usage(FILE *f)
                "  --gen-key FILE        write a new keypair to FILE (never overwrites), print its\n"
                "                        public key for the server's allow-list, and exit\n"
                "                        [FUSEBOX_WORKER_GEN_KEY]\n"
+               "  --version             print the version and exit\n"
                "  -h, --help            this text\n"
                "\n"
                "SIGTERM or SIGINT drains the worker: every member is checkpointed and reported.\n");
@@ -236,11 +237,16 @@ static bool read_args(int argc, char **argv, struct args *A, int *rc)
         {"test-clock", required_argument, NULL, OPT_TEST_CLOCK},
         {"test-step-ms", required_argument, NULL, OPT_TEST_STEP_MS},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0}};
     int opt;
     while ((opt = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         if (opt == 'h') {
             usage(stdout);
+            return *rc = 0, true;
+        }
+        if (opt == 'V') {
+            printf("fusebox-worker %s\n", FB_VERSION_STRING);
             return *rc = 0, true;
         }
         if (opt < 0 || opt >= OPT_COUNT) {

@@ -35,6 +35,7 @@ static void usage(FILE *f)
             "                               --split SPLIT [--header | --no-header] [options]\n"
             "       fusebox-data inspect DIR\n"
             "       fusebox-data verify DIR\n"
+            "       fusebox-data --version\n"
             "\n"
             "Builds and checks shard datasets: zstd-compressed, CRC32C-checksummed record\n"
             "shards plus a manifest.json (docs/data-format.md).  IDX files may be gzipped.\n"
@@ -324,6 +325,10 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("fusebox-data %s\n", FB_VERSION_STRING);
         return 0;
     }
     if (!strcmp(cmd, "import")) return cmd_import(argc - 1, argv + 1);
