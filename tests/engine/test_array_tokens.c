@@ -14,12 +14,16 @@
  * slot bit for bit.
  *
  * Bad input: ids that are not integers in [0, vocab) are refused with
- * FB_ERR_DATA naming the sample and position, and nothing changes.
+ * FB_ERR_DATA naming the sample and position, and nothing changes.  A
+ * session does not open on a dataset that does not fit the model (records
+ * of the wrong length, ids beyond the vocab, values that are not ids, no
+ * labels for a pooled classifier): FB_ERR_DATA naming the problem.
  */
 #include "engine_util.h"
 
 #include "array.h"
 #include "kernels.h"
+#include "session.h"
 
 #define T 6
 #define V 11
@@ -261,6 +265,53 @@ static void check_bad_ids(void)
     et_spec_free(s);
 }
 
+typedef struct data_case {
+    const char *what;
+    bool lm;     /* the language model, else the pooled classifier */
+    int rec;     /* values per record */
+    int classes; /* the dataset's n_classes (0: no labels) */
+    float bad;   /* a value put at record 5, position 1 (0: none) */
+    int expect;
+    const char *needle;
+} data_case;
+
+static void check_session_data(void)
+{
+    static const data_case cases[] = {
+        {"lm, label-less", true, T + 1, 0, 0, FB_OK, NULL},
+        {"pool, labelled", false, T, 3, 0, FB_OK, NULL},
+        {"lm on records of T", true, T, 0, 0, FB_ERR_DATA, "reads records of 7 tokens"},
+        {"pool on records of T + 1", false, T + 1, 3, 0, FB_ERR_DATA, "reads records of 6 tokens"},
+        {"pool without labels", false, T, 0, 0, FB_ERR_DATA, "has no labels"},
+        {"id at vocab", true, T + 1, 0, 11, FB_ERR_DATA, "record 5 position 1: 11 is not a token id"},
+        {"pixel value", true, T + 1, 0, 0.5f, FB_ERR_DATA, "0.5 is not a token id below the "
+                                                            "model's vocab 11"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const data_case *k = &cases[c];
+        fb_job_spec *s = et_spec(k->lm ? lm_spec : cls_spec, 0, 0.0, 1e-3, 1);
+        const fb_job_spec *sp[1] = {s};
+        enum { n = 16 };
+        fb_dataset ds = {.n = n, .C = 1, .H = 1, .W = k->rec, .n_classes = k->classes};
+        ds.x = calloc((size_t)n * (size_t)k->rec, sizeof *ds.x);
+        ds.y = calloc(n, sizeof *ds.y);
+        CHECK(ds.x && ds.y);
+        for (int i = 0; i < n * k->rec; i++) ds.x[i] = (float)(i % V);
+        if (k->bad != 0) ds.x[5 * k->rec + 1] = k->bad;
+        fb_session *ss = NULL;
+        char msg[512] = "";
+        int err = fb_session_new(&ss, fb_backend_cpu(), sp, 1, &ds, NULL, NULL, msg, sizeof msg);
+        printf("session on %s -> %s %s\n", k->what, fb_err_code(err), msg);
+        CHECK_INT_EQ(err, k->expect);
+        if (k->needle) CHECK(strstr(msg, k->needle) != NULL);
+        CHECK((ss != NULL) == (err == FB_OK));
+        fb_session_free(ss);
+        free(ds.x);
+        free(ds.y);
+        et_spec_free(s);
+    }
+}
+
 int main(void)
 {
     check_fd(lm_spec, T + 1);
@@ -269,6 +320,7 @@ int main(void)
     check_fusion(fb_backend_cpu_ref(), lm_spec, T + 1);
     check_fusion(fb_backend_cpu(), cls_spec, T);
     check_bad_ids();
+    check_session_data();
     printf("array tokens: all checks passed\n");
     return 0;
 }
