@@ -17,6 +17,7 @@ size_t fb_data_dtype_size(int dtype)
     switch (dtype) {
     case FB_DTYPE_U8: return 1;
     case FB_DTYPE_F32: return 4;
+    case FB_DTYPE_I32: return 4;
     default: return 0;
     }
 }
@@ -26,6 +27,7 @@ const char *fb_data_dtype_name(int dtype)
     switch (dtype) {
     case FB_DTYPE_U8: return "uint8";
     case FB_DTYPE_F32: return "float32";
+    case FB_DTYPE_I32: return "int32";
     default: return NULL;
     }
 }
@@ -39,6 +41,10 @@ int fb_data_dtype_parse(fb_data_dtype *out, const char *name)
     }
     if (strcmp(name, "float32") == 0) {
         *out = FB_DTYPE_F32;
+        return 1;
+    }
+    if (strcmp(name, "int32") == 0) {
+        *out = FB_DTYPE_I32;
         return 1;
     }
     return 0;
@@ -261,12 +267,101 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* "sample": the dtype and the shape ([F], [C, H, W], "variable"; [L] for int32 tokens). */
+static int parse_sample(const mctx *c, json_t *root, fb_manifest *m)
+{
+    static const char *const k_sample[] = {"dtype", "shape", NULL};
+    json_t *o;
+    const char *s;
+    int rc;
+    if ((rc = get_obj(c, root, "sample", "manifest", &o)) ||
+        (rc = only_keys(c, o, "sample", k_sample)) || (rc = get_str(c, o, "dtype", "sample", &s)))
+        return rc;
+    if (!fb_data_dtype_parse(&m->dtype, s))
+        return mbad(c, "sample.dtype \"%.32s\" is not uint8, float32 or int32", s);
+    json_t *shape = json_object_get(o, "shape");
+    if (!shape) return mbad(c, "missing field sample.shape");
+    if (json_is_string(shape) && strcmp(json_string_value(shape), "variable") == 0) {
+        if (m->dtype == FB_DTYPE_I32)
+            return mbad(c, "sample.shape of an int32 token dataset must be [L], not \"variable\"");
+        m->ndim = 0;
+        m->sample_numel = 0;
+        return 0;
+    }
+    if (!json_is_array(shape))
+        return mbad(c, "sample.shape must be an array of dimensions or \"variable\"");
+    size_t nd = json_array_size(shape);
+    if (m->dtype == FB_DTYPE_I32 && nd != 1)
+        return mbad(c, "sample.shape has %zu dimensions; an int32 token dataset has [L]", nd);
+    if (nd != 1 && nd != 3)
+        return mbad(c, "sample.shape has %zu dimensions; expected [F] or [C, H, W]", nd);
+    int64_t numel = 1;
+    for (size_t i = 0; i < nd; i++) {
+        json_t *d = json_array_get(shape, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 1 ||
+            json_integer_value(d) > FB_MANIFEST_MAX_SAMPLE_NUMEL)
+            return mbad(c, "sample.shape[%zu] must be an integer in 1..%lld", i,
+                        (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
+        m->shape[i] = json_integer_value(d);
+        numel *= m->shape[i];
+        if (numel > FB_MANIFEST_MAX_SAMPLE_NUMEL)
+            return mbad(c, "sample.shape has more than %lld values",
+                        (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
+    }
+    m->ndim = (int)nd;
+    m->sample_numel = numel;
+    return 0;
+}
+
+/* "tokens": {"vocab": V}, required for int32 datasets and forbidden for the others. */
+static int parse_tokens(const mctx *c, json_t *root, fb_manifest *m)
+{
+    static const char *const k_tokens[] = {"vocab", NULL};
+    json_t *o = json_object_get(root, "tokens");
+    if (m->dtype != FB_DTYPE_I32) {
+        if (o)
+            return mbad(c, "tokens is only for int32 token datasets; sample.dtype is %s",
+                        fb_data_dtype_name(m->dtype));
+        m->vocab = 0;
+        return 0;
+    }
+    if (!o) return mbad(c, "missing field manifest.tokens (required for an int32 token dataset)");
+    if (!json_is_object(o)) return mbad(c, "manifest.tokens must be an object");
+    int rc;
+    if ((rc = only_keys(c, o, "tokens", k_tokens)) ||
+        (rc = get_int(c, o, "vocab", "tokens", 1, FB_MANIFEST_MAX_VOCAB, &m->vocab)))
+        return rc;
+    return 0;
+}
+
+/* "label": {"dtype": "int32", "classes": K}, or null (no labels) for a token dataset. */
+static int parse_label(const mctx *c, json_t *root, fb_manifest *m)
+{
+    static const char *const k_label[] = {"dtype", "classes", NULL};
+    json_t *o = json_object_get(root, "label");
+    if (o && json_is_null(o)) {
+        if (m->dtype != FB_DTYPE_I32)
+            return mbad(c, "label is null, which only an int32 token dataset may be; "
+                        "sample.dtype is %s", fb_data_dtype_name(m->dtype));
+        m->n_classes = 0;
+        return 0;
+    }
+    const char *s;
+    int64_t v;
+    int rc;
+    if ((rc = get_obj(c, root, "label", "manifest", &o)) ||
+        (rc = only_keys(c, o, "label", k_label)) || (rc = get_str(c, o, "dtype", "label", &s)))
+        return rc;
+    if (strcmp(s, "int32") != 0) return mbad(c, "label.dtype \"%.32s\" is not int32", s);
+    if ((rc = get_int(c, o, "classes", "label", 1, FB_MANIFEST_MAX_CLASSES, &v))) return rc;
+    m->n_classes = (int)v;
+    return 0;
+}
+
 static int parse_root(const mctx *c, json_t *root, fb_manifest *m)
 {
-    static const char *const k_root[] = {"format", "version", "name", "sample", "label", "splits",
-                                         NULL};
-    static const char *const k_sample[] = {"dtype", "shape", NULL};
-    static const char *const k_label[] = {"dtype", "classes", NULL};
+    static const char *const k_root[] = {"format", "version", "name", "sample", "tokens",
+                                         "label", "splits", NULL};
     if (!json_is_object(root)) return mbad(c, "the manifest must be a JSON object");
     int rc;
     const char *s;
@@ -285,46 +380,9 @@ static int parse_root(const mctx *c, json_t *root, fb_manifest *m)
         return mbad(c, "name \"%.80s\" must be 1-64 of a-z 0-9 . _ -", s);
     snprintf(m->name, sizeof m->name, "%s", s);
 
-    json_t *o;
-    if ((rc = get_obj(c, root, "sample", "manifest", &o)) ||
-        (rc = only_keys(c, o, "sample", k_sample)) || (rc = get_str(c, o, "dtype", "sample", &s)))
+    if ((rc = parse_sample(c, root, m)) || (rc = parse_tokens(c, root, m)) ||
+        (rc = parse_label(c, root, m)))
         return rc;
-    if (!fb_data_dtype_parse(&m->dtype, s))
-        return mbad(c, "sample.dtype \"%.32s\" is not uint8 or float32", s);
-    json_t *shape = json_object_get(o, "shape");
-    if (!shape) return mbad(c, "missing field sample.shape");
-    if (json_is_string(shape) && strcmp(json_string_value(shape), "variable") == 0) {
-        m->ndim = 0;
-        m->sample_numel = 0;
-    } else if (json_is_array(shape)) {
-        size_t nd = json_array_size(shape);
-        if (nd != 1 && nd != 3)
-            return mbad(c, "sample.shape has %zu dimensions; expected [F] or [C, H, W]", nd);
-        int64_t numel = 1;
-        for (size_t i = 0; i < nd; i++) {
-            json_t *d = json_array_get(shape, i);
-            if (!json_is_integer(d) || json_integer_value(d) < 1 ||
-                json_integer_value(d) > FB_MANIFEST_MAX_SAMPLE_NUMEL)
-                return mbad(c, "sample.shape[%zu] must be an integer in 1..%lld", i,
-                            (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
-            m->shape[i] = json_integer_value(d);
-            numel *= m->shape[i];
-            if (numel > FB_MANIFEST_MAX_SAMPLE_NUMEL)
-                return mbad(c, "sample.shape has more than %lld values",
-                            (long long)FB_MANIFEST_MAX_SAMPLE_NUMEL);
-        }
-        m->ndim = (int)nd;
-        m->sample_numel = numel;
-    } else {
-        return mbad(c, "sample.shape must be an array of dimensions or \"variable\"");
-    }
-
-    if ((rc = get_obj(c, root, "label", "manifest", &o)) ||
-        (rc = only_keys(c, o, "label", k_label)) || (rc = get_str(c, o, "dtype", "label", &s)))
-        return rc;
-    if (strcmp(s, "int32") != 0) return mbad(c, "label.dtype \"%.32s\" is not int32", s);
-    if ((rc = get_int(c, o, "classes", "label", 1, FB_MANIFEST_MAX_CLASSES, &v))) return rc;
-    m->n_classes = (int)v;
 
     json_t *splits;
     if ((rc = get_obj(c, root, "splits", "manifest", &splits))) return rc;
@@ -405,10 +463,19 @@ static json_t *manifest_json(const fb_manifest *m)
                             json_pack("{s:I, s:o}", "samples", (json_int_t)sp->samples, "shards",
                                       arr));
     }
-    return json_pack("{s:s, s:i, s:s, s:{s:s, s:o}, s:{s:s, s:i}, s:o}", "format",
-                     FB_MANIFEST_FORMAT, "version", FB_MANIFEST_VERSION, "name", m->name, "sample",
-                     "dtype", fb_data_dtype_name(m->dtype), "shape", shape, "label", "dtype",
-                     "int32", "classes", m->n_classes, "splits", splits);
+    json_t *label = m->n_classes == 0
+                        ? json_null()
+                        : json_pack("{s:s, s:i}", "dtype", "int32", "classes", m->n_classes);
+    json_t *root = json_pack("{s:s, s:i, s:s, s:{s:s, s:o}, s:o, s:o}", "format",
+                             FB_MANIFEST_FORMAT, "version", FB_MANIFEST_VERSION, "name", m->name,
+                             "sample", "dtype", fb_data_dtype_name(m->dtype), "shape", shape,
+                             "label", label, "splits", splits);
+    if (root && m->dtype == FB_DTYPE_I32 &&
+        json_object_set_new(root, "tokens", json_pack("{s:I}", "vocab", (json_int_t)m->vocab))) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
 }
 
 int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg_cap)
@@ -416,6 +483,9 @@ int fb_manifest_to_json(char **json, const fb_manifest *m, char *msg, size_t msg
     if (!json || !m) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_manifest_to_json: NULL argument");
     if (!fb_data_dtype_name(m->dtype))
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "manifest with unknown dtype %d", m->dtype);
+    if ((m->dtype == FB_DTYPE_I32) != (m->vocab != 0))
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "manifest of dtype %s with vocab %lld",
+                       fb_data_dtype_name(m->dtype), (long long)m->vocab);
     json_t *root = manifest_json(m);
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(root);

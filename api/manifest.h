@@ -5,7 +5,8 @@
  * after an import to record and show the dataset.
  *
  * It names the dataset, gives the sample dtype and shape (or "variable"),
- * the label type and class count, and for each split (train, test, ...) its
+ * for token datasets (dtype int32) the vocabulary size, the label type and
+ * class count (or null: a token dataset may have no labels), and for each split (train, test, ...) its
  * sample count and its shards in order, each with its path relative to the
  * directory, size in bytes, record and chunk counts and the CRC32C of the
  * whole file.  Parsing is strict: an unknown field, a missing field, a wrong
@@ -37,6 +38,9 @@
 #define FB_MANIFEST_MAX_SHARDS 65536 /* per split */
 #define FB_MANIFEST_MAX_DIMS 3
 #define FB_MANIFEST_MAX_CLASSES (1 << 24)
+/* Token ids of an int32 dataset are in [0, vocab), vocab at most 2^24: every
+ * id is then exact as a float32, which is how the loader delivers it. */
+#define FB_MANIFEST_MAX_VOCAB ((int64_t)1 << 24)
 #define FB_MANIFEST_MAX_BYTES ((size_t)64 << 20)
 
 /* The shard format's limits as the manifest checks them (workers/data/shard.h
@@ -52,13 +56,14 @@
 typedef enum fb_data_dtype {
     FB_DTYPE_U8 = 1,  /* pixels: the loader delivers value / 255 */
     FB_DTYPE_F32 = 2, /* features: delivered as stored */
+    FB_DTYPE_I32 = 3, /* token ids in [0, vocab): delivered as exact float values */
 } fb_data_dtype;
 
 /* Bytes per value of a dtype; 0 for a code that is not a dtype. */
 size_t fb_data_dtype_size(int dtype);
-/* "uint8", "float32", or NULL for a code that is not a dtype. */
+/* "uint8", "float32", "int32", or NULL for a code that is not a dtype. */
 const char *fb_data_dtype_name(int dtype);
-/* Parses "uint8" / "float32"; returns 1 and sets *out, or 0. */
+/* Parses "uint8" / "float32" / "int32"; returns 1 and sets *out, or 0. */
 int fb_data_dtype_parse(fb_data_dtype *out, const char *name);
 
 typedef struct fb_manifest_shard {
@@ -78,8 +83,12 @@ typedef struct fb_manifest_split {
 /*
  * A parsed manifest.  shape[0..ndim) is the per-sample shape ((F) or
  * (C, H, W)); ndim is 0 and sample_numel 0 for variable-size records.
- * Labels are int32 class indices in [0, n_classes).  Splits are in the
- * order the JSON lists them.
+ * A token dataset (dtype FB_DTYPE_I32) has records of shape (L), ids in
+ * [0, vocab) with vocab in 1..FB_MANIFEST_MAX_VOCAB ("tokens": {"vocab": V}
+ * in the JSON); every other dtype has vocab 0.  Labels are int32 class
+ * indices in [0, n_classes); n_classes is 0 for a label-less dataset
+ * ("label": null, allowed only for token datasets, whose shards then hold
+ * label 0 for every record).  Splits are in the order the JSON lists them.
  */
 typedef struct fb_manifest {
     char name[FB_MANIFEST_NAME_MAX + 1];
@@ -87,7 +96,8 @@ typedef struct fb_manifest {
     int ndim;
     int64_t shape[FB_MANIFEST_MAX_DIMS];
     int64_t sample_numel;
-    int n_classes;
+    int64_t vocab; /* token datasets: ids in [0, vocab); 0 for the others */
+    int n_classes; /* 0: no labels (token datasets only) */
     int n_splits;
     fb_manifest_split splits[FB_MANIFEST_MAX_SPLITS];
 } fb_manifest;

@@ -31,7 +31,7 @@
 #include "routes_datasets.h"
 #include "server_impl.h"
 
-#define DS_UPLOAD_MAX ((uint64_t)1 << 30) /* fusebox-data reads CSV files up to 1 GiB */
+#define DS_UPLOAD_MAX ((uint64_t)1 << 30) /* fusebox-data reads CSV and text files up to 1 GiB */
 
 /* A dataset row aliased d, as JSON. */
 #define DS_SQL_JSON                                                                                \
@@ -356,8 +356,9 @@ static int open_member(fb_req *req, const char *dir_real, const char *dir_shown,
     return *fd >= 0 ? 1 : -1;
 }
 
-/* Fills im's inputs from a directory: IDX (train-*, t10k-*) or CSV
- * (train.csv, test.csv); the train split is required, the test split optional. */
+/* Fills im's inputs from a directory: IDX (train-*, t10k-*), CSV (train.csv,
+ * test.csv) or text (train.txt, test.txt); the train split is required, the
+ * test split optional. */
 static int inputs_from_dir(fb_req *req, fb_ds_import *im, const char *real, const char *shown,
                            char roots[][PATH_MAX], int n_roots)
 {
@@ -366,9 +367,9 @@ static int inputs_from_dir(fb_req *req, fb_ds_import *im, const char *real, cons
         fb_ds_input *in = &im->in[im->n_inputs];
         snprintf(in->split, sizeof in->split, "%s", splits[s]);
         int have[2] = {0, 0};
-        if (im->csv) {
+        if (im->csv || im->text) {
             char file[16];
-            snprintf(file, sizeof file, "%s.csv", splits[s]);
+            snprintf(file, sizeof file, "%s.%s", splits[s], im->text ? "txt" : "csv");
             have[0] = open_member(req, real, shown, file, roots, n_roots, &in->fd[0], in->shown[0],
                                   sizeof in->shown[0]);
             if (have[0] < 0) return FB_ERR_FORBIDDEN;
@@ -394,8 +395,9 @@ static int inputs_from_dir(fb_req *req, fb_ds_import *im, const char *real, cons
         }
         if (s == 0 && im->n_inputs == 0)
             return fb_req_fail(req, FB_ERR_DATA, "path",
-                               im->csv ? "path: the directory %.200s has no train.csv"
-                                       : "path: the directory %.200s has no "
+                               im->text  ? "path: the directory %.200s has no train.txt"
+                               : im->csv ? "path: the directory %.200s has no train.csv"
+                                         : "path: the directory %.200s has no "
                                          "train-images-idx3-ubyte[.gz] and "
                                          "train-labels-idx1-ubyte[.gz]",
                                shown);
@@ -417,16 +419,61 @@ static bool path_words_ok(const char *p)
     return true;
 }
 
+/* An integer member of the body in [lo, hi]: 0 when absent (*out untouched), else FB_OK. */
+static int int_member(fb_req *req, const char *key, long long lo, long long hi, long long *out)
+{
+    json_t *v = json_object_get(req->json, key);
+    if (!v) return FB_OK;
+    if (!json_is_integer(v))
+        return fb_req_fail(req, FB_ERR_WRONG_TYPE, key, "%s: expected an integer", key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fb_req_fail(req, FB_ERR_OUT_OF_RANGE, key, "%s: %lld; allowed %lld to %lld", key,
+                           (long long)x, lo, hi);
+    *out = x;
+    return FB_OK;
+}
+
+/* context (required) and stride (default: the context) of a text import; neither may be given
+ * for another format. */
+static int text_fields(fb_req *req, fb_ds_import *im)
+{
+    json_t *context = json_object_get(req->json, "context");
+    json_t *stride = json_object_get(req->json, "stride");
+    if (!im->text) {
+        const char *extra = context ? "context" : stride ? "stride" : NULL;
+        if (extra)
+            return fb_req_fail(req, FB_ERR_CONFLICT, extra, "%s: only for format text", extra);
+        return FB_OK;
+    }
+    const char *extra = json_object_get(req->json, "label_column") ? "label_column"
+                        : json_object_get(req->json, "header")     ? "header"
+                                                                   : NULL;
+    if (extra)
+        return fb_req_fail(req, FB_ERR_CONFLICT, extra,
+                           "%s: only for format csv (text datasets have no labels)", extra);
+    if (!context)
+        return fb_req_fail(req, FB_ERR_MISSING_FIELD, "context",
+                           "context: the tokens a record predicts from, 1..%d (records hold "
+                           "context + 1 bytes)",
+                           DS_TEXT_MAX_CONTEXT);
+    int err;
+    if ((err = int_member(req, "context", 1, DS_TEXT_MAX_CONTEXT, &im->context)) ||
+        (err = int_member(req, "stride", 1, DS_TEXT_MAX_STRIDE, &im->stride)))
+        return err;
+    return FB_OK;
+}
+
 /* The fields of an import (after name and source). */
 static int import_fields(fb_req *req, fb_ds_import *im, const char **path, const char **split)
 {
-    static const char *const allowed[] = {"name",         "source", "path", "format",
-                                          "label_column", "header", "split"};
-    const char *k = unknown_key(req->json, allowed, 7);
+    static const char *const allowed[] = {"name",  "source", "path",    "format", "label_column",
+                                          "header", "split", "context", "stride"};
+    const char *k = unknown_key(req->json, allowed, 9);
     if (k)
         return fb_req_fail(req, FB_ERR_UNKNOWN_FIELD, k,
                            "%.64s: not a field of an import (name, source, path, format, "
-                           "label_column, header, split)",
+                           "label_column, header, split, context, stride)",
                            k);
     const char *format;
     int err;
@@ -436,17 +483,23 @@ static int import_fields(fb_req *req, fb_ds_import *im, const char **path, const
         return err;
     if (!*path)
         return fb_req_fail(req, FB_ERR_MISSING_FIELD, "path", "path: the server path to import");
-    if (!format) return fb_req_fail(req, FB_ERR_MISSING_FIELD, "format", "format: idx or csv");
-    if (strcmp(format, "idx") != 0 && strcmp(format, "csv") != 0)
-        return fb_req_fail(req, FB_ERR_BAD_ENUM, "format", "format: idx or csv");
+    if (!format)
+        return fb_req_fail(req, FB_ERR_MISSING_FIELD, "format", "format: idx, csv or text");
+    if (strcmp(format, "idx") != 0 && strcmp(format, "csv") != 0 && strcmp(format, "text") != 0)
+        return fb_req_fail(req, FB_ERR_BAD_ENUM, "format", "format: idx, csv or text");
     im->csv = strcmp(format, "csv") == 0;
+    im->text = strcmp(format, "text") == 0;
+    if ((err = text_fields(req, im))) return err;
     json_t *label = json_object_get(req->json, "label_column");
     json_t *header = json_object_get(req->json, "header");
-    if (!im->csv) {
+    if (im->text) {
+        /* context and stride were read by text_fields */
+    } else if (!im->csv) {
         const char *extra = label ? "label_column" : header ? "header" : *split ? "split" : NULL;
         if (extra)
             return fb_req_fail(req, FB_ERR_CONFLICT, extra,
-                               "%s: only for format csv (an IDX directory gives train and test)",
+                               "%s: only for format csv or text (an IDX directory gives train "
+                               "and test)",
                                extra);
     } else {
         if (!label)
@@ -560,12 +613,12 @@ static int create_import(fb_req *req, const char *name)
     if (S_ISDIR(st.st_mode)) {
         if (split) {
             err = fb_req_fail(req, FB_ERR_CONFLICT, "split",
-                              "split: only for a single CSV file (a directory gives train and "
-                              "test)");
+                              "split: only for a single CSV or text file (a directory gives "
+                              "train and test)");
             goto fail;
         }
         if ((err = inputs_from_dir(req, im, real, path, roots, n_roots))) goto fail;
-    } else if (im->csv) {
+    } else if (im->csv || im->text) {
         fb_ds_input *in = &im->in[0];
         snprintf(in->split, sizeof in->split, "%s", split ? split : "train");
         snprintf(in->shown[0], sizeof in->shown[0], "%s", path);
@@ -639,21 +692,49 @@ typedef struct upload_args {
     const char *name, *split;
     char label_column[DS_LABEL_MAX + 1];
     int header;
+    bool text;
+    long long context, stride;
 } upload_args;
+
+/* format=text's query: context (required), stride; label_column and header are CSV's. */
+static int upload_text_args(fb_req *req, upload_args *a, const char *header)
+{
+    const char *extra = a->label_column[0] ? "label_column" : header[0] ? "header" : NULL;
+    if (extra)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, extra,
+                           "%s: only for format csv (text datasets have no labels)", extra);
+    int err;
+    if ((err = fb_query_int(req, "context", 0, 1, DS_TEXT_MAX_CONTEXT, &a->context)) ||
+        (err = fb_query_int(req, "stride", 0, 1, DS_TEXT_MAX_STRIDE, &a->stride)))
+        return err;
+    if (!a->context)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, "context",
+                           "context: the tokens a record predicts from, 1..%d, is required for "
+                           "format text",
+                           DS_TEXT_MAX_CONTEXT);
+    return FB_OK;
+}
 
 /* The path parameters and query of an upload. */
 static int upload_args_read(fb_req *req, upload_args *a)
 {
-    static const char *const allowed[] = {"label_column", "header", NULL};
-    char header[8];
+    static const char *const allowed[] = {"label_column", "header", "format", "context",
+                                          "stride",       NULL};
+    char header[8], format[8];
     int err;
     a->name = fb_req_param(req, 0);
     a->split = fb_req_param(req, 1);
     a->header = -1;
+    a->text = false;
+    a->context = a->stride = 0;
     if ((err = fb_req_check_query(req, allowed)) ||
         (err = fb_query_str(req, "label_column", a->label_column, sizeof a->label_column)) ||
-        (err = fb_query_str(req, "header", header, sizeof header)))
+        (err = fb_query_str(req, "header", header, sizeof header)) ||
+        (err = fb_query_str(req, "format", format, sizeof format)))
         return err;
+    if (format[0] && strcmp(format, "csv") != 0 && strcmp(format, "text") != 0)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, "format", "format: csv (the default) or text");
+    a->text = strcmp(format, "text") == 0;
     if (!name_ok(a->name))
         return fb_req_fail(req, FB_ERR_BAD_NAME, "name",
                            "name: 1..64 bytes of a-z, 0-9, '.', '_' and '-', starting with a "
@@ -661,6 +742,12 @@ static int upload_args_read(fb_req *req, upload_args *a)
     if (!fb_manifest_valid_split_name(a->split))
         return fb_req_fail(req, FB_ERR_BAD_NAME, "split",
                            "split: 1..32 bytes of a-z, 0-9, '_' and '-'");
+    if (a->text) return upload_text_args(req, a, header);
+    const char *extra = fb_req_query(req, "context") ? "context"
+                        : fb_req_query(req, "stride") ? "stride"
+                                                      : NULL;
+    if (extra)
+        return fb_req_fail(req, FB_ERR_BAD_QUERY, extra, "%s: only for format text", extra);
     if (!a->label_column[0])
         return fb_req_fail(req, FB_ERR_BAD_QUERY, "label_column",
                            "label_column: the CSV column of the labels (a header name or a "
@@ -739,7 +826,8 @@ int fb_route_stream_open(fb_req *req, uint64_t declared, int *fd, uint64_t *limi
                            (unsigned long long)declared, (unsigned long long)left);
     if (declared > DS_UPLOAD_MAX)
         return fb_req_fail(req, FB_ERR_PAYLOAD_TOO_LARGE, NULL,
-                           "the upload of %llu bytes exceeds the %llu bytes a CSV file may have",
+                           "the upload of %llu bytes exceeds the %llu bytes an uploaded file may "
+                           "have",
                            (unsigned long long)declared, (unsigned long long)DS_UPLOAD_MAX);
     char dir[PATH_MAX], path[PATH_MAX + 32], msg[FB_MSG_MAX];
     if ((err = fb_ds_tenant_dir(&req->srv->cfg, req->key.tenant_id, dir, sizeof dir, msg,
@@ -832,7 +920,8 @@ int fb_route_dataset_upload(fb_req *req)
     if (fd < 0) return fb_req_fail(req, FB_ERR_INTERNAL, NULL, "the upload was not stored");
     if ((err = upload_args_read(req, &a))) goto fail;
     if (req->body_len == 0) {
-        err = fb_req_fail(req, FB_ERR_DATA, NULL, "the body is empty; send the CSV file");
+        err = fb_req_fail(req, FB_ERR_DATA, NULL, "the body is empty; send the %s file",
+                          a.text ? "text" : "CSV");
         goto fail;
     }
     if (!(im = fb_ds_import_new())) {
@@ -843,11 +932,15 @@ int fb_route_dataset_upload(fb_req *req)
     snprintf(im->tenant_id, sizeof im->tenant_id, "%s", req->key.tenant_id);
     snprintf(im->tool, sizeof im->tool, "%s", req->srv->cfg.data_tool);
     snprintf(im->label_column, sizeof im->label_column, "%s", a.label_column);
-    im->csv = true;
+    im->csv = !a.text;
+    im->text = a.text;
+    im->context = a.context;
+    im->stride = a.stride;
     im->header = a.header;
     im->n_inputs = 1;
     snprintf(im->in[0].split, sizeof im->in[0].split, "%s", a.split);
-    snprintf(im->in[0].shown[0], sizeof im->in[0].shown[0], "%s.csv", a.split);
+    snprintf(im->in[0].shown[0], sizeof im->in[0].shown[0], "%s.%s", a.split,
+             a.text ? "txt" : "csv");
     im->in[0].fd[0] = fd;
     fd = -1;
     if ((err = fb_ds_tenant_dir(&req->srv->cfg, im->tenant_id, im->tenant_dir,

@@ -29,7 +29,12 @@
 #define DS_LABEL_MAX 128
 #define DS_SHOWN_MAX (PATH_MAX + 64)
 
-/* One split to import: a CSV file, or IDX images and labels. */
+/* Bounds of a text import (fusebox-data import text): tokens a record
+ * predicts from, and bytes from one record's start to the next. */
+#define DS_TEXT_MAX_CONTEXT 65536
+#define DS_TEXT_MAX_STRIDE ((long long)1 << 30)
+
+/* One split to import: a CSV or text file, or IDX images and labels. */
 typedef struct fb_ds_input {
     char split[DS_SPLIT_MAX + 1];
     int fd[2];                   /* -1 when unused */
@@ -43,6 +48,8 @@ typedef struct fb_ds_import {
     char tenant_dir[PATH_MAX];
     char tool[FB_CONFIG_PATH_MAX];
     bool csv;
+    bool text;          /* byte-level token records: context, stride (0: the context) */
+    long long context, stride;
     char label_column[DS_LABEL_MAX + 1];
     int header;  /* -1: the tool decides; 0: --no-header; 1: --header */
     bool update; /* adds a split to a ready dataset, built on a linked copy of it */

@@ -288,6 +288,11 @@ static int read_manifest(int dfd, const char *name, json_t **summary, long long 
     json_t *s = json_pack("{s:s, s:O, s:I, s:I, s:I, s:O}", "dtype", fb_data_dtype_name(m.dtype),
                           "shape", shape, "classes", (json_int_t)m.n_classes, "samples",
                           (json_int_t)samples, "bytes", (json_int_t)bytes, "splits", splits);
+    /* token datasets: their vocabulary (classes is 0 when they have no labels) */
+    if (s && m.vocab && json_object_set_new(s, "vocab", json_integer((json_int_t)m.vocab))) {
+        json_decref(s);
+        s = NULL;
+    }
     if (!s) {
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
@@ -504,7 +509,16 @@ static int import_split(const fb_ds_import *im, const fb_ds_input *in, const cha
     int a = 0;
     argv[a++] = (char *)im->tool;
     argv[a++] = "import";
-    if (im->csv) {
+    char context_arg[48], stride_arg[48];
+    if (im->text) {
+        snprintf(context_arg, sizeof context_arg, "--context=%lld", im->context);
+        snprintf(stride_arg, sizeof stride_arg, "--stride=%lld",
+                 im->stride ? im->stride : im->context);
+        argv[a++] = "text";
+        argv[a++] = "/dev/fd/3";
+        argv[a++] = context_arg;
+        argv[a++] = stride_arg;
+    } else if (im->csv) {
         snprintf(label_arg, sizeof label_arg, "--label-column=%s", im->label_column);
         argv[a++] = "csv";
         argv[a++] = "/dev/fd/3";
@@ -523,7 +537,7 @@ static int import_split(const fb_ds_import *im, const fb_ds_input *in, const cha
     argv[a] = NULL;
     char text[DS_ERR_MAX];
     int status = 0;
-    int rc = run_tool(argv, in->fd, im->csv ? 1 : 2, &status, text, sizeof text);
+    int rc = run_tool(argv, in->fd, im->csv || im->text ? 1 : 2, &status, text, sizeof text);
     if (rc) return fb_errf(err, cap, rc, "split %s: %s", in->split, text);
     if (status == 0) return FB_OK;
     char prefix[PATH_MAX + 2];

@@ -11,7 +11,11 @@
  *     index, quotes, CRLF), loaded back exactly;
  *   - bad CSVs and bad IDX files (exit 1, message naming file, line and
  *     column), bad usage (exit 2), a directory holding another dataset, a
- *     manifest that lies about a size.
+ *     manifest that lies about a size;
+ *   - text: files joined into byte-level token records (context, stride, a
+ *     newline between files), loaded back exactly as floats with y 0; the
+ *     built-in licence corpus; a table of bad text imports; verify naming
+ *     the record of a token id beyond a (lowered) vocab.
  */
 #include "data_util.h"
 
@@ -293,7 +297,7 @@ static void test_usage(void)
     expect(run(NULL), 2, NULL, "usage");
     expect(run("--help", NULL), 0, "usage", NULL);
     expect(run("frobnicate", NULL), 2, NULL, "unknown command");
-    expect(run("import", NULL), 2, NULL, "idx or csv");
+    expect(run("import", NULL), 2, NULL, "idx, csv or text");
     expect(run("import", "tfrecord", NULL), 2, NULL, "unknown source");
     expect(run("import", "idx", "--images", "a", "--out", out, "--name", "x", "--split", "train",
                NULL),
@@ -344,6 +348,158 @@ static void test_usage(void)
     expect(run("inspect", out, NULL), 1, "disagrees with the manifest", NULL);
 }
 
+static void test_text(void)
+{
+    char a[600], b[600], out[600];
+    path_in(a, sizeof a, "a.txt");
+    path_in(b, sizeof b, "b.txt");
+    path_in(out, sizeof out, "text");
+    du_write(a, "hello world", 11); /* no final newline: one is put after it */
+    du_write(b, "\xff\x00z\n", 4);
+    const char joined[] = "hello world\n\xff\x00z\n"; /* 16 bytes */
+    /* context 3, stride 2: records of 4 bytes at 0, 2, ..., 12: 7 records */
+    expect(run("import", "text", a, b, "--context", "3", "--stride", "2", "--out", out, "--name",
+               "tiny-text", "--split", "train", "--chunk-records", "3", NULL),
+           0, "imported 7 records of 4 tokens as tiny-text/train", NULL);
+    expect(run("inspect", out, NULL), 0, "int32 [4], token ids in [0, 256), no labels", NULL);
+    expect(run("verify", out, NULL), 0, "verified tiny-text: 1 shards, 3 chunks, 7 records", NULL);
+    fb_dataset d = {0};
+    CHECK_INT_EQ(fb_datadir_load_split(&d, out, "train", g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(d.n, 7);
+    CHECK_INT_EQ(d.W, 4);
+    CHECK_INT_EQ(d.n_classes, 0);
+    for (int i = 0; i < 7; i++) {
+        CHECK_INT_EQ(d.y[i], 0);
+        for (int k = 0; k < 4; k++) CHECK(d.x[i * 4 + k] == (float)(uint8_t)joined[2 * i + k]);
+    }
+    fb_dataset_free(&d);
+    /* the default stride is the context: records at 0, 3, ..., 12 */
+    expect(run("import", "text", a, b, "--context", "3", "--out", out, "--name", "tiny-text",
+               "--split", "test", NULL),
+           0, "imported 5 records of 4 tokens", NULL);
+    CHECK_INT_EQ(fb_datadir_load_split(&d, out, "test", g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(d.n, 5);
+    CHECK(d.x[4 * 4 + 0] == 0xff && d.x[4 * 4 + 3] == '\n');
+    fb_dataset_free(&d);
+
+    /* a token id beyond the vocab: lower the manifest's vocab below 0xff and verify */
+    char mp[700];
+    snprintf(mp, sizeof mp, "%s/manifest.json", out);
+    size_t len;
+    char *m = (char *)du_read(mp, &len);
+    char *v = strstr(m, "\"vocab\": 256");
+    CHECK(v != NULL);
+    memcpy(v, "\"vocab\": 255", 13);
+    du_write(mp, m, len);
+    free(m);
+    expect(run("verify", out, NULL), 1, "FAILED",
+           "train-00000.fbs: chunk 1: record 5 has token id 255 at position 2, outside [0, 255)");
+    CHECK(fb_datadir_load_split(&d, out, "test", g_msg, sizeof g_msg) == FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "test-00000.fbs: chunk 0: record 3 has token id 255 at position 3");
+
+    /* the built-in licence corpus: deterministic, the same bytes twice */
+    char lic[600], lic2[600];
+    path_in(lic, sizeof lic, "licenses");
+    path_in(lic2, sizeof lic2, "licenses2");
+    expect(run("import", "text", "--builtin", "licenses", "--context", "64", "--out", lic,
+               "--name", "licenses", "--split", "train", NULL),
+           0, "records of 65 tokens as licenses/train", NULL);
+    expect(run("verify", lic, NULL), 0, "every checksum matches", NULL);
+    expect(run("import", "text", "--builtin", "licenses", "--context", "64", "--out", lic2,
+               "--name", "licenses", "--split", "train", NULL),
+           0, NULL, NULL);
+    char m1[700], m2[700];
+    snprintf(m1, sizeof m1, "%s/manifest.json", lic);
+    snprintf(m2, sizeof m2, "%s/manifest.json", lic2);
+    size_t l1, l2;
+    char *t1 = (char *)du_read(m1, &l1), *t2 = (char *)du_read(m2, &l2);
+    CHECK(l1 == l2 && memcmp(t1, t2, l1) == 0);
+    free(t1);
+    free(t2);
+    /* the corpus is GPL-3 first: record 0 is its first 65 bytes */
+    char gpl[600];
+    snprintf(gpl, sizeof gpl, "%s/GPL-3", FB_TEXT_LICENSES_DIR);
+    uint8_t *g = du_read(gpl, &len);
+    CHECK(len > 65);
+    CHECK_INT_EQ(fb_datadir_load_split(&d, lic, "train", g_msg, sizeof g_msg), 0);
+    for (int k = 0; k < 65; k++) CHECK(d.x[k] == (float)g[k]);
+    fb_dataset_free(&d);
+    free(g);
+    /* a missing file of the corpus is named */
+    char partial[600], one[700];
+    path_in(partial, sizeof partial, "partial-licenses");
+    CHECK(mkdir(partial, 0755) == 0);
+    snprintf(one, sizeof one, "%s/GPL-3", partial);
+    du_write(one, "text\n", 5);
+    expect(run("import", "text", "--builtin", "licenses", "--builtin-dir", partial, "--context",
+               "2", "--out", lic, "--name", "licenses", "--split", "x", NULL),
+           1, NULL, "partial-licenses/GPL-2");
+
+    /* bad text imports: nothing is written */
+    char tiny[600], dirf[600], bout[600];
+    path_in(tiny, sizeof tiny, "tiny.txt");
+    du_write(tiny, "abc", 3); /* 4 bytes with the newline */
+    path_in(dirf, sizeof dirf, "a-directory");
+    CHECK(mkdir(dirf, 0755) == 0);
+    path_in(bout, sizeof bout, "textbad");
+    static const struct {
+        int file; /* 0 a.txt, 1 tiny.txt, 2 a missing file, 3 a directory, 4 empty */
+        const char *context, *stride;
+        int rc;
+        const char *expect;
+    } bad[] = {
+        {0, "0", NULL, 2, "--context needs an integer in [1, 65536]"},
+        {0, "-3", NULL, 2, "--context"},
+        {0, "65537", NULL, 2, "--context needs an integer in [1, 65536]"},
+        {0, "99999999999999999999", NULL, 2, "--context"},
+        {0, "x", NULL, 2, "--context"},
+        {0, "3", "0", 2, "--stride needs an integer in [1, 1073741824]"},
+        {0, "3", "-1", 2, "--stride"},
+        {0, NULL, "2", 2, "--context is required"},
+        {1, "4", NULL, 1, "the text has 4 bytes; a record needs context + 1 = 5"},
+        {2, "3", NULL, 1, "no-such-file.txt"},
+        {3, "3", NULL, 1, "cannot read"},
+        {4, "3", NULL, 1, "empty.txt: empty file"},
+    };
+    char missing[600], empty[600];
+    path_in(missing, sizeof missing, "no-such-file.txt");
+    path_in(empty, sizeof empty, "empty.txt");
+    du_write(empty, "", 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *files[] = {a, tiny, missing, dirf, empty};
+        const char *args[16];
+        int n = 0;
+        args[n++] = "import", args[n++] = "text", args[n++] = files[bad[i].file];
+        if (bad[i].context) args[n++] = "--context", args[n++] = bad[i].context;
+        if (bad[i].stride) args[n++] = "--stride", args[n++] = bad[i].stride;
+        args[n++] = "--out", args[n++] = bout, args[n++] = "--name", args[n++] = "bad";
+        args[n++] = "--split", args[n++] = "train";
+        while (n < 15) args[n++] = NULL;
+        expect(run(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
+                   args[8], args[9], args[10], args[11], args[12], args[13], args[14], NULL),
+               bad[i].rc, NULL, bad[i].expect);
+        struct stat st;
+        snprintf(mp, sizeof mp, "%s/manifest.json", bout);
+        CHECK(stat(mp, &st) != 0);
+    }
+    /* usage: files and --builtin together, neither, an unknown corpus */
+    expect(run("import", "text", a, "--builtin", "licenses", "--context", "3", "--out", bout,
+               "--name", "x", "--split", "train", NULL),
+           2, NULL, "not both");
+    expect(run("import", "text", "--context", "3", "--out", bout, "--name", "x", "--split",
+               "train", NULL),
+           2, NULL, "give text files or --builtin licenses");
+    expect(run("import", "text", "--builtin", "poems", "--context", "3", "--out", bout, "--name",
+               "x", "--split", "train", NULL),
+           2, NULL, "unknown built-in text corpus \"poems\"");
+    /* text into a directory holding an image dataset */
+    char img[600];
+    path_in(img, sizeof img, "tiny");
+    expect(run("import", "text", a, "--context", "3", "--out", img, "--name", "tiny", "--split",
+               "text", NULL),
+           1, NULL, "would mix them");
+}
+
 /* argv[1]: "basic" (usage, tiny IDX, CSV) or "fmnist" (the real dataset) */
 int main(int argc, char **argv)
 {
@@ -366,6 +522,7 @@ int main(int argc, char **argv)
         test_usage();
         test_tiny_idx();
         test_csv();
+        test_text();
     }
     du_rm_rf(g_dir);
     printf("test_fusebox_data_cli %s: ok (%.2f s)\n", fmnist ? "fmnist" : "basic",

@@ -19,7 +19,12 @@
  *     train; bad fractions are refused;
  *   - a corrupt chunk and a label outside the manifest's classes stop the
  *     loader with FB_ERR_DATA naming the file and chunk, and bad options are
- *     refused.
+ *     refused;
+ *   - a token dataset (byte-level text, several shards and chunks) is
+ *     delivered as exact float ids with y 0, every record once an epoch,
+ *     by the loader, the in-memory loads and fb_data_open_named; an id at
+ *     or beyond the vocab, and a label in a dataset without labels, stop
+ *     the loader naming the file, chunk and record.
  */
 #include "data_util.h"
 
@@ -381,6 +386,163 @@ static void test_errors(void)
     CHECK_CONTAINS(g_msg, "train-00001.fbs");
 }
 
+#define TOK_N 300 /* records */
+#define TOK_L 9   /* tokens a record: context 8 */
+
+/* The text of the token dataset: record i (stride TOK_L, so records do not overlap) starts
+ * with its index in two bytes, then bytes that run through all 256 values. */
+static uint8_t *token_text(size_t *len)
+{
+    uint8_t *t = malloc(TOK_N * TOK_L);
+    CHECK(t != NULL);
+    for (int i = 0; i < TOK_N; i++) {
+        t[i * TOK_L] = (uint8_t)(i >> 8);
+        t[i * TOK_L + 1] = (uint8_t)(i & 255);
+        for (int k = 2; k < TOK_L; k++) t[i * TOK_L + k] = (uint8_t)(i * 7 + k * 31);
+    }
+    *len = TOK_N * TOK_L;
+    return t;
+}
+
+/* The record index of delivered sample x (TOK_L floats), checking every value exactly. */
+static int token_id(const float *x, const uint8_t *text)
+{
+    int i = (int)x[0] * 256 + (int)x[1];
+    CHECK(i >= 0 && i < TOK_N);
+    for (int k = 0; k < TOK_L; k++) CHECK(x[k] == (float)text[i * TOK_L + k]);
+    return i;
+}
+
+static void test_tokens(void)
+{
+    char ds[1100], mp[1200];
+    snprintf(ds, sizeof ds, "%s/tokens", g_dir);
+    size_t len;
+    uint8_t *text = token_text(&len);
+    fb_import_opts io = {.out_dir = ds, .name = "tokens", .split = "train", .chunk_records = 11,
+                         .shard_records = 110, .level = 1};
+    fb_import_result ir;
+    CHECK_INT_EQ(fb_datadir_import_tokens(&ir, &io, text, len, TOK_L - 1, TOK_L, g_msg,
+                                          sizeof g_msg),
+                 0);
+    CHECK_INT_EQ(ir.samples, TOK_N);
+    CHECK_INT_EQ(ir.shards, 3);
+    CHECK_INT_EQ(ir.vocab, 256);
+    CHECK_INT_EQ(ir.n_classes, 0);
+    /* the loader: shuffled, 1 and 3 threads, two epochs, every record once, exact */
+    static int seen[TOK_N];
+    for (int t = 1; t <= 3; t += 2) {
+        fb_loader *l = open_loader(ds, 16, true, false, t, 3, 5, (fb_loader_pos){0, 0});
+        CHECK_INT_EQ(fb_loader_manifest(l)->vocab, 256);
+        for (int e = 0; e < 2; e++) {
+            memset(seen, 0, sizeof seen);
+            for (int64_t got = 0; got < TOK_N;) {
+                fb_loader_batch b;
+                CHECK_INT_EQ(fb_loader_next(&b, l, g_msg, sizeof g_msg), 0);
+                for (int64_t k = 0; k < b.n; k++) {
+                    CHECK_INT_EQ(b.y[k], 0);
+                    seen[token_id(b.x + k * TOK_L, text)]++;
+                }
+                got += b.n;
+            }
+            for (int i = 0; i < TOK_N; i++) CHECK_INT_EQ(seen[i], 1);
+        }
+        fb_loader_free(l);
+    }
+    /* in memory: the whole split, and the held-out part */
+    fb_dataset d = {0};
+    CHECK_INT_EQ(fb_datadir_load_split(&d, ds, "train", g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(d.n, TOK_N);
+    CHECK_INT_EQ(d.W, TOK_L);
+    CHECK_INT_EQ(d.n_classes, 0);
+    for (int i = 0; i < TOK_N; i++) {
+        CHECK_INT_EQ(token_id(d.x + i * TOK_L, text), i);
+        CHECK_INT_EQ(d.y[i], 0);
+    }
+    fb_dataset_free(&d);
+    CHECK_INT_EQ(fb_datadir_load_split_part(&d, ds, "train", FB_PART_HELD_OUT, 0.2, g_msg,
+                                            sizeof g_msg),
+                 0);
+    CHECK(d.n > 0 && d.n < TOK_N);
+    for (int64_t i = 0; i < d.n; i++) CHECK(fb_data_held_out(token_id(d.x + i * TOK_L, text), 0.2));
+    fb_dataset_free(&d);
+    /* the way training opens it */
+    char data_dir[1100];
+    snprintf(data_dir, sizeof data_dir, "%s", g_dir);
+    fb_dataset tr = {0}, va = {0}, te = {0};
+    fb_loader *l = NULL;
+    fb_data_source_opts so = {.batch_size = 8, .shuffle = true, .threads = 2, .want_val = true,
+                              .val_fraction = 0.1};
+    CHECK_INT_EQ(fb_data_open_named(&tr, &va, &te, &l, "tokens", data_dir, &so, g_msg,
+                                    sizeof g_msg),
+                 0);
+    CHECK_INT_EQ(tr.W, TOK_L);
+    CHECK_INT_EQ(tr.n_classes, 0);
+    CHECK_INT_EQ(tr.n + va.n, TOK_N);
+    for (int64_t i = 0; i < va.n; i++) token_id(va.x + i * TOK_L, text);
+    fb_loader_free(l);
+    fb_dataset_free(&va);
+
+    /* an id at the vocab: lower the manifest's vocab to 255 (byte 255 occurs) */
+    snprintf(mp, sizeof mp, "%s/manifest.json", ds);
+    char *m = (char *)du_read(mp, &len);
+    char *at = strstr(m, "\"vocab\": 256");
+    CHECK(at != NULL);
+    at[11] = '5';
+    du_write(mp, m, len);
+    free(m);
+    l = open_loader(ds, 16, false, false, 2, 4, 1, (fb_loader_pos){0, 0});
+    fb_loader_batch b;
+    int rc = 0;
+    for (int k = 0; k < 40 && rc == 0; k++) rc = fb_loader_next(&b, l, g_msg, sizeof g_msg);
+    CHECK_INT_EQ(rc, FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, ".fbs: chunk ");
+    CHECK_CONTAINS(g_msg, " has token id 255 at position ");
+    CHECK_CONTAINS(g_msg, ", outside [0, 255) of the manifest's vocab");
+    fb_loader_free(l);
+    CHECK_INT_EQ(fb_datadir_load_split(&d, ds, "train", g_msg, sizeof g_msg), FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, " has token id 255");
+
+    /* a label in a dataset without labels: a shard written by hand, record 5 labelled 1 */
+    char lds[1100], shard[1200];
+    snprintf(lds, sizeof lds, "%s/labelled-tokens", g_dir);
+    CHECK(mkdir(lds, 0755) == 0);
+    snprintf(shard, sizeof shard, "%s/t.fbs", lds);
+    fb_shard_params sp = {.dtype = FB_DTYPE_I32, .sample_numel = TOK_L, .chunk_records = 4,
+                          .level = 1};
+    fb_shard_writer *w = NULL;
+    CHECK_INT_EQ(fb_shard_writer_open(&w, shard, &sp, g_msg, sizeof g_msg), 0);
+    int32_t ids[TOK_L];
+    for (int i = 0; i < 12; i++) {
+        for (int k = 0; k < TOK_L; k++) ids[k] = text[i * TOK_L + k];
+        CHECK_INT_EQ(fb_shard_writer_add(w, ids, TOK_L, i == 5, g_msg, sizeof g_msg), 0);
+    }
+    fb_shard_info info;
+    CHECK_INT_EQ(fb_shard_writer_finish(&info, w, g_msg, sizeof g_msg), 0);
+    fb_shard_writer_free(w);
+    fb_manifest_shard msh = {.path = "t.fbs", .bytes = info.bytes, .records = info.records,
+                             .chunks = info.chunks, .crc32c = info.crc32c};
+    fb_manifest lm = {.name = "labelled-tokens", .dtype = FB_DTYPE_I32, .ndim = 1,
+                      .shape = {TOK_L}, .sample_numel = TOK_L, .vocab = 256, .n_classes = 0,
+                      .n_splits = 1};
+    lm.splits[0] = (fb_manifest_split){.name = "train", .samples = 12, .n_shards = 1,
+                                       .shards = &msh};
+    snprintf(mp, sizeof mp, "%s/manifest.json", lds);
+    CHECK_INT_EQ(fb_manifest_write(mp, &lm, g_msg, sizeof g_msg), 0);
+    l = open_loader(lds, 4, false, false, 1, 2, 1, (fb_loader_pos){0, 0});
+    rc = 0;
+    for (int k = 0; k < 4 && rc == 0; k++) rc = fb_loader_next(&b, l, g_msg, sizeof g_msg);
+    CHECK_INT_EQ(rc, FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "t.fbs: chunk 1: record 5 has label 1; the dataset has no labels");
+    fb_loader_free(l);
+    fb_verify_result vr;
+    CHECK_INT_EQ(fb_datadir_verify_shard(&vr, &lm, lds, &msh, g_msg, sizeof g_msg), FB_ERR_DATA);
+    CHECK_CONTAINS(g_msg, "chunk 1: record 5 has label 1");
+    free(text);
+    printf("tokens: %d records of %d ids delivered exactly; bad ids and labels named\n", TOK_N,
+           TOK_L);
+}
+
 /* Delivered indices of `epochs` epochs into seen[epoch][record] (counts). */
 static void deliver(const char *dir, double f, uint64_t seed, int threads, int64_t sbuf, int rank,
                     int world, int epochs, int (*seen)[N_REC])
@@ -546,6 +708,7 @@ int main(void)
     test_sharding();
     test_errors();
     test_holdout();
+    test_tokens();
     du_rm_rf(g_dir);
     printf("test_loader: ok (%.2f s)\n", du_now() - t0);
     return 0;

@@ -3,7 +3,9 @@
  * a table of invalid ones (unknown and missing fields at every level, wrong
  * types, values out of range, counts that disagree, paths that could leave
  * the directory, duplicates, other versions, broken JSON) is each
- * FB_ERR_DATA with a message naming the source and the field; and a manifest
+ * FB_ERR_DATA with a message naming the source and the field; token datasets
+ * (int32 ids with "tokens": {"vocab": V}, labels or "label": null) parse and
+ * round-trip, and a table of bad token manifests is refused; and a manifest
  * that lies about its shard files (sizes, records, chunks, dtype, a missing
  * file) is caught by fb_manifest_check_files naming the file.
  */
@@ -24,21 +26,36 @@ static const char *k_base =
     " \"test\": {\"samples\": 1, \"shards\": [{\"path\": \"test/t.fbs\", \"bytes\": 100, "
     "\"records\": 1, \"chunks\": 1, \"crc32c\": \"00000001\"}]}}}";
 
-/* k_base with the first occurrence of from replaced by to (malloc'd). */
-static char *with(const char *from, const char *to)
+/* A token dataset: byte ids (vocab 256) in records of 65, no labels. */
+static const char *k_tok =
+    "{\"format\": \"fusebox-dataset\", \"version\": 1, \"name\": \"text\","
+    " \"sample\": {\"dtype\": \"int32\", \"shape\": [65]},"
+    " \"tokens\": {\"vocab\": 256},"
+    " \"label\": null,"
+    " \"splits\": {\"train\": {\"samples\": 6, \"shards\": ["
+    "{\"path\": \"train/a.fbs\", \"bytes\": 200, \"records\": 6, \"chunks\": 2, \"crc32c\": "
+    "\"0badf00d\"}]}}}";
+
+/* base with the first occurrence of from replaced by to (malloc'd). */
+static char *with_in(const char *base, const char *from, const char *to)
 {
-    const char *at = strstr(k_base, from);
+    const char *at = strstr(base, from);
     if (!at) {
         fprintf(stderr, "test bug: \"%s\" not in the base manifest\n", from);
         abort();
     }
-    size_t a = (size_t)(at - k_base), fl = strlen(from), tl = strlen(to);
-    char *s = malloc(strlen(k_base) - fl + tl + 1);
+    size_t a = (size_t)(at - base), fl = strlen(from), tl = strlen(to);
+    char *s = malloc(strlen(base) - fl + tl + 1);
     CHECK(s != NULL);
-    memcpy(s, k_base, a);
+    memcpy(s, base, a);
     memcpy(s + a, to, tl);
     strcpy(s + a + tl, at + fl);
     return s;
+}
+
+static char *with(const char *from, const char *to)
+{
+    return with_in(k_base, from, to);
 }
 
 static void test_valid(void)
@@ -98,9 +115,127 @@ static void test_valid(void)
     free(v);
 }
 
+/* Parses json, serialises it, parses that and serialises again: the texts must agree. */
+static void check_round_trip(const char *json, fb_manifest *m)
+{
+    CHECK_INT_EQ(fb_manifest_parse(m, json, strlen(json), "rt", g_msg, sizeof g_msg), 0);
+    char *a = NULL, *b = NULL;
+    CHECK_INT_EQ(fb_manifest_to_json(&a, m, g_msg, sizeof g_msg), 0);
+    fb_manifest back;
+    CHECK_INT_EQ(fb_manifest_parse(&back, a, strlen(a), "rt2", g_msg, sizeof g_msg), 0);
+    CHECK_INT_EQ(back.dtype, m->dtype);
+    CHECK_INT_EQ(back.vocab, m->vocab);
+    CHECK_INT_EQ(back.n_classes, m->n_classes);
+    CHECK_INT_EQ(fb_manifest_to_json(&b, &back, g_msg, sizeof g_msg), 0);
+    CHECK_STR_EQ(a, b);
+    fb_manifest_free(&back);
+    free(a);
+    free(b);
+}
+
+static void test_tokens(void)
+{
+    fb_manifest m;
+    check_round_trip(k_tok, &m);
+    CHECK_INT_EQ(m.dtype, FB_DTYPE_I32);
+    CHECK_STR_EQ(fb_data_dtype_name(m.dtype), "int32");
+    CHECK_INT_EQ(fb_data_dtype_size(m.dtype), 4);
+    CHECK_INT_EQ(m.ndim, 1);
+    CHECK_INT_EQ(m.sample_numel, 65);
+    CHECK_INT_EQ(m.vocab, 256);
+    CHECK_INT_EQ(m.n_classes, 0);
+    /* the canonical text keeps "label": null and the tokens object */
+    char *json = NULL;
+    CHECK_INT_EQ(fb_manifest_to_json(&json, &m, g_msg, sizeof g_msg), 0);
+    CHECK_CONTAINS(json, "\"label\": null");
+    CHECK_CONTAINS(json, "\"vocab\": 256");
+    free(json);
+    fb_manifest_free(&m);
+
+    /* a token dataset with labels (sequence classification), and the vocab bounds */
+    char *v = with_in(k_tok, "\"label\": null", "\"label\": {\"dtype\": \"int32\", \"classes\": 4}");
+    check_round_trip(v, &m);
+    CHECK_INT_EQ(m.n_classes, 4);
+    CHECK_INT_EQ(m.vocab, 256);
+    fb_manifest_free(&m);
+    free(v);
+    v = with_in(k_tok, "\"vocab\": 256", "\"vocab\": 16777216");
+    check_round_trip(v, &m);
+    CHECK_INT_EQ(m.vocab, FB_MANIFEST_MAX_VOCAB);
+    fb_manifest_free(&m);
+    free(v);
+    v = with_in(k_tok, "\"vocab\": 256", "\"vocab\": 1");
+    check_round_trip(v, &m);
+    CHECK_INT_EQ(m.vocab, 1);
+    fb_manifest_free(&m);
+    free(v);
+    /* the older dtypes parse with vocab 0 */
+    check_round_trip(k_base, &m);
+    CHECK_INT_EQ(m.vocab, 0);
+    /* to_json refuses a struct that breaks the rules instead of writing something else */
+    char *out = NULL;
+    m.vocab = 256; /* a uint8 dataset with a vocabulary */
+    CHECK_INT_EQ(fb_manifest_to_json(&out, &m, g_msg, sizeof g_msg), FB_ERR_INTERNAL);
+    CHECK(out == NULL);
+    m.vocab = 0;
+    m.n_classes = 0; /* a uint8 dataset without labels */
+    CHECK(fb_manifest_to_json(&out, &m, g_msg, sizeof g_msg) != 0);
+    CHECK(out == NULL);
+    CHECK_CONTAINS(g_msg, "label is null");
+    fb_manifest_free(&m);
+}
+
 typedef struct bad_case {
     const char *from, *to, *expect;
 } bad_case;
+
+/* Bad token manifests: each an edit of k_tok (or of k_base where marked by base 1). */
+static const struct {
+    int base; /* 0: k_tok, 1: k_base */
+    const char *from, *to, *expect;
+} k_bad_tok[] = {
+    {0, "\"vocab\": 256", "\"vocab\": 0", "tokens.vocab is 0; allowed 1 to 16777216"},
+    {0, "\"vocab\": 256", "\"vocab\": -1", "tokens.vocab is -1"},
+    {0, "\"vocab\": 256", "\"vocab\": 16777217", "tokens.vocab is 16777217"},
+    {0, "\"vocab\": 256", "\"vocab\": 256.0", "tokens.vocab must be an integer"},
+    {0, "\"vocab\": 256", "\"vocab\": \"256\"", "tokens.vocab must be an integer"},
+    {0, "\"vocab\": 256", "\"size\": 256", "unknown field \"size\" in tokens"},
+    {0, "\"vocab\": 256", "\"vocab\": 256, \"bos\": 1", "unknown field \"bos\" in tokens"},
+    {0, "{\"vocab\": 256}", "{}", "missing field tokens.vocab"},
+    {0, "{\"vocab\": 256}", "256", "manifest.tokens must be an object"},
+    {0, " \"tokens\": {\"vocab\": 256},", "", "missing field manifest.tokens"},
+    {0, "\"shape\": [65]", "\"shape\": [1, 5, 13]", "an int32 token dataset has [L]"},
+    {0, "\"shape\": [65]", "\"shape\": \"variable\"", "must be [L], not \"variable\""},
+    {0, "\"label\": null", "\"label\": {\"dtype\": \"int32\", \"classes\": 0}",
+     "label.classes is 0"},
+    {0, "\"label\": null", "\"label\": []", "manifest.label must be an object"},
+    {0, "\"label\": null,", "", "missing field manifest.label"},
+    {1, "\"label\": {", "\"tokens\": {\"vocab\": 256}, \"label\": {",
+     "tokens is only for int32 token datasets; sample.dtype is uint8"},
+    {1, "\"label\": {\"dtype\": \"int32\", \"classes\": 3}", "\"label\": null",
+     "label is null, which only an int32 token dataset may be; sample.dtype is uint8"},
+    {1, "\"dtype\": \"uint8\"", "\"dtype\": \"int32\"", "sample.shape has 3 dimensions; an int32 token dataset has [L]"},
+};
+
+static void test_invalid_tokens(void)
+{
+    for (size_t i = 0; i < sizeof k_bad_tok / sizeof k_bad_tok[0]; i++) {
+        char *j = with_in(k_bad_tok[i].base ? k_base : k_tok, k_bad_tok[i].from, k_bad_tok[i].to);
+        fb_manifest m;
+        memset(&m, 0x5A, sizeof m);
+        g_msg[0] = '\0';
+        int rc = fb_manifest_parse(&m, j, strlen(j), "tok.json", g_msg, sizeof g_msg);
+        if (rc != FB_ERR_DATA || !du_contains(g_msg, "tok.json") ||
+            !du_contains(g_msg, k_bad_tok[i].expect)) {
+            fprintf(stderr, "token case %zu (%s -> %s): rc %d, message \"%s\", expected \"%s\"\n",
+                    i, k_bad_tok[i].from, k_bad_tok[i].to, rc, g_msg, k_bad_tok[i].expect);
+            abort();
+        }
+        unsigned char *p = (unsigned char *)&m;
+        for (size_t k = 0; k < sizeof m; k++) CHECK_INT_EQ(p[k], 0x5A);
+        free(j);
+    }
+}
 
 static const bad_case k_bad[] = {
     {"\"version\": 1", "\"version\": 2", "version 2"},
@@ -277,6 +412,8 @@ int main(void)
     du_scratch(g_dir, sizeof g_dir, "manifest");
     test_valid();
     test_invalid();
+    test_tokens();
+    test_invalid_tokens();
     test_lying_manifest();
     du_rm_rf(g_dir);
     printf("test_manifest: ok\n");

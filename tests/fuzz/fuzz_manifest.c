@@ -3,7 +3,8 @@
  * fusebox-data, the workers and fuseboxd all read manifest.json with: any
  * input must be refused with FB_ERR_DATA (or FB_ERR_NOMEM) and a message,
  * or accepted as a manifest that keeps the format's rules (names, limits,
- * counts that add up, no shard listed twice) and whose canonical JSON parses
+ * counts that add up, no shard listed twice, a vocabulary exactly for int32
+ * token datasets, no labels only for them) and whose canonical JSON parses
  * back to the same manifest and the same text.
  */
 #include <stdint.h>
@@ -32,8 +33,12 @@ static void check_rules(const fb_manifest *m)
 {
     if (!fb_manifest_valid_name(m->name)) FAIL("accepted name \"%s\"", m->name);
     if (!fb_data_dtype_name(m->dtype)) FAIL("accepted dtype %d", (int)m->dtype);
-    if (m->n_classes < 1 || m->n_classes > FB_MANIFEST_MAX_CLASSES)
-        FAIL("accepted %d classes", m->n_classes);
+    int tokens = m->dtype == FB_DTYPE_I32;
+    if (m->n_classes < (tokens ? 0 : 1) || m->n_classes > FB_MANIFEST_MAX_CLASSES)
+        FAIL("accepted %d classes for dtype %d", m->n_classes, (int)m->dtype);
+    if (tokens ? m->vocab < 1 || m->vocab > FB_MANIFEST_MAX_VOCAB : m->vocab != 0)
+        FAIL("accepted vocab %lld for dtype %d", (long long)m->vocab, (int)m->dtype);
+    if (tokens && m->ndim != 1) FAIL("accepted %d dimensions for tokens", m->ndim);
     if (m->ndim != 0 && m->ndim != 1 && m->ndim != 3) FAIL("accepted %d dimensions", m->ndim);
     int64_t numel = m->ndim ? 1 : 0;
     for (int i = 0; i < m->ndim; i++) numel *= m->shape[i];
@@ -88,7 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FAIL("the canonical JSON does not parse: %s", msg);
     if (fb_manifest_to_json(&again, &back, msg, sizeof msg) != 0 || strcmp(json, again) != 0)
         FAIL("the canonical JSON does not round-trip");
-    if (back.n_splits != m.n_splits || back.sample_numel != m.sample_numel)
+    if (back.n_splits != m.n_splits || back.sample_numel != m.sample_numel ||
+        back.vocab != m.vocab || back.n_classes != m.n_classes)
         FAIL("the canonical JSON parses to another manifest");
     free(json);
     free(again);

@@ -1,7 +1,9 @@
 /*
  * The dataset routes against the real fuseboxd, the real fusebox-data and a
- * fresh PostgreSQL database: registering a built-in, importing IDX and CSV
- * files from a server path inside --import-roots, uploading CSV splits,
+ * fresh PostgreSQL database: registering a built-in, importing IDX, CSV and
+ * text files from a server path inside --import-roots (text as byte-level
+ * token records: dtype int32, vocab 256, no classes), uploading CSV and text
+ * splits, a table of bad text imports and uploads,
  * listing with a cursor, reading, deleting.  And what must be refused, with
  * nothing changed: bad bodies and queries, paths that leave the import roots
  * (.. parts, symbolic links, absolute paths elsewhere), imports when no root
@@ -632,6 +634,148 @@ static void test_upload(void)
     }
 }
 
+static const char text_body[] = "the quick brown fox jumps over the lazy dog\n"; /* 44 bytes */
+
+static void test_text(void)
+{
+    char body[800];
+    /* a text file, context 8, stride 4: (44 - 9) / 4 + 1 = 9 records of 9 tokens */
+    snprintf(body, sizeof body,
+             "{\"name\": \"fox\", \"source\": \"import\", \"path\": \"%s/fox.txt\", \"format\":"
+             " \"text\", \"context\": 8, \"stride\": 4, \"split\": \"train\"}",
+             roots);
+    fbt_resp r = create(a_key, body);
+    fbt_expect(&r, 202, NULL, "import a text file");
+    fbt_resp_free(&r);
+    json_t *d = wait_done(a_key, "fox");
+    CHECK_STR_EQ(jstr(d, "state"), "ready");
+    json_t *sum = json_object_get(d, "summary");
+    CHECK_STR_EQ(jstr(sum, "dtype"), "int32");
+    CHECK_INT_EQ(json_integer_value(json_array_get(json_object_get(sum, "shape"), 0)), 9);
+    CHECK_INT_EQ(jint(sum, "vocab"), 256);
+    CHECK_INT_EQ(jint(sum, "classes"), 0);
+    CHECK_INT_EQ(jint(sum, "samples"), 9);
+    json_decref(d);
+    /* the listing shows it too */
+    r = fbt_call(&S, "GET", "/v1/datasets?limit=100", a_key, NULL);
+    fbt_expect(&r, 200, NULL, "list with a text dataset");
+    json_t *items = json_object_get(r.json, "datasets");
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        json_t *it = json_array_get(items, i);
+        if (strcmp(jstr(it, "name"), "fox") != 0) continue;
+        found = true;
+        CHECK_STR_EQ(jstr(json_object_get(it, "summary"), "dtype"), "int32");
+        CHECK_INT_EQ(jint(json_object_get(it, "summary"), "vocab"), 256);
+    }
+    CHECK(found);
+    fbt_resp_free(&r);
+    /* a directory of train.txt and test.txt, the default stride (the context) */
+    snprintf(body, sizeof body,
+             "{\"name\": \"fox-dir\", \"source\": \"import\", \"path\": \"%s/textdir\", "
+             "\"format\": \"text\", \"context\": 10}",
+             roots);
+    r = create(a_key, body);
+    fbt_expect(&r, 202, NULL, "import a text directory");
+    fbt_resp_free(&r);
+    d = wait_done(a_key, "fox-dir");
+    CHECK_STR_EQ(jstr(d, "state"), "ready");
+    json_t *splits = json_object_get(json_object_get(d, "summary"), "splits");
+    CHECK_INT_EQ(jint(json_object_get(splits, "train"), "samples"), 4); /* (44 - 11) / 10 + 1 */
+    CHECK_INT_EQ(jint(json_object_get(splits, "test"), "samples"), 1);  /* 12 bytes */
+    json_decref(d);
+    /* a text shorter than a record: failed, the tool's words naming the file */
+    snprintf(body, sizeof body,
+             "{\"name\": \"short\", \"source\": \"import\", \"path\": \"%s/short.txt\", "
+             "\"format\": \"text\", \"context\": 8}",
+             roots);
+    r = create(a_key, body);
+    fbt_expect(&r, 202, NULL, "import a text too short for a record");
+    fbt_resp_free(&r);
+    d = wait_done(a_key, "short");
+    CHECK_STR_EQ(jstr(d, "state"), "failed");
+    printf("short text: %s\n", jstr(d, "error"));
+    CHECK(strstr(jstr(d, "error"), "the text has 4 bytes; a record needs context + 1 = 9"));
+    json_decref(d);
+    CHECK(strstr(tenant_entries(a_id), "short") == NULL);
+
+    /* an upload of a text split, then a second one */
+    r = put_split(a_key, "up-text", "train", "format=text&context=4", text_body,
+                  strlen(text_body), "application/octet-stream", false);
+    fbt_expect(&r, 202, NULL, "upload a text split");
+    fbt_resp_free(&r);
+    d = wait_done(a_key, "up-text");
+    CHECK_STR_EQ(jstr(d, "state"), "ready");
+    CHECK_INT_EQ(jint(json_object_get(d, "summary"), "samples"), 10); /* (44 - 5) / 4 + 1 */
+    CHECK_INT_EQ(jint(json_object_get(d, "summary"), "vocab"), 256);
+    json_decref(d);
+    r = put_split(a_key, "up-text", "test", "format=text&context=4&stride=20", text_body,
+                  strlen(text_body), NULL, true);
+    fbt_expect(&r, 202, NULL, "upload a second text split");
+    fbt_resp_free(&r);
+    d = wait_done(a_key, "up-text");
+    CHECK_STR_EQ(jstr(d, "state"), "ready");
+    splits = json_object_get(json_object_get(d, "summary"), "splits");
+    CHECK_INT_EQ(jint(json_object_get(splits, "test"), "samples"), 2); /* (44 - 5) / 20 + 1 */
+    json_decref(d);
+    /* a text split of another context cannot join: the dataset stays as it was */
+    r = put_split(a_key, "up-text", "other", "format=text&context=6", text_body,
+                  strlen(text_body), NULL, false);
+    fbt_expect(&r, 202, NULL, "upload a text split of another context");
+    fbt_resp_free(&r);
+    d = wait_done(a_key, "up-text");
+    CHECK_STR_EQ(jstr(d, "state"), "ready");
+    CHECK(strstr(jstr(d, "error"), "would mix them") != NULL);
+    CHECK_INT_EQ(json_object_size(json_object_get(json_object_get(d, "summary"), "splits")), 2);
+    json_decref(d);
+
+    /* bad text imports */
+    static const struct {
+        const char *extra; /* fields after the path */
+        const char *code;
+    } bad[] = {
+        {"\"format\": \"text\"", "missing_field"},
+        {"\"format\": \"text\", \"context\": 0", "out_of_range"},
+        {"\"format\": \"text\", \"context\": -8", "out_of_range"},
+        {"\"format\": \"text\", \"context\": 65537", "out_of_range"},
+        {"\"format\": \"text\", \"context\": \"8\"", "wrong_type"},
+        {"\"format\": \"text\", \"context\": 8.5", "wrong_type"},
+        {"\"format\": \"text\", \"context\": 8, \"stride\": 0", "out_of_range"},
+        {"\"format\": \"text\", \"context\": 8, \"stride\": 1073741825", "out_of_range"},
+        {"\"format\": \"text\", \"context\": 8, \"stride\": true", "wrong_type"},
+        {"\"format\": \"text\", \"context\": 8, \"label_column\": 0", "conflicting_fields"},
+        {"\"format\": \"text\", \"context\": 8, \"header\": true", "conflicting_fields"},
+        {"\"format\": \"csv\", \"label_column\": 0, \"context\": 8", "conflicting_fields"},
+        {"\"format\": \"idx\", \"stride\": 8", "conflicting_fields"},
+        {"\"format\": \"text\", \"context\": 8, \"split\": \"Bad!\"", "bad_name"},
+        {"\"format\": \"txt\", \"context\": 8", "bad_enum"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body,
+                 "{\"name\": \"t\", \"source\": \"import\", \"path\": \"%s/fox.txt\", %s}",
+                 roots, bad[i].extra);
+        refused_post(a_key, body, 400, bad[i].code, a_id);
+    }
+    /* bad text uploads */
+    const put_arg bad_put[] = {
+        {a_key, "t", "train", "format=text", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=0", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=65537", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=x", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=8&stride=0", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=8&label_column=label", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=8&header=true", text_body, NULL},
+        {a_key, "t", "train", "label_column=label&context=8", train_csv, NULL},
+        {a_key, "t", "train", "format=png&context=8", text_body, NULL},
+        {a_key, "t", "train", "format=text&context=8", "", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad_put / sizeof bad_put[0]; i++) {
+        char what[200];
+        snprintf(what, sizeof what, "PUT t/splits/train?%s", bad_put[i].query);
+        refused(what, send_put, &bad_put[i], 400, i == 9 ? "bad_data" : "bad_query", a_id);
+    }
+}
+
 static void test_quota(void)
 {
     /* small may store 1000 bytes of datasets */
@@ -721,9 +865,9 @@ static void test_isolation(void)
 
 static void test_list(void)
 {
-    const char *want[] = {"broken", "fm",       "fm-import", "fm-linked",
-                          "iris",   "iris-dir", "up",        "up-bad"};
-    int n_want = 8, seen = 0;
+    const char *want[] = {"broken", "fm",    "fm-import", "fm-linked", "fox",  "fox-dir",
+                          "iris",   "iris-dir", "short",  "up",        "up-bad", "up-text"};
+    int n_want = 12, seen = 0;
     char cursor[80] = "";
     for (int page = 0; page < 20; page++) {
         char path[200];
@@ -906,7 +1050,8 @@ static void setup_files(void)
     char p[400], q[400];
     const char *dirs[] = {
         "roots/fm",   "roots/badmagic", "roots/uneven", "roots/csvdir",          "roots/empty",
-        "roots/half", "roots/mixed",    "outside/fm",   "builtin/fashion-mnist", NULL};
+        "roots/half", "roots/mixed",    "outside/fm",   "builtin/fashion-mnist", "roots/textdir",
+        NULL};
     for (int i = 0; dirs[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", tmp, dirs[i]);
         mkdirs(p);
@@ -947,6 +1092,14 @@ static void setup_files(void)
     write_text(p, "5.1,1.4,0\n7.0,4.7,1\n6.3,6.0,2\n5.0,1.5,0\n");
     snprintf(p, sizeof p, "%s/csvdir/test.csv", roots);
     write_text(p, "5.2,1.3,0\n6.9,4.8,1\n");
+    snprintf(p, sizeof p, "%s/fox.txt", roots);
+    write_text(p, text_body);
+    snprintf(p, sizeof p, "%s/textdir/train.txt", roots);
+    write_text(p, text_body);
+    snprintf(p, sizeof p, "%s/textdir/test.txt", roots);
+    write_text(p, "hello world"); /* and a newline after it: 12 bytes */
+    snprintf(p, sizeof p, "%s/short.txt", roots);
+    write_text(p, "abc");
     /* the built-in's files: registration only looks at them */
     const char *fake[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", NULL};
@@ -978,6 +1131,7 @@ int main(void)
     test_path_escapes();
     test_import_corrupt();
     test_upload();
+    test_text();
     test_quota();
     test_isolation();
     test_list();

@@ -65,6 +65,24 @@ static void remove_stale(const fb_manifest *m, const char *dir, const char *spli
     closedir(d);
 }
 
+/* Where an import's records come from: an array [n, numel] of values, or a byte text whose
+ * record i is the numel bytes from i * stride on, as int32 token ids. */
+typedef struct import_src {
+    const void *values;
+    const uint8_t *text;
+    int64_t stride;
+} import_src;
+
+/* Record i of src (numel values of esz bytes); tmp holds numel int32 for a text. */
+static const void *src_record(const import_src *src, int64_t i, int64_t numel, size_t esz,
+                              int32_t *tmp)
+{
+    if (!src->text) return (const uint8_t *)src->values + (size_t)(i * numel) * esz;
+    const uint8_t *b = src->text + i * src->stride;
+    for (int64_t k = 0; k < numel; k++) tmp[k] = b[k];
+    return tmp;
+}
+
 /* How an import of n records will be laid out, from checked arguments. */
 typedef struct import_plan {
     size_t esz;        /* bytes a value */
@@ -79,10 +97,11 @@ typedef struct import_plan {
 /* Checks fb_datadir_import's arguments and every record (labels in range, values finite)
  * before anything is written, and plans the chunks and shards. */
 static int import_check(import_plan *pl, const fb_import_opts *o, fb_data_dtype dtype, int ndim,
-                        const int64_t *shape, const void *values, const int32_t *labels,
+                        const int64_t *shape, const import_src *src, const int32_t *labels,
                         int64_t n, char *msg, size_t msg_cap)
 {
-    if (!o || !o->out_dir || !o->name || !o->split || !shape || (!values && n) || (!labels && n))
+    if (!o || !o->out_dir || !o->name || !o->split || !shape ||
+        (!src->values && !src->text && n))
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import: NULL argument");
     size_t esz = fb_data_dtype_size(dtype);
     if (!esz) return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "unknown dtype %d", dtype);
@@ -127,7 +146,7 @@ static int import_check(import_plan *pl, const fb_import_opts *o, fb_data_dtype 
                        "%" PRId64 " shards of %" PRId64 " records; a split may have at most %d",
                        n_shards, per_shard, FB_MANIFEST_MAX_SHARDS);
     int32_t max_label = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; labels && i < n; i++) {
         if (labels[i] < 0 || labels[i] >= DD_MAX_LABEL)
             return fb_errf(msg, msg_cap, FB_ERR_DATA,
                            "record %" PRId64 " has label %" PRId32 "; labels must be in [0, %d)",
@@ -135,7 +154,7 @@ static int import_check(import_plan *pl, const fb_import_opts *o, fb_data_dtype 
         if (labels[i] > max_label) max_label = labels[i];
     }
     if (dtype == FB_DTYPE_F32) {
-        const float *f = values;
+        const float *f = src->values;
         for (int64_t i = 0; i < n * numel; i++)
             if (!isfinite(f[i]))
                 return fb_errf(msg, msg_cap, FB_ERR_DATA, "record %" PRId64 " has a value that "
@@ -152,9 +171,12 @@ static int import_check(import_plan *pl, const fb_import_opts *o, fb_data_dtype 
  * (paths relative to out_dir, sizes, checksums) and the counts of *r. */
 static int import_write_shards(fb_import_result *r, fb_manifest_shard *shards,
                                const import_plan *pl, const fb_import_opts *o,
-                               fb_data_dtype dtype, const void *values, const int32_t *labels,
+                               fb_data_dtype dtype, const import_src *src, const int32_t *labels,
                                int64_t n, char *msg, size_t msg_cap)
 {
+    int32_t *tmp = NULL;
+    if (src->text && !(tmp = malloc((size_t)pl->numel * sizeof *tmp)))
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     char path[DD_PATH + 300];
     int rc = FB_OK;
     const int64_t numel = pl->numel, per_shard = pl->per_shard;
@@ -165,15 +187,15 @@ static int import_write_shards(fb_import_result *r, fb_manifest_shard *shards,
         snprintf(shards[s].path, sizeof shards[s].path, "%s/%s-%05" PRId64 ".fbs", o->split,
                  o->split, s);
         snprintf(path, sizeof path, "%s/%s", o->out_dir, shards[s].path);
-        if ((rc = fb_shard_writer_open(&w, path, &sp, msg, msg_cap))) return rc;
+        if ((rc = fb_shard_writer_open(&w, path, &sp, msg, msg_cap))) break;
         int64_t a = s * per_shard, b = a + per_shard < n ? a + per_shard : n;
         for (int64_t i = a; i < b && !rc; i++)
-            rc = fb_shard_writer_add(w, (const uint8_t *)values + (size_t)(i * numel) * pl->esz,
-                                     numel, labels[i], msg, msg_cap);
+            rc = fb_shard_writer_add(w, src_record(src, i, numel, pl->esz, tmp), numel,
+                                     labels ? labels[i] : 0, msg, msg_cap);
         fb_shard_info info;
         if (!rc) rc = fb_shard_writer_finish(&info, w, msg, msg_cap);
         fb_shard_writer_free(w);
-        if (rc) return rc;
+        if (rc) break;
         shards[s].bytes = info.bytes;
         shards[s].records = info.records;
         shards[s].chunks = info.chunks;
@@ -182,15 +204,20 @@ static int import_write_shards(fb_import_result *r, fb_manifest_shard *shards,
         r->bytes += info.bytes;
         r->raw_bytes += info.raw_bytes;
     }
+    free(tmp);
     return rc;
 }
 
-int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
-                      int ndim, const int64_t *shape, const void *values, const int32_t *labels,
-                      int64_t n, char *msg, size_t msg_cap)
+/* fb_datadir_import of records from src; labels NULL: a dataset without labels (label 0 in
+ * the shards, no classes in the manifest).  vocab: the token vocabulary of an int32 dataset,
+ * else 0. */
+static int import_records(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
+                          int ndim, const int64_t *shape, const import_src *src,
+                          const int32_t *labels, int64_t n, int64_t vocab, char *msg,
+                          size_t msg_cap)
 {
     import_plan pl = {0};
-    int rc = import_check(&pl, o, dtype, ndim, shape, values, labels, n, msg, msg_cap);
+    int rc = import_check(&pl, o, dtype, ndim, shape, src, labels, n, msg, msg_cap);
     if (rc) return rc;
     const int64_t numel = pl.numel, n_shards = pl.n_shards;
 
@@ -207,12 +234,15 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
     if (have_old) {
         if ((rc = fb_manifest_read(&old, path, msg, msg_cap))) return rc;
         if (strcmp(old.name, o->name) != 0 || old.dtype != dtype || old.ndim != ndim ||
-            memcmp(old.shape, shape, (size_t)ndim * sizeof *shape) != 0) {
+            memcmp(old.shape, shape, (size_t)ndim * sizeof *shape) != 0 || old.vocab != vocab ||
+            (old.n_classes == 0) != (labels == NULL)) {
             rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                         "%s already holds dataset %s (%s samples of %" PRId64 " values); "
-                         "importing %s (%s samples of %" PRId64 " values) there would mix them",
+                         "%s already holds dataset %s (%s samples of %" PRId64 " values, vocab %"
+                         PRId64 ", %d classes); importing %s (%s samples of %" PRId64
+                         " values, vocab %" PRId64 ", %s) there would mix them",
                          o->out_dir, old.name, fb_data_dtype_name(old.dtype), old.sample_numel,
-                         o->name, fb_data_dtype_name(dtype), numel);
+                         old.vocab, old.n_classes, o->name, fb_data_dtype_name(dtype), numel,
+                         vocab, labels ? "labels" : "no labels");
             goto done;
         }
         if (!fb_manifest_find_split(&old, o->split) && old.n_splits >= FB_MANIFEST_MAX_SPLITS) {
@@ -230,7 +260,7 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
         goto done;
     }
     fb_import_result r = {.samples = n, .shards = n_shards};
-    if ((rc = import_write_shards(&r, shards, &pl, o, dtype, values, labels, n, msg, msg_cap)))
+    if ((rc = import_write_shards(&r, shards, &pl, o, dtype, src, labels, n, msg, msg_cap)))
         goto done;
 
     /* the new manifest: the old one's other splits, then this split */
@@ -239,8 +269,9 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
     m.ndim = ndim;
     memcpy(m.shape, shape, (size_t)ndim * sizeof *shape);
     m.sample_numel = numel;
-    m.n_classes = pl.max_label + 1 < 2 ? 2 : pl.max_label + 1;
-    if (have_old && old.n_classes > m.n_classes) m.n_classes = old.n_classes;
+    m.vocab = vocab;
+    m.n_classes = !labels ? 0 : pl.max_label + 1 < 2 ? 2 : pl.max_label + 1;
+    if (labels && have_old && old.n_classes > m.n_classes) m.n_classes = old.n_classes;
     for (int i = 0; i < old.n_splits; i++)
         if (strcmp(old.splits[i].name, o->split) != 0) m.splits[m.n_splits++] = old.splits[i];
     fb_manifest_split *ns = &m.splits[m.n_splits++];
@@ -253,6 +284,7 @@ int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dt
     if (!rc) {
         remove_stale(&m, o->out_dir, o->split);
         r.n_classes = m.n_classes;
+        r.vocab = m.vocab;
         if (res) *res = r;
     }
 done:
@@ -260,6 +292,46 @@ done:
     free(shards);
     fb_manifest_free(&old);
     return rc;
+}
+
+int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
+                      int ndim, const int64_t *shape, const void *values, const int32_t *labels,
+                      int64_t n, char *msg, size_t msg_cap)
+{
+    if (!labels && n)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import: NULL argument");
+    if (dtype == FB_DTYPE_I32)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "int32 token records are imported by fb_datadir_import_tokens");
+    import_src src = {.values = values};
+    return import_records(res, o, dtype, ndim, shape, &src, labels, n, 0, msg, msg_cap);
+}
+
+int fb_datadir_import_tokens(fb_import_result *res, const fb_import_opts *o, const uint8_t *text,
+                             size_t len, int64_t context, int64_t stride, char *msg,
+                             size_t msg_cap)
+{
+    if (!text && len)
+        return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "fb_datadir_import_tokens: NULL argument");
+    if (context < 1 || context > FB_TEXT_MAX_CONTEXT)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "context %" PRId64 "; allowed 1 to %d tokens", context, FB_TEXT_MAX_CONTEXT);
+    if (stride < 1 || stride > FB_TEXT_MAX_STRIDE)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "stride %" PRId64 "; allowed 1 to %" PRId64 " bytes", stride,
+                       (int64_t)FB_TEXT_MAX_STRIDE);
+    if (len > FB_TEXT_MAX_BYTES)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "the text has %zu bytes; at most %zu", len,
+                       FB_TEXT_MAX_BYTES);
+    if (len < (size_t)context + 1)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "the text has %zu bytes; a record needs context + 1 = %" PRId64, len,
+                       context + 1);
+    int64_t n = ((int64_t)len - (context + 1)) / stride + 1;
+    int64_t shape[1] = {context + 1};
+    import_src src = {.text = text, .stride = stride};
+    return import_records(res, o, FB_DTYPE_I32, 1, shape, &src, NULL, n, FB_TEXT_VOCAB, msg,
+                          msg_cap);
 }
 
 int fb_datadir_import_idx(fb_import_result *res, const fb_import_opts *o, const char *images,
@@ -657,14 +729,7 @@ int fb_datadir_verify_shard(fb_verify_result *res, const fb_manifest *m, const c
     for (int64_t c = 0; c < mt->chunks; c++) {
         fb_shard_chunk ch;
         if ((rc = fb_shard_read_chunk(&ch, NULL, 0, s, r, c, msg, msg_cap))) goto done;
-        for (int64_t i = 0; i < ch.records; i++)
-            if (ch.labels[i] < 0 || ch.labels[i] >= m->n_classes) {
-                rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                             "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
-                             ", outside [0, %d) of the manifest",
-                             path, c, ch.first_record + i, ch.labels[i], m->n_classes);
-                goto done;
-            }
+        if ((rc = fb_manifest_check_chunk(m, &ch, path, msg, msg_cap))) goto done;
     }
     uint32_t crc;
     uint64_t bytes;
@@ -753,23 +818,14 @@ int fb_datadir_load_split_part(fb_dataset *out, const char *dir, const char *spl
         for (int64_t c = 0; c < mt->chunks; c++) {
             fb_shard_chunk ch;
             if ((rc = fb_shard_read_chunk(&ch, NULL, 0, s, r, c, msg, msg_cap))) goto done;
+            if ((rc = fb_manifest_check_chunk(&m, &ch, path, msg, msg_cap))) goto done;
             for (int64_t k = 0; k < ch.records; k++, rec++) {
-                if (ch.labels[k] < 0 || ch.labels[k] >= m.n_classes) {
-                    rc = fb_errf(msg, msg_cap, FB_ERR_DATA,
-                                 "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
-                                 ", outside [0, %d) of the manifest",
-                                 path, c, ch.first_record + k, ch.labels[k], m.n_classes);
-                    goto done;
-                }
                 if (!in_part(rec, part, val_fraction)) continue;
                 y[at] = ch.labels[k];
-                float *dst = x + at++ * numel;
-                if (m.dtype == FB_DTYPE_U8) {
-                    const uint8_t *src = (const uint8_t *)ch.values + k * numel;
-                    for (int64_t v = 0; v < numel; v++) dst[v] = (float)src[v] / 255.0f;
-                } else {
-                    memcpy(dst, (const float *)ch.values + k * numel, (size_t)numel * sizeof *dst);
-                }
+                fb_data_values_to_float(x + at++ * numel, m.dtype,
+                                        (const uint8_t *)ch.values +
+                                            (size_t)(k * numel) * fb_data_dtype_size(m.dtype),
+                                        numel);
             }
         }
         fb_shard_close(r);

@@ -31,6 +31,13 @@
 #define FB_IMPORT_DEFAULT_SHARD_BYTES ((int64_t)64 << 20)  /* decoded bytes per shard */
 #define FB_IMPORT_DEFAULT_LEVEL 3
 #define FB_CSV_MAX_BYTES ((size_t)1 << 30)
+#define FB_TEXT_MAX_BYTES ((size_t)1 << 30) /* the whole text of an import */
+#define FB_TEXT_MAX_CONTEXT 65536            /* tokens a record predicts from */
+#define FB_TEXT_MAX_STRIDE ((int64_t)1 << 30)
+#define FB_TEXT_VOCAB 256 /* byte-level tokens */
+#define FB_TEXT_MAX_FILES 64
+#define FB_TEXT_PATH_MAX 4096
+#define FB_TEXT_LICENSES_DIR "/usr/share/common-licenses"
 
 typedef struct fb_import_opts {
     const char *out_dir;   /* the dataset directory (created if missing) */
@@ -45,7 +52,8 @@ typedef struct fb_import_opts {
 typedef struct fb_import_result {
     int64_t samples, shards, chunks;
     uint64_t bytes, raw_bytes;
-    int n_classes;
+    int n_classes; /* 0: no labels */
+    int64_t vocab; /* token datasets; 0 for the others */
 } fb_import_result;
 
 /*
@@ -53,12 +61,48 @@ typedef struct fb_import_result {
  * shape[0..ndim), ndim 1 or 3) and labels [n] (each in [0, 2^24)) as split
  * o->split of the dataset in o->out_dir.  The manifest's class count
  * becomes the largest label + 1 (at least 2, and never less than before).
+ * dtype is uint8 or float32 (token records: fb_datadir_import_tokens).
  * FB_ERR_OUT_OF_RANGE for bad options, FB_ERR_DATA for bad records or a
  * directory holding a different dataset, FB_ERR_IO, FB_ERR_NOMEM.
  */
 int fb_datadir_import(fb_import_result *res, const fb_import_opts *o, fb_data_dtype dtype,
                       int ndim, const int64_t *shape, const void *values, const int32_t *labels,
                       int64_t n, char *msg, size_t msg_cap);
+
+/*
+ * Imports len bytes of text as byte-level tokens (vocab FB_TEXT_VOCAB, ids
+ * 0..255): record i holds the context + 1 bytes from i * stride on, as int32
+ * ids, so there are (len - context - 1) / stride + 1 records (bytes after
+ * the last whole record are left out).  The dataset has no labels (label 0
+ * in the shards, "label": null).  FB_ERR_OUT_OF_RANGE for a context outside
+ * 1..FB_TEXT_MAX_CONTEXT or a stride outside 1..FB_TEXT_MAX_STRIDE,
+ * FB_ERR_DATA for a text shorter than context + 1 or longer than
+ * FB_TEXT_MAX_BYTES; others as fb_datadir_import.
+ */
+int fb_datadir_import_tokens(fb_import_result *res, const fb_import_opts *o, const uint8_t *text,
+                             size_t len, int64_t context, int64_t stride, char *msg,
+                             size_t msg_cap);
+
+/*
+ * fb_datadir_import_tokens of the n_files files (1..FB_TEXT_MAX_FILES), read
+ * whole and joined in the order given; a newline is put after a file that
+ * does not end with one, so that two files never share a line.  A file that
+ * is missing, unreadable or empty is an error naming it (FB_ERR_DATA for
+ * missing or empty, FB_ERR_IO for unreadable).
+ */
+int fb_datadir_import_text(fb_import_result *res, const fb_import_opts *o,
+                           const char *const *files, int n_files, int64_t context, int64_t stride,
+                           char *msg, size_t msg_cap);
+
+/*
+ * The built-in text corpora: "licenses", the licence texts every Debian
+ * system has under dir (FB_TEXT_LICENSES_DIR when NULL): GPL-3, GPL-2,
+ * LGPL-3, LGPL-2.1, Apache-2.0, Artistic, BSD, in that order.  Fills
+ * paths[0..*n) and returns 0; FB_ERR_OUT_OF_RANGE for an
+ * unknown corpus name, FB_ERR_DATA naming the first file that is missing.
+ */
+int fb_datadir_builtin_text(char paths[][FB_TEXT_PATH_MAX], int *n, const char *corpus,
+                            const char *dir, char *msg, size_t msg_cap);
 
 /*
  * Imports an IDX pair (raw or gzip): images of unsigned bytes [N, H, W]
@@ -103,7 +147,8 @@ int fb_datadir_verify_shard(fb_verify_result *res, const fb_manifest *m, const c
 
 /*
  * Loads a whole split of a fixed-record dataset into memory, in file order,
- * as an fb_dataset (uint8 values become value / 255; shape [F] becomes
+ * as an fb_dataset (uint8 values become value / 255, int32 token ids exact
+ * float values, y 0 for a dataset without labels; shape [F] becomes
  * C = 1, H = 1, W = F).  FB_ERR_NOT_FOUND for an unknown split,
  * FB_ERR_UNSUPPORTED for variable records, FB_ERR_DATA, FB_ERR_IO,
  * FB_ERR_NOMEM.

@@ -3,6 +3,8 @@
  *
  *   fusebox-data import idx --images F --labels F --out DIR --name NAME --split S [...]
  *   fusebox-data import csv FILE --label-column NAME|INDEX --out DIR --name NAME --split S [...]
+ *   fusebox-data import text FILE... | --builtin licenses --context T [--stride S] --out DIR
+ *                            --name NAME --split S [...]
  *   fusebox-data inspect DIR
  *   fusebox-data verify DIR
  *
@@ -33,6 +35,10 @@ static void usage(FILE *f)
             "                               --split SPLIT [options]\n"
             "       fusebox-data import csv FILE --label-column NAME|INDEX --out DIR --name NAME\n"
             "                               --split SPLIT [--header | --no-header] [options]\n"
+            "       fusebox-data import text FILE... --context T [--stride S] --out DIR\n"
+            "                               --name NAME --split SPLIT [options]\n"
+            "       fusebox-data import text --builtin licenses [--builtin-dir DIR] --context T\n"
+            "                               [--stride S] --out DIR --name NAME --split SPLIT\n"
             "       fusebox-data inspect DIR\n"
             "       fusebox-data verify DIR\n"
             "       fusebox-data --version\n"
@@ -46,9 +52,18 @@ static void usage(FILE *f)
             "  --level L          zstd level, -7..19 (default 3)\n"
             "  --header, --no-header   whether the CSV's first line names the columns\n"
             "                     (default: a header when a field of it is not a number)\n"
+            "  --context T        text: tokens a record predicts from, 1..65536; records\n"
+            "                     hold T + 1 byte-level tokens (ids 0..255, vocab 256)\n"
+            "  --stride S         text: bytes from one record's start to the next (default T)\n"
+            "  --builtin licenses text: the licence texts of /usr/share/common-licenses\n"
+            "                     (GPL-3, GPL-2, LGPL-3, LGPL-2.1, Apache-2.0, Artistic, BSD)\n"
+            "  --builtin-dir DIR  text: read the built-in corpus from DIR instead\n"
+            "Text files are joined in the order given, a newline after a file that does\n"
+            "not end with one; bytes after the last whole record are left out.\n"
             "\n"
             "inspect prints the manifest and each shard's header; verify re-reads every shard\n"
-            "and checks every checksum (file, header, index, chunks) and every label.\n"
+            "and checks every checksum (file, header, index, chunks), every label and every\n"
+            "token id.\n"
             "\n"
             "exit status: 0 ok, 1 bad data or an I/O error, 2 bad usage, 3 the output's file\n"
             "system is full\n");
@@ -75,17 +90,20 @@ static double mb(uint64_t b)
     return (double)b / 1e6;
 }
 
+static int cmd_import_text(int argc, char **argv);
+
 static int cmd_import(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "fusebox-data import: say idx or csv\n");
+        fprintf(stderr, "fusebox-data import: say idx, csv or text\n");
         usage(stderr);
         return EXIT_USAGE;
     }
     const char *kind = argv[1];
     bool csv = strcmp(kind, "csv") == 0;
+    if (strcmp(kind, "text") == 0) return cmd_import_text(argc, argv);
     if (!csv && strcmp(kind, "idx") != 0) {
-        fprintf(stderr, "fusebox-data import: unknown source \"%s\" (idx, csv)\n", kind);
+        fprintf(stderr, "fusebox-data import: unknown source \"%s\" (idx, csv, text)\n", kind);
         return EXIT_USAGE;
     }
     static const struct option lo[] = {
@@ -185,6 +203,115 @@ static int cmd_import(int argc, char **argv)
     return 0;
 }
 
+/* fusebox-data import text: files (or a built-in corpus) as byte-level token records. */
+static int cmd_import_text(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"out", required_argument, NULL, 'o'},           {"name", required_argument, NULL, 'n'},
+        {"split", required_argument, NULL, 's'},         {"context", required_argument, NULL, 'T'},
+        {"stride", required_argument, NULL, 'S'},        {"builtin", required_argument, NULL, 'B'},
+        {"builtin-dir", required_argument, NULL, 'D'},   {"level", required_argument, NULL, 'L'},
+        {"chunk-records", required_argument, NULL, 'c'},
+        {"shard-records", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    fb_import_opts o = {0};
+    const char *builtin = NULL, *builtin_dir = NULL;
+    int64_t context = 0, stride = 0, v;
+    int opt;
+    optind = 2;
+    while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (opt) {
+        case 'o': o.out_dir = optarg; break;
+        case 'n': o.name = optarg; break;
+        case 's': o.split = optarg; break;
+        case 'B': builtin = optarg; break;
+        case 'D': builtin_dir = optarg; break;
+        case 'T':
+            if (parse_i64(optarg, 1, FB_TEXT_MAX_CONTEXT, &context)) {
+                fprintf(stderr, "fusebox-data: --context needs an integer in [1, %d]\n",
+                        FB_TEXT_MAX_CONTEXT);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'S':
+            if (parse_i64(optarg, 1, FB_TEXT_MAX_STRIDE, &stride)) {
+                fprintf(stderr, "fusebox-data: --stride needs an integer in [1, %" PRId64 "]\n",
+                        FB_TEXT_MAX_STRIDE);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'c':
+            if (parse_i64(optarg, 1, FB_SHARD_MAX_CHUNK_RECORDS, &o.chunk_records)) {
+                fprintf(stderr, "fusebox-data: --chunk-records needs an integer in [1, %" PRId64
+                        "]\n", FB_SHARD_MAX_CHUNK_RECORDS);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'r':
+            if (parse_i64(optarg, 1, FB_SHARD_MAX_RECORDS, &o.shard_records)) {
+                fprintf(stderr, "fusebox-data: --shard-records needs a positive integer\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'L':
+            if (parse_i64(optarg, -7, 19, &v) || v == 0) {
+                fprintf(stderr, "fusebox-data: --level needs an integer in [-7, 19], not 0\n");
+                return EXIT_USAGE;
+            }
+            o.level = (int)v;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return EXIT_USAGE;
+        }
+    }
+    int n_files = argc - optind;
+    if (builtin ? n_files != 0 : n_files < 1) {
+        fprintf(stderr, "fusebox-data import text: give text files or --builtin licenses, "
+                        "not both\n");
+        return EXIT_USAGE;
+    }
+    if (builtin_dir && !builtin) {
+        fprintf(stderr, "fusebox-data import text: --builtin-dir is for --builtin\n");
+        return EXIT_USAGE;
+    }
+    if (n_files > FB_TEXT_MAX_FILES) {
+        fprintf(stderr, "fusebox-data import text: at most %d files\n", FB_TEXT_MAX_FILES);
+        return EXIT_USAGE;
+    }
+    if (!context) {
+        fprintf(stderr, "fusebox-data import text: --context is required\n");
+        return EXIT_USAGE;
+    }
+    if (!o.out_dir || !o.name || !o.split) {
+        fprintf(stderr, "fusebox-data import: --out, --name and --split are required\n");
+        return EXIT_USAGE;
+    }
+    static char paths[FB_TEXT_MAX_FILES][FB_TEXT_PATH_MAX];
+    const char *files[FB_TEXT_MAX_FILES];
+    char msg[1024];
+    int err = 0;
+    if (builtin) {
+        err = fb_datadir_builtin_text(paths, &n_files, builtin, builtin_dir, msg, sizeof msg);
+        for (int i = 0; !err && i < n_files; i++) files[i] = paths[i];
+    } else {
+        for (int i = 0; i < n_files; i++) files[i] = argv[optind + i];
+    }
+    fb_import_result r;
+    if (!err)
+        err = fb_datadir_import_text(&r, &o, files, n_files, context, stride ? stride : context,
+                                     msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "fusebox-data: %s (%s)\n", msg, fb_err_code(err));
+        return exit_for(err);
+    }
+    printf("imported %" PRId64 " records of %" PRId64 " tokens as %s/%s in %s: %" PRId64
+           " shard%s, %" PRId64 " chunk%s, %.2f MB of records stored in %.2f MB, vocab %" PRId64
+           ", no labels\n",
+           r.samples, context + 1, o.name, o.split, o.out_dir, r.shards, r.shards == 1 ? "" : "s",
+           r.chunks, r.chunks == 1 ? "" : "s", mb(r.raw_bytes), mb(r.bytes), r.vocab);
+    return 0;
+}
+
 static int load_manifest(fb_manifest *m, const char *dir)
 {
     char path[4200], msg[1024];
@@ -227,7 +354,11 @@ static int cmd_inspect(int argc, char **argv)
            FB_MANIFEST_VERSION, FB_SHARD_VERSION);
     printf("samples   %s ", fb_data_dtype_name(m.dtype));
     print_shape(&m);
-    printf(", labels int32 in [0, %d)\n", m.n_classes);
+    if (m.vocab) printf(", token ids in [0, %" PRId64 ")", m.vocab);
+    if (m.n_classes)
+        printf(", labels int32 in [0, %d)\n", m.n_classes);
+    else
+        printf(", no labels\n");
     int bad = 0;
     for (int s = 0; s < m.n_splits; s++) {
         const fb_manifest_split *sp = &m.splits[s];

@@ -105,7 +105,6 @@ struct fb_loader {
     fb_shard_reader **readers;
     gchunk *chunks;
     int64_t G, n, numel, min_chunk;
-    int n_classes;
     int64_t N;
     bool shuffle, drop_last;
     uint64_t seed;
@@ -466,15 +465,8 @@ static int decode_chunk(fb_loader *l, fb_shard_scratch *sc, wslot *w, int64_t j,
     int rc =
         fb_shard_read_chunk(&w->view[j], w->buf[j], w->buf_cap[j], sc, r, gc->chunk, msg, msg_cap);
     if (rc) return rc;
-    const int32_t *lab = w->view[j].labels;
-    for (int64_t i = 0; i < gc->records; i++)
-        if (lab[i] < 0 || lab[i] >= l->n_classes)
-            return fb_errf(msg, msg_cap, FB_ERR_DATA,
-                           "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
-                           ", outside [0, %d) of the manifest",
-                           fb_shard_name(r), gc->chunk, w->view[j].first_record + i, lab[i],
-                           l->n_classes);
-    return 0;
+    /* labels within the classes (0 without labels), token ids within the vocab */
+    return fb_manifest_check_chunk(&l->m, &w->view[j], fb_shard_name(r), msg, msg_cap);
 }
 
 /* Fills batch slot b with g's part from the windows in list (outside the lock). */
@@ -499,12 +491,10 @@ static void assemble(const fb_loader *l, bslot *b, const geom *g, wslot *const *
         int64_t i = r - w->cstart[a], o = p - g->lo;
         float *dst = b->x + o * numel;
         b->y[o] = c->labels[i];
-        if (l->m.dtype == FB_DTYPE_U8) {
-            const uint8_t *src = (const uint8_t *)c->values + i * numel;
-            for (int64_t v = 0; v < numel; v++) dst[v] = (float)src[v] / 255.0f;
-        } else {
-            memcpy(dst, (const float *)c->values + i * numel, (size_t)numel * sizeof *dst);
-        }
+        fb_data_values_to_float(dst, l->m.dtype,
+                                (const uint8_t *)c->values +
+                                    (size_t)(i * numel) * fb_data_dtype_size(l->m.dtype),
+                                numel);
     }
     b->n = g->hi - g->lo;
     b->gn = g->gn;
@@ -761,7 +751,6 @@ static int loader_open_dataset(fb_loader *l, const fb_loader_opts *o, char *msg,
     l->val_fraction = o->val_fraction;
     if ((rc = open_shards(l, o->dir, staged, msg, msg_cap))) goto done;
     l->numel = l->m.sample_numel;
-    l->n_classes = l->m.n_classes;
     l->N = o->batch_size;
     l->shuffle = o->shuffle;
     l->drop_last = o->drop_last;

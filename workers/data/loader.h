@@ -29,9 +29,9 @@
  *
  * Threads.  Reader threads read (one pread per chunk), check and decompress
  * the chunks of upcoming windows and assemble batches (uint8 values become
- * value / 255, float32 values are copied) into a bounded queue.  The caller's
- * fb_loader_next waits only when the next batch is not ready yet, and
- * reports how long it waited.  With a cache directory the split's shards are
+ * value / 255, float32 values are copied, int32 ids become exact floats)
+ * into a bounded queue.  The caller's fb_loader_next waits only when the
+ * next batch is not ready yet, and reports how long it waited.  With a cache directory the split's shards are
  * first staged there (stage.h) and read from the local copies.
  *
  * Validation.  With val_fraction f > 0 the records fb_data_held_out picks
@@ -42,8 +42,12 @@
  * (fb_datadir_load_split_part), the same for every data_seed, member, rank
  * split and thread count.  f = 0 gives exactly the order described above.
  *
- * A bad chunk (checksum, truncation, labels outside [0, classes)) stops the
- * loader: fb_loader_next returns FB_ERR_DATA naming the file and chunk.
+ * Values arrive as floats: uint8 as value / 255, float32 as stored, int32
+ * token ids as exact float values; a dataset without labels delivers y = 0.
+ *
+ * A bad chunk (checksum, truncation, labels outside [0, classes), a token id
+ * outside [0, vocab)) stops the loader: fb_loader_next returns FB_ERR_DATA
+ * naming the file, chunk and record.
  *
  * Functions that can fail return 0 or a negative fb_err and fill the
  * caller's message buffer (msg, msg_cap); on failure outputs are untouched.

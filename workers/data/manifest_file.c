@@ -199,3 +199,46 @@ int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *s
     return 0;
 }
 
+
+int fb_manifest_check_chunk(const fb_manifest *m, const fb_shard_chunk *ch, const char *path,
+                            char *msg, size_t msg_cap)
+{
+    for (int64_t i = 0; i < ch->records; i++) {
+        int32_t lab = ch->labels[i];
+        if (m->n_classes == 0 && lab != 0)
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
+                           "; the dataset has no labels (label 0 for every record)",
+                           path, ch->index, ch->first_record + i, lab);
+        if (m->n_classes > 0 && (lab < 0 || lab >= m->n_classes))
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "%s: chunk %" PRId64 ": record %" PRId64 " has label %" PRId32
+                           ", outside [0, %d) of the manifest",
+                           path, ch->index, ch->first_record + i, lab, m->n_classes);
+    }
+    if (m->dtype != FB_DTYPE_I32) return 0;
+    const int32_t *ids = ch->values;
+    int64_t n = (int64_t)(ch->values_bytes / sizeof *ids), numel = m->sample_numel;
+    for (int64_t k = 0; k < n; k++)
+        if (ids[k] < 0 || ids[k] >= m->vocab)
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "%s: chunk %" PRId64 ": record %" PRId64 " has token id %" PRId32
+                           " at position %" PRId64 ", outside [0, %" PRId64
+                           ") of the manifest's vocab",
+                           path, ch->index, ch->first_record + k / numel, ids[k], k % numel,
+                           m->vocab);
+    return 0;
+}
+
+void fb_data_values_to_float(float *dst, fb_data_dtype dtype, const void *src, int64_t n)
+{
+    if (dtype == FB_DTYPE_U8) {
+        const uint8_t *u = src;
+        for (int64_t v = 0; v < n; v++) dst[v] = (float)u[v] / 255.0f;
+    } else if (dtype == FB_DTYPE_I32) {
+        const int32_t *t = src;
+        for (int64_t v = 0; v < n; v++) dst[v] = (float)t[v];
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+    }
+}

@@ -36,4 +36,20 @@ int fb_manifest_write(const char *path, const fb_manifest *m, char *msg, size_t 
 int fb_manifest_check_files(const fb_manifest *m, const char *dir, const char *split, char *msg,
                             size_t msg_cap);
 
+/*
+ * Checks the records of a decoded chunk ch of dataset m, read from the file
+ * path: every label in [0, n_classes) (0 for a dataset without labels) and,
+ * for a token dataset, every id in [0, vocab).  FB_ERR_DATA naming the file,
+ * the chunk and the record (and, for an id, its position in the record).
+ */
+int fb_manifest_check_chunk(const fb_manifest *m, const fb_shard_chunk *ch, const char *path,
+                            char *msg, size_t msg_cap);
+
+/*
+ * Converts n stored values of dtype to the floats the loader delivers:
+ * uint8 as value / 255, float32 as stored, int32 token ids as exact float
+ * values (ids of a checked chunk are below 2^24, so exact).
+ */
+void fb_data_values_to_float(float *dst, fb_data_dtype dtype, const void *src, int64_t n);
+
 #endif

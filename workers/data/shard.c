@@ -575,8 +575,8 @@ static int shard_load(fb_shard_reader *r, char *msg, size_t msg_cap)
     int dtype = get_u16(h + 16);
     size_t esz = fb_data_dtype_size(dtype);
     if (!esz)
-        return shard_bad(r, msg, msg_cap, "unknown sample dtype code %d (1 uint8, 2 float32)",
-                         dtype);
+        return shard_bad(r, msg, msg_cap,
+                         "unknown sample dtype code %d (1 uint8, 2 float32, 3 int32)", dtype);
     if (get_u16(h + 18) != FB_SHARD_CODEC_ZSTD)
         return shard_bad(r, msg, msg_cap, "unknown codec %d (1 zstd)", get_u16(h + 18));
     uint32_t flags = get_u32(h + 20);
