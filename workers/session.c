@@ -126,7 +126,8 @@ static int check_token_data(const fb_job_spec *s, const fb_dataset *ds, const ch
 }
 
 /* A token model against the manifest of a shard dataset read by a loader, whose train
- * records are not in memory for check_token_data to scan. */
+ * records are not in memory for check_token_data to scan: token ids (int32, within the
+ * model's vocab, or float32 values the array checks as they arrive), not images. */
 static int check_token_manifest(const fb_job_spec *s, const fb_manifest *m, char *msg,
                                 size_t msg_cap)
 {
@@ -136,6 +137,11 @@ static int check_token_manifest(const fb_job_spec *s, const fb_manifest *m, char
                        "(model.input.tokens) reads token ids: an int32 dataset, or float32 "
                        "values that are ids",
                        s->dataset);
+    if (m->dtype == FB_DTYPE_I32 && m->vocab > s->vocab)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s has a vocabulary of %lld tokens; the model's model.input.vocab "
+                       "is %lld",
+                       s->dataset, (long long)m->vocab, (long long)s->vocab);
     return FB_OK;
 }
 

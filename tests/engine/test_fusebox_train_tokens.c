@@ -2,11 +2,11 @@
  * A token model through fusebox-train end to end: the real binaries, real
  * files.
  *
- * The GPL-3 licence text every Debian system carries is cut into records of
- * T + 1 = 17 consecutive bytes (byte-level tokens, vocab 256), written as a
- * CSV of ids and imported with fusebox-data (train and test splits; a float
- * dataset whose values are exact ids is what the loaders deliver for token
- * datasets).  Then:
+ * fusebox-data imports the built-in licence corpus as a byte-level token
+ * dataset (import text --builtin licenses: records of T + 1 = 17 bytes,
+ * vocab 256, no labels) for training and the MPL-2.0 text as its test
+ * split; the GPL-3 text also goes in as a CSV of ids with labels (a float32
+ * dataset whose values are ids, which token models take too).  Then:
  *   - a two-block character language model trains 80 steps through
  *     fusebox-train: the mean loss of the last 10 steps is at least 1.0
  *     below the first step's (ln 256 = 5.5 at the start), the done event
@@ -14,8 +14,9 @@
  *     PyTorch names and shapes ("2.attn.in_proj_weight" [96, 32], ...);
  *   - a dataset that does not fit the model exits 1 before training, with a
  *     message naming the problem: records of the wrong length for T (a
- *     language model reads T + 1), ids at or beyond the model's vocab, an
- *     image (uint8) dataset of the right length.
+ *     language model reads T + 1), a vocabulary larger than the model's, ids
+ *     at or beyond the model's vocab, an image (uint8) dataset of the right
+ *     length, a pooled classifier on a dataset without labels.
  */
 #include "engine_util.h"
 
@@ -84,6 +85,25 @@ static void result_free(result *r)
 
 /* Records of T + 1 bytes of text from offset lo, every T bytes, up to hi, as a
  * CSV of ids and a label column, imported as split of dataset "licence-lm". */
+/* The licence corpus (train) and another licence (test) as the token dataset "licenses". */
+static void import_text(void)
+{
+    char out[1200], ctx[16];
+    snprintf(out, sizeof out, "%s/licenses", data_dir);
+    snprintf(ctx, sizeof ctx, "%d", T);
+    const char *a1[] = {data_bin, "import", "text", "--builtin", "licenses", "--context", ctx,
+                        "--out", out, "--name", "licenses", "--split", "train", NULL};
+    const char *a2[] = {data_bin, "import", "text", "/usr/share/common-licenses/MPL-2.0",
+                        "--context", ctx, "--out", out, "--name", "licenses", "--split", "test",
+                        NULL};
+    for (int k = 0; k < 2; k++) {
+        result r = run(k ? a2 : a1);
+        if (r.rc != 0) fprintf(stderr, "fusebox-data: %s\n", r.err);
+        CHECK_INT_EQ(r.rc, 0);
+        result_free(&r);
+    }
+}
+
 static void import_split(const char *text, size_t lo, size_t hi, const char *split)
 {
     char csv[1200], out[1200];
@@ -153,7 +173,7 @@ static void write_spec_on(const char *path, const char *dataset, int tokens, int
 
 static void write_spec(const char *path, int tokens, int vocab, int steps)
 {
-    write_spec_on(path, "licence-lm", tokens, vocab, steps);
+    write_spec_on(path, "licenses", tokens, vocab, steps);
 }
 
 static void test_train(void)
@@ -228,7 +248,10 @@ static void test_mismatch(void)
     } cases[] = {
         {"T + 1 != record", "licence-lm", 20, 256, "reads records of 21 tokens"},
         {"T + 1 = 18", "licence-lm", 17, 256, "reads records of 18 tokens"},
-        {"vocab too small", "licence-lm", T, 100, "not a token id below the model's vocab 100"},
+        {"vocab too small", "licenses", T, 100,
+         "dataset licenses has a vocabulary of 256 tokens; the model's model.input.vocab is 100"},
+        {"ids beyond vocab (float32 ids)", "licence-lm", T, 100,
+         "not a token id below the model's vocab 100"},
         {"image dataset", "images", T, 256, "dataset images holds uint8 samples (images)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -244,6 +267,27 @@ static void test_mismatch(void)
         CHECK(!et_exists(out) || et_dir_entries(out) == 0);
         result_free(&r);
     }
+}
+
+/* A pooled classifier on the label-less corpus. */
+static void test_pool_without_labels(void)
+{
+    char spec[1200], out[1200];
+    snprintf(spec, sizeof spec, "%s/pool.json", root);
+    snprintf(out, sizeof out, "%s/pool-out", root);
+    FILE *f = fopen(spec, "w");
+    CHECK(f != NULL);
+    fprintf(f, "{\"dataset\":\"licenses\",\"model\":{\"input\":{\"tokens\":17,\"vocab\":256},"
+               "\"layers\":[{\"type\":\"embedding\",\"dim\":8},{\"type\":\"pool\"},"
+               "{\"type\":\"linear\",\"out\":2}]},\"batch_size\":4,\"steps\":2,"
+               "\"optimizer\":{\"type\":\"adam\",\"lr\":0.001}}");
+    CHECK(fclose(f) == 0);
+    const char *argv[] = {train_bin, spec, "--out", out, NULL};
+    result r = run(argv);
+    printf("pool on a label-less dataset -> exit %d: %s", r.rc, r.err);
+    CHECK_INT_EQ(r.rc, 1);
+    CHECK(strstr(r.err, "dataset licenses (train) has no labels") != NULL);
+    result_free(&r);
 }
 
 int main(void)
@@ -273,11 +317,13 @@ int main(void)
     import_split(text, 0, len * 9 / 10, "train");
     import_split(text, len * 9 / 10, len, "test");
     import_images();
+    import_text();
     free(text);
     CHECK(chdir(root) == 0);
 
     test_train();
     test_mismatch();
+    test_pool_without_labels();
 
     CHECK(chdir("/") == 0);
     et_rmtree(root);
