@@ -145,6 +145,20 @@ static int check_token_manifest(const fb_job_spec *s, const fb_manifest *m, char
     return FB_OK;
 }
 
+/* What a token model's session needs besides its data (check_data): one device, since its
+ * loss is a mean over N*T positions, which the engines that split a batch do not scale for
+ * (the spec refuses parallel for them, docs/jobspec.md), and a fitting loader's manifest. */
+static int check_token_run(const fb_job_spec *s, const fb_train_opts *o, char *msg,
+                           size_t msg_cap)
+{
+    if (!o) return FB_OK;
+    if (o->pipeline > 1 || o->n_devices > 1 || o->comm || o->control_comm)
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "job %s: token models (model.input.tokens) train on one device", s->name);
+    return o->loader ? check_token_manifest(s, fb_loader_manifest(o->loader), msg, msg_cap)
+                     : FB_OK;
+}
+
 static int check_data(const fb_job_spec *s, int K, const fb_dataset *ds, const char *split,
                       char *msg, size_t msg_cap)
 {
@@ -214,9 +228,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     int K = (int)fb_shape_numel(&s0->output);
     int err;
     if ((err = check_data(s0, K, train, "train", msg, msg_cap))) return err;
-    if (opts && opts->loader && s0->tokens &&
-        (err = check_token_manifest(s0, fb_loader_manifest(opts->loader), msg, msg_cap)))
-        return err;
+    if (s0->tokens && (err = check_token_run(s0, opts, msg, msg_cap))) return err;
     /* an empty validation set (val_fraction 0) is none */
     if (val && val->n == 0) val = NULL;
     const fb_dataset *test = opts ? opts->test : NULL;
@@ -304,14 +316,6 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     }
     s->shards = 1;
     /* the engine: pipeline stages, data-parallel replicas, or the array on one device */
-    if (s0->tokens && (s->opts.pipeline > 1 || s->opts.n_devices > 1 || s->opts.comm ||
-                       s->opts.control_comm)) {
-        /* their loss is a mean over N*T positions, which the engines that split a batch do
-         * not scale for (the spec refuses parallel for them, docs/jobspec.md) */
-        err = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
-                      "job %s: token models (model.input.tokens) train on one device", s0->name);
-        goto fail;
-    }
     if (s->opts.pipeline > 1)
         s->engine = &fb_session_engine_pipeline;
     else if (s->opts.n_devices > 1 || s->opts.comm || s->opts.control_comm)

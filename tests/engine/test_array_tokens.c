@@ -310,6 +310,23 @@ static void check_session_data(void)
         free(ds.y);
         et_spec_free(s);
     }
+    /* more than one device: refused before anything is built */
+    fb_job_spec *s = et_spec(lm_spec, 0, 0.0, 1e-3, 1);
+    const fb_job_spec *sp[1] = {s};
+    fb_dataset ds = {.n = 16, .C = 1, .H = 1, .W = T + 1, .n_classes = 0};
+    ds.x = calloc(16 * (T + 1), sizeof *ds.x);
+    ds.y = calloc(16, sizeof *ds.y);
+    CHECK(ds.x && ds.y);
+    fb_train_opts o = {.n_devices = 2};
+    fb_session *ss = NULL;
+    char msg[512] = "";
+    int err = fb_session_new(&ss, fb_backend_cpu(), sp, 1, &ds, NULL, &o, msg, sizeof msg);
+    printf("session on 2 devices -> %s %s\n", fb_err_code(err), msg);
+    CHECK_INT_EQ(err, FB_ERR_UNSUPPORTED);
+    CHECK(ss == NULL && strstr(msg, "train on one device") != NULL);
+    free(ds.x);
+    free(ds.y);
+    et_spec_free(s);
 }
 
 int main(void)
