@@ -44,7 +44,6 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define CTL_ENDPOINT "inproc://fusebox-dispatch-ctl"
 #define MAX_WORKERS 4096
-#define MAX_KEYS 4096
 #define MAX_PENDING_PROGRESS 100000     /* progress messages kept while PostgreSQL is away */
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
@@ -563,6 +562,12 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
                     json_pack("{s:s, s:s}", "routing_id", name, "worker", m->worker));
         return;
     }
+    if (!dsp_key_allowed(d, d->msg_key, false)) {
+        /* let in at its handshake, revoked since: it never registers again */
+        fb_log_json(FB_LOG_WARN, "HELLO from a worker whose key was revoked; dropped",
+                    json_pack("{s:s}", "worker", name));
+        return;
+    }
     worker *w = dsp_find_worker(d, name);
     char id[FB_WIRE_ID_LEN + 1];
     if (w && hello_same(d, w, m)) {
@@ -605,6 +610,7 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
     snprintf(w->version, sizeof w->version, "%s", m->version);
     w->hello_ms = now;
 registered:
+    snprintf(w->key, sizeof w->key, "%s", d->msg_key);
     w->last_seen_ms = now;
     w->draining = false;
     w->n_devices = m->n_devices;
@@ -889,6 +895,9 @@ static void on_message(fb_dispatch *d)
                     json_pack("{s:s, s:s}", "worker", name, "error", err));
         goto done;
     }
+    /* the CURVE key of its connection (the user id the ZAP handler gave it) */
+    const char *uid = zmq_msg_gets(&fr[1], "User-Id");
+    snprintf(d->msg_key, sizeof d->msg_key, "%s", uid && strlen(uid) == 40 ? uid : "");
     worker *w = dsp_find_worker(d, name);
     /* the time it was read, for every decision on it (reconcile), taken before any answer */
     int64_t now = fb_clock_ms();
@@ -937,77 +946,6 @@ free_msg:
 done:
     for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
     free(fr);
-}
-
-/* ---- ZAP: only listed worker keys get in ---------------------------------- */
-
-static void reload_keys(fb_dispatch *d)
-{
-    struct stat st;
-    if (stat(d->cfg.worker_keys, &st) != 0) {
-        if (!d->keys_missing_said)
-            fb_log_json(FB_LOG_WARN, "no worker keys file; no worker can connect",
-                        json_pack("{s:s}", "path", d->cfg.worker_keys));
-        d->keys_missing_said = true;
-        d->n_keys = 0;
-        return;
-    }
-    d->keys_missing_said = false;
-    if (st.st_mtim.tv_sec == d->keys_mtime.tv_sec && st.st_mtim.tv_nsec == d->keys_mtime.tv_nsec)
-        return;
-    char err[256];
-    int n = 0;
-    if (fb_wire_keys_load(d->cfg.worker_keys, d->keys, MAX_KEYS, &n, err, sizeof err)) {
-        fb_log_json(FB_LOG_ERROR, "the worker keys file is invalid; keeping the previous list",
-                    json_pack("{s:s, s:s}", "path", d->cfg.worker_keys, "error", err));
-    } else {
-        d->n_keys = n;
-        fb_log_json(FB_LOG_INFO, "worker keys loaded",
-                    json_pack("{s:s, s:i}", "path", d->cfg.worker_keys, "keys", n));
-    }
-    d->keys_mtime = st.st_mtim;
-}
-
-static void on_zap(fb_dispatch *d)
-{
-    zmq_msg_t fr[8];
-    int n = 0;
-    bool more = true;
-    while (more) {
-        zmq_msg_t tmp;
-        zmq_msg_init(&tmp);
-        if (zmq_msg_recv(&tmp, d->zap, 0) < 0) {
-            zmq_msg_close(&tmp);
-            break;
-        }
-        more = zmq_msg_more(&tmp);
-        if (n < 8)
-            fr[n++] = tmp;
-        else
-            zmq_msg_close(&tmp);
-    }
-    /* version, request id, domain, address, identity, mechanism, client key */
-    bool ok = false;
-    char key[41] = "";
-    if (n >= 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
-        zmq_msg_size(&fr[6]) == 32) {
-        zmq_z85_encode(key, zmq_msg_data(&fr[6]), 32);
-        for (int i = 0; i < d->n_keys && !ok; i++) ok = sodium_memcmp(d->keys[i], key, 40) == 0;
-    }
-    if (!ok)
-        fb_log_json(FB_LOG_WARN, "refused a worker connection: unknown key",
-                    json_pack("{s:s}", "key", key[0] ? key : "(none)"));
-    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "unknown worker key";
-    zmq_send(d->zap, "1.0", 3, ZMQ_SNDMORE);
-    if (n >= 2)
-        zmq_send(d->zap, zmq_msg_data(&fr[1]), zmq_msg_size(&fr[1]), ZMQ_SNDMORE);
-    else
-        zmq_send(d->zap, "", 0, ZMQ_SNDMORE);
-    zmq_send(d->zap, status, 3, ZMQ_SNDMORE);
-    zmq_send(d->zap, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(d->zap, ok ? key : "", ok ? 40 : 0, ZMQ_SNDMORE);
-    zmq_send(d->zap, "", 0, 0);
-    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
 }
 
 /* ---- the tick ------------------------------------------------------------ */
@@ -1109,7 +1047,7 @@ static void tick(fb_dispatch *d)
 {
     int64_t t = fb_clock_ms();
     d->ticks++;
-    reload_keys(d);
+    dsp_keys_reload(d);
     /* what waits on the socket first, all of it: a busy loop must not call a worker silent
      * whose heartbeats are queued here, nor requeue an array whose last checkpoint is; when
      * a flood keeps the socket from emptying, each worker is judged only once its own
@@ -1120,6 +1058,17 @@ static void tick(fb_dispatch *d)
      * checkpoint, a detachment with its state or a finished job that arrived before the
      * decision must count in it (docs/wire.md, "Re-queueing") */
     dsp_flush_events(d);
+    /* workers whose key was revoked are lost at once */
+    for (int i = 0; i < d->n_workers; i++) {
+        worker *w = &d->workers[i];
+        if (dsp_key_allowed(d, w->key, false)) continue;
+        fb_log_json(FB_LOG_WARN, "worker dropped: its key was revoked",
+                    json_pack("{s:s}", "worker", w->name));
+        const char *v[1] = {w->name};
+        if (dsp_db_ok(d)) dsp_exec(d, sql_worker_lost, 1, v);
+        drop_worker(d, w);
+        i--;
+    }
     /* silent workers are lost */
     for (int i = 0; i < d->n_workers; i++) {
         worker *w = &d->workers[i];
@@ -1255,7 +1204,7 @@ static void *loop(void *arg)
         if (items[2].revents & ZMQ_POLLIN) break;
         /* another fuseboxd's loop runs now: this one decides nothing more */
         if (atomic_load(&d->lock_lost)) break;
-        if (items[1].revents & ZMQ_POLLIN) on_zap(d);
+        if (items[1].revents & ZMQ_POLLIN) dsp_on_zap(d);
         if (items[0].revents & ZMQ_POLLIN) drain_router(d);
         if (n == 4 && (items[3].revents & ZMQ_POLLIN)) {
             PQconsumeInput(d->pg);
@@ -1326,16 +1275,17 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGco
     if (cfg->rebalance_ms > 0) d->fair.period_s = cfg->rebalance_ms / 1000.0;
     snprintf(d->artifacts, sizeof d->artifacts, "%s", artifacts);
     d->workers = calloc(MAX_WORKERS, sizeof *d->workers);
-    d->keys = calloc(MAX_KEYS, sizeof *d->keys);
+    d->keys = calloc(DSP_MAX_KEYS, sizeof *d->keys);
+    d->db_keys = calloc(DSP_MAX_KEYS, sizeof *d->db_keys);
     d->queue = fb_queue_new(cfg->public_datasets);
     d->census = calloc(CENSUS_SLOTS, sizeof *d->census);
     d->census_used = calloc(SETTLE_READS, sizeof *d->census_used);
-    if (!d->workers || !d->keys || !d->queue || !d->census || !d->census_used) {
+    if (!d->workers || !d->keys || !d->db_keys || !d->queue || !d->census || !d->census_used) {
         fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if (server_keys(d, msg, msg_cap)) goto fail;
-    reload_keys(d);
+    dsp_keys_reload_file(d); /* the registered keys at the first tick, on the loop's thread */
     if (!(d->zctx = zmq_ctx_new())) {
         fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot create a ZeroMQ context");
         goto fail;
@@ -1421,6 +1371,7 @@ void fb_dispatch_stop(fb_dispatch *d)
     sodium_memzero(d->sec, sizeof d->sec);
     free(d->workers);
     free(d->keys);
+    free(d->db_keys);
     free(d->census);
     free(d->census_used);
     for (int i = 0; i < d->n_groups; i++) free(d->groups[i].span);

@@ -42,6 +42,8 @@ typedef struct worker {
      * again and again) */
     char comm_host[FB_WIRE_NAME_MAX + 1];
     int comm_port_lo, comm_port_hi, next_port;
+    /* the CURVE key it registered with: once revoked, the worker is dropped */
+    char key[41];
     /* what its last HELLO wrote to the database, and when (hello_same) */
     char backend[FB_WIRE_NAME_MAX + 1], version[FB_WIRE_NAME_MAX + 1];
     int64_t hello_ms;
@@ -160,10 +162,14 @@ struct fb_dispatch {
     char artifacts[PATH_MAX];
     void *zctx, *router, *zap, *ctl_rx, *ctl_tx;
     char pub[41], sec[41];
-    char (*keys)[41];
+    char (*keys)[41];     /* the worker-keys file's, DSP_MAX_KEYS */
     int n_keys;
     struct timespec keys_mtime;
     bool keys_missing_said;
+    char (*db_keys)[41];  /* the live keys registered in worker_keys, DSP_MAX_KEYS */
+    int n_db_keys;
+    bool db_keys_full_said;
+    char msg_key[41];     /* the CURVE key of the message being read ("" when unknown) */
     pthread_t thread;
     bool thread_started;
 
@@ -212,6 +218,22 @@ struct fb_dispatch {
  * libuv's uv__): they are the loop's internals, linked into fb_server only.
  * Everything here runs on the loop's thread.
  */
+
+/* ---- dispatch_keys.c: who may connect ---------------------------------------- */
+
+/* The most keys each source (the file, the database) holds at once. */
+#define DSP_MAX_KEYS 4096
+#define DSP_MAX_KEYS_S "4096"
+
+/* Reads the worker-keys file again when it changed. */
+void dsp_keys_reload_file(fb_dispatch *d);
+/* Reads the registered keys again (when PostgreSQL answers), then the file. */
+void dsp_keys_reload(fb_dispatch *d);
+/* Whether key (Z85, 40) is allowed now: in the file's or the registered list, or, with
+ * ask_db, registered and live in the database (then cached). */
+bool dsp_key_allowed(fb_dispatch *d, const char *key, bool ask_db);
+/* Answers one ZAP request waiting on d->zap. */
+void dsp_on_zap(fb_dispatch *d);
 
 /* ---- dispatch.c: the loop's connection, registry and socket ---------------- */
 

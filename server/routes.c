@@ -51,6 +51,9 @@ const fb_route fb_routes[] = {
 
     {"GET", "/v1/workers", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_workers},
     {"GET", "/v1/cluster", FB_AUTH_TENANT, FB_BODY_NONE, fb_route_cluster},
+    {"POST", "/v1/workers/keys", FB_AUTH_ADMIN, FB_BODY_JSON, fb_route_worker_key_create},
+    {"GET", "/v1/workers/keys", FB_AUTH_ADMIN, FB_BODY_NONE, fb_route_worker_key_list},
+    {"DELETE", "/v1/workers/keys/{id}", FB_AUTH_ADMIN, FB_BODY_NONE, fb_route_worker_key_revoke},
 };
 const int fb_n_routes = (int)(sizeof fb_routes / sizeof fb_routes[0]);
 

@@ -82,6 +82,12 @@ int fb_route_static_file(fb_req *req);
 int fb_route_workers(fb_req *req);
 int fb_route_cluster(fb_req *req);
 
+/* routes_worker_keys.c: the workers' allow-list, POST/GET /v1/workers/keys and
+ * DELETE /v1/workers/keys/{id} (admin). */
+int fb_route_worker_key_create(fb_req *req);
+int fb_route_worker_key_list(fb_req *req);
+int fb_route_worker_key_revoke(fb_req *req);
+
 /* ---- shared helpers (routes.c) ---- */
 
 /* True for a canonical textual UUID (hex digits and four dashes). */

@@ -461,6 +461,12 @@ int main(void)
     CHECK(setenv("FUSEBOX_DATA_DIR", t.s.data_dir, 1) == 0);
     CHECK(setenv("IMPORTS", imports, 1) == 0);
     CHECK(setenv("CURL_HOME", curlhome, 1) == 0);
+    /* the guide's reader has the programs installed ("Before you start"): fusebox-worker
+     * --gen-key makes a node's keypair */
+    char path_env[2048];
+    snprintf(path_env, sizeof path_env, "%s/workers:%s", getenv("FB_BINARY_DIR"),
+             getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    CHECK(setenv("PATH", path_env, 1) == 0);
     problems = run_blocks(&t, scratch, "guide", blocks, n_blocks);
 
     /* the README's quick start, in a shell of its own, on the same server */

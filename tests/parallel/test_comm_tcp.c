@@ -6,8 +6,11 @@
  *   IPv6 where the machine has it, and a host name);
  * - a wrong token, a rank already held and a world of another size are
  *   refused with a clear error while the rightful members form the group;
- * - a peer killed, or stopped, in the middle of sums gives the others
- *   FB_ERR_IO naming its ranks within the timeout, and so does the root;
+ * - a peer killed, or stopped, in the middle of sums (once every process has
+ *   summed at least once, which each tells the test) gives the others
+ *   FB_ERR_IO naming its ranks, and so does the root, within ten times the
+ *   communicator's timeout (a liveness bound: the time a stopped peer is
+ *   waited for is the timeout's, which the machine's speed does not change);
  * - a peer that sums another length is an error on every process, and the
  *   communicator then refuses further sums at once;
  * - bad arguments are refused and leave the output alone.
@@ -61,7 +64,8 @@ typedef struct proc {
     bool until_error;
     double error_within;
     char error_word[16];
-    bool say_ready; /* writes a byte to ready_pipe once the group has formed */
+    /* writes a byte to ready_pipe once its first sum of the until_error loop has ended */
+    bool say_ready;
 } proc;
 
 static int ready_pipe[2];
@@ -120,7 +124,6 @@ static void proc_main(void *arg)
     }
     if (err) fprintf(stderr, "rank %d: %s\n", p->base, msg);
     CHECK_INT_EQ(err, FB_OK);
-    if (p->say_ready) CHECK(write(ready_pipe[1], "r", 1) == 1);
     CHECK_STR_EQ(fb_comm_name(c), "tcp");
     CHECK_INT_EQ(fb_comm_local_size(c), p->n_local);
     CHECK(fb_comm_host_memory(c));
@@ -163,15 +166,17 @@ static void proc_main(void *arg)
             bufs[j] = calloc(n, sizeof(float));
             CHECK(bufs[j] != NULL);
         }
-        double t0 = xp_now(), t_fail = t0;
-        for (;;) {
+        double t_fail = 0;
+        for (long sums = 0;; sums++) {
             double t = xp_now();
             err = fb_comm_allreduce_sum(c, bufs, n, msg, sizeof msg);
             if (err) {
                 t_fail = xp_now() - t;
                 break;
             }
-            CHECK(xp_now() - t0 < 60);
+            /* the test strikes once every process has summed here: the fault falls in a
+             * later sum of this loop, whatever the machine's speed */
+            if (sums == 0 && p->say_ready) CHECK(write(ready_pipe[1], "r", 1) == 1);
         }
         fprintf(stderr, "rank %d: the failed sum took %.2f s: %s\n", p->base, t_fail, msg);
         CHECK_INT_EQ(err, FB_ERR_IO);
@@ -285,10 +290,11 @@ static void refusals(void)
 }
 
 /* A world of three single-rank processes that sum until one of them is
- * killed (or stopped); the others must fail within the timeout, naming it. */
+ * killed (or stopped) after each has ended one sum of the loop; the others
+ * must fail, naming it, within ten times the timeout. */
 static void peer_lost(int victim, bool stop)
 {
-    const int timeout = 1500;
+    const int timeout = 3000;
     static const size_t one[] = {65537};
     listener = xp_listen(root_addr, sizeof root_addr);
     CHECK(pipe(ready_pipe) == 0);
@@ -297,24 +303,22 @@ static void peer_lost(int victim, bool stop)
     for (int p = 0; p < 3; p++) {
         ps[p] = (proc){.base = p, .n_local = 1, .world = 3, .token = TOKEN, .timeout_ms = timeout,
                        .lengths = one, .n_lengths = 1, .until_error = true,
-                       .error_within = timeout / 1000.0 + 2.0, .say_ready = true};
+                       .error_within = 10 * timeout / 1000.0, .say_ready = true};
         snprintf(ps[p].error_word, sizeof ps[p].error_word, "rank %d", victim);
         pids[p] = xp_spawn(proc_main, &ps[p]);
     }
-    /* the group has formed (a slow machine may take a while), then sums a moment */
+    /* every process has ended a sum of the loop (a liveness bound of 120 s) */
     for (int p = 0; p < 3; p++) {
         struct pollfd pf = {.fd = ready_pipe[0], .events = POLLIN};
-        CHECK(poll(&pf, 1, 30000) == 1);
+        CHECK(poll(&pf, 1, 120000) == 1);
         char b;
         CHECK(read(ready_pipe[0], &b, 1) == 1);
     }
     close(ready_pipe[0]);
     close(ready_pipe[1]);
-    struct timespec ts = {0, 300 * 1000000};
-    nanosleep(&ts, NULL);
     kill(pids[victim], stop ? SIGSTOP : SIGKILL);
     for (int p = 0; p < 3; p++)
-        if (p != victim) xp_wait_ok(pids[p], 30);
+        if (p != victim) xp_wait_ok(pids[p], 60);
     if (stop) kill(pids[victim], SIGKILL);
     int st = xp_wait(pids[victim], 10);
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
@@ -336,10 +340,10 @@ static void wrong_length(void)
                        .bad_length = true};
         pids[p] = xp_spawn(proc_main, &ps[p]);
     }
-    /* well before the timeout: the root tells every process at once */
-    double t0 = xp_now();
-    for (int p = 0; p < 3; p++) xp_wait_ok(pids[p], 30);
-    CHECK(xp_now() - t0 < OK_TIMEOUT_MS / 1000.0 / 2);
+    /* the root tells every process at once: each one's error names rank 2 and the floats
+     * (proc_main), where one that waited out its own timeout would say it took no data */
+    for (int p = 0; p < 3; p++)
+        xp_wait_ok(pids[p], 60);
     fb_comm_tcp_listener_free(listener);
     listener = NULL;
     printf("a wrong length: an error on every process\n");

@@ -9,9 +9,11 @@
  *   detach   the server restarts mid-run: the worker keeps training,
  *            registers its running group again and resends what was not
  *            acknowledged; then one member is detached and the others finish
- *   drain    SIGTERM mid-run: every member leaves with its full state; a
- *            second worker resumes them (new generation) and the finished
- *            models equal the uninterrupted run's bit for bit
+ *   drain    SIGTERM mid-run (placed with the test step hook: the array is held at
+ *            step 150, then sent on towards a hold at 400 and SIGTERM follows at
+ *            once, so it falls between the two): every member leaves with its full
+ *            state at one step; a second worker resumes them (new generation) and
+ *            the finished models equal the uninterrupted run's bit for bit
  *   share    two groups on one device take turns in proportion to their time shares,
  *            which REBALANCE changes, on scripted step times and the test's clock: the
  *            exact order of their turns; DETACH without a job stops a group silently
@@ -655,30 +657,60 @@ static void scenario_detach(void)
 
 /* ---- drain and resume ------------------------------------------------------------------- */
 
-static bool first_checkpoint(const run_log *L)
-{
-    return L->job[0].n_ckpt > 0;
-}
-
 static bool drained(const run_log *L)
 {
     return all_done(L) && L->drain;
 }
 
+/* Where scenario_drain holds the array before the drain, and the hold it sends the array on
+ * to as the drain is asked for. */
+#define DRAIN_HOLD 150
+#define DRAIN_HOLD_NEXT 400
+
+static void hook_hold(const char *dir, const char *path, long long step);
+static void serve_until_held(scene *c, const char *held, long long step);
+static long long hook_file_step(const char *path);
+
 static void scenario_drain(void)
 {
+    /* the test step hook places the drain mid-run on any machine, not the job's size */
+    CHECK(setenv(FB_AGENT_TEST_HOOKS_ENV, "1", 1) == 0);
+    const char *t = getenv("TMPDIR");
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/fbworker-draindir-XXXXXX", t && *t ? t : "/tmp");
+    CHECK(mkdtemp(dir) != NULL);
+    /* reports at the first step, at a member's end and on entering a hold (each after steps,
+     * so with samples, which record checks), not every --progress-ms while held: how long the
+     * array waits held is the test's real time, which a sanitizer makes longer */
+    const char *extra[] = {"--test-step-hook", dir, "--progress-ms", "3600000", NULL};
     scene c;
-    scene_start(&c, "drain", 13, "w-drain", NULL, NULL);
+    scene_start(&c, "drain", 13, "w-drain", extra, NULL);
     group_def *g = &c.g;
     /* dropout and a cosine schedule: the random streams and the learning rate must continue
      * exactly where they stopped */
-    mlp_job(g, 1024, 0.1, 2400, 0.01, 1, 500, 100);
-    mlp_job(g, 1024, 0.1, 2700, 0.003, 2, 500, 100);
-    mlp_job(g, 1024, 0.1, 3000, 0.02, 3, 500, 100);
-    scene_assign(&c, 3, 0, 60000, first_checkpoint, "the first checkpoint");
+    mlp_job(g, 128, 0.1, 600, 0.01, 1, 100, 100);
+    mlp_job(g, 128, 0.1, 700, 0.003, 2, 100, 100);
+    mlp_job(g, 128, 0.1, 800, 0.02, 3, 100, 100);
+    char hold[800], held[800];
+    snprintf(hold, sizeof hold, "%s/hold-%s", dir, g->ids[0]);
+    snprintf(held, sizeof held, "%s/held-%s", dir, g->ids[0]);
+    hook_hold(dir, hold, DRAIN_HOLD); /* before the array exists: it cannot pass it first */
+    scene_assign(&c, 3, 0, 60000, all_started, "every member to start");
+    serve_until_held(&c, held, DRAIN_HOLD);
     run_log *L = &c.L;
     const char *gid = c.gid;
     wu_msg w;
+    /* sent on, and drained on its way once it has left the hold (its held file gone, or
+     * already the next hold's): the drain lands past the checkpoint of step 100 and no
+     * later than the next hold, before any member's end */
+    hook_hold(dir, hold, DRAIN_HOLD_NEXT);
+    double end = wu_now_ms() + 60000;
+    while (hook_file_step(held) == DRAIN_HOLD) {
+        CHECK(wu_now_ms() < end); /* a liveness bound */
+        if (!wu_next(&c.s, 5, true, &w)) continue;
+        record(L, &w);
+        wu_msg_free(&w);
+    }
     CHECK(kill(c.pid, SIGTERM) == 0);
     pump(&c.s, L, 60000, drained, "every member to drain");
     CHECK_STR_EQ(L->drain_text, "draining");
@@ -694,9 +726,12 @@ static void scenario_drain(void)
         CHECK_STR_EQ(j->detached_text, "drained");
         CHECK(j->state != NULL);
         CHECK_INT_EQ(j->detached_step, at);
+        CHECK(!j->finished);
+        CHECK(j->n_ckpt >= 1 && j->ckpt_step[0] == 100);
     }
-    CHECK(at >= 100 && at < 2400);
-    printf("drained at step %lld\n", (long long)at);
+    CHECK(at >= DRAIN_HOLD && at <= DRAIN_HOLD_NEXT);
+    printf("held at step %d, sent on and drained at step %lld\n", DRAIN_HOLD, (long long)at);
+    CHECK(unlink(hold) == 0); /* the resumed array trains to its end */
 
     /* a second worker picks the group up where the first left it */
     scene_worker(&c, &w);
@@ -724,6 +759,7 @@ static void scenario_drain(void)
     ref_free(&whole);
     scene_finish(&c, &R);
     log_free(&R);
+    et_rmtree(dir);
 }
 
 /* ---- time sharing ------------------------------------------------------------------------ */
