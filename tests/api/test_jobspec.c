@@ -641,7 +641,7 @@ static void run_tokens(void)
     free(canon2);
     fb_job_spec_free(&r);
 
-    /* lr, warmup and the block's dropout are per member; the shapes fuse */
+    /* the schedule and the seed are per member; the shapes fuse */
     char k[40];
     key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK "," BLOCK "," LM_HEAD,
                   ",'schedule':{'warmup_steps':10},'seed':3"),
@@ -653,6 +653,11 @@ static void run_tokens(void)
     CHECK(strcmp(k, s.fusion_key) != 0);
     key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK ","
                   "{'type':'transformer_block','heads':4,'causal':false}," LM_HEAD),
+           k, NULL);
+    CHECK(strcmp(k, s.fusion_key) != 0);
+    /* a block's dropout is a layer field: one rate per array, as a dropout layer's p */
+    key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK ","
+                  "{'type':'transformer_block','heads':4,'dropout':0.1}," LM_HEAD),
            k, NULL);
     CHECK(strcmp(k, s.fusion_key) != 0);
     fb_job_spec_free(&s);
