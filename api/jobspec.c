@@ -27,6 +27,12 @@
 typedef struct parse_ctx {
     const fb_spec_limits *limits;
     int n_layers_total;
+    /* token models: model.input's T and V (0 otherwise); at_input: the layer
+     * being parsed is the model's first, which reads the input itself;
+     * pooled: the path of the pool layer seen, "" before one */
+    int64_t tokens, vocab;
+    bool at_input;
+    char pooled[128];
     char *msg;
     size_t cap;
 } parse_ctx;
@@ -265,6 +271,8 @@ static void shape_str(const fb_shape *s, char *buf, size_t cap)
 {
     if (s->ndim == 1)
         snprintf(buf, cap, "(%lld)", (long long)s->d[0]);
+    else if (s->ndim == 2)
+        snprintf(buf, cap, "(%lld, %lld)", (long long)s->d[0], (long long)s->d[1]);
     else
         snprintf(buf, cap, "(%lld, %lld, %lld)", (long long)s->d[0], (long long)s->d[1],
                  (long long)s->d[2]);
@@ -285,7 +293,19 @@ static const char *const layer_names[FB_LAYER_TYPE_COUNT] = {
     [FB_LAYER_BATCHNORM] = "batchnorm",
     [FB_LAYER_LAYERNORM] = "layernorm",
     [FB_LAYER_RESIDUAL] = "residual",
+    [FB_LAYER_EMBEDDING] = "embedding",
+    [FB_LAYER_POSITIONAL] = "positional",
+    [FB_LAYER_TRANSFORMER_BLOCK] = "transformer_block",
+    [FB_LAYER_POOL] = "pool",
 };
+
+static bool shape_eq(const fb_shape *x, const fb_shape *y)
+{
+    if (x->ndim != y->ndim) return false;
+    for (int i = 0; i < x->ndim; i++)
+        if (x->d[i] != y->d[i]) return false;
+    return true;
+}
 
 bool fb_spec_dataset_builtin(const char *name)
 {
@@ -326,6 +346,90 @@ static void layers_free(fb_layer *layers, int n)
 static int parse_layers(parse_ctx *c, json_t *arr, const char *path, int depth, fb_shape in,
                         fb_layer **out, int *n_out, fb_shape *shape_out);
 
+/*
+ * The layers of token models: shapes, parameters and FLOPs, with the rules
+ * of where they may stand.  The embedding is the first layer and reads the
+ * token input (T) into a sequence (T, D); positional, transformer_block and
+ * pool need a sequence; pool turns it into (D) once.
+ */
+static int infer_token_layer(parse_ctx *c, fb_layer *L, const char *path)
+{
+    char a[96];
+    const fb_shape *in = &L->in;
+    const char *name = layer_names[L->type];
+    if (L->type == FB_LAYER_EMBEDDING) {
+        if (!c->tokens || !c->at_input)
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s (embedding): must be the first layer, over a token input "
+                           "(model.input {\"tokens\": T, \"vocab\": V})",
+                           path);
+        int64_t T = c->tokens, D = L->out_features;
+        L->out.ndim = 2;
+        L->out.d[0] = T;
+        L->out.d[1] = D;
+        L->out.d[2] = 0;
+        L->n_params = c->vocab * D;
+        L->flops_fwd = (double)T * (double)D;
+        L->flops_bwd = (double)T * (double)D;
+        return FB_OK;
+    }
+    if (in->ndim != 2) {
+        shape_str(in, a, sizeof a);
+        return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                       "%s (%s): needs a sequence input (T, D) from an embedding, got %s%s", path,
+                       name, a, c->pooled[0] ? " (after the pool layer)" : "");
+    }
+    int64_t T = in->d[0], D = in->d[1];
+    double TD = (double)T * (double)D;
+    switch (L->type) {
+    case FB_LAYER_POSITIONAL:
+        if (L->max_len == 0) L->max_len = T;
+        if (L->max_len < T)
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s.max_len: %lld is below the sequence length %lld "
+                           "(model.input.tokens)",
+                           path, (long long)L->max_len, (long long)T);
+        L->n_params = L->max_len * D;
+        L->flops_fwd = TD;
+        L->flops_bwd = TD;
+        break;
+    case FB_LAYER_TRANSFORMER_BLOCK: {
+        if (D % L->heads != 0)
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s.heads: %d does not divide the model dimension %lld", path,
+                           L->heads, (long long)D);
+        if ((int64_t)L->heads * T * T > MAX_ACT_NUMEL)
+            return fb_errf(c->msg, c->cap, FB_ERR_DIM_TOO_LARGE,
+                           "%s: attention probabilities of %d heads over %lld positions are "
+                           "%lld values per sample, more than %lld",
+                           path, L->heads, (long long)T, (long long)L->heads * T * T,
+                           (long long)MAX_ACT_NUMEL);
+        int64_t M = (int64_t)L->mlp_ratio * D;
+        /* ln1, qkv (D -> 3D), out (D -> D), ln2, mlp (D -> M -> D) */
+        L->n_params = 2 * D + (3 * D * D + 3 * D) + (D * D + D) + 2 * D + (D * M + M) + (M * D + D);
+        double gemm = 2.0 * TD * (double)(3 * D + D + 2 * M);
+        double attn = 4.0 * (double)T * TD; /* q.k and probs.v */
+        L->flops_fwd = gemm + attn + 20.0 * TD + 10.0 * (double)T * (double)M;
+        L->flops_bwd = 2.0 * L->flops_fwd;
+        break;
+    }
+    case FB_LAYER_POOL:
+        if (c->pooled[0])
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s (pool): the model pools already at %s", path, c->pooled);
+        snprintf(c->pooled, sizeof c->pooled, "%s", path);
+        L->out.ndim = 1;
+        L->out.d[0] = D;
+        L->out.d[1] = 0;
+        L->flops_fwd = TD;
+        L->flops_bwd = TD;
+        break;
+    default:
+        return fb_errf(c->msg, c->cap, FB_ERR_INTERNAL, "%s: not a token layer", path);
+    }
+    return FB_OK;
+}
+
 /* Infers out shape, parameter count and FLOPs of a parsed non-residual layer. */
 static int infer_layer(parse_ctx *c, fb_layer *L, const char *path)
 {
@@ -334,20 +438,22 @@ static int infer_layer(parse_ctx *c, fb_layer *L, const char *path)
     int64_t numel = fb_shape_numel(in);
     L->out = *in;
     switch (L->type) {
-    case FB_LAYER_LINEAR:
-        if (in->ndim != 1) {
+    case FB_LAYER_LINEAR: {
+        if (in->ndim == 3) {
             shape_str(in, a, sizeof a);
             return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
                            "%s (linear): needs a feature input (F), got %s; add a flatten "
                            "layer before it",
                            path, a);
         }
-        L->out.ndim = 1;
-        L->out.d[0] = L->out_features;
-        L->n_params = in->d[0] * L->out_features + (L->bias ? L->out_features : 0);
-        L->flops_fwd = 2.0 * (double)in->d[0] * (double)L->out_features;
+        /* on a sequence (T, D): the same linear map at every position */
+        int64_t I = in->d[in->ndim - 1], T = in->ndim == 2 ? in->d[0] : 1;
+        L->out.d[in->ndim - 1] = L->out_features;
+        L->n_params = I * L->out_features + (L->bias ? L->out_features : 0);
+        L->flops_fwd = 2.0 * (double)T * (double)I * (double)L->out_features;
         L->flops_bwd = 2.0 * L->flops_fwd;
         break;
+    }
     case FB_LAYER_CONV2D:
     case FB_LAYER_MAXPOOL2D:
     case FB_LAYER_AVGPOOL2D: {
@@ -398,6 +504,10 @@ static int infer_layer(parse_ctx *c, fb_layer *L, const char *path)
         L->flops_bwd = (double)numel;
         break;
     case FB_LAYER_FLATTEN:
+        if (in->ndim == 2)
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s (flatten): a sequence (T, D) does not flatten; use a pool layer",
+                           path);
         L->out.ndim = 1;
         L->out.d[0] = numel;
         L->out.d[1] = L->out.d[2] = 0;
@@ -414,21 +524,67 @@ static int infer_layer(parse_ctx *c, fb_layer *L, const char *path)
         L->flops_bwd = 20.0 * (double)numel;
         break;
     case FB_LAYER_BATCHNORM:
+        if (in->ndim == 2)
+            return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                           "%s (batchnorm): not over a sequence (T, D); use layernorm", path);
         L->n_params = L->affine ? 2 * in->d[0] : 0;
         L->flops_fwd = 5.0 * (double)numel;
         L->flops_bwd = 8.0 * (double)numel;
         break;
     case FB_LAYER_LAYERNORM:
-        L->n_params = L->affine ? 2 * numel : 0;
+        /* over the whole sample, or over the last dimension of a sequence */
+        L->n_params = L->affine ? 2 * (in->ndim == 2 ? in->d[1] : numel) : 0;
         L->flops_fwd = 5.0 * (double)numel;
         L->flops_bwd = 8.0 * (double)numel;
         break;
+    case FB_LAYER_EMBEDDING:
+    case FB_LAYER_POSITIONAL:
+    case FB_LAYER_TRANSFORMER_BLOCK:
+    case FB_LAYER_POOL: {
+        int err = infer_token_layer(c, L, path);
+        if (err) return err;
+        break;
+    }
     default:
         shape_str(in, b, sizeof b);
         return fb_errf(c->msg, c->cap, FB_ERR_INTERNAL, "%s: unexpected layer type at %s", path,
                        b);
     }
     return check_dim(c, path, &L->out);
+}
+
+/* The fields of the token-model layers (embedding, positional, transformer_block, pool). */
+static int parse_token_fields(parse_ctx *c, json_t *obj, const char *path, fb_layer *L)
+{
+    static const char *const k_embed[] = {"type", "dim", NULL};
+    static const char *const k_pos[] = {"type", "max_len", NULL};
+    static const char *const k_block[] = {"type", "heads", "mlp_ratio", "causal", "dropout", NULL};
+    static const char *const k_seqpool[] = {"type", "mode", NULL};
+    static const char *const pool_names[] = {"mean", "first"};
+    int err, t = 0;
+    int64_t v;
+    switch (L->type) {
+    case FB_LAYER_EMBEDDING:
+        if ((err = check_fields(c, obj, path, k_embed))) return err;
+        return get_int(c, obj, "dim", path, true, 0, 1, 65536, &L->out_features);
+    case FB_LAYER_POSITIONAL:
+        if ((err = check_fields(c, obj, path, k_pos))) return err;
+        return get_int(c, obj, "max_len", path, false, 0, 1, FB_SPEC_MAX_TOKENS, &L->max_len);
+    case FB_LAYER_TRANSFORMER_BLOCK:
+        if ((err = check_fields(c, obj, path, k_block))) return err;
+        if ((err = get_int(c, obj, "heads", path, true, 0, 1, 1024, &v))) return err;
+        L->heads = (int)v;
+        if ((err = get_int(c, obj, "mlp_ratio", path, false, 4, 1, 16, &v))) return err;
+        L->mlp_ratio = (int)v;
+        if ((err = get_bool(c, obj, "causal", path, true, &L->causal))) return err;
+        return get_num(c, obj, "dropout", path, false, 0.0, 0.0, false, 0.99, &L->p);
+    default: /* pool */
+        if ((err = check_fields(c, obj, path, k_seqpool))) return err;
+        if ((err = get_enum(c, obj, "mode", path, false, FB_POOL_MEAN, pool_names, 2, &t)))
+            return err;
+        L->pool = (fb_pool_mode)t;
+        return FB_OK;
+    }
 }
 
 static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, fb_shape in,
@@ -458,8 +614,18 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
         return fb_errf(c->msg, c->cap, FB_ERR_TOO_MANY_LAYERS,
                        "%s: the model has more than %d layers (nested ones included)", path,
                        FB_SPEC_MAX_LAYERS);
+    if (c->tokens && c->at_input && L->type != FB_LAYER_EMBEDDING) /* the token input */
+        return fb_errf(c->msg, c->cap, FB_ERR_SHAPE_MISMATCH,
+                       "%s (%s): a token input (model.input.tokens) needs an embedding first",
+                       path, layer_names[L->type]);
 
     switch (L->type) {
+    case FB_LAYER_EMBEDDING:
+    case FB_LAYER_POSITIONAL:
+    case FB_LAYER_TRANSFORMER_BLOCK:
+    case FB_LAYER_POOL:
+        if ((err = parse_token_fields(c, obj, path, L))) return err;
+        break;
     case FB_LAYER_LINEAR:
         if ((err = check_fields(c, obj, path, k_linear))) return err;
         if ((err = get_int(c, obj, "out", path, true, 0, 1, INT64_MAX, &v))) return err;
@@ -542,8 +708,7 @@ static int parse_layer(parse_ctx *c, json_t *obj, const char *path, int depth, f
                 return err;
             }
         }
-        if (body_out.ndim != sc_out.ndim || body_out.d[0] != sc_out.d[0] ||
-            (body_out.ndim == 3 && (body_out.d[1] != sc_out.d[1] || body_out.d[2] != sc_out.d[2]))) {
+        if (!shape_eq(&body_out, &sc_out)) {
             char x[96], y[96];
             shape_str(&body_out, x, sizeof x);
             shape_str(&sc_out, y, sizeof y);
@@ -594,7 +759,9 @@ static int parse_layers(parse_ctx *c, json_t *arr, const char *path, int depth, 
     for (size_t i = 0; i < n; i++) {
         char sub[256];
         path_fmt(sub, sizeof sub, "%s[%zu]", path, i);
+        c->at_input = depth == 0 && i == 0;
         err = parse_layer(c, json_array_get(arr, i), sub, depth, cur, &layers[i]);
+        c->at_input = false;
         done = i + 1;
         if (err) goto fail;
         cur = layers[i].out;
@@ -618,12 +785,29 @@ fb_spec_limits fb_spec_limits_default(void)
 
 static int parse_input(parse_ctx *c, json_t *model, fb_shape *s)
 {
+    static const char *const k_tokens[] = {"tokens", "vocab", NULL};
     json_t *v = json_object_get(model, "input");
     if (!v)
         return fb_errf(c->msg, c->cap, FB_ERR_MISSING_FIELD, "model.input: required field missing");
+    if (json_is_object(v)) {
+        /* token ids; the layers see (T) and the embedding makes it (T, D) */
+        int err;
+        if ((err = check_fields(c, v, "model.input", k_tokens))) return err;
+        if ((err = get_int(c, v, "tokens", "model.input", true, 0, 1, FB_SPEC_MAX_TOKENS,
+                           &c->tokens)))
+            return err;
+        if ((err = get_int(c, v, "vocab", "model.input", true, 0, 2, FB_SPEC_MAX_VOCAB,
+                           &c->vocab)))
+            return err;
+        memset(s, 0, sizeof *s);
+        s->ndim = 1;
+        s->d[0] = c->tokens;
+        return FB_OK;
+    }
     if (!json_is_array(v))
         return fb_errf(c->msg, c->cap, FB_ERR_WRONG_TYPE,
-                       "model.input: expected [F] or [C, H, W] (an array of integers)");
+                       "model.input: expected [F], [C, H, W] (an array of integers) or "
+                       "{\"tokens\": T, \"vocab\": V}");
     size_t n = json_array_size(v);
     if (n != 1 && n != 3)
         return fb_errf(c->msg, c->cap, FB_ERR_OUT_OF_RANGE,
@@ -794,6 +978,39 @@ static int parse_init(parse_ctx *c, json_t *root, fb_job_spec *s)
     return FB_OK;
 }
 
+/*
+ * A token model without a pool layer is a language model: logits (T, V)
+ * against the next token of each position, from records of T + 1 tokens.
+ */
+static int check_lm(parse_ctx *c, fb_job_spec *s, const char *loss_name)
+{
+    s->lm = true;
+    if (s->loss != FB_LOSS_CROSS_ENTROPY || s->output.ndim != 2 || s->output.d[1] != s->vocab) {
+        char a[96];
+        shape_str(&s->output, a, sizeof a);
+        return fb_errf(c->msg, c->cap, FB_ERR_BAD_LOSS,
+                       "loss: a token model without a pool layer is a language model: it needs "
+                       "cross_entropy and a last layer of vocab (%lld) features per position, "
+                       "the model ends in %s with loss %s",
+                       (long long)s->vocab, a, loss_name);
+    }
+    s->input.d[0] = s->tokens + 1;
+    return FB_OK;
+}
+
+/* What token models do not (yet) have: bf16 and more than one device. */
+static int check_token_limits(parse_ctx *c, const fb_job_spec *s)
+{
+    if (s->tokens && s->precision == FB_PREC_BF16)
+        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
+                       "precision: bf16 is not available for token models (model.input.tokens); "
+                       "use fp32 or tf32");
+    if (s->tokens && (s->parallel_data > 1 || s->parallel_pipeline > 1))
+        return fb_errf(c->msg, c->cap, FB_ERR_UNSUPPORTED,
+                       "parallel: token models (model.input.tokens) train on one device");
+    return FB_OK;
+}
+
 static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
 {
     static const char *const k_root[] = {
@@ -851,7 +1068,12 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_enum(c, root, "loss", "", false, FB_LOSS_CROSS_ENTROPY, loss_names, 2, &t)))
         return err;
     s->loss = (fb_loss_type)t;
-    if (s->output.ndim != 1 || (s->loss == FB_LOSS_CROSS_ENTROPY && s->output.d[0] < 2)) {
+    s->tokens = c->tokens;
+    s->vocab = c->vocab;
+    if (s->tokens && !c->pooled[0]) {
+        if ((err = check_lm(c, s, loss_names[s->loss]))) return err;
+    } else if (s->output.ndim != 1 ||
+               (s->loss == FB_LOSS_CROSS_ENTROPY && s->output.d[0] < 2)) {
         char a[96];
         shape_str(&s->output, a, sizeof a);
         return fb_errf(c->msg, c->cap, FB_ERR_BAD_LOSS,
@@ -914,6 +1136,7 @@ static int parse_root(parse_ctx *c, json_t *root, fb_job_spec *s)
     if ((err = get_enum(c, root, "precision", "", false, FB_PREC_FP32, prec_names, 3, &t)))
         return err;
     s->precision = (fb_precision)t;
+    if ((err = check_token_limits(c, s))) return err;
     if ((err = get_int(c, root, "priority", "", false, 50, 0, 100, &v))) return err;
     s->priority = (int)v;
     if ((err = get_int(c, root, "max_restarts", "", false, 3, 0, 100, &v))) return err;
@@ -973,6 +1196,22 @@ static json_t *layer_json(const fb_layer *L)
         bad |= json_object_set_new(o, "eps", json_real(L->eps));
         bad |= json_object_set_new(o, "affine", json_boolean(L->affine));
         break;
+    case FB_LAYER_EMBEDDING:
+        bad |= json_object_set_new(o, "dim", json_integer(L->out_features));
+        break;
+    case FB_LAYER_POSITIONAL:
+        bad |= json_object_set_new(o, "max_len", json_integer(L->max_len));
+        break;
+    case FB_LAYER_TRANSFORMER_BLOCK:
+        bad |= json_object_set_new(o, "heads", json_integer(L->heads));
+        bad |= json_object_set_new(o, "mlp_ratio", json_integer(L->mlp_ratio));
+        bad |= json_object_set_new(o, "causal", json_boolean(L->causal));
+        bad |= json_object_set_new(o, "dropout", json_real(L->p));
+        break;
+    case FB_LAYER_POOL:
+        bad |= json_object_set_new(o, "mode", json_string(L->pool == FB_POOL_FIRST ? "first"
+                                                                                   : "mean"));
+        break;
     case FB_LAYER_RESIDUAL:
         bad |= json_object_set_new(o, "body", layers_json(L->body, L->n_body));
         bad |= json_object_set_new(o, "shortcut", layers_json(L->shortcut, L->n_shortcut));
@@ -1002,8 +1241,15 @@ static json_t *layers_json(const fb_layer *layers, int n)
 
 static json_t *model_json(const fb_job_spec *s)
 {
-    json_t *in = json_array();
-    for (int i = 0; in && i < s->input.ndim; i++) json_array_append_new(in, json_integer(s->input.d[i]));
+    json_t *in;
+    if (s->tokens) {
+        in = json_pack("{s:I, s:I}", "tokens", (json_int_t)s->tokens, "vocab",
+                       (json_int_t)s->vocab);
+    } else {
+        in = json_array();
+        for (int i = 0; in && i < s->input.ndim; i++)
+            json_array_append_new(in, json_integer(s->input.d[i]));
+    }
     return json_pack("{s:o?, s:o?}", "input", in, "layers", layers_json(s->layers, s->n_layers));
 }
 

@@ -48,6 +48,11 @@ typedef enum fb_layer_type {
     FB_LAYER_BATCHNORM,
     FB_LAYER_LAYERNORM,
     FB_LAYER_RESIDUAL,
+    /* token models (docs/jobspec.md, "Token models"): sequence activations (T, D) */
+    FB_LAYER_EMBEDDING,
+    FB_LAYER_POSITIONAL,
+    FB_LAYER_TRANSFORMER_BLOCK,
+    FB_LAYER_POOL,
     FB_LAYER_TYPE_COUNT
 } fb_layer_type;
 
@@ -62,8 +67,14 @@ typedef enum fb_precision { FB_PREC_FP32, FB_PREC_TF32, FB_PREC_BF16 } fb_precis
  * else float, with per-member dynamic loss scaling (docs/jobspec.md).  Every
  * backend and the training runtime train it. */
 typedef enum fb_gelu_approx { FB_GELU_NONE, FB_GELU_TANH } fb_gelu_approx;
+/* pool: how a sequence (T, D) becomes (D) */
+typedef enum fb_pool_mode { FB_POOL_MEAN, FB_POOL_FIRST } fb_pool_mode;
 
-/* A per-sample shape: ndim 1 is (F), ndim 3 is (C, H, W). */
+#define FB_SPEC_MAX_TOKENS 8192       /* model.input.tokens: positions per record */
+#define FB_SPEC_MAX_VOCAB (1 << 24)   /* model.input.vocab: ids are exact as float */
+
+/* A per-sample shape: ndim 1 is (F), ndim 2 is a sequence (T, D) of T
+ * positions of D features, ndim 3 is (C, H, W). */
 typedef struct fb_shape {
     int ndim;
     int64_t d[3];
@@ -86,13 +97,20 @@ struct fb_layer {
     int64_t n_params;
     double flops_fwd, flops_bwd;
 
-    /* linear: out features; conv2d: out channels */
+    /* linear: out features; conv2d: out channels; embedding: dim */
     int64_t out_features;
     bool bias; /* linear, conv2d; default true */
     /* conv2d and pooling windows: [h, w] */
     int kernel[2], stride[2], padding[2];
-    /* dropout probability */
+    /* dropout probability; transformer_block: its dropout */
     double p;
+    /* positional: rows of the learned table (>= T) */
+    int64_t max_len;
+    /* transformer_block: heads (dividing D), MLP width = mlp_ratio * D, causal mask */
+    int heads, mlp_ratio;
+    bool causal;
+    /* pool */
+    fb_pool_mode pool;
     /* gelu */
     fb_gelu_approx approximate;
     /* batchnorm, layernorm */
@@ -137,7 +155,16 @@ typedef struct fb_sched_spec {
 typedef struct fb_job_spec {
     char name[FB_SPEC_NAME_MAX + 1];
     char dataset[FB_SPEC_DATASET_MAX + 1];
-    fb_shape input;     /* per-sample input shape */
+    /*
+     * Per-sample input shape: what one record of the dataset holds.  A token
+     * model (tokens > 0) reads records of tokens ids given as exact floats:
+     * T + 1 of them for a language model (input the first T, targets the
+     * last T), T for one that pools to a classification head; input is then
+     * (T + 1) or (T).
+     */
+    fb_shape input;
+    int64_t tokens, vocab; /* model.input {"tokens": T, "vocab": V}; 0 for other inputs */
+    bool lm;               /* a token model without pool: next-token cross-entropy */
     fb_layer *layers;   /* top-level layers; nested ones hang off residual layers */
     int n_layers;       /* top-level count */
     int n_layers_total; /* including nested */

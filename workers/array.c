@@ -71,6 +71,8 @@ static int add_tensor(fb_array *a, bool buffer, const char *prefix, const char *
 static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *prefix, int in,
                         bool shared, node **out, int *n_out, int *out_buf, char *msg,
                         size_t msg_cap);
+static int build_block(fb_array *a, node *r, const fb_layer *L, const char *prefix, int in,
+                       char *msg, size_t msg_cap);
 
 /* Adds a buffer of the activation slab; returns its index, or -1 (and sets
  * a->oom) when out of memory. */
@@ -136,16 +138,31 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
     nd->w = nd->b = nd->rm = nd->rv = nd->bn_index = -1;
     int64_t shp[MAX_PARAM_DIMS];
 
+    /* a sequence (T, D) runs per-position ops on N*T rows */
+    size_t T = L->in.ndim == 2 ? (size_t)L->in.d[0] : 1;
+    int64_t last = L->in.d[L->in.ndim - 1];
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         nd->out = in; /* [N, B, C, H, W] is already [N, B, C*H*W] */
         return FB_OK;
     case FB_LAYER_LINEAR:
         shp[0] = L->out_features;
-        shp[1] = L->in.d[0];
-        nd->w = add_tensor(a, false, name, "weight", 2, shp, L->in.d[0], 0);
-        if (L->bias) nd->b = add_tensor(a, false, name, "bias", 1, shp, L->in.d[0], 0);
-        bf16_plan(a, nd, (size_t)(L->out_features * L->in.d[0]));
+        shp[1] = last;
+        nd->w = add_tensor(a, false, name, "weight", 2, shp, last, 0);
+        if (L->bias) nd->b = add_tensor(a, false, name, "bias", 1, shp, last, 0);
+        bf16_plan(a, nd, (size_t)(L->out_features * last));
+        break;
+    case FB_LAYER_EMBEDDING:
+        shp[0] = a->V;
+        shp[1] = L->out_features;
+        nd->w = add_tensor(a, false, name, "weight", 2, shp, 0, 0);
+        if (nd->w >= 0) a->params[nd->w].std = 1.0f; /* nn.Embedding */
+        break;
+    case FB_LAYER_POSITIONAL:
+        shp[0] = L->max_len;
+        shp[1] = last;
+        nd->w = add_tensor(a, false, name, "weight", 2, shp, 0, 0);
+        if (nd->w >= 0) a->params[nd->w].std = 0.02f; /* GPT-2's learned positions */
         break;
     case FB_LAYER_CONV2D: {
         int64_t fan = L->in.d[0] * L->kernel[0] * L->kernel[1];
@@ -181,15 +198,18 @@ static int build_node(fb_array *a, node *nd, const fb_layer *L, const char *name
         nd->save1 = new_buf(a, (size_t)a->Bcap * (size_t)L->in.d[0], 0, false);
         nd->save2 = new_buf(a, (size_t)a->Bcap * (size_t)L->in.d[0], 0, false);
         break;
-    case FB_LAYER_LAYERNORM:
-        for (int i = 0; i < L->in.ndim; i++) shp[i] = L->in.d[i];
+    case FB_LAYER_LAYERNORM: {
+        /* a sequence normalises each position over its D features */
+        int nd_w = L->in.ndim == 2 ? 1 : L->in.ndim;
+        for (int i = 0; i < nd_w; i++) shp[i] = L->in.d[L->in.ndim - nd_w + i];
         if (L->affine) {
-            nd->w = add_tensor(a, false, name, "weight", L->in.ndim, shp, 0, 1.0f);
-            nd->b = add_tensor(a, false, name, "bias", L->in.ndim, shp, 0, 0.0f);
+            nd->w = add_tensor(a, false, name, "weight", nd_w, shp, 0, 1.0f);
+            nd->b = add_tensor(a, false, name, "bias", nd_w, shp, 0, 0.0f);
         }
-        nd->save1 = new_buf(a, NB, 0, false);
-        nd->save2 = new_buf(a, NB, 0, false);
+        nd->save1 = new_buf(a, NB * T, 0, false);
+        nd->save2 = new_buf(a, NB * T, 0, false);
         break;
+    }
     case FB_LAYER_RESIDUAL: {
         char sub[NAME_CAP];
         int body_out, sc_out = in;
@@ -220,8 +240,143 @@ static void nodes_free(node *nodes, int n)
     for (int i = 0; i < n; i++) {
         nodes_free(nodes[i].body, nodes[i].n_body);
         nodes_free(nodes[i].sc, nodes[i].n_sc);
+        free(nodes[i].own);
     }
     free(nodes);
+}
+
+/* The layers of one transformer block, which the array makes itself. */
+enum {
+    BL_RES1, BL_LN1, BL_QKV, BL_PROJ, BL_DROP1, BL_RES2, BL_LN2, BL_FC1, BL_GELU, BL_FC2,
+    BL_DROP2, BL_COUNT
+};
+
+/* A layer of a block: type, features in and out per position (T positions). */
+static void block_layer(fb_layer *l, fb_layer_type type, int64_t T, int64_t in, int64_t out)
+{
+    memset(l, 0, sizeof *l);
+    l->type = type;
+    l->in = (fb_shape){.ndim = 2, .d = {T, in, 0}};
+    l->out = (fb_shape){.ndim = 2, .d = {T, out, 0}};
+    l->out_features = out;
+    l->bias = true;
+    l->affine = true;
+    l->eps = 1e-5;
+}
+
+/* Renames parameter t to prefix.leaf (MultiheadAttention's names). */
+static void rename_param(fb_array *a, int t, const char *prefix, const char *leaf)
+{
+    if (t >= 0) snprintf(a->params[t].name, sizeof a->params[t].name, "%s.%s", prefix, leaf);
+}
+
+/* Builds the nodes of a chain of layers ls[0..n) (NULL: the attention op) as
+ * the body of residual node r, whose input is in. */
+static int build_body(fb_array *a, node *r, fb_layer *const *ls, const char *const *names, int n,
+                      const fb_layer *block, int in, char *msg, size_t msg_cap)
+{
+    r->body = calloc((size_t)n, sizeof *r->body);
+    if (!r->body) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    int cur = in, err;
+    for (int i = 0; i < n; i++) {
+        node *nd = &r->body[i];
+        r->n_body = i + 1;
+        if (ls[i]) {
+            if ((err = build_node(a, nd, ls[i], names[i], cur, false, 0, msg, msg_cap)))
+                return err;
+        } else {
+            /* the attention op: qkv [N, T, B, 3D] -> [N, T, B, D], probs saved */
+            int64_t T = block->in.d[0], D = block->in.d[1];
+            memset(nd, 0, sizeof *nd);
+            nd->kind = NODE_LAYER;
+            nd->L = block;
+            nd->id = a->n_ids++;
+            nd->in_numel = 3 * T * D;
+            nd->out_numel = T * D;
+            nd->in = cur;
+            nd->save2 = nd->sc_out = -1;
+            nd->w = nd->b = nd->rm = nd->rv = nd->bn_index = -1;
+            nd->save1 = new_buf(a, (size_t)a->max_n * (size_t)a->Bcap * (size_t)block->heads *
+                                       (size_t)(T * T),
+                                0, false);
+            nd->out = new_act(a, T * D);
+            size_t s = fb_attention_scratch_floats(a->be, a->max_n, (int)T, a->Bcap, block->heads);
+            if (s > a->scratch_floats) a->scratch_floats = s;
+            if (a->oom) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+        }
+        cur = nd->out;
+    }
+    r->save1 = cur; /* the body's output */
+    r->sc_out = in; /* identity shortcut */
+    r->out = new_act(a, r->out_numel);
+    return a->oom ? fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory") : FB_OK;
+}
+
+/*
+ * A transformer block (pre-LayerNorm, as docs/jobspec.md describes it) as two
+ * residual nodes r[0] and r[1] over sequence activations [N, T, B, D]:
+ *   x + drop(out_proj(attention(in_proj(ln1(x)))))
+ *   x + drop(mlp.2(gelu(mlp.0(ln2(x)))))
+ * with the parameters of torch's module of that shape: prefix.ln1, prefix.attn
+ * (nn.MultiheadAttention: in_proj_weight [3D, D], in_proj_bias [3D],
+ * out_proj.weight, out_proj.bias), prefix.ln2, prefix.mlp.0 and prefix.mlp.2.
+ * The dropout layers exist only when the block's dropout is above 0.
+ */
+static int build_block(fb_array *a, node *r, const fb_layer *L, const char *prefix, int in,
+                       char *msg, size_t msg_cap)
+{
+    int64_t T = L->in.d[0], D = L->in.d[1], M = (int64_t)L->mlp_ratio * D;
+    fb_layer *ls = calloc(BL_COUNT, sizeof *ls);
+    if (!ls) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    block_layer(&ls[BL_RES1], FB_LAYER_RESIDUAL, T, D, D);
+    block_layer(&ls[BL_LN1], FB_LAYER_LAYERNORM, T, D, D);
+    block_layer(&ls[BL_QKV], FB_LAYER_LINEAR, T, D, 3 * D);
+    block_layer(&ls[BL_PROJ], FB_LAYER_LINEAR, T, D, D);
+    block_layer(&ls[BL_DROP1], FB_LAYER_DROPOUT, T, D, D);
+    block_layer(&ls[BL_RES2], FB_LAYER_RESIDUAL, T, D, D);
+    block_layer(&ls[BL_LN2], FB_LAYER_LAYERNORM, T, D, D);
+    block_layer(&ls[BL_FC1], FB_LAYER_LINEAR, T, D, M);
+    block_layer(&ls[BL_GELU], FB_LAYER_GELU, T, M, M);
+    block_layer(&ls[BL_FC2], FB_LAYER_LINEAR, T, M, D);
+    block_layer(&ls[BL_DROP2], FB_LAYER_DROPOUT, T, D, D);
+    ls[BL_DROP1].p = ls[BL_DROP2].p = L->p;
+    char n_ln1[NAME_CAP], n_attn[NAME_CAP], n_proj[NAME_CAP], n_ln2[NAME_CAP], n_fc1[NAME_CAP],
+        n_fc2[NAME_CAP];
+    snprintf(n_ln1, sizeof n_ln1, "%s.ln1", prefix);
+    snprintf(n_attn, sizeof n_attn, "%s.attn", prefix);
+    snprintf(n_proj, sizeof n_proj, "%s.attn.out_proj", prefix);
+    snprintf(n_ln2, sizeof n_ln2, "%s.ln2", prefix);
+    snprintf(n_fc1, sizeof n_fc1, "%s.mlp.0", prefix);
+    snprintf(n_fc2, sizeof n_fc2, "%s.mlp.2", prefix);
+    int nb = L->p > 0 ? 5 : 4;
+    fb_layer *body1[5] = {&ls[BL_LN1], &ls[BL_QKV], NULL, &ls[BL_PROJ], &ls[BL_DROP1]};
+    const char *names1[5] = {n_ln1, n_attn, "", n_proj, ""};
+    fb_layer *body2[5] = {&ls[BL_LN2], &ls[BL_FC1], &ls[BL_GELU], &ls[BL_FC2], &ls[BL_DROP2]};
+    const char *names2[5] = {n_ln2, n_fc1, "", n_fc2, ""};
+    for (int i = 0; i < 2; i++) {
+        node *nd = &r[i];
+        memset(nd, 0, sizeof *nd);
+        nd->kind = NODE_LAYER;
+        nd->L = &ls[i ? BL_RES2 : BL_RES1];
+        nd->id = a->n_ids++;
+        nd->in_numel = nd->out_numel = T * D;
+        nd->in = in;
+        nd->save2 = -1;
+        nd->w = nd->b = nd->rm = nd->rv = nd->bn_index = -1;
+        if (i == 0) nd->own = ls;
+        int err = build_body(a, nd, i ? body2 : body1, i ? names2 : names1, nb, L, in, msg,
+                             msg_cap);
+        if (err) return err;
+        in = nd->out;
+    }
+    /* torch.nn.MultiheadAttention: xavier_uniform_ in_proj_weight, zero biases */
+    node *qkv = &r[0].body[1], *proj = &r[0].body[3];
+    rename_param(a, qkv->w, n_attn, "in_proj_weight");
+    rename_param(a, qkv->b, n_attn, "in_proj_bias");
+    a->params[qkv->w].bound = (float)sqrt(6.0 / (double)(D + 3 * D));
+    a->params[qkv->b].fan_in = 0;
+    a->params[proj->b].fan_in = 0;
+    return FB_OK;
 }
 
 /* Plans a chain of layers starting from activation buffer in; *out_buf
@@ -230,15 +385,16 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
                         bool shared, node **out, int *n_out, int *out_buf, char *msg,
                         size_t msg_cap)
 {
-    /* one extra slot for a broadcast of the shared input */
-    node *nodes = calloc((size_t)n + 1, sizeof *nodes);
+    /* one extra slot for a broadcast of the shared input; a transformer
+     * block is two nodes */
+    node *nodes = calloc(2 * (size_t)n + 1, sizeof *nodes);
     if (!nodes) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     int k = 0, err = FB_OK;
     int cur = in;
     for (int i = 0; i < n; i++) {
         const fb_layer *L = &layers[i];
         bool consumes_shared = L->type == FB_LAYER_LINEAR || L->type == FB_LAYER_CONV2D ||
-                               L->type == FB_LAYER_FLATTEN;
+                               L->type == FB_LAYER_FLATTEN || L->type == FB_LAYER_EMBEDDING;
         if (shared && !consumes_shared) {
             /* ops other than the first GEMM layer need one copy per member */
             node *e = &nodes[k++];
@@ -291,6 +447,13 @@ static int build_layers(fb_array *a, const fb_layer *layers, int n, const char *
             i++;
             continue;
         }
+        if (L->type == FB_LAYER_TRANSFORMER_BLOCK) {
+            err = build_block(a, &nodes[k], L, name, cur, msg, msg_cap);
+            k += 2;
+            if (err) goto fail;
+            cur = nodes[k - 1].out;
+            continue;
+        }
         err = build_node(a, &nodes[k], L, name, cur, shared, 0, msg, msg_cap);
         k++;
         if (err) goto fail;
@@ -320,8 +483,15 @@ static void init_member(fb_array *a, int m)
         const tensor_def *d = is_buf ? &a->bufs[t - a->n_params] : &a->params[t];
         float *host = malloc(d->per_member * sizeof *host);
         FB_ASSERT(host);
-        if (d->fan_in > 0) {
-            float bound = (float)(1.0 / sqrt((double)d->fan_in));
+        if (d->std > 0) {
+            /* Box-Muller over two uniforms of the counter stream */
+            for (size_t i = 0; i < d->per_member; i++) {
+                double u1 = 1.0 - (double)fb_rng_uniform(seed, (uint64_t)t, 2 * i);
+                double u2 = (double)fb_rng_uniform(seed, (uint64_t)t, 2 * i + 1);
+                host[i] = (float)((double)d->std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+            }
+        } else if (d->bound > 0 || d->fan_in > 0) {
+            float bound = d->bound > 0 ? d->bound : (float)(1.0 / sqrt((double)d->fan_in));
             for (size_t i = 0; i < d->per_member; i++)
                 host[i] = (2.0f * fb_rng_uniform(seed, (uint64_t)t, i) - 1.0f) * bound;
         } else {
@@ -420,6 +590,13 @@ static void plan_backward(fb_array *a, const node *nodes, int n)
             plan_use(a, nd->in, false);
             plan_use(a, nd->save1, false);
             plan_use(a, nd->save2, false);
+            break;
+        case FB_LAYER_EMBEDDING: /* the ids */
+            plan_use(a, nd->in, false);
+            break;
+        case FB_LAYER_TRANSFORMER_BLOCK: /* the attention op: qkv and probs */
+            plan_use(a, nd->in, false);
+            plan_use(a, nd->save1, false);
             break;
         default:
             break;
@@ -558,6 +735,12 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
     a->max_n = max_n;
     a->in_numel = fb_shape_numel(&specs[0]->input);
     a->K = (int)fb_shape_numel(&specs[0]->output);
+    a->T = (int)specs[0]->tokens;
+    a->V = (int)specs[0]->vocab;
+    a->lm = specs[0]->lm;
+    a->out_rows = a->lm ? a->T : 1;
+    a->K_row = a->K / a->out_rows;
+    size_t label_rows = (size_t)max_n * (size_t)a->out_rows;
     a->specs = calloc((size_t)B, sizeof *a->specs);
     a->seeds = calloc((size_t)B, sizeof *a->seeds);
     if (!a->specs || !a->seeds) goto nomem;
@@ -566,13 +749,29 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
         a->seeds[b] = specs[b]->seed;
     }
 
+    if (a->T) {
+        static const fb_op need[] = {FB_OP_EMBEDDING, FB_OP_POSITIONAL, FB_OP_ATTENTION,
+                                     FB_OP_SEQ_POOL, FB_OP_LAYERNORM};
+        for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+            if (!fb_backend_supports(be, need[i])) {
+                err = fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                              "backend %s lacks the sequence ops of token models",
+                              fb_backend_name(be));
+                goto fail;
+            }
+    }
     a->bf16 = specs[0]->precision == FB_PREC_BF16;
     a->x_buf = new_buf(a, (size_t)max_n * (size_t)a->in_numel, 0, false);
     if (a->x_buf < 0) goto nomem;
     err = build_layers(a, specs[0]->layers, specs[0]->n_layers, "", a->x_buf, true, &a->nodes,
                        &a->n_nodes, &a->logits_buf, msg, msg_cap);
     if (err) goto fail;
-    a->y_buf = new_buf(a, (size_t)max_n, 0, false); /* int32 labels */
+    a->y_buf = new_buf(a, label_rows, 0, false); /* int32 labels (a language model's targets) */
+    if (a->T) {
+        a->ids_host = malloc((size_t)max_n * (size_t)a->T * sizeof *a->ids_host);
+        a->tgt_host = malloc((size_t)max_n * (size_t)a->T * sizeof *a->tgt_host);
+        if (!a->ids_host || !a->tgt_host) goto nomem;
+    }
     a->tgt_buf = new_buf(a, (size_t)max_n * (size_t)a->K, 0, false);
     a->loss_buf = new_buf(a, (size_t)B, 0, false);
     a->correct_buf = new_buf(a, (size_t)B, 0, false);
@@ -655,6 +854,8 @@ void fb_array_free(fb_array *a)
     free(a->ls_skipped);
     free(a->ls_force);
     free(a->ls_hp);
+    free(a->ids_host);
+    free(a->tgt_host);
     free(a->params);
     free(a->bufs);
     free(a->ab);

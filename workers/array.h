@@ -16,7 +16,10 @@
  * Tensor names follow PyTorch's nn.Sequential state dict: top-level layer i
  * is "i.weight"/"i.bias"; a residual block's body layer j is
  * "i.body.j.weight" and its shortcut layer k "i.shortcut.k.weight"; batch norm
- * adds "running_mean", "running_var" and "num_batches_tracked".
+ * adds "running_mean", "running_var" and "num_batches_tracked".  A token
+ * model's layers are named as docs/jobspec.md ("Token models") lists:
+ * "0.weight" for the embedding, "i.attn.in_proj_weight", "i.mlp.0.weight", ...
+ * inside transformer block i.
  */
 #ifndef FB_WORKERS_ARRAY_H
 #define FB_WORKERS_ARRAY_H
@@ -104,7 +107,13 @@ size_t fb_array_slab_floats(const fb_array *a);
  * loss [B] and correct [B] (may be NULL) receive each member's mean loss and
  * count of correct argmax predictions, in host memory.  For mse, y holds class
  * labels turned into one-hot targets when the output has K > 1 features, or
- * x-aligned float targets are not supported (FB_ERR_UNSUPPORTED).  On a CUDA
+ * x-aligned float targets are not supported (FB_ERR_UNSUPPORTED).  A token
+ * model's x holds each record's ids as exact floats ([N, T + 1] for a language
+ * model, whose targets are the last T of them and which ignores y; [N, T]
+ * with pool); an id that is not an integer in [0, vocab) is FB_ERR_DATA
+ * naming the sample and position, before anything runs.  A language model's
+ * loss is the mean over the N*T positions and its correct count is per
+ * sample the fraction of positions right.  On a CUDA
  * backend a failed device call anywhere since the backend was created (this
  * step, or an fb_array_step before it) is returned here (FB_ERR_IO,
  * FB_ERR_NOMEM or FB_ERR_DATA, see kernels/cuda/cuda_backend.h), and then
@@ -114,7 +123,8 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
                               uint64_t stream, float *loss, float *correct, char *msg,
                               size_t msg_cap);
 
-/* Copies the last forward's output of member m, [N, K], into host dst. */
+/* Copies the last forward's output of member m, [N, K], into host dst (a
+ * language model's K = T * V: its logits [N, T, V]). */
 void fb_array_logits(const fb_array *a, int m, int N, float *dst);
 
 /*

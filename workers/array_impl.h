@@ -32,6 +32,8 @@ typedef struct tensor_def {
     int64_t shape[MAX_PARAM_DIMS];
     int64_t fan_in; /* > 0: PyTorch's uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) init */
     float fill;     /* otherwise this constant */
+    float bound;    /* > 0: uniform(-bound, bound) instead (xavier_uniform_) */
+    float std;      /* > 0: normal(0, std) instead (nn.Embedding: 1) */
 } tensor_def;
 
 typedef enum node_kind { NODE_LAYER, NODE_EXPAND } node_kind;
@@ -66,6 +68,11 @@ struct node {
     node *body, *sc;
     int n_body, n_sc;
     int sc_out;          /* residual: shortcut output (== in for identity) */
+    /* A transformer block runs as two residual nodes whose layers the array
+     * makes itself (array.c, build_block); the first owns them.  The node
+     * whose L is the block itself is the block's attention op: in is qkv
+     * [N, T, B, 3D], save1 the probabilities [N, B, H, T, T]. */
+    fb_layer *own;
 };
 
 struct fb_array {
@@ -76,6 +83,14 @@ struct fb_array {
     int B, Bcap, max_n;
     int K;
     int64_t in_numel;
+    /* token models: T positions, vocabulary V, a language model's next-token
+     * targets; out_rows rows of K_row logits per sample (T rows of V for a
+     * language model, else one row of K); ids_host and tgt_host [max_n * T]
+     * hold a batch's ids and targets on their way to the device */
+    int T, V;
+    bool lm;
+    int out_rows, K_row;
+    int32_t *ids_host, *tgt_host;
 
     node *nodes; /* top-level */
     int n_nodes;
@@ -89,7 +104,7 @@ struct fb_array {
     float *p, *g, *s1, *s2; /* parameters, gradients, optimizer state */
     float *rb;              /* running statistics */
     float *act;             /* activations, their gradients, saved state */
-    float *scratch;         /* conv workspace */
+    float *scratch;         /* conv and attention workspace */
     /* bf16 arrays: the operands of linear and conv products rounded to bf16
      * (fb_round_bf16), [bf16_floats]; NULL in fp32 and tf32 arrays, which
      * make no extra pass. */

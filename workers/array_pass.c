@@ -101,6 +101,34 @@ static int bn_hw(const fb_layer *L)
     return L->in.ndim == 3 ? (int)(L->in.d[1] * L->in.d[2]) : 1;
 }
 
+/* Positions per sample of a layer's input: T for a sequence (T, D), whose
+ * per-position ops run on N*T rows of [N*T, B, D], else 1. */
+static int seq_len(const fb_layer *L)
+{
+    return L->in.ndim == 2 ? (int)L->in.d[0] : 1;
+}
+
+/* Features of one row of the input: D of a sequence, F of a feature vector. */
+static int row_in(const fb_layer *L)
+{
+    return (int)L->in.d[L->in.ndim - 1];
+}
+
+/* The attention workspace, after checking that it still fits (as conv_scratch). */
+static float *attn_scratch(const fb_array *a, int N, const fb_layer *L)
+{
+    size_t need = fb_attention_scratch_floats(a->be, N, (int)L->in.d[0], a->B, L->heads);
+    FB_ASSERT(need <= (a->scratch_floats ? a->scratch_floats : 16));
+    return need ? a->scratch : NULL;
+}
+
+/* The ids of the batch, which the embedding reads: checked on the host when
+ * they arrived (fb_array_forward_backward), so a kernel cannot refuse them. */
+static const int32_t *ids_of(const fb_array *a, const node *nd)
+{
+    return (const int32_t *)buf_at(a, nd->in);
+}
+
 static void forward_nodes(fb_array *a, node *nodes, int n, int N, bool train, uint64_t stream);
 
 static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stream)
@@ -125,16 +153,35 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
         return;
     }
     const fb_layer *L = nd->L;
+    int T = seq_len(L), NT = N * T;
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
     case FB_LAYER_LINEAR: {
         const float *in = ACT(nd->in), *w = PW(nd);
         if (a->bf16) bf16_operands(a, nd, N, &in, &w, NULL);
-        fb_linear_forward(be, ACT(nd->out), in, w, PB(nd), N, B, (int)L->in.d[0],
+        fb_linear_forward(be, ACT(nd->out), in, w, PB(nd), NT, B, row_in(L),
                           (int)L->out_features, nd->shared_in);
         break;
     }
+    case FB_LAYER_EMBEDDING: {
+        int err = fb_embedding_forward(be, ACT(nd->out), ids_of(a, nd), PW(nd), N, a->T, B, a->V,
+                                       (int)L->out_features, NULL, 0);
+        FB_ASSERT(err == FB_OK);
+        break;
+    }
+    case FB_LAYER_POSITIONAL:
+        fb_positional_forward(be, ACT(nd->out), ACT(nd->in), PW(nd), N, T, B, (int)L->max_len,
+                              row_in(L));
+        break;
+    case FB_LAYER_TRANSFORMER_BLOCK: /* the block's attention op (array_impl.h) */
+        fb_attention_forward(be, ACT(nd->out), ACT(nd->save1), ACT(nd->in), N, T, B, row_in(L),
+                             L->heads, L->causal, attn_scratch(a, N, L));
+        break;
+    case FB_LAYER_POOL:
+        fb_seq_pool_forward(be, L->pool == FB_POOL_FIRST ? FB_SEQ_POOL_FIRST : FB_SEQ_POOL_MEAN,
+                            ACT(nd->out), ACT(nd->in), N, T, B, row_in(L));
+        break;
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
         const float *in = ACT(nd->in), *w = PW(nd);
@@ -165,8 +212,8 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
     case FB_LAYER_DROPOUT:
         if (train && L->p > 0)
             fb_dropout_forward(be, ACT(nd->out), ACT(nd->in), a->seeds,
-                               fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, N,
-                               B, (int)nd->in_numel, 0);
+                               fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT,
+                               B, (int)nd->in_numel / T, 0);
         else
             fb_backend_copy(be, ACT(nd->out), ACT(nd->in), count * sizeof(float));
         break;
@@ -187,7 +234,7 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
     }
     case FB_LAYER_LAYERNORM:
         fb_layernorm_forward(be, ACT(nd->out), ACT(nd->save1), ACT(nd->save2), ACT(nd->in),
-                             nd->w >= 0 ? PW(nd) : NULL, PB(nd), N, B, (int)nd->in_numel,
+                             nd->w >= 0 ? PW(nd) : NULL, PB(nd), NT, B, (int)nd->in_numel / T,
                              (float)L->eps);
         break;
     case FB_LAYER_RESIDUAL:
@@ -245,16 +292,35 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     float *din = nd->shared_in || L->type == FB_LAYER_FLATTEN || L->type == FB_LAYER_RESIDUAL
                      ? NULL
                      : grad_buf(a, nd->in, N);
+    int T = seq_len(L), NT = N * T;
     switch (L->type) {
     case FB_LAYER_FLATTEN:
         break;
     case FB_LAYER_LINEAR: {
         const float *in = ACT(nd->in), *w = PW(nd), *dout = DACT(nd->out);
         if (a->bf16) bf16_operands(a, nd, N, &in, &w, &dout);
-        fb_linear_backward(be, din, GW(nd), GB(nd), dout, in, w, N, B, (int)L->in.d[0],
+        fb_linear_backward(be, din, GW(nd), GB(nd), dout, in, w, NT, B, row_in(L),
                            (int)L->out_features, nd->shared_in);
         break;
     }
+    case FB_LAYER_EMBEDDING: {
+        int err = fb_embedding_backward(be, GW(nd), DACT(nd->out), ids_of(a, nd), N, a->T, B,
+                                        a->V, (int)L->out_features, NULL, 0);
+        FB_ASSERT(err == FB_OK);
+        break;
+    }
+    case FB_LAYER_POSITIONAL:
+        fb_positional_backward(be, din, GW(nd), DACT(nd->out), N, T, B, (int)L->max_len,
+                               row_in(L));
+        break;
+    case FB_LAYER_TRANSFORMER_BLOCK:
+        fb_attention_backward(be, din, DACT(nd->out), ACT(nd->save1), ACT(nd->in), N, T, B,
+                              row_in(L), L->heads, attn_scratch(a, N, L));
+        break;
+    case FB_LAYER_POOL:
+        fb_seq_pool_backward(be, L->pool == FB_POOL_FIRST ? FB_SEQ_POOL_FIRST : FB_SEQ_POOL_MEAN,
+                             din, DACT(nd->out), N, T, B, row_in(L));
+        break;
     case FB_LAYER_CONV2D: {
         fb_conv_geom g = conv_geom(a, nd, N);
         const float *in = ACT(nd->in), *w = PW(nd), *dout = DACT(nd->out);
@@ -292,8 +358,8 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     case FB_LAYER_DROPOUT:
         if (L->p > 0)
             fb_dropout_backward(be, din, DACT(nd->out), a->seeds,
-                                fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, N,
-                                B, (int)nd->in_numel, 0);
+                                fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT,
+                                B, (int)nd->in_numel / T, 0);
         else
             fb_accumulate(be, din, DACT(nd->out), count);
         break;
@@ -305,7 +371,7 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     case FB_LAYER_LAYERNORM:
         fb_layernorm_backward(be, din, nd->w >= 0 ? GW(nd) : NULL, GB(nd), DACT(nd->out),
                               ACT(nd->in), ACT(nd->save1), ACT(nd->save2),
-                              nd->w >= 0 ? PW(nd) : NULL, N, B, (int)nd->in_numel);
+                              nd->w >= 0 ? PW(nd) : NULL, NT, B, (int)nd->in_numel / T);
         break;
     case FB_LAYER_RESIDUAL:
         /* out = body(x) + shortcut(x): the output gradient reaches both */
@@ -324,6 +390,31 @@ static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stre
     for (int i = n - 1; i >= 0; i--) backward_node(a, &nodes[i], N, stream);
 }
 
+/*
+ * A token model's batch: x [N, rec] holds ids as exact floats (rec = T + 1
+ * for a language model, T otherwise).  Fills a->ids_host [N*T] with the first
+ * T of each record and, for a language model, a->tgt_host [N*T] with the
+ * last T (the next token of each position).  A value that is not an integer
+ * in [0, V) is FB_ERR_DATA naming the sample and position.
+ */
+static int token_batch(fb_array *a, const float *x, int N, char *msg, size_t msg_cap)
+{
+    int T = a->T, rec = (int)a->in_numel;
+    for (int n = 0; n < N; n++) {
+        for (int t = 0; t < rec; t++) {
+            float v = x[(size_t)n * rec + t];
+            if (!(v >= 0 && v < (float)a->V && v == (float)(int32_t)v))
+                return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                               "token %g at position %d of sample %d is not an id in [0, %d) "
+                               "(model.input.vocab)",
+                               (double)v, t, n, a->V);
+            if (t < T) a->ids_host[(size_t)n * T + t] = (int32_t)v;
+            if (a->lm && t >= 1) a->tgt_host[(size_t)n * T + t - 1] = (int32_t)v;
+        }
+    }
+    return FB_OK;
+}
+
 int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
                               uint64_t stream, float *loss, float *correct, char *msg,
                               size_t msg_cap)
@@ -332,8 +423,9 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "batch of %d samples, the array holds %d",
                        N, a->max_n);
     const fb_job_spec *s = a->specs[0];
-    int K = a->K, B = a->B;
-    if (y) {
+    int K = a->K_row, B = a->B, err;
+    if (a->T && (err = token_batch(a, x, N, msg, msg_cap))) return err;
+    if (y && !a->lm) {
         for (int n = 0; n < N; n++) {
             bool ok = s->loss == FB_LOSS_CROSS_ENTROPY || K > 1 ? (y[n] >= 0 && y[n] < K)
                                                                 : y[n] >= 0;
@@ -344,7 +436,12 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
         }
     }
     a->step = 0; /* the steps of plan_walk */
-    fb_backend_upload(a->be, ACT(a->x_buf), x, (size_t)N * (size_t)a->in_numel * sizeof(float));
+    if (a->T)
+        fb_backend_upload(a->be, ACT(a->x_buf), a->ids_host,
+                          (size_t)N * (size_t)a->T * sizeof(int32_t));
+    else
+        fb_backend_upload(a->be, ACT(a->x_buf), x,
+                          (size_t)N * (size_t)a->in_numel * sizeof(float));
     forward_nodes(a, a->nodes, a->n_nodes, N, train, stream);
     if (!y) return device_status(a, msg, msg_cap);
 
@@ -357,9 +454,13 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     }
     float *dev_loss = ACT(a->loss_buf), *dev_correct = ACT(a->correct_buf);
     if (s->loss == FB_LOSS_CROSS_ENTROPY) {
-        fb_backend_upload(a->be, ACT(a->y_buf), y, (size_t)N * sizeof(int32_t));
+        /* a language model: every position of every sample against its next
+         * token, the mean over the N*T rows of logits [N*T, B, V] */
+        int rows = N * a->out_rows;
+        fb_backend_upload(a->be, ACT(a->y_buf), a->lm ? a->tgt_host : y,
+                          (size_t)rows * sizeof(int32_t));
         fb_softmax_xent(a->be, dev_loss, dlogits, dev_correct, ACT(a->logits_buf),
-                        (const int32_t *)ACT(a->y_buf), N, B, K, 1.0f / (float)N);
+                        (const int32_t *)ACT(a->y_buf), rows, B, K, 1.0f / (float)rows);
     } else {
         float *tgt = calloc((size_t)N * (size_t)K, sizeof *tgt);
         if (!tgt) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
@@ -386,14 +487,21 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);
     a->step = STEP_END;
     if (loss) fb_backend_download(a->be, loss, dev_loss, (size_t)B * sizeof(float));
-    if (correct) fb_backend_download(a->be, correct, dev_correct, (size_t)B * sizeof(float));
+    if (correct) {
+        fb_backend_download(a->be, correct, dev_correct, (size_t)B * sizeof(float));
+        /* a language model counts positions: per sample, the fraction right */
+        if (a->lm)
+            for (int b = 0; b < B; b++) correct[b] /= (float)a->T;
+    }
     return device_status(a, msg, msg_cap);
 }
 
 void fb_array_logits(const fb_array *a, int m, int N, float *dst)
 {
-    const size_t K = (size_t)a->K, B = (size_t)a->B;
+    /* a language model's logits [N, T, B, V] are N*T rows of V */
+    const size_t K = (size_t)a->K_row, B = (size_t)a->B;
     const float *src = a->act + a->ab[a->logits_buf].off; /* live until STEP_END */
+    N *= a->out_rows;
     /* One download of all members' rows, then a host gather: on a GPU every
      * download waits for the device, so N row-sized ones would cost N waits.
      * Row by row only when the host buffer cannot be had. */

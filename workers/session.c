@@ -88,10 +88,82 @@ static int evaluate(fb_array *a, const fb_dataset *test, int64_t in_numel, int c
     return err;
 }
 
+/*
+ * A token model's dataset (docs/jobspec.md, "Token models"): records of T + 1
+ * ids for a language model, T for one that pools, each an integer in [0, V),
+ * and labels for one that pools.  Ids held in memory are checked here, so a
+ * mismatched dataset fails when training opens rather than at some step.
+ */
+static int check_token_data(const fb_job_spec *s, const fb_dataset *ds, const char *split,
+                            char *msg, size_t msg_cap)
+{
+    int64_t rec = (int64_t)ds->C * ds->H * ds->W;
+    if (rec != fb_shape_numel(&s->input))
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s (%s) has records of %lld values; the model (model.input.tokens "
+                       "%lld, %s) reads records of %lld tokens",
+                       s->dataset, split, (long long)rec, (long long)s->tokens,
+                       s->lm ? "a language model: T + 1" : "pooled: T",
+                       (long long)fb_shape_numel(&s->input));
+    if (!s->lm && ds->n_classes < 2)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s (%s) has no labels; a model with a pool layer is a classifier "
+                       "(remove the pool layer for a language model)",
+                       s->dataset, split);
+    if (ds->n < 1)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA, "dataset %s (%s) is empty", s->dataset, split);
+    if (!ds->x) return FB_OK;
+    for (int64_t i = 0; i < ds->n * rec; i++) {
+        float v = ds->x[i];
+        if (!(v >= 0 && v < (float)s->vocab && v == floorf(v)))
+            return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                           "dataset %s (%s) record %lld position %lld: %g is not a token id below "
+                           "the model's vocab %lld (model.input.vocab)",
+                           s->dataset, split, (long long)(i / rec), (long long)(i % rec), (double)v,
+                           (long long)s->vocab);
+    }
+    return FB_OK;
+}
+
+/* A token model against the manifest of a shard dataset read by a loader, whose train
+ * records are not in memory for check_token_data to scan: token ids (int32, within the
+ * model's vocab, or float32 values the array checks as they arrive), not images. */
+static int check_token_manifest(const fb_job_spec *s, const fb_manifest *m, char *msg,
+                                size_t msg_cap)
+{
+    if (m->dtype == FB_DTYPE_U8)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s holds uint8 samples (images); a token model "
+                       "(model.input.tokens) reads token ids: an int32 dataset, or float32 "
+                       "values that are ids",
+                       s->dataset);
+    if (m->dtype == FB_DTYPE_I32 && m->vocab > s->vocab)
+        return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                       "dataset %s has a vocabulary of %lld tokens; the model's model.input.vocab "
+                       "is %lld",
+                       s->dataset, (long long)m->vocab, (long long)s->vocab);
+    return FB_OK;
+}
+
+/* What a token model's session needs besides its data (check_data): one device, since its
+ * loss is a mean over N*T positions, which the engines that split a batch do not scale for
+ * (the spec refuses parallel for them, docs/jobspec.md), and a fitting loader's manifest. */
+static int check_token_run(const fb_job_spec *s, const fb_train_opts *o, char *msg,
+                           size_t msg_cap)
+{
+    if (!o) return FB_OK;
+    if (o->pipeline > 1 || o->n_devices > 1 || o->comm || o->control_comm)
+        return fb_errf(msg, msg_cap, FB_ERR_UNSUPPORTED,
+                       "job %s: token models (model.input.tokens) train on one device", s->name);
+    return o->loader ? check_token_manifest(s, fb_loader_manifest(o->loader), msg, msg_cap)
+                     : FB_OK;
+}
+
 static int check_data(const fb_job_spec *s, int K, const fb_dataset *ds, const char *split,
                       char *msg, size_t msg_cap)
 {
     if (!ds) return FB_OK;
+    if (s->tokens) return check_token_data(s, ds, split, msg, msg_cap);
     int64_t numel = (int64_t)ds->C * ds->H * ds->W;
     if (numel != fb_shape_numel(&s->input))
         return fb_errf(msg, msg_cap, FB_ERR_DATA,
@@ -156,6 +228,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     int K = (int)fb_shape_numel(&s0->output);
     int err;
     if ((err = check_data(s0, K, train, "train", msg, msg_cap))) return err;
+    if (s0->tokens && (err = check_token_run(s0, opts, msg, msg_cap))) return err;
     /* an empty validation set (val_fraction 0) is none */
     if (val && val->n == 0) val = NULL;
     const fb_dataset *test = opts ? opts->test : NULL;

@@ -4,7 +4,11 @@ A fusebox model spec ({"input": [...], "layers": [...]}, docs/jobspec.md)
 describes an nn.Sequential whose state_dict names are the tensor names of
 fusebox's weights files: top-level layer i is module i; a residual block is
 a Residual module with body and shortcut sub-sequences (i.body.j,
-i.shortcut.k); layers without parameters keep their index.
+i.shortcut.k); layers without parameters keep their index.  A token model
+({"input": {"tokens": T, "vocab": V}, ...}) starts with an nn.Embedding that
+takes ids as integers or exact floats [N, T]; a transformer_block i is a
+module with ln1, attn (nn.MultiheadAttention), ln2 and mlp (i.attn.in_proj_weight,
+i.mlp.0.weight, ...); a language model returns logits [N, T, V].
 
   to_torch(model_spec)          the nn.Sequential of a spec
   from_torch(module, input)     the spec of an nn.Sequential of supported layers
@@ -42,7 +46,15 @@ _LAYER_FIELDS = {
     "batchnorm": {"eps": ("positive", 1e-5), "momentum": ("unit", 0.1), "affine": ("bool", True)},
     "layernorm": {"eps": ("positive", 1e-5), "affine": ("bool", True)},
     "residual": {"body": ("layers", _REQUIRED), "shortcut": ("layers", [])},
+    # token models (docs/jobspec.md, "Token models")
+    "embedding": {"dim": ("dim", _REQUIRED)},
+    "positional": {"max_len": ("tokens", None)},
+    "transformer_block": {"heads": ("heads", _REQUIRED), "mlp_ratio": ("ratio", 4),
+                          "causal": ("bool", True), "dropout": ("p", 0.0)},
+    "pool": {"mode": ("mode", "mean")},
 }
+MAX_TOKENS = 8192
+MAX_VOCAB = 1 << 24
 _MODEL_FIELDS = ("input", "layers")
 
 
@@ -82,6 +94,72 @@ def _classes():
         Residual.__module__ = GlobalAvgPool.__module__ = __name__
         _RESIDUAL, _GLOBAL_AVGPOOL = Residual, GlobalAvgPool
     return _RESIDUAL, _GLOBAL_AVGPOOL
+
+
+_TOKEN_CLASSES = None
+
+
+def _token_classes():
+    """The modules of token models (made once, on first use): an nn.Embedding
+    that takes ids as floats too (fusebox delivers them so), the learned
+    positions, a pre-LayerNorm transformer block and the pool."""
+    global _TOKEN_CLASSES
+    if _TOKEN_CLASSES is None:
+        torch, nn = _torch()
+
+        class TokenEmbedding(nn.Embedding):
+            """nn.Embedding over ids given as integers or exact floats, [N, T] -> [N, T, D]."""
+
+            def forward(self, x):
+                return super().forward(x.long())
+
+        class Positional(nn.Module):
+            """x + weight[:T]: a learned table of max_len positions, [N, T, D]."""
+
+            def __init__(self, max_len, dim):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+
+            def forward(self, x):
+                return x + self.weight[: x.shape[1]]
+
+        class TransformerBlock(nn.Module):
+            """x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x))), exact GELU, [N, T, D]."""
+
+            def __init__(self, dim, heads, mlp_ratio=4, causal=True, dropout=0.0):
+                super().__init__()
+                self.causal = causal
+                self.ln1 = nn.LayerNorm(dim)
+                self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+                self.drop1 = nn.Dropout(dropout)
+                self.ln2 = nn.LayerNorm(dim)
+                self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(),
+                                         nn.Linear(mlp_ratio * dim, dim))
+                self.drop2 = nn.Dropout(dropout)
+
+            def forward(self, x):
+                t = x.shape[1]
+                mask = (torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
+                        if self.causal else None)
+                h = self.ln1(x)
+                a, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
+                x = x + self.drop1(a)
+                return x + self.drop2(self.mlp(self.ln2(x)))
+
+        class SeqPool(nn.Module):
+            """[N, T, D] -> [N, D]: the mean over positions, or position 0."""
+
+            def __init__(self, mode="mean"):
+                super().__init__()
+                self.mode = mode
+
+            def forward(self, x):
+                return x.mean(dim=1) if self.mode == "mean" else x[:, 0]
+
+        for c in (TokenEmbedding, Positional, TransformerBlock, SeqPool):
+            c.__module__ = __name__
+        _TOKEN_CLASSES = (TokenEmbedding, Positional, TransformerBlock, SeqPool)
+    return _TOKEN_CLASSES
 
 
 def Residual(body, shortcut=None):
@@ -145,6 +223,17 @@ def _field(path, kind, v):
         if not (lo <= v <= hi) or (kind == "positive" and v == 0):
             raise SpecError(path, f"{v} is out of range ({lo}..{hi})")
         return float(v)
+    if kind in ("dim", "heads", "ratio", "tokens"):
+        hi = {"dim": 65536, "heads": 1024, "ratio": 16, "tokens": MAX_TOKENS}[kind]
+        if not _is_int(v):
+            raise SpecError(path, f"expected an integer, got {json.dumps(v)}")
+        if not 1 <= v <= hi:
+            raise SpecError(path, f"{v} is out of range (1..{hi})")
+        return v
+    if kind == "mode":
+        if v not in ("mean", "first"):
+            raise SpecError(path, f"expected \"mean\" or \"first\", got {json.dumps(v)}")
+        return v
     if kind == "layers":
         if not isinstance(v, list):
             raise SpecError(path, f"expected an array of layers, got {json.dumps(v)}")
@@ -196,8 +285,34 @@ def _window_out(shape, k, s, p):
     return hw
 
 
-def _build(layers, shape, path, depth=0):
-    """(nn.Sequential, output shape) of a layer list on samples of shape."""
+def _token_layer(L, lp, shape, vocab, first):
+    """(module, output shape) of a token-model layer; a sequence is [T, D]."""
+    Emb, Pos, Block, Pool = _token_classes()
+    t = L["type"]
+    if t == "embedding":
+        if not vocab or not first:
+            raise SpecError(lp, "embedding: must be the first layer, over a token input "
+                                "(model.input {\"tokens\": T, \"vocab\": V})")
+        return Emb(vocab, L["dim"]), [shape[0], L["dim"]]
+    if len(shape) != 2:
+        raise SpecError(lp, f"{t}: needs a sequence input (T, D) from an embedding, got "
+                            f"{_shape_text(shape)}")
+    T, D = shape
+    if t == "positional":
+        n = L["max_len"] or T
+        if n < T:
+            raise SpecError(f"{lp}.max_len", f"{n} is below the sequence length {T}")
+        return Pos(n, D), shape
+    if t == "transformer_block":
+        if D % L["heads"]:
+            raise SpecError(f"{lp}.heads", f"{L['heads']} does not divide the model dimension {D}")
+        return Block(D, L["heads"], L["mlp_ratio"], L["causal"], L["dropout"]), shape
+    return Pool(L["mode"]), [D]
+
+
+def _build(layers, shape, path, depth=0, vocab=0):
+    """(nn.Sequential, output shape) of a layer list on samples of shape
+    (a token model's: [T] with its vocab)."""
     torch, nn = _torch()
     Res, GAP = _classes()
     if depth > MAX_NESTING:
@@ -207,12 +322,18 @@ def _build(layers, shape, path, depth=0):
         lp = f"{path}[{i}]"
         L = _layer_fields(raw, lp)
         t = L["type"]
-        if t == "linear":
-            if len(shape) != 1:
+        first = vocab and depth == 0 and i == 0
+        if first and t != "embedding":
+            raise SpecError(lp, f"{t}: a token input (model.input.tokens) needs an embedding first")
+        if t in ("embedding", "positional", "transformer_block", "pool"):
+            m, shape = _token_layer(L, lp, shape, vocab, first)
+        elif t == "linear":
+            if len(shape) == 3:
                 raise SpecError(lp, f"{t}: needs a feature input (F), got {_shape_text(shape)}; "
                                     "add a flatten layer before it")
-            m = nn.Linear(shape[0], L["out"], bias=L["bias"])
-            shape = [L["out"]]
+            # on a sequence (T, D): the same map at every position, as nn.Linear does
+            m = nn.Linear(shape[-1], L["out"], bias=L["bias"])
+            shape = list(shape[:-1]) + [L["out"]]
         elif t in ("conv2d", "maxpool2d", "avgpool2d", "global_avgpool"):
             if len(shape) != 3:
                 raise SpecError(lp, f"{t}: needs an image input (C, H, W), got "
@@ -232,6 +353,9 @@ def _build(layers, shape, path, depth=0):
                     m = (nn.MaxPool2d(k, s, p) if t == "maxpool2d"
                          else nn.AvgPool2d(k, s, p, count_include_pad=True))
                     shape = [shape[0]] + hw
+        elif t in ("flatten", "batchnorm") and len(shape) == 2:
+            raise SpecError(lp, f"{t}: not over a sequence (T, D); use "
+                                f"{'pool' if t == 'flatten' else 'layernorm'}")
         elif t == "flatten":
             m = nn.Flatten()
             shape = [math.prod(shape)]
@@ -251,7 +375,9 @@ def _build(layers, shape, path, depth=0):
             cls = nn.BatchNorm1d if len(shape) == 1 else nn.BatchNorm2d
             m = cls(shape[0], eps=L["eps"], momentum=L["momentum"], affine=L["affine"])
         elif t == "layernorm":
-            m = nn.LayerNorm(list(shape), eps=L["eps"], elementwise_affine=L["affine"])
+            # a sequence normalises each position over its D features
+            m = nn.LayerNorm(list(shape[-1:] if len(shape) == 2 else shape), eps=L["eps"],
+                             elementwise_affine=L["affine"])
         elif t == "residual":
             body, out = _build(L["body"], shape, f"{lp}.body", depth + 1)
             sc, sc_out = _build(L["shortcut"], shape, f"{lp}.shortcut", depth + 1)
@@ -289,15 +415,27 @@ def _to_torch(model_spec):
     for k in _MODEL_FIELDS:
         if k not in model:
             raise SpecError(f"{path}.{k}", "missing field")
-    shape = model["input"]
-    if (not isinstance(shape, list) or len(shape) not in (1, 3) or
+    shape, vocab = model["input"], 0
+    if isinstance(shape, dict):
+        for k in shape:
+            if k not in ("tokens", "vocab"):
+                raise SpecError(f"{path}.input.{k}", "unknown field (it has tokens, vocab)")
+        T, vocab = shape.get("tokens"), shape.get("vocab")
+        if not (_is_int(T) and 1 <= T <= MAX_TOKENS):
+            raise SpecError(f"{path}.input.tokens", f"expected an integer 1..{MAX_TOKENS}, got "
+                                                    f"{json.dumps(T)}")
+        if not (_is_int(vocab) and 2 <= vocab <= MAX_VOCAB):
+            raise SpecError(f"{path}.input.vocab", f"expected an integer 2..{MAX_VOCAB}, got "
+                                                   f"{json.dumps(vocab)}")
+        shape = [T]
+    elif (not isinstance(shape, list) or len(shape) not in (1, 3) or
             not all(_is_int(d) and 1 <= d <= MAX_DIM for d in shape)):
-        raise SpecError(f"{path}.input", f"expected [F] or [C, H, W] of sizes 1..{MAX_DIM}, got "
-                                         f"{json.dumps(shape)}")
+        raise SpecError(f"{path}.input", f"expected [F] or [C, H, W] of sizes 1..{MAX_DIM}, or "
+                                         f"{{\"tokens\": T, \"vocab\": V}}, got {json.dumps(shape)}")
     layers = model["layers"]
     if not isinstance(layers, list) or not layers:
         raise SpecError(f"{path}.layers", "expected a non-empty array of layers")
-    return _build(layers, list(shape), f"{path}.layers")
+    return _build(layers, list(shape), f"{path}.layers", vocab=vocab)
 
 
 def to_torch(model_spec):
@@ -538,9 +676,11 @@ def _file_spec(meta, path):
         raise FileFormatError(path, f"metadata preprocess.uint8_scale is {scale!r}, expected a "
                                     "positive number")
     model = spec.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("input"), list):
+    if not isinstance(model, dict) or not isinstance(model.get("input"), (list, dict)):
         raise FileFormatError(path, "metadata spec has no model.input")
-    spec.preprocess = Preprocess(info, model["input"])
+    inp = model["input"]
+    # a token model reads T ids (as floats, as the loaders deliver them)
+    spec.preprocess = Preprocess(info, [inp.get("tokens")] if isinstance(inp, dict) else inp)
     spec.metrics = _meta_json(meta, "metrics", path, dict) if "metrics" in meta else {}
     # a model or checkpoint has its step; a bare weights file (fb_array_save) may not
     if "step" in meta:

@@ -20,6 +20,14 @@
 #define WITH_MODEL(layers, ...)                                                                    \
     "{" DS ",'model':{'input':[1,28,28],'layers':[" layers "]}," REST __VA_ARGS__ "}"
 
+/* a token model: records of T = 16 ids below V = 40 */
+#define TOK_IN "'input':{'tokens':16,'vocab':40}"
+#define TOKENS(layers, ...)                                                                        \
+    "{'dataset':'licence-text','model':{" TOK_IN ",'layers':[" layers "]}," REST __VA_ARGS__ "}"
+#define EMB "{'type':'embedding','dim':32}"
+#define BLOCK "{'type':'transformer_block','heads':4}"
+#define LM_HEAD "{'type':'layernorm'},{'type':'linear','out':40}"
+
 typedef struct spec_case {
     const char *name;
     const char *json;
@@ -264,6 +272,74 @@ static const spec_case cases[] = {
     {"too many params", WITH_MODEL("{'type':'flatten'},{'type':'linear','out':1048576},"
                                    "{'type':'linear','out':10}"),
      FB_ERR_TOO_MANY_PARAMS, NULL},
+    /* ---- token models ---- */
+    {"char lm", TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK "," BLOCK "," LM_HEAD),
+     FB_OK, NULL},
+    {"token classifier", TOKENS(EMB ",{'type':'positional'}," BLOCK ",{'type':'pool','mode':'first'},"
+                                "{'type':'linear','out':5}"),
+     FB_OK, NULL},
+    {"T beyond max_len", TOKENS(EMB ",{'type':'positional','max_len':8}," LM_HEAD),
+     FB_ERR_SHAPE_MISMATCH, "max_len: 8 is below the sequence length 16"},
+    {"heads not dividing dim", TOKENS(EMB ",{'type':'transformer_block','heads':5}," LM_HEAD),
+     FB_ERR_SHAPE_MISMATCH, "model.layers[1].heads: 5 does not divide"},
+    {"vocab 0", "{" DS ",'model':{'input':{'tokens':16,'vocab':0},'layers':[" EMB "]}," REST "}",
+     FB_ERR_OUT_OF_RANGE, "model.input.vocab"},
+    {"vocab too large", "{" DS ",'model':{'input':{'tokens':16,'vocab':16777217},'layers':[" EMB
+                        "]}," REST "}",
+     FB_ERR_OUT_OF_RANGE, "model.input.vocab"},
+    {"tokens 0", "{" DS ",'model':{'input':{'tokens':0,'vocab':40},'layers':[" EMB "]}," REST "}",
+     FB_ERR_OUT_OF_RANGE, "model.input.tokens"},
+    {"tokens unknown field", "{" DS ",'model':{'input':{'tokens':4,'vocab':40,'dim':3},'layers':["
+                             EMB "]}," REST "}",
+     FB_ERR_UNKNOWN_FIELD, "model.input.dim"},
+    {"embedding not first", TOKENS("{'type':'layernorm'}," EMB "," LM_HEAD),
+     FB_ERR_SHAPE_MISMATCH, "needs an embedding first"},
+    {"embedding twice", TOKENS(EMB "," EMB "," LM_HEAD), FB_ERR_SHAPE_MISMATCH,
+     "model.layers[1] (embedding): must be the first layer"},
+    {"block on features", "{" DS ",'model':{'input':[10],'layers':[" BLOCK "]}," REST "}",
+     FB_ERR_SHAPE_MISMATCH, "model.layers[0] (transformer_block): needs a sequence input"},
+    {"block after pool", TOKENS(EMB ",{'type':'pool'}," BLOCK ",{'type':'linear','out':3}"),
+     FB_ERR_SHAPE_MISMATCH, "after the pool layer"},
+    {"pool twice", TOKENS(EMB ",{'type':'pool'},{'type':'pool'},{'type':'linear','out':3}"),
+     FB_ERR_SHAPE_MISMATCH, "needs a sequence input"},
+    {"pool twice nested", TOKENS(EMB ",{'type':'residual','body':[{'type':'pool'}],'shortcut':"
+                                 "[{'type':'pool'}]},{'type':'linear','out':3}"),
+     FB_ERR_SHAPE_MISMATCH, "pools already at model.layers[1].body[0]"},
+    {"embedding on image", WITH_MODEL(EMB), FB_ERR_SHAPE_MISMATCH,
+     "model.layers[0] (embedding): must be the first layer, over a token input"},
+    {"positional on image", WITH_MODEL("{'type':'positional'}"), FB_ERR_SHAPE_MISMATCH,
+     "model.layers[0] (positional): needs a sequence input"},
+    {"pool on image", WITH_MODEL("{'type':'pool'}"), FB_ERR_SHAPE_MISMATCH,
+     "model.layers[0] (pool): needs a sequence input"},
+    {"flatten a sequence", TOKENS(EMB ",{'type':'flatten'},{'type':'linear','out':3}"),
+     FB_ERR_SHAPE_MISMATCH, "use a pool layer"},
+    {"batchnorm a sequence", TOKENS(EMB ",{'type':'batchnorm'}," LM_HEAD), FB_ERR_SHAPE_MISMATCH,
+     "use layernorm"},
+    {"conv on a sequence", TOKENS(EMB ",{'type':'conv2d','out':3,'kernel':1}," LM_HEAD),
+     FB_ERR_SHAPE_MISMATCH, "needs an image input"},
+    {"lm head not vocab", TOKENS(EMB "," BLOCK ",{'type':'linear','out':39}"), FB_ERR_BAD_LOSS,
+     "vocab (40) features per position"},
+    {"lm with mse", TOKENS(EMB "," LM_HEAD, ",'loss':'mse'"), FB_ERR_BAD_LOSS, "cross_entropy"},
+    {"block heads 0", TOKENS(EMB ",{'type':'transformer_block','heads':0}," LM_HEAD),
+     FB_ERR_OUT_OF_RANGE, "model.layers[1].heads"},
+    {"block mlp_ratio 17", TOKENS(EMB ",{'type':'transformer_block','heads':4,'mlp_ratio':17}," LM_HEAD),
+     FB_ERR_OUT_OF_RANGE, "model.layers[1].mlp_ratio"},
+    {"block dropout 1", TOKENS(EMB ",{'type':'transformer_block','heads':4,'dropout':1.0}," LM_HEAD),
+     FB_ERR_OUT_OF_RANGE, "model.layers[1].dropout"},
+    {"block unknown field", TOKENS(EMB ",{'type':'transformer_block','heads':4,'dim':3}," LM_HEAD),
+     FB_ERR_UNKNOWN_FIELD, "model.layers[1].dim"},
+    {"pool mode", TOKENS(EMB ",{'type':'pool','mode':'max'},{'type':'linear','out':3}"),
+     FB_ERR_BAD_ENUM, "model.layers[1].mode"},
+    {"embedding dim 0", TOKENS("{'type':'embedding','dim':0}," LM_HEAD), FB_ERR_OUT_OF_RANGE,
+     "model.layers[0].dim"},
+    {"attention too large",
+     "{" DS ",'model':{'input':{'tokens':8192,'vocab':40},'layers':[{'type':'embedding','dim':8},"
+     "{'type':'transformer_block','heads':8},{'type':'linear','out':40}]}," REST "}",
+     FB_ERR_DIM_TOO_LARGE, "attention probabilities of 8 heads over 8192 positions"},
+    {"token bf16", TOKENS(EMB "," LM_HEAD, ",'precision':'bf16'"), FB_ERR_UNSUPPORTED,
+     "precision: bf16"},
+    {"token data parallel", TOKENS(EMB "," LM_HEAD, ",'parallel':{'data':2}"), FB_ERR_UNSUPPORTED,
+     "parallel"},
     {"nesting too deep",
      WITH_MODEL("{'type':'residual','body':[{'type':'residual','body':[{'type':'residual','body':"
                 "[{'type':'residual','body':[{'type':'residual','body':[{'type':'relu'}]}]}]}]}]},"
@@ -531,6 +607,73 @@ static void run_inference(void)
     free(j);
 }
 
+/* Token models: shapes, parameters, the record length, canonical round trip and fusion. */
+static void run_tokens(void)
+{
+    fb_job_spec s, r;
+    char msg[512];
+    const char *lm = TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK "," BLOCK "," LM_HEAD);
+    CHECK_INT_EQ(parse(lm, &s, msg, sizeof msg), FB_OK);
+    CHECK(s.lm);
+    CHECK_INT_EQ(s.tokens, 16);
+    CHECK_INT_EQ(s.vocab, 40);
+    CHECK_INT_EQ(s.input.ndim, 1);
+    CHECK_INT_EQ(s.input.d[0], 17); /* records of T + 1 tokens */
+    CHECK_INT_EQ(s.output.ndim, 2);
+    CHECK_INT_EQ(s.output.d[0], 16);
+    CHECK_INT_EQ(s.output.d[1], 40);
+    CHECK_INT_EQ(s.layers[0].out.ndim, 2);
+    CHECK_INT_EQ(s.layers[2].causal, 1);
+    CHECK_INT_EQ(s.layers[2].mlp_ratio, 4);
+    int64_t D = 32, M = 128;
+    int64_t block = 4 * D + 3 * D * D + 3 * D + D * D + D + D * M + M + M * D + D;
+    CHECK_INT_EQ(s.n_params, 40 * D + 32 * D + 2 * block + 2 * D + D * 40 + 40);
+    CHECK_NEAR(s.layers[5].flops_fwd, 2.0 * 16 * 32 * 40, 0);
+    char *canon = fb_job_spec_canonical(&s);
+    CHECK(canon);
+    CHECK(strstr(canon, "\"input\":{\"tokens\":16,\"vocab\":40}"));
+    CHECK(strstr(canon, "\"type\":\"transformer_block\""));
+    CHECK_INT_EQ(fb_job_spec_parse(canon, strlen(canon), NULL, &r, msg, sizeof msg), FB_OK);
+    char *canon2 = fb_job_spec_canonical(&r);
+    CHECK_STR_EQ(canon, canon2);
+    CHECK_STR_EQ(s.fusion_key, r.fusion_key);
+    free(canon);
+    free(canon2);
+    fb_job_spec_free(&r);
+
+    /* the schedule and the seed are per member; the shapes fuse */
+    char k[40];
+    key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK "," BLOCK "," LM_HEAD,
+                  ",'schedule':{'warmup_steps':10},'seed':3"),
+           k, NULL);
+    CHECK_STR_EQ(k, s.fusion_key);
+    key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK ","
+                  "{'type':'transformer_block','heads':2}," LM_HEAD),
+           k, NULL);
+    CHECK(strcmp(k, s.fusion_key) != 0);
+    key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK ","
+                  "{'type':'transformer_block','heads':4,'causal':false}," LM_HEAD),
+           k, NULL);
+    CHECK(strcmp(k, s.fusion_key) != 0);
+    /* a block's dropout is a layer field: one rate per array, as a dropout layer's p */
+    key_of(TOKENS(EMB ",{'type':'positional','max_len':32}," BLOCK ","
+                  "{'type':'transformer_block','heads':4,'dropout':0.1}," LM_HEAD),
+           k, NULL);
+    CHECK(strcmp(k, s.fusion_key) != 0);
+    fb_job_spec_free(&s);
+
+    /* a pool model reads records of T tokens and has a class output */
+    CHECK_INT_EQ(parse(TOKENS(EMB "," BLOCK ",{'type':'pool'},{'type':'linear','out':5}"), &s, msg,
+                       sizeof msg),
+                 FB_OK);
+    CHECK(!s.lm);
+    CHECK_INT_EQ(s.input.d[0], 16);
+    CHECK_INT_EQ(s.output.ndim, 1);
+    CHECK_INT_EQ(s.output.d[0], 5);
+    CHECK_INT_EQ(s.layers[2].pool, FB_POOL_MEAN);
+    fb_job_spec_free(&s);
+}
+
 static void run_schedule(void)
 {
     fb_sched_spec c = {.type = FB_SCHED_COSINE, .warmup_steps = 10};
@@ -606,6 +749,7 @@ int main(void)
     run_layer_bound();
     run_fusion_keys();
     run_inference();
+    run_tokens();
     run_schedule();
     run_load();
     printf("jobspec: all checks passed\n");

@@ -364,8 +364,37 @@ static void test_bad(void)
     fb_sweep_spec_free(NULL);
 }
 
+/* examples/charlm.json: a sweep over learning rate and warmup of a byte-level
+ * language model, every trial one fusion key (one array). */
+static void test_charlm_example(void)
+{
+    const char *src = getenv("FB_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/charlm.json", src && *src ? src : "..");
+    FILE *f = fopen(path, "rb");
+    if (!f) fprintf(stderr, "cannot open %s\n", path);
+    CHECK(f != NULL);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    fb_sweep_spec *s = NULL;
+    char msg[512];
+    int err = fb_sweep_spec_parse(buf, n, NULL, &s, msg, sizeof msg);
+    if (err) fprintf(stderr, "%s: %s\n", path, msg);
+    CHECK_INT_EQ(err, FB_OK);
+    CHECK_INT_EQ(fb_sweep_spec_n_trials(s), 12);
+    const fb_job_spec *t0 = fb_sweep_spec_trial(s, 0);
+    CHECK(t0->lm);
+    CHECK_INT_EQ(t0->tokens, 64);
+    CHECK_INT_EQ(t0->vocab, 256);
+    for (int i = 1; i < 12; i++)
+        CHECK_STR_EQ(fb_sweep_spec_trial(s, i)->fusion_key, t0->fusion_key);
+    fb_sweep_spec_free(s);
+}
+
 int main(void)
 {
+    test_charlm_example();
     test_grid();
     test_random();
     test_metric();
