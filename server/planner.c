@@ -1183,11 +1183,28 @@ const char *fb_plan_reason_text(fb_plan_reason r)
 /* ---- memory estimate -------------------------------------------------------- */
 
 /* Output elements per sample of every layer, nested ones included. */
+/*
+ * The numbers a layer keeps per sample for backward beyond its output.  A
+ * transformer block (T positions of D, MLP width M, H heads) is eleven nodes
+ * inside (workers/array.c, build_block): two layernorms with their output
+ * and statistics, qkv (3D), the attention output and its probabilities
+ * (H x T x T), the projection, two dropouts, two residual sums, and the MLP's
+ * two hidden layers (M each) and output; its own output is counted as every
+ * layer's.
+ */
+static int64_t layer_inner_numel(const fb_layer *l)
+{
+    if (l->type != FB_LAYER_TRANSFORMER_BLOCK) return 0;
+    int64_t T = l->in.d[0], D = l->in.d[1], M = sat_mul(l->mlp_ratio, D);
+    int64_t per_t = sat_add(sat_add(sat_mul(11, D), sat_mul(2, M)), 4);
+    return sat_add(sat_mul(T, per_t), sat_mul(sat_mul(l->heads, T), T));
+}
+
 static int64_t layers_out_numel(const fb_layer *l, int n)
 {
     int64_t sum = 0;
     for (int i = 0; i < n; i++) {
-        sum = sat_add(sum, fb_shape_numel(&l[i].out));
+        sum = sat_add(sum, sat_add(fb_shape_numel(&l[i].out), layer_inner_numel(&l[i])));
         if (l[i].type == FB_LAYER_RESIDUAL) {
             sum = sat_add(sum, layers_out_numel(l[i].body, l[i].n_body));
             sum = sat_add(sum, layers_out_numel(l[i].shortcut, l[i].n_shortcut));

@@ -211,7 +211,10 @@ const char *fb_plan_reason_text(fb_plan_reason r);
 /*
  * Memory estimate of one member of spec trained at its batch size, in bytes:
  * parameters, gradients and optimizer state (fp32), plus the activations and
- * their gradients of every layer.  *shared (may be NULL) receives what one
+ * their gradients of every layer, a transformer block's inside included
+ * (its layernorms, qkv, attention probabilities and MLP).  An array of B
+ * members takes at most B times this plus *shared (tests/engine,
+ * test_plan_memory, checks it against real arrays of every model kind).  *shared (may be NULL) receives what one
  * array needs once (the minibatch and labels).  Sums saturate at INT64_MAX.
  * Returns FB_ERR_OUT_OF_RANGE (negative) for a NULL spec, *shared untouched.
  */

@@ -1585,6 +1585,18 @@ static void test_member_bytes(void)
     CHECK_INT_EQ(m, 4 * params * 2 + 8 * 2 * outs);
     CHECK_INT_EQ(shared, 4 * 2 * (32 + 1));
 
+    /* a language model (T 2, D 2, vocab 3, one block of 1 head, MLP width 2): parameters
+     * embedding 6, block 44 (two layernorms 4 + 4, qkv 18, projection 6, MLP 6 + 6),
+     * head 9; per sample the embedding's 4, the block's output 4 and inside it
+     * T x (11 D + 2 M + 4) + H x T x T = 64, the head's 6; the records are T + 1 ids */
+    m = estimate("{'dataset':'x','model':{'input':{'tokens':2,'vocab':3},'layers':["
+                 "{'type':'embedding','dim':2},{'type':'transformer_block','heads':1,"
+                 "'mlp_ratio':1},{'type':'linear','out':3}]},'batch_size':2,'steps':1,"
+                 "'optimizer':{'type':'adam','lr':0.1}}",
+                 &shared);
+    CHECK_INT_EQ(m, 4 * 59 * 4 + 8 * 2 * (4 + 4 + 64 + 6));
+    CHECK_INT_EQ(shared, 4 * 2 * (3 + 1));
+
     shared = 7;
     CHECK(fb_plan_member_bytes(NULL, &shared) < 0);
     CHECK_INT_EQ(shared, 7);
