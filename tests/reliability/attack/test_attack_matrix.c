@@ -26,7 +26,7 @@ static const char *const caller_name[N_CALLERS] = {"own tenant", "other tenant",
 
 /* What the objects a row names are, so that a destructive row gets a fresh
  * object for the callers allowed to destroy it. */
-enum fresh { KEEP, FRESH_JOB, FRESH_SWEEP, FRESH_KEY, FRESH_DATASET };
+enum fresh { KEEP, FRESH_JOB, FRESH_SWEEP, FRESH_KEY, FRESH_DATASET, FRESH_WORKER_KEY };
 
 typedef struct row {
     const char *method;
@@ -45,6 +45,7 @@ typedef struct row {
     " 10, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}, \"search\": {\"type\": \"grid\","      \
     " \"params\": {\"seed\": {\"values\": [1, 2]}}}}"
 #define CSV_BODY "x,y\n1,0\n2,1\n3,0\n"
+#define WORKER_KEY_BODY NULL /* replaced by a new worker public key */
 
 /* Statuses: own tenant, other tenant (on A's ids), admin (on A's ids).  The
  * revoked key and no key answer 401 on every route that needs a key. */
@@ -91,14 +92,27 @@ static const row rows[] = {
      FRESH_DATASET},
 
     {"GET", "/v1/workers", NULL, NULL, false, 200, 200, 200, KEEP},
+    /* the workers' allow-list is the operator's: no tenant reads or changes it */
+    {"POST", "/v1/workers/keys", NULL, WORKER_KEY_BODY, false, 403, 403, 201, KEEP},
+    {"GET", "/v1/workers/keys", NULL, NULL, false, 403, 403, 200, KEEP},
+    {"DELETE", "/v1/workers/keys/{id}", NULL, NULL, false, 403, 403, 200, FRESH_WORKER_KEY},
     {"GET", "/v1/cluster", NULL, NULL, false, 200, 200, 200, KEEP},
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 
 static fbt_server S;
 static char a_id[64], a_key[128], b_id[64], b_key[128];
-static char a_job[64], a_sweep[64], a_key_id[40], revoked_key[128];
+static char a_job[64], a_sweep[64], a_key_id[40], revoked_key[128], a_worker_key[40];
 static int serial;
+
+/* A worker key body no earlier cell used: 40 digits are 40 characters of Z85. */
+static const char *worker_key_body(void)
+{
+    static char body[160];
+    int n = ++serial;
+    snprintf(body, sizeof body, "{\"public_key\": \"%040d\", \"name\": \"m-%d\"}", n, n);
+    return body;
+}
 
 static const char *jstr(json_t *o, const char *k)
 {
@@ -205,6 +219,14 @@ static void create_sweep(char *id, size_t cap)
     fbt_resp_free(&r);
 }
 
+static void create_worker_key(char *id, size_t cap)
+{
+    fbt_resp r = fbt_call(&S, "POST", "/v1/workers/keys", S.admin_key, worker_key_body());
+    fbt_expect(&r, 201, NULL, "a worker key");
+    snprintf(id, cap, "%s", jstr(r.json, "id"));
+    fbt_resp_free(&r);
+}
+
 static void create_dataset(const char *name)
 {
     char sql[512];
@@ -230,6 +252,7 @@ static void setup(void)
     fbt_expect(&r, 200, NULL, "A revokes a key");
     fbt_resp_free(&r);
     create_dataset("a-data");
+    create_worker_key(a_worker_key, sizeof a_worker_key);
     char sql[512];
     snprintf(sql, sizeof sql,
              "INSERT INTO job_metrics (job_id, step, loss) VALUES ('%s', 1, 0.5);"
@@ -243,6 +266,7 @@ static void setup(void)
 static void concrete_path(const row *rw, enum caller c, char *out, size_t cap)
 {
     const char *job = a_job, *sweep = a_sweep, *key_id = a_key_id, *dataset = "a-data";
+    const char *worker_key = a_worker_key;
     static char fresh_id[64], fresh_name[64];
     bool destroys = rw->fresh != KEEP && (c == OWN || c == ADMIN || c == OTHER);
     if (destroys && rw->fresh == FRESH_JOB) {
@@ -259,10 +283,14 @@ static void concrete_path(const row *rw, enum caller c, char *out, size_t cap)
         /* an upload must find no dataset of its own; a delete must find one */
         if (strcmp(rw->method, "DELETE") == 0) create_dataset(fresh_name);
         dataset = fresh_name;
+    } else if (destroys && rw->fresh == FRESH_WORKER_KEY) {
+        create_worker_key(fresh_id, sizeof fresh_id);
+        worker_key = fresh_id;
     }
-    const char *id = strncmp(rw->path, "/v1/jobs", 8) == 0      ? job
-                     : strncmp(rw->path, "/v1/sweeps", 10) == 0 ? sweep
-                                                                : a_id;
+    const char *id = strncmp(rw->path, "/v1/jobs", 8) == 0             ? job
+                     : strncmp(rw->path, "/v1/sweeps", 10) == 0        ? sweep
+                     : strncmp(rw->path, "/v1/workers/keys/", 17) == 0 ? worker_key
+                                                                       : a_id;
     size_t used = 0;
     for (const char *p = rw->path; *p && used + 1 < cap;) {
         const char *sub = NULL;
@@ -315,6 +343,8 @@ static fbt_resp send_cell(const row *rw, enum caller c, const char *path)
     const char *b = rw->body;
     if (strcmp(rw->method, "POST") == 0 && strcmp(rw->path, "/v1/jobs") == 0) {
         b = fbt_spec("m-job", 0.1);
+    } else if (strcmp(rw->method, "POST") == 0 && strcmp(rw->path, "/v1/workers/keys") == 0) {
+        b = worker_key_body();
     } else if (b && strstr(b, "%s")) {
         char name[40];
         snprintf(name, sizeof name, "m-%d", ++serial);
