@@ -8,7 +8,9 @@
  * replacement worker (the scheduler tends to put requeued arrays on the
  * surviving worker, so most rounds kill the worker that holds both).
  * Counted: jobs lost (every job must complete, restarts unused), requeues
- * (exactly one per array a kill hit), the work each kill made a job redo
+ * (exactly one "worker lost" per array a kill hit; the only other requeue a
+ * job may see is the fair share's migration off a shared device once a
+ * replacement worker stands idle), the work each kill made a job redo
  * (the step it had reported minus the step it resumed from: at most
  * checkpoint_every), and each model's distance to an uninterrupted
  * fusebox-train run of the same specs (within the tolerance of a member
@@ -64,12 +66,23 @@ static long long job_ll(int j, const char *column)
     return rel_sql_ll(&T, sql);
 }
 
+/* Job j's requeued events whose message starts with why: "worker lost" for
+ * a kill; "left its array (" for a member that left on the server's request,
+ * as when the fair share migrates an array off a device two arrays share
+ * (a replacement worker comes up idle). */
+static long long requeues_for(int j, const char *why)
+{
+    char sql[320];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'"
+             " AND starts_with(message, '%s')",
+             ids[j], why);
+    return rel_sql_ll(&T, sql);
+}
+
 static long long requeues(int j)
 {
-    char sql[256];
-    snprintf(sql, sizeof sql,
-             "SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'", ids[j]);
-    return rel_sql_ll(&T, sql);
+    return requeues_for(j, "worker lost");
 }
 
 /* Whether job j trains in an array assigned to the worker named name. */
@@ -100,7 +113,8 @@ int main(int argc, char **argv)
     int steps = every * 3 * (rounds + 2);
     printf("the array trains %.0f steps/s here: %d steps, a checkpoint every %d\n", speed, steps,
            every);
-    for (int i = 0; i < 2; i++) start_worker(&workers[i]);
+    for (int i = 0; i < 2; i++)
+        start_worker(&workers[i]);
     for (int s = 0; s < N_SWEEPS; s++) {
         char name[32];
         snprintf(name, sizeof name, "kill%d", s);
@@ -134,7 +148,8 @@ int main(int argc, char **argv)
         int holders[2], n_holders = 0;
         for (int i = 0; i < 2; i++) {
             bool holds = false;
-            for (int j = 0; j < N_JOBS; j++) holds = holds || runs_on(j, workers[i].name);
+            for (int j = 0; j < N_JOBS; j++)
+                holds = holds || runs_on(j, workers[i].name);
             if (holds) holders[n_holders++] = i;
         }
         CHECK(n_holders > 0);
@@ -173,8 +188,8 @@ int main(int argc, char **argv)
             if (hit[j]) {
                 long long redone = step_at_kill[j] - resume;
                 if (redone > worst_redone) worst_redone = redone;
-                printf("round %d: job %d was at step %lld, resumes from %lld (redoes %lld)\n", r,
-                       j, step_at_kill[j], resume, redone > 0 ? redone : 0);
+                printf("round %d: job %d was at step %lld, resumes from %lld (redoes %lld)\n", r, j,
+                       step_at_kill[j], resume, redone > 0 ? redone : 0);
                 CHECK(redone <= every);
                 CHECK(resume >= resume_at_kill[j]); /* no recorded checkpoint was lost */
             }
@@ -188,35 +203,47 @@ int main(int argc, char **argv)
         start_worker(w);
     }
 
-    for (int j = 0; j < N_JOBS; j++) e2e_wait_state(&T, T.key, ids[j], "completed", 300);
+    for (int j = 0; j < N_JOBS; j++)
+        e2e_wait_state(&T, T.key, ids[j], "completed", 300);
     int lost = 0;
+    long long migrations = 0;
     for (int j = 0; j < N_JOBS; j++) {
         lost += strcmp(e2e_job_field(&T, T.key, ids[j], "state"), "completed") != 0;
         CHECK_STR_EQ(e2e_job_field(&T, T.key, ids[j], "restarts"), "0");
         CHECK_INT_EQ(requeues(j), want_requeues[j]);
+        long long moved = requeues_for(j, "left its array (");
+        migrations += moved;
+        /* and no requeue of another cause */
+        snprintf(sql, sizeof sql,
+                 "SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'",
+                 ids[j]);
+        CHECK_INT_EQ(rel_sql_ll(&T, sql), want_requeues[j] + moved);
         snprintf(sql, sizeof sql,
                  "SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'started'",
                  ids[j]);
-        CHECK_INT_EQ(rel_sql_ll(&T, sql), want_requeues[j] + 1);
+        CHECK_INT_EQ(rel_sql_ll(&T, sql), want_requeues[j] + moved + 1);
         CHECK_INT_EQ(job_ll(j, "step"), steps);
     }
     double worst_diff = 0;
     for (int s = 0; s < N_SWEEPS; s++) {
         char tag[16];
         snprintf(tag, sizeof tag, "sweep%d", s);
-        double d = rel_max_diff_to_reference(&T, ids + s * N_TRIALS, names + s * N_TRIALS,
-                                             N_TRIALS, tag);
+        double d =
+            rel_max_diff_to_reference(&T, ids + s * N_TRIALS, names + s * N_TRIALS, N_TRIALS, tag);
         if (d > worst_diff) worst_diff = d;
     }
     CHECK(worst_diff <= TOLERANCE);
     long long total_requeues = 0;
-    for (int j = 0; j < N_JOBS; j++) total_requeues += want_requeues[j];
+    for (int j = 0; j < N_JOBS; j++)
+        total_requeues += want_requeues[j];
     printf("result: worker-sigkill rounds=%d hits=%lld jobs=%d lost=%d requeues=%lld"
-           " max_redone_steps=%lld checkpoint_every=%d max_requeue_ms=%.0f max_model_diff=%g\n",
-           rounds, hits, N_JOBS, lost, total_requeues, worst_redone, every, worst_requeue_ms,
-           worst_diff);
+           " migrations=%lld max_redone_steps=%lld checkpoint_every=%d max_requeue_ms=%.0f"
+           " max_model_diff=%g\n",
+           rounds, hits, N_JOBS, lost, total_requeues, migrations, worst_redone, every,
+           worst_requeue_ms, worst_diff);
     CHECK_INT_EQ(lost, 0);
-    for (int i = 0; i < 2; i++) CHECK_INT_EQ(e2e_kill(workers[i].pid, SIGTERM), 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_INT_EQ(e2e_kill(workers[i].pid, SIGTERM), 0);
     e2e_finish(&T);
     printf("ok\n");
     return 0;
