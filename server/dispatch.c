@@ -44,7 +44,7 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define CTL_ENDPOINT "inproc://fusebox-dispatch-ctl"
 #define MAX_WORKERS 4096
-#define MAX_PENDING_PROGRESS 100000     /* progress messages kept while PostgreSQL is away */
+#define MAX_PENDING_PROGRESS 100000 /* progress messages kept while PostgreSQL is away */
 #define DETACH_RESEND_MS 5000
 #define PLAN_MIN_GAP_MS 20
 #define PLAN_EVERY_TICKS 10
@@ -271,7 +271,10 @@ bool dsp_exec(fb_dispatch *d, const char *sql, int n, const char *const *vals)
     return r != NULL;
 }
 
-bool dsp_begin(fb_dispatch *d) { return dsp_exec(d, "BEGIN", 0, NULL); }
+bool dsp_begin(fb_dispatch *d)
+{
+    return dsp_exec(d, "BEGIN", 0, NULL);
+}
 /* COMMIT; false also when PostgreSQL rolled the transaction back instead (a
  * statement of it had failed), which it reports as a successful ROLLBACK. */
 bool dsp_commit(fb_dispatch *d)
@@ -301,6 +304,7 @@ worker *dsp_find_worker(fb_dispatch *d, const char *name)
 static void drop_worker(fb_dispatch *d, worker *w)
 {
     int i = (int)(w - d->workers);
+    fb_metrics_worker_remove(w->seen_slot);
     d->workers[i] = d->workers[--d->n_workers];
 }
 
@@ -372,8 +376,8 @@ int dsp_span_rank(const group *g, const char *name, int dev)
 
 /* Adds worker name with its ranks to group g's span (made on first use); false when memory
  * runs out or the ranks do not fit. */
-static bool span_add(group *g, int world, int port, const char *name, int rank_base,
-                     const int *dev, int n_ranks)
+static bool span_add(group *g, int world, int port, const char *name, int rank_base, const int *dev,
+                     int n_ranks)
 {
     if (world < 2 || world > FB_WIRE_MAX_DEVICES || rank_base < 0 || n_ranks < 1 ||
         rank_base + n_ranks > world)
@@ -404,7 +408,7 @@ static bool load_groups(fb_dispatch *d)
     d->n_groups = 0;
     for (int i = 0; i < PQntuples(r); i++)
         dsp_add_group(d, PQgetvalue(r, i, 0), strtoll(PQgetvalue(r, i, 1), NULL, 10),
-                  PQgetvalue(r, i, 2));
+                      PQgetvalue(r, i, 2));
     fb_log_json(FB_LOG_INFO, "control loop: groups to follow",
                 json_pack("{s:i}", "groups", PQntuples(r)));
     PQclear(r);
@@ -416,7 +420,8 @@ static bool load_groups(fb_dispatch *d)
         int64_t dev[FB_WIRE_MAX_DEVICES];
         int devs[FB_WIRE_MAX_DEVICES];
         int n = dsp_parse_ints(PQgetvalue(r, i, 4), dev, FB_WIRE_MAX_DEVICES);
-        for (int k = 0; k < n; k++) devs[k] = (int)dev[k];
+        for (int k = 0; k < n; k++)
+            devs[k] = (int)dev[k];
         int n_ranks = (int)strtol(PQgetvalue(r, i, 3), NULL, 10);
         if (!g || n != n_ranks ||
             !span_add(g, (int)strtol(PQgetvalue(r, i, 5), NULL, 10),
@@ -434,8 +439,8 @@ static bool load_groups(fb_dispatch *d)
 /* ---- sending ------------------------------------------------------------- */
 
 /* Sends m (plus blobs) to a worker; false when it cannot be delivered now. */
-bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m,
-                    const void *const *blobs, const size_t *lens, int n_blobs)
+bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m, const void *const *blobs,
+              const size_t *lens, int n_blobs)
 {
     char err[256];
     char *json = fb_wire_encode(m, err, sizeof err);
@@ -450,14 +455,14 @@ bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m,
         ok = zmq_send(d->router, blobs[i], lens[i], i + 1 < n_blobs ? ZMQ_SNDMORE : 0) >= 0;
     if (!ok)
         fb_log_json(FB_LOG_WARN, "control loop: could not send",
-                    json_pack("{s:s, s:s, s:s}", "worker", name, "type",
-                              fb_wire_type_name(m->type), "error", zmq_strerror(errno)));
+                    json_pack("{s:s, s:s, s:s}", "worker", name, "type", fb_wire_type_name(m->type),
+                              "error", zmq_strerror(errno)));
     free(json);
     return ok;
 }
 
-void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
-                     int64_t gen, const char *job_id, const char *why, bool keep_state)
+void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id, int64_t gen,
+                     const char *job_id, const char *why, bool keep_state)
 {
     fb_wire_msg m = {.type = FB_WIRE_DETACH, .generation = gen, .keep_state = keep_state};
     snprintf(m.group_id, sizeof m.group_id, "%s", group_id);
@@ -584,15 +589,13 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
     char n_dev[16];
     snprintf(n_dev, sizeof n_dev, "%d", m->n_devices);
     const char *vd[2] = {id, n_dev};
-    if (!dsp_exec(d, sql_devices_trim, 2, vd))
-        goto fail;
+    if (!dsp_exec(d, sql_devices_trim, 2, vd)) goto fail;
     for (int i = 0; i < m->n_devices; i++) {
         char idx[16], mem[24];
         snprintf(idx, sizeof idx, "%d", m->devices[i].idx);
         snprintf(mem, sizeof mem, "%lld", (long long)m->devices[i].memory_bytes);
         const char *vv[5] = {id, idx, m->devices[i].kind, m->devices[i].name, mem};
-        if (!dsp_exec(d, sql_device_upsert, 5, vv))
-            goto fail;
+        if (!dsp_exec(d, sql_device_upsert, 5, vv)) goto fail;
     }
     if (!dsp_commit(d)) goto fail;
     w = dsp_find_worker(d, name);
@@ -604,6 +607,7 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
         w = &d->workers[d->n_workers++];
         memset(w, 0, sizeof *w);
         snprintf(w->name, sizeof w->name, "%s", name);
+        w->seen_slot = fb_metrics_worker_add(name, now);
     }
     snprintf(w->id, sizeof w->id, "%s", id);
     snprintf(w->backend, sizeof w->backend, "%s", m->backend);
@@ -612,6 +616,7 @@ static void on_hello(fb_dispatch *d, const char *name, const fb_wire_msg *m, int
 registered:
     snprintf(w->key, sizeof w->key, "%s", d->msg_key);
     w->last_seen_ms = now;
+    fb_metrics_worker_seen(w->seen_slot, now);
     w->draining = false;
     w->n_devices = m->n_devices;
     memcpy(w->devices, m->devices, (size_t)m->n_devices * sizeof w->devices[0]);
@@ -654,12 +659,12 @@ static void drain_follower(fb_dispatch *d, const char *name)
         if (!r) return;
         for (int k = 0; k < PQntuples(r); k++) {
             dsp_send_detach(d, g->worker, g->id, g->generation, PQgetvalue(r, k, 0),
-                        "a worker of the array drains", true);
+                            "a worker of the array drains", true);
             dsp_detach_recent(d, PQgetvalue(r, k, 0), fb_clock_ms());
         }
         fb_log_json(FB_LOG_INFO, "a follower drains: its spanning array moves",
-                    json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name,
-                              "leader", g->worker, "members", PQntuples(r)));
+                    json_pack("{s:s, s:s, s:s, s:i}", "group_id", g->id, "worker", name, "leader",
+                              g->worker, "members", PQntuples(r)));
         PQclear(r);
     }
 }
@@ -669,7 +674,8 @@ static void drain_follower(fb_dispatch *d, const char *name)
 static uint32_t census_hash(const char *name)
 {
     uint32_t h = 2166136261u; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 16777619u;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
     return h;
 }
 
@@ -701,7 +707,8 @@ static void census_count(fb_dispatch *d, const char *name)
 
 static void census_reset(fb_dispatch *d)
 {
-    for (int i = 0; i < d->n_census; i++) d->census[d->census_used[i]].name[0] = '\0';
+    for (int i = 0; i < d->n_census; i++)
+        d->census[d->census_used[i]].name[0] = '\0';
     d->n_census = d->census_max = d->census_anon = 0;
     d->census_lost = false;
 }
@@ -795,10 +802,9 @@ static void on_event(fb_dispatch *d, const char *name, fb_wire_msg *m, zmq_msg_t
         /* acknowledged anyway: the array it came from is gone, and the worker
          * must not keep resending it */
         fb_log_json(FB_LOG_INFO, "stale event dropped",
-                    json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m->group_id,
-                              "event", fb_wire_event_name(m->event)));
-        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq,
-                           .generation = m->generation};
+                    json_pack("{s:s, s:s, s:s}", "worker", name, "group_id", m->group_id, "event",
+                              fb_wire_event_name(m->event)));
+        fb_wire_msg ack = {.type = FB_WIRE_ACK, .seq = m->seq, .generation = m->generation};
         snprintf(ack.group_id, sizeof ack.group_id, "%s", m->group_id);
         dsp_send(d, name, &ack, NULL, NULL, 0);
         return;
@@ -901,7 +907,10 @@ static void on_message(fb_dispatch *d)
     worker *w = dsp_find_worker(d, name);
     /* the time it was read, for every decision on it (reconcile), taken before any answer */
     int64_t now = fb_clock_ms();
-    if (w) w->last_seen_ms = now;
+    if (w) {
+        w->last_seen_ms = now;
+        fb_metrics_worker_seen(w->seen_slot, now);
+    }
     if (!w && m.type != FB_WIRE_HELLO && m.type != FB_WIRE_HEARTBEAT) {
         /* a worker this server does not know (it restarted): it must say HELLO first, and
          * it keeps its unacknowledged events until then */
@@ -931,8 +940,7 @@ static void on_message(fb_dispatch *d)
             w->draining = true;
             fb_log_json(FB_LOG_INFO, "worker draining", json_pack("{s:s}", "worker", name));
             const char *v[1] = {name};
-            if (dsp_db_ok(d))
-                dsp_exec(d, sql_worker_draining, 1, v);
+            if (dsp_db_ok(d)) dsp_exec(d, sql_worker_draining, 1, v);
             drain_follower(d, name);
         }
         break;
@@ -944,7 +952,8 @@ static void on_message(fb_dispatch *d)
 free_msg:
     fb_wire_msg_free(&m);
 done:
-    for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&fr[i]);
     free(fr);
 }
 
@@ -993,7 +1002,7 @@ static void detach_cancelled(fb_dispatch *d)
         const char *w = PQgetvalue(r, i, 3);
         if (!dsp_find_worker(d, w) || dsp_detach_recent(d, PQgetvalue(r, i, 0), t)) continue;
         dsp_send_detach(d, w, PQgetvalue(r, i, 1), strtoll(PQgetvalue(r, i, 2), NULL, 10),
-                    PQgetvalue(r, i, 0), "cancelled", false);
+                        PQgetvalue(r, i, 0), "cancelled", false);
     }
     /* forget old entries */
     for (int i = 0; i < d->n_detached; i++)
@@ -1016,7 +1025,8 @@ static bool router_readable(fb_dispatch *d)
  * that the loop's other duties keep their turn. */
 static void drain_router(fb_dispatch *d)
 {
-    for (int k = 0; k < 256 && router_readable(d); k++) on_message(d);
+    for (int k = 0; k < 256 && router_readable(d); k++)
+        on_message(d);
 }
 
 /* Handles every message waiting on the worker socket, up to SETTLE_READS of
@@ -1075,8 +1085,8 @@ static void tick(fb_dispatch *d)
         if (t - w->last_seen_ms <= d->cfg.heartbeat_timeout_ms || !peer_settled(d, w->name))
             continue;
         fb_log_json(FB_LOG_WARN, "worker lost: no heartbeat",
-                    json_pack("{s:s, s:I}", "worker", w->name,
-                              "silent_ms", (json_int_t)(t - w->last_seen_ms)));
+                    json_pack("{s:s, s:I}", "worker", w->name, "silent_ms",
+                              (json_int_t)(t - w->last_seen_ms)));
         const char *v[1] = {w->name};
         if (dsp_db_ok(d)) dsp_exec(d, sql_worker_lost, 1, v);
         drop_worker(d, w);
@@ -1142,11 +1152,11 @@ static void tick(fb_dispatch *d)
         if (d->n_workers) {
             const char **names = malloc((size_t)d->n_workers * sizeof *names);
             if (names) {
-                for (int i = 0; i < d->n_workers; i++) names[i] = d->workers[i].name;
+                for (int i = 0; i < d->n_workers; i++)
+                    names[i] = d->workers[i].name;
                 char *a = fb_db_text_array(names, d->n_workers);
                 const char *v[1] = {a};
-                if (a)
-                    dsp_exec(d, sql_workers_seen, 1, v);
+                if (a) dsp_exec(d, sql_workers_seen, 1, v);
                 free(a);
                 free(names);
             }
@@ -1295,9 +1305,8 @@ fb_dispatch *fb_dispatch_start(const fb_config *cfg, const char *artifacts, PGco
     d->ctl_rx = zmq_socket(d->zctx, ZMQ_PAIR);
     d->ctl_tx = zmq_socket(d->zctx, ZMQ_PAIR);
     d->router = zmq_socket(d->zctx, ZMQ_ROUTER);
-    if (!d->zap || !d->ctl_rx || !d->ctl_tx || !d->router ||
-        zmq_bind(d->zap, ZAP_ENDPOINT) != 0 || zmq_bind(d->ctl_rx, CTL_ENDPOINT) != 0 ||
-        zmq_connect(d->ctl_tx, CTL_ENDPOINT) != 0) {
+    if (!d->zap || !d->ctl_rx || !d->ctl_tx || !d->router || zmq_bind(d->zap, ZAP_ENDPOINT) != 0 ||
+        zmq_bind(d->ctl_rx, CTL_ENDPOINT) != 0 || zmq_connect(d->ctl_tx, CTL_ENDPOINT) != 0) {
         fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "cannot set up the control sockets: %s",
                 zmq_strerror(errno));
         goto fail;
@@ -1366,15 +1375,20 @@ void fb_dispatch_stop(fb_dispatch *d)
     if (d->zctx) zmq_ctx_term(d->zctx);
     if (d->pg) PQfinish(d->pg);
     pending *p;
-    while ((p = dsp_pop(&d->events))) dsp_pending_free(p);
-    while ((p = dsp_pop(&d->progress))) dsp_pending_free(p);
+    while ((p = dsp_pop(&d->events)))
+        dsp_pending_free(p);
+    while ((p = dsp_pop(&d->progress)))
+        dsp_pending_free(p);
     sodium_memzero(d->sec, sizeof d->sec);
+    for (int i = 0; d->workers && i < d->n_workers; i++)
+        fb_metrics_worker_remove(d->workers[i].seen_slot);
     free(d->workers);
     free(d->keys);
     free(d->db_keys);
     free(d->census);
     free(d->census_used);
-    for (int i = 0; i < d->n_groups; i++) free(d->groups[i].span);
+    for (int i = 0; i < d->n_groups; i++)
+        free(d->groups[i].span);
     free(d->groups);
     free(d->kinfo);
     free(d->detached);

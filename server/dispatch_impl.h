@@ -33,6 +33,7 @@ typedef struct worker {
     char name[FB_WIRE_NAME_MAX + 1]; /* its routing id */
     char id[FB_WIRE_ID_LEN + 1];
     int64_t last_seen_ms;
+    int seen_slot; /* its slot of fusebox_worker_last_seen_clock_ms (server/metrics.h) */
     bool draining;
     int n_devices;
     fb_wire_device devices[FB_WIRE_MAX_DEVICES];
@@ -96,9 +97,9 @@ typedef struct group {
      * turn on a shared device left out), measured by dsp_note_step_time and smoothed as the
      * fair-share controller wants (fb_fair_ewma); 0 until measured */
     double step_ms, busy_ms;
-    int64_t reports;     /* PROGRESS reports received since it was assigned (or found) */
-    int64_t base_step;   /* where the step being measured began: the furthest member step */
-    int64_t base_ms;     /* and when that report arrived */
+    int64_t reports;   /* PROGRESS reports received since it was assigned (or found) */
+    int64_t base_step; /* where the step being measured began: the furthest member step */
+    int64_t base_ms;   /* and when that report arrived */
     /* each of its devices' speed by the worker's device index (of a group that spans
      * workers: by rank): samples per second of the
      * device's training passes, from the reports' per-device breakdown (dsp_note_device_steps),
@@ -162,20 +163,20 @@ struct fb_dispatch {
     char artifacts[PATH_MAX];
     void *zctx, *router, *zap, *ctl_rx, *ctl_tx;
     char pub[41], sec[41];
-    char (*keys)[41];     /* the worker-keys file's, DSP_MAX_KEYS */
+    char (*keys)[41]; /* the worker-keys file's, DSP_MAX_KEYS */
     int n_keys;
     struct timespec keys_mtime;
     bool keys_missing_said;
-    char (*db_keys)[41];  /* the live keys registered in worker_keys, DSP_MAX_KEYS */
+    char (*db_keys)[41]; /* the live keys registered in worker_keys, DSP_MAX_KEYS */
     int n_db_keys;
     bool db_keys_full_said;
-    char msg_key[41];     /* the CURVE key of the message being read ("" when unknown) */
+    char msg_key[41]; /* the CURVE key of the message being read ("" when unknown) */
     pthread_t thread;
     bool thread_started;
 
     PGconn *pg;
-    bool pg_ready;          /* pg holds the control lock and its session is set up */
-    atomic_bool lock_lost;  /* another session holds the control lock: the loop stopped */
+    bool pg_ready;                /* pg holds the control lock and its session is set up */
+    atomic_bool lock_lost;        /* another session holds the control lock: the loop stopped */
     void (*on_step_down)(void *); /* told once, from the loop's thread (fb_dispatch_start) */
     void *step_down_arg;
     int64_t pg_retry_ms;
@@ -199,7 +200,7 @@ struct fb_dispatch {
     int ticks;
     int64_t last_rebalance_ms;
     fb_fair_params fair;
-    fb_queue *queue; /* the queued jobs, kept between plans (queue.h) */
+    fb_queue *queue;      /* the queued jobs, kept between plans (queue.h) */
     reason_todo *reasons; /* queue reasons the last plan changed, in planning order */
     int n_reasons, cap_reasons, next_reason;
     /* the census of the tick's drain (drain_router_all, peer_settled): the reads of each
@@ -211,7 +212,6 @@ struct fb_dispatch {
     int census_anon; /* reads from peers whose routing id is no worker's name, together */
     bool census_on, census_lost, router_emptied;
 };
-
 
 /*
  * Names shared between the rooms carry the prefix dsp_ (the rooms' own, as
@@ -275,8 +275,8 @@ int dsp_span_rank(const group *g, const char *name, int dev);
 bool dsp_send(fb_dispatch *d, const char *name, const fb_wire_msg *m, const void *const *blobs,
               const size_t *lens, int n_blobs);
 /* Tells a worker to detach a member (job_id) or, with job_id NULL, a whole group. */
-void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id,
-                     int64_t gen, const char *job_id, const char *why, bool keep_state);
+void dsp_send_detach(fb_dispatch *d, const char *worker_name, const char *group_id, int64_t gen,
+                     const char *job_id, const char *why, bool keep_state);
 
 /* Whether a DETACH for key (a job id, or a group id) went out less than DETACH_RESEND_MS
  * before t; if not, records t as its last sending. */
@@ -287,8 +287,7 @@ bool dsp_detach_recent(fb_dispatch *d, const char *key, int64_t t);
 /* An artifact (path relative to the artifacts directory), or of the tenant's own
  * directory, read into memory; NULL when it cannot be or leads outside. */
 void *dsp_read_artifact(fb_dispatch *d, const char *rel, size_t *len);
-void *dsp_read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel,
-                               size_t *len);
+void *dsp_read_tenant_artifact(fb_dispatch *d, const char *tenant, const char *rel, size_t *len);
 
 /* The reports that wait: a FIFO of malloc'd entries. */
 void dsp_pending_free(pending *p);

@@ -79,7 +79,7 @@ void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...)
 }
 
 fb_metrics *fb_metrics_new(int n_routes, const char *const *route_names,
-                             const char *const *route_methods)
+                           const char *const *route_methods)
 {
     fb_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -385,7 +385,8 @@ void fb_metrics_control(fb_control_phase phase, double seconds)
 {
     if ((int)phase < 0 || phase >= FB_CONTROL_PHASES || !(seconds >= 0)) return;
     int i = 0;
-    while (i < N_BOUNDS && seconds > bounds[i]) i++;
+    while (i < N_BOUNDS && seconds > bounds[i])
+        i++;
     atomic_fetch_add_explicit(&control_buckets[phase][i], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&control_sum_us[phase], (uint64_t)(seconds * 1e6),
                               memory_order_relaxed);
@@ -419,9 +420,74 @@ static void ticks_render(fb_textbuf *b)
                       (long long)at);
 }
 
+/* ---- workers' last reads ------------------------------------------------------ */
+
+typedef struct seen_slot {
+    char name[72]; /* as rendered: escaped for a label value, cut at 64 bytes of the name */
+    bool used;
+    _Atomic int64_t clock_ms;
+} seen_slot;
+
+static seen_slot seen[FB_METRICS_WORKER_SLOTS];
+static int seen_hint; /* where the search for a free slot starts */
+static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER; /* `used` and `name` */
+
+int fb_metrics_worker_add(const char *name, int64_t clock_ms)
+{
+    pthread_mutex_lock(&seen_mu);
+    int slot = -1;
+    for (int k = 0; k < FB_METRICS_WORKER_SLOTS && slot < 0; k++) {
+        int i = (seen_hint + k) % FB_METRICS_WORKER_SLOTS;
+        if (!seen[i].used) slot = i;
+    }
+    if (slot >= 0) {
+        seen_slot *s = &seen[slot];
+        size_t o = 0;
+        for (const char *p = name; *p && o + 3 < sizeof s->name && p - name < 64; p++) {
+            if (*p == '"' || *p == '\\' || *p == '\n') s->name[o++] = '\\';
+            s->name[o++] = *p == '\n' ? 'n' : *p;
+        }
+        s->name[o] = '\0';
+        atomic_store_explicit(&s->clock_ms, clock_ms, memory_order_relaxed);
+        s->used = true;
+        seen_hint = (slot + 1) % FB_METRICS_WORKER_SLOTS;
+    }
+    pthread_mutex_unlock(&seen_mu);
+    return slot;
+}
+
+void fb_metrics_worker_seen(int slot, int64_t clock_ms)
+{
+    if (slot < 0 || slot >= FB_METRICS_WORKER_SLOTS) return;
+    atomic_store_explicit(&seen[slot].clock_ms, clock_ms, memory_order_relaxed);
+}
+
+void fb_metrics_worker_remove(int slot)
+{
+    if (slot < 0 || slot >= FB_METRICS_WORKER_SLOTS) return;
+    pthread_mutex_lock(&seen_mu);
+    seen[slot].used = false;
+    pthread_mutex_unlock(&seen_mu);
+}
+
+static void seen_render(fb_textbuf *b)
+{
+    fb_textbuf_printf(b, "# HELP fusebox_worker_last_seen_clock_ms The control loop's clock, in "
+                         "milliseconds, when it last read a message of a registered worker.\n"
+                         "# TYPE fusebox_worker_last_seen_clock_ms gauge\n");
+    pthread_mutex_lock(&seen_mu);
+    for (int i = 0; i < FB_METRICS_WORKER_SLOTS; i++)
+        if (seen[i].used)
+            fb_textbuf_printf(
+                b, "fusebox_worker_last_seen_clock_ms{worker=\"%s\"} %lld\n", seen[i].name,
+                (long long)atomic_load_explicit(&seen[i].clock_ms, memory_order_relaxed));
+    pthread_mutex_unlock(&seen_mu);
+}
+
 static void control_render(fb_textbuf *b)
 {
     ticks_render(b);
+    seen_render(b);
     fb_textbuf_printf(b, "# HELP fusebox_control_loop_seconds Time of one run of a phase of "
                          "fuseboxd's control loop (plan: the scheduling decision).\n"
                          "# TYPE fusebox_control_loop_seconds histogram\n");
@@ -439,10 +505,9 @@ static void control_render(fb_textbuf *b)
                               "%llu\n",
                               phase_names[p], le, (unsigned long long)cum);
         }
-        fb_textbuf_printf(b, "fusebox_control_loop_seconds_sum{phase=\"%s\"} %.6f\n",
-                          phase_names[p],
-                          (double)atomic_load_explicit(&control_sum_us[p], memory_order_relaxed) /
-                              1e6);
+        fb_textbuf_printf(
+            b, "fusebox_control_loop_seconds_sum{phase=\"%s\"} %.6f\n", phase_names[p],
+            (double)atomic_load_explicit(&control_sum_us[p], memory_order_relaxed) / 1e6);
         fb_textbuf_printf(b, "fusebox_control_loop_seconds_count{phase=\"%s\"} %llu\n",
                           phase_names[p], (unsigned long long)cum);
     }

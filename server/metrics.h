@@ -31,7 +31,7 @@ void fb_textbuf_printf(fb_textbuf *b, const char *fmt, ...) __attribute__((forma
  * n_routes stands for requests that matched no route.  NULL when out of memory.
  */
 fb_metrics *fb_metrics_new(int n_routes, const char *const *route_names,
-                             const char *const *route_methods);
+                           const char *const *route_methods);
 
 /* Frees the counters; accepts NULL. */
 void fb_metrics_free(fb_metrics *m);
@@ -99,5 +99,22 @@ void fb_metrics_control(fb_control_phase phase, double seconds);
  * that tick.
  */
 void fb_metrics_tick(int64_t clock_ms);
+
+/*
+ * The control loop's clock when it last read a message of each registered
+ * worker, rendered as the gauge fusebox_worker_last_seen_clock_ms{worker}:
+ * how long a worker has been silent is the tick's clock minus it (an alert
+ * rule's input), and a test on a manual clock waits for a worker to have been
+ * read at the time it set.  fb_metrics_worker_add gives a registered worker
+ * its slot (-1 when all FB_METRICS_WORKER_SLOTS are taken: it goes
+ * unpublished), fb_metrics_worker_seen records a read (lock-free: it is
+ * called for every message), fb_metrics_worker_remove frees the slot of a
+ * dropped worker; -1 is ignored by both.  One thread, the control loop's,
+ * calls the three.
+ */
+#define FB_METRICS_WORKER_SLOTS 4096
+int fb_metrics_worker_add(const char *name, int64_t clock_ms);
+void fb_metrics_worker_seen(int slot, int64_t clock_ms);
+void fb_metrics_worker_remove(int slot);
 
 #endif

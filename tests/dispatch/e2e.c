@@ -57,7 +57,8 @@ static void import_split(const char *dir, const char *split, int64_t n, uint64_t
             s = s * 6364136223846793005ULL + 1442695040888963407ULL;
             float v = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
             x[i * 16 + f] = v;
-            for (int k = 0; k < 4; k++) score[k] += v * (float)(((f * 7 + k * 3) % 5) - 2);
+            for (int k = 0; k < 4; k++)
+                score[k] += v * (float)(((f * 7 + k * 3) % 5) - 2);
         }
         int best = 0;
         for (int k = 1; k < 4; k++)
@@ -102,7 +103,8 @@ static const char *const *server_flags(e2e *t, const char *const *extra)
     /* "synth" is in every worker's data directory, for every tenant, as a built-in is */
     flags[n++] = "--public-datasets";
     flags[n++] = "synth";
-    for (int i = 0; extra && extra[i] && n < 30; i++) flags[n++] = extra[i];
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+        flags[n++] = extra[i];
     flags[n] = NULL;
     return flags;
 }
@@ -202,6 +204,18 @@ static long long tick_clock_ms(e2e *t)
     return v;
 }
 
+long long e2e_worker_seen_ms(e2e *t, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\nfusebox_worker_last_seen_clock_ms{worker=\"%s\"} ", name);
+    fbt_resp r = fbt_call(&t->s, "GET", "/metrics", NULL, NULL);
+    fbt_expect(&r, 200, NULL, "metrics");
+    const char *p = strstr(r.body, key);
+    long long v = p ? strtoll(p + strlen(key), NULL, 10) : -1;
+    fbt_resp_free(&r);
+    return v;
+}
+
 void e2e_clock_set(e2e *t, long long ms)
 {
     CHECK(t->clock != NULL);
@@ -258,28 +272,36 @@ void e2e_finish(e2e *t)
 /* fusebox-worker with the usual test flags against server, started through wrapper (a
  * command and its arguments before the worker's, may be NULL) and followed by extra flags (may
  * be NULL; a later flag wins); output to worker-<name>.log. */
-static pid_t spawn_worker(e2e *t, const char *name, const char *server,
-                          const char *const *wrapper, const char *const *extra)
+static pid_t spawn_worker(e2e *t, const char *name, const char *server, const char *const *wrapper,
+                          const char *const *extra)
 {
     char exe[512], log[400];
     snprintf(exe, sizeof exe, "%s/workers/fusebox-worker", bin());
     snprintf(log, sizeof log, "%s/worker-%s.log", t->root, name);
     const char *argv[64];
     int n = 0;
-    for (int i = 0; wrapper && wrapper[i] && n < 16; i++) argv[n++] = wrapper[i];
-    const char *args[] = {exe,         "--server",         server,       "--server-key",
-                          t->server_pub, "--key",          t->worker_key, "--name",
-                          name,        "--cpu-devices",    "1",          "--threads-per-device",
-                          "1",         "--data-dir",       t->data_dir,  "--heartbeat-ms",
-                          "200",       "--progress-ms",    "200",        "--test-step-hook",
-                          t->hook_dir, NULL};
-    for (int i = 0; args[i]; i++) argv[n++] = args[i];
-    for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
+    for (int i = 0; wrapper && wrapper[i] && n < 16; i++)
+        argv[n++] = wrapper[i];
+    const char *args[] = {exe,           "--server",
+                          server,        "--server-key",
+                          t->server_pub, "--key",
+                          t->worker_key, "--name",
+                          name,          "--cpu-devices",
+                          "1",           "--threads-per-device",
+                          "1",           "--data-dir",
+                          t->data_dir,   "--heartbeat-ms",
+                          "200",         "--progress-ms",
+                          "200",         "--test-step-hook",
+                          t->hook_dir,   NULL};
+    for (int i = 0; args[i]; i++)
+        argv[n++] = args[i];
+    for (int i = 0; extra && extra[i] && n < 63; i++)
+        argv[n++] = extra[i];
     argv[n] = NULL;
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that aborts leaves no worker behind */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);     /* a test that aborts leaves no worker behind */
         setenv("FUSEBOX_TEST_HOOKS", "1", 1); /* the worker refuses its hook without it */
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
@@ -555,8 +577,8 @@ pid_t e2e_worker_via(e2e *t, const char *name, const char *server, const char *c
     return spawn_worker(t, name, server, wrapper, NULL);
 }
 
-double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job,
-                       int log_every, int measure_ms)
+double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job, int log_every,
+                       int measure_ms)
 {
     CHECK(n >= 1 && n <= 16);
     char out[400], exe[512], every[16];
@@ -571,10 +593,11 @@ double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char 
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
-        const char *argv[32] = {exe,         "--threads", "1",   "--log-every", every,
-                                "--data-dir", t->data_dir, "--out", out};
+        const char *argv[32] = {exe,         "--threads", "1", "--log-every", every, "--data-dir",
+                                t->data_dir, "--out",     out};
         int k = 9;
-        for (int i = 0; i < n; i++) argv[k++] = spec_files[i];
+        for (int i = 0; i < n; i++)
+            argv[k++] = spec_files[i];
         argv[k] = NULL;
         execv(exe, (char *const *)argv);
         _exit(127);

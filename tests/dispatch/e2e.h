@@ -16,11 +16,11 @@
 
 typedef struct e2e {
     fbt_server s;
-    char root[256];      /* the test's scratch directory */
-    char data_dir[300];  /* datasets for workers and fusebox-train */
+    char root[256];     /* the test's scratch directory */
+    char data_dir[300]; /* datasets for workers and fusebox-train */
     char worker_key[300];
     char server_pub[300];
-    char hook_dir[300];  /* the workers' test step hook (e2e_hold) */
+    char hook_dir[300]; /* the workers' test step hook (e2e_hold) */
     int worker_port;
     char tenant[40], key[128]; /* a tenant of the test */
     bool own_database;         /* on a database of the test's own (e2e_start_on) */
@@ -74,6 +74,10 @@ long long e2e_clock_ms(const e2e *t);
  */
 void e2e_clock_advance(e2e *t, long long ms);
 void e2e_clock_set(e2e *t, long long ms);
+
+/* The control loop's clock when it last read a message of the worker named name
+ * (fusebox_worker_last_seen_clock_ms in /metrics), -1 when it has no such worker. */
+long long e2e_worker_seen_ms(e2e *t, const char *name);
 
 /* Restarts fuseboxd (after a kill) on the same database, data directory and
  * worker port. */
@@ -132,8 +136,8 @@ void e2e_write(const char *path, const char *text);
  * machine slow training several times over, so tests size their runs from
  * this instead of a constant.
  */
-double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job,
-                       int log_every, int measure_ms);
+double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job, int log_every,
+                       int measure_ms);
 
 /*
  * Compares two safetensors files tensor by tensor (names, shapes and

@@ -14,8 +14,10 @@
  * fuseboxd's control loop runs on a manual clock (e2e_start_clocked), which
  * the test moves tick by tick; the healthy and silent workers heartbeat every
  * E2E_HEARTBEAT_MS of that clock, each heartbeat answered before the clock
- * moves on.  So the decisions are exact, however long the test's own checks
- * take in real time: with every worker alive for two heartbeat timeouts,
+ * moves on, and before each move the test waits until fuseboxd has read a
+ * flood heartbeat at the current time (fusebox_worker_last_seen_clock_ms).
+ * So the decisions are exact, however long the test's own checks or the
+ * flood's threads take in real time: with every worker alive for two heartbeat timeouts,
  * nobody is lost; once the silent worker stops, it is not lost at any tick up
  * to its heartbeat timeout after its last heartbeat, and it is lost and its
  * array requeued at the first tick past it; the healthy worker and the
@@ -168,8 +170,7 @@ static void *flood_run(void *arg)
             fb_wire_msg m;
             char err[256];
             if (!zmq_msg_more(&fr) &&
-                fb_wire_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), 0, &m, err, sizeof err) ==
-                    0) {
+                fb_wire_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), 0, &m, err, sizeof err) == 0) {
                 if (m.type == FB_WIRE_HEARTBEAT && m.reply) answered++;
                 unknown += unknown_reply(&m);
                 fb_wire_msg_free(&m);
@@ -229,8 +230,7 @@ static long long sql_ll(const char *fmt, const char *arg)
 
 static long long requeues(void)
 {
-    return sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'",
-                  job);
+    return sql_ll("SELECT count(*) FROM job_events WHERE job_id = '%s' AND kind = 'requeued'", job);
 }
 
 static long long worker_lost_in_db(const char *name)
@@ -283,10 +283,38 @@ static void heartbeat_now(fake *f)
 }
 
 /*
+ * Waits until fuseboxd has read a heartbeat of the flooder at the clock's
+ * current time: the flood is on when the clock moves.  Whether the flood's
+ * messages reach fuseboxd's socket between two ticks depends on the threads
+ * of both processes (under TSan on a loaded machine one run saw none read for
+ * 16 ticks); fuseboxd would then rightly take the flooder for lost, and the
+ * test would judge the machine, not the loop.  Meanwhile thousands of its
+ * heartbeats stay unanswered (min_ahead): the socket never runs empty.
+ * Fails after 20 s of real time (a liveness bound).
+ */
+static void flood_read_now(void)
+{
+    long long now = e2e_clock_ms(&T);
+    double t0 = fbt_now_ms();
+    while (e2e_worker_seen_ms(&T, "fake-flood") < now) {
+        if (fbt_now_ms() - t0 > 20000) {
+            fprintf(stderr,
+                    "fuseboxd read no heartbeat of the flooder at clock %lld ms"
+                    " within 20 s\n",
+                    now);
+            e2e_dump(&T);
+            CHECK(0);
+        }
+        fw_sleep_ms(5);
+    }
+}
+
+/*
  * One tick of the clock: the healthy worker (and the silent one while
  * silent_alive) heartbeats when a heartbeat period has passed since its last
- * (*last_hb, clock ms), then the clock moves one tick and the tick is waited
- * for.  Returns the clock time of that tick.
+ * (*last_hb, clock ms), fuseboxd reads the flooder at this time, then the
+ * clock moves one tick and the tick is waited for.  Returns the clock time of
+ * that tick.
  */
 static long long tick_once(bool silent_alive, long long *last_hb, long long *last_silent_hb)
 {
@@ -299,6 +327,7 @@ static long long tick_once(bool silent_alive, long long *last_hb, long long *las
             *last_silent_hb = now;
         }
     }
+    flood_read_now();
     e2e_clock_advance(&T, E2E_TICK_MS);
     return e2e_clock_ms(&T);
 }
@@ -366,8 +395,7 @@ int main(void)
     double t0 = fbt_now_ms();
     while (!atomic_load(&fl.ready)) {
         if (fbt_now_ms() - t0 > 20000) {
-            fprintf(stderr, "the flood never got %d heartbeats ahead of fuseboxd\n",
-                    FLOOD_READY);
+            fprintf(stderr, "the flood never got %d heartbeats ahead of fuseboxd\n", FLOOD_READY);
             CHECK(0);
         }
         fw_sleep_ms(10);
@@ -399,6 +427,9 @@ int main(void)
     CHECK_INT_EQ(requeues(), 1);
     CHECK_INT_EQ(lost_in_log("fake-silent"), 1);
     CHECK_INT_EQ(worker_lost_in_db("fake-silent"), 1);
+    /* a lost worker leaves the gauge of its last read; the others are on it */
+    CHECK_INT_EQ(e2e_worker_seen_ms(&T, "fake-silent"), -1);
+    CHECK(e2e_worker_seen_ms(&T, "fake-healthy") >= last_hb);
 
     /* and two more timeouts of flood: the others are still not lost */
     for (int k = 0; k < 2 * E2E_HEARTBEAT_TIMEOUT_MS / E2E_TICK_MS; k++)
