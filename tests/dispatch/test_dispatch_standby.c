@@ -58,8 +58,8 @@ static const char *role(fbt_server *s)
     static char out[32];
     out[0] = '\0';
     fbt_resp r;
+    /* fbt_http parses the body into r.json */
     if (fbt_http(s->port, "GET", "/readyz", NULL, NULL, 0, &r) == 0 && r.status == 200) {
-        r.json = json_loads(r.body, 0, NULL);
         const char *v = json_string_value(json_object_get(r.json, "control_loop"));
         snprintf(out, sizeof out, "%s", v ? v : "(missing)");
     }
