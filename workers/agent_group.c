@@ -1041,6 +1041,38 @@ static bool open_comm(runner *r)
     return true;
 }
 
+/*
+ * Staging the training shards failed on this node (its disk is full, the source cannot be
+ * read from here): an infrastructure fault.  Every member leaves with a DETACHED event and
+ * no state, so the server re-queues it from its last checkpoint without counting a restart,
+ * and the worker drains: a node that cannot stage would fail every array it is given.
+ */
+static void stage_fault(runner *r, const char *why)
+{
+    group *g = r->g;
+    fb_agent *a = g->a;
+    for (int i = 0; i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !is_alive(g, mb)) continue;
+        set_alive(g, mb, false);
+        outmsg *o =
+            agent_event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        agent_event_text(o, "node-local staging failed: %s", why);
+        pend(r, o);
+    }
+    flush_pending(r);
+    agent_log("group %s: node-local staging in %s failed: %s; its members leave uncounted and "
+              "the worker drains",
+              g->id, a->stage_dir, why);
+    pthread_mutex_lock(&a->ds_mu);
+    if (!atomic_load(&a->stage_fault)) {
+        snprintf(a->stage_fault_msg, sizeof a->stage_fault_msg, "%s", why);
+        atomic_store(&a->stage_fault, true);
+    }
+    pthread_mutex_unlock(&a->ds_mu);
+    fb_agent_drain(a);
+}
+
 void *agent_group_thread(void *arg)
 {
     group *g = arg;
@@ -1066,18 +1098,36 @@ void *agent_group_thread(void *arg)
                              : NULL;
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused_val = {0}, unused = {0};
-    bool ready = ds != NULL;
+    bool ready = ds != NULL, staging_fault = false;
     if (ready && ds->shard && g->n_sess > 0) {
         /* this array's own loader, positioned at its start step */
         const fb_job_spec *s0 = &g->m[g->by_sidx[0]].spec;
         fb_data_source_opts so = {.batch_size = s0->batch_size, .shuffle = s0->shuffle,
                                   .data_seed = s0->data_seed, .start_step = g->start_step,
                                   .val_fraction = s0->val_fraction};
-        ready = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
-                                   ds->data_dir, &so, msg, sizeof msg) == FB_OK;
+        if (a->stage_dir[0]) {
+            so.cache_dir = a->stage_dir;
+            so.cache_bytes = a->stage_bytes;
+        }
+        int err = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
+                                     ds->data_dir, &so, msg, sizeof msg);
+        ready = err == FB_OK;
+        /* with staging on, an I/O error opening the training split is the node's (its
+         * disk, its view of the source), not the data's: a mismatch is FB_ERR_DATA */
+        staging_fault = err == FB_ERR_IO && so.cache_dir;
+        if (ready && so.cache_dir) {
+            fb_loader_stats st;
+            fb_loader_get_stats(&st, loader);
+            agent_log("group %s: staged %s in %s: %d cached, %d copied, %d re-staged (failed "
+                      "verification), %d read in place",
+                      g->id, g->source, a->stage_dir, st.stage.hits, st.stage.copied,
+                      st.stage.restaged, st.stage.uncached);
+        }
     }
     if (!joined) {
         /* span_fault said why */
+    } else if (staging_fault) {
+        stage_fault(&r, msg);
     } else if (!ready) {
         fail_all(&r, FB_FAULT_JOB, msg);
         flush_pending(&r);
