@@ -38,7 +38,7 @@
 #define STEPS 400
 /* liveness bounds (no decision depends on them) */
 #define UP_S 60
-#define WAIT_S 180
+#define WAIT_S 90
 
 static e2e T;
 static char R[400];       /* Slurm's directory in the scratch directory */
