@@ -3,6 +3,9 @@
  * Debian's packages, configured entirely in the test's scratch directory (its own
  * slurm.conf, ports, munge key and socket, state and spool directories), one node.
  *
+ *   0. The script's bad environments, as a table: each is refused (exit 1) with its
+ *      message before anything starts; a registration that fuseboxd refuses (a wrong
+ *      admin key) fails the Slurm job, and no key is registered.
  *   1. A fuseboxd on a fresh test database; the sbatch worker registers its own key
  *      through POST /v1/workers/keys (no file names it), stages the shard dataset under
  *      the job's $TMPDIR, and trains a job that the step hook holds at step 120 of 400
@@ -195,14 +198,15 @@ static void slurm_up(void)
            (fbt_now_ms() - start) / 1000, ctld_port, node_port);
 }
 
-/* Submits the sbatch worker; returns its Slurm job id. */
-static long sbatch_worker(void)
+/* Submits the sbatch worker (with the test's environment and the assignments of
+ * export, "" for none); returns its Slurm job id. */
+static long sbatch_worker_with(const char *export)
 {
     char cmd[1600];
     snprintf(cmd, sizeof cmd,
-             "sbatch --parsable -o %s/sbatch-%%j.txt %s/deploy/slurm/"
+             "sbatch --parsable --export=ALL%s%s -o %s/sbatch-%%j.txt %s/deploy/slurm/"
              "fusebox-worker.sbatch 2>&1",
-             R, getenv("FB_SOURCE_DIR"));
+             export[0] ? "," : "", export, R, getenv("FB_SOURCE_DIR"));
     const char *out = sh_line(cmd);
     char *end;
     long id = strtol(out, &end, 10);
@@ -212,6 +216,11 @@ static long sbatch_worker(void)
     }
     printf("slurm: sbatch job %ld\n", id);
     return id;
+}
+
+static long sbatch_worker(void)
+{
+    return sbatch_worker_with("");
 }
 
 static void wait_slurm_job_gone(long id)
@@ -251,6 +260,68 @@ static int key_state(long id)
     }
     fbt_resp_free(&r);
     return st;
+}
+
+typedef struct env_case {
+    const char *what, *env; /* env: env(1) arguments before the script */
+    const char *says;
+} env_case;
+
+/* The script's own checks, before it starts anything, as a table: each bad environment
+ * exits 1 with its message; then a registration fuseboxd refuses (a wrong admin key)
+ * fails the Slurm job with the script's message, and no key is registered. */
+static void bad_environments(void)
+{
+    char script[600], cmd[1600];
+    snprintf(script, sizeof script, "%s/deploy/slurm/fusebox-worker.sbatch",
+             getenv("FB_SOURCE_DIR"));
+    const env_case cases[] = {
+        {"outside Slurm", "-u SLURM_JOB_ID", "run me with sbatch"},
+        {"no server URL", "-u FUSEBOX_URL SLURM_JOB_ID=1", "FUSEBOX_URL is not set"},
+        {"no admin key file", "SLURM_JOB_ID=1 FUSEBOX_ADMIN_KEY_FILE=/nonexistent",
+         "cannot read FUSEBOX_ADMIN_KEY_FILE (/nonexistent)"},
+        {"no server key", "-u FUSEBOX_WORKER_SERVER_KEY SLURM_JOB_ID=1",
+         "FUSEBOX_WORKER_SERVER_KEY is not set"},
+        {"unreadable server key", "SLURM_JOB_ID=1 FUSEBOX_WORKER_SERVER_KEY=/nonexistent",
+         "cannot read FUSEBOX_WORKER_SERVER_KEY (/nonexistent)"},
+        {"no worker program", "SLURM_JOB_ID=1 FUSEBOX_WORKER_BIN=/nonexistent/fusebox-worker",
+         "no /nonexistent/fusebox-worker here"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const env_case *c = &cases[i];
+        snprintf(cmd, sizeof cmd, "env %s bash %s 2>&1", c->env, script);
+        char out[4096] = "";
+        FILE *p = popen(cmd, "r");
+        CHECK(p != NULL);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(out, c->says)) {
+            fprintf(stderr, "case %s: status %d, said:\n%s\nexpected exit 1 and: %s\n", c->what,
+                    WIFEXITED(st) ? WEXITSTATUS(st) : -1, out, c->says);
+            fail("a bad environment was not refused");
+        }
+        printf("slurm: %-22s refused: %s\n", c->what, c->says);
+    }
+    char wrong[500], exp[600];
+    snprintf(wrong, sizeof wrong, "%s/wrong-admin.key", T.root);
+    e2e_write(wrong, "fb_not_a_key\n");
+    snprintf(exp, sizeof exp, "FUSEBOX_ADMIN_KEY_FILE=%s", wrong);
+    long j = sbatch_worker_with(exp);
+    wait_slurm_job_gone(j);
+    char path[600];
+    snprintf(path, sizeof path, "%s/sbatch-%ld.txt", R, j);
+    size_t len = 0;
+    FILE *f = fopen(path, "r");
+    char out[8192] = "";
+    if (f) {
+        len = fread(out, 1, sizeof out - 1, f);
+        fclose(f);
+    }
+    out[len] = 0;
+    if (!strstr(out, "registering the worker key with")) fail("a refused registration");
+    CHECK_INT_EQ(key_state(j), -1);
+    printf("slurm: a wrong admin key: sbatch job %ld failed registering, no key registered\n", j);
 }
 
 /* Shard files in the node's staging cache. */
@@ -321,6 +392,8 @@ int main(void)
         CHECK(setenv(env[i][0], env[i][1], 1) == 0);
     /* GPUs bound by Slurm only: none here, so the CPU backend */
     unsetenv("CUDA_VISIBLE_DEVICES");
+
+    bad_environments();
 
     /* 1. the first sbatch worker trains the job to the hold */
     e2e_hold(&T, JOB, HOLD_STEP);
