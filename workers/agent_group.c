@@ -1044,14 +1044,18 @@ static bool open_comm(runner *r)
 /*
  * Staging the training shards failed on this node (its disk is full, the source cannot be
  * read from here): an infrastructure fault.  Every member leaves with a DETACHED event and
- * no state, so the server re-queues it from its last checkpoint without counting a restart,
- * and the worker drains: a node that cannot stage would fail every array it is given.
+ * no state (an array that spans workers stops as span_fault says), so the server re-queues
+ * it from its last checkpoint without counting a restart, and the worker drains: a node that
+ * cannot stage would fail every array it is given.
  */
 static void stage_fault(runner *r, const char *why)
 {
     group *g = r->g;
     fb_agent *a = g->a;
-    for (int i = 0; i < g->n_members; i++) {
+    /* an array that spans workers stops as for broken communication: the server re-queues
+     * its jobs from the running list (a follower speaks for no member) */
+    if (g->world) span_fault(r, "node-local staging", why);
+    for (int i = 0; !g->world && i < g->n_members; i++) {
         member *mb = &g->m[i];
         if (mb->sidx < 0 || !is_alive(g, mb)) continue;
         set_alive(g, mb, false);
