@@ -55,8 +55,8 @@ typedef struct fb_agent_opts {
     const char *data_dir; /* NULL = $FUSEBOX_DATA_DIR, else /usr/share/datasets */
     /* node-local staging (workers/data/stage.h): a shard dataset's training shards are
      * copied here before an array reads them and verified on every use; a copy that fails
-     * (FB_ERR_IO: disk full, an unreadable source) is this node's fault, not the jobs':
-     * their array leaves uncounted and the worker drains (fb_agent_run returns FB_ERR_IO).
+     * (FB_ERR_IO while the dataset reads in place: the disk is full) is this node's fault:
+     * the array leaves uncounted and the worker drains (fb_agent_run returns FB_ERR_IO).
      * NULL = shards are read in place */
     const char *stage_dir;
     uint64_t stage_bytes;  /* the cache's bound; 0 = FB_AGENT_DEFAULT_STAGE_BYTES */

@@ -1042,8 +1042,8 @@ static bool open_comm(runner *r)
 }
 
 /*
- * Staging the training shards failed on this node (its disk is full, the source cannot be
- * read from here): an infrastructure fault.  Every member leaves with a DETACHED event and
+ * Staging the training shards failed on this node while the dataset reads in place (the
+ * cache directory cannot be made, the node's disk is full): an infrastructure fault.  Every member leaves with a DETACHED event and
  * no state (an array that spans workers stops as span_fault says), so the server re-queues
  * it from its last checkpoint without counting a restart, and the worker drains: a node that
  * cannot stage would fail every array it is given.
@@ -1116,9 +1116,23 @@ void *agent_group_thread(void *arg)
         int err = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
                                      ds->data_dir, &so, msg, sizeof msg);
         ready = err == FB_OK;
-        /* with staging on, an I/O error opening the training split is the node's (its
-         * disk, its view of the source), not the data's: a mismatch is FB_ERR_DATA */
-        staging_fault = err == FB_ERR_IO && so.cache_dir;
+        if (err == FB_ERR_IO && so.cache_dir) {
+            /* staging or the dataset?  Opened in place, the dataset reads: the cache (this
+             * node's disk) failed, the node's fault.  Else the data is unreadable here as it
+             * would be without staging, a job fault: counted, so that one broken dataset
+             * cannot drain every worker it is sent to */
+            fb_data_source_opts in_place = so;
+            in_place.cache_dir = NULL;
+            fb_loader *probe = NULL;
+            fb_dataset ptrain = {0}, pval = {0}, ptest = {0};
+            char m2[256];
+            staging_fault = fb_data_open_named(&ptrain, &pval, &ptest, &probe, g->source,
+                                               ds->data_dir, &in_place, m2, sizeof m2) == FB_OK;
+            fb_loader_free(probe);
+            fb_dataset_free(&ptrain);
+            fb_dataset_free(&pval);
+            fb_dataset_free(&ptest);
+        }
         if (ready && so.cache_dir) {
             fb_loader_stats st;
             fb_loader_get_stats(&st, loader);
