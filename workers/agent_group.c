@@ -1043,10 +1043,11 @@ static bool open_comm(runner *r)
 
 /*
  * Staging the training shards failed on this node while the dataset reads in place (the
- * cache directory cannot be made, the node's disk is full): an infrastructure fault.  Every member leaves with a DETACHED event and
- * no state (an array that spans workers stops as span_fault says), so the server re-queues
- * it from its last checkpoint without counting a restart, and the worker drains: a node that
- * cannot stage would fail every array it is given.
+ * cache directory cannot be made, the node's disk is full): an infrastructure fault.  Every
+ * member leaves with a DETACHED event and no state (an array that spans workers stops as
+ * span_fault says), so the server re-queues it from its last checkpoint without counting a
+ * restart, and the worker drains: a node that cannot stage would fail every array it is
+ * given.
  */
 static void stage_fault(runner *r, const char *why)
 {
