@@ -132,6 +132,7 @@ static void slurm_up(void)
 
     char host[256];
     CHECK(gethostname(host, sizeof host) == 0);
+    host[strcspn(host, ".")] = 0; /* Slurm names hosts as `hostname -s` does */
     int ctld_port = fbt_free_port(), node_port = fbt_free_port();
     while (node_port == ctld_port)
         node_port = fbt_free_port();
