@@ -584,6 +584,15 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t msg_c
         err = fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "the data directory's path is too long");
         goto fail;
     }
+    if (o->stage_dir && o->stage_dir[0]) {
+        if (strlen(o->stage_dir) >= sizeof a->stage_dir) {
+            err = fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                          "the staging directory's path is too long");
+            goto fail;
+        }
+        snprintf(a->stage_dir, sizeof a->stage_dir, "%s", o->stage_dir);
+        a->stage_bytes = o->stage_bytes ? o->stage_bytes : FB_AGENT_DEFAULT_STAGE_BYTES;
+    }
     snprintf(a->data_dir, sizeof a->data_dir, "%s", dd);
     snprintf(a->server, sizeof a->server, "%s", o->server);
     snprintf(a->server_key, sizeof a->server_key, "%s", o->server_key);
@@ -605,6 +614,7 @@ int fb_agent_new(fb_agent **out, const fb_agent_opts *o, char *msg, size_t msg_c
     }
     a->outbox_limit = o->outbox_bytes ? o->outbox_bytes : FB_AGENT_DEFAULT_OUTBOX_BYTES;
     a->next_seq = 1;
+    atomic_init(&a->stage_fault, false);
     atomic_init(&a->drain_req, false);
     if (pthread_mutex_init(&a->ds_mu, NULL) != 0) {
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");

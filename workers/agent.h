@@ -28,7 +28,8 @@
 #define FB_AGENT_DEFAULT_HEARTBEAT_MS 1000
 #define FB_AGENT_DEFAULT_PROGRESS_MS 1000
 #define FB_AGENT_DEFAULT_OUTBOX_BYTES ((uint64_t)1 << 30)
-#define FB_AGENT_DRAIN_WAIT_MS 10000 /* how long a drain waits for the last ACKs */
+#define FB_AGENT_DEFAULT_STAGE_BYTES (16ULL << 30) /* as fusebox-train --stage-bytes */
+#define FB_AGENT_DRAIN_WAIT_MS 10000               /* how long a drain waits for the last ACKs */
 #define FB_AGENT_DEFAULT_COMM_TIMEOUT_MS 60000
 #define FB_AGENT_COMM_PORTS 1024 /* ports of a worker's comm range, at most */
 #define FB_AGENT_SCRIPT_MAX 64    /* entries of --test-step-ms */
@@ -51,14 +52,21 @@ typedef struct fb_agent_opts {
      * next ones, and so on (around the machine's cores), and the threads that compute for a
      * device run only there; false = the kernel places every thread */
     bool pin_devices;
-    const char *data_dir;   /* NULL = $FUSEBOX_DATA_DIR, else /usr/share/datasets */
-    int heartbeat_ms;       /* cadence until the server's WELCOME sets it; 0 = default */
-    int progress_ms;        /* PROGRESS at least this often per group; 0 = default */
-    uint64_t outbox_bytes;  /* blob bytes of unacknowledged events before it complains;
-                               0 = default */
-    bool sync_batchnorm;    /* data-parallel groups on CPU devices normalise batch norm over
-                               the global batch (data_parallel.h); false = each device's
-                               statistics */
+    const char *data_dir; /* NULL = $FUSEBOX_DATA_DIR, else /usr/share/datasets */
+    /* node-local staging (workers/data/stage.h): a shard dataset's training shards are
+     * copied here before an array reads them and verified on every use; a copy that fails
+     * (FB_ERR_IO while the dataset reads in place: the disk is full) is this node's fault:
+     * the array leaves uncounted and the worker drains (fb_agent_run returns FB_ERR_IO).
+     * NULL = shards are read in place */
+    const char *stage_dir;
+    uint64_t stage_bytes;  /* the cache's bound; 0 = FB_AGENT_DEFAULT_STAGE_BYTES */
+    int heartbeat_ms;      /* cadence until the server's WELCOME sets it; 0 = default */
+    int progress_ms;       /* PROGRESS at least this often per group; 0 = default */
+    uint64_t outbox_bytes; /* blob bytes of unacknowledged events before it complains;
+                              0 = default */
+    bool sync_batchnorm;   /* data-parallel groups on CPU devices normalise batch norm over
+                              the global batch (data_parallel.h); false = each device's
+                              statistics */
     /* arrays that span workers: where the other workers reach this one, a host name or IP
      * address (IPv6 without brackets) and the ports comm_port_lo..comm_port_hi (at most
      * FB_AGENT_COMM_PORTS) that the server picks a group's rendezvous port from when this

@@ -1041,6 +1041,43 @@ static bool open_comm(runner *r)
     return true;
 }
 
+/*
+ * Staging the training shards failed on this node while the dataset reads in place (the
+ * cache directory cannot be made, the node's disk is full): an infrastructure fault.  Every
+ * member leaves with a DETACHED event and no state (an array that spans workers stops as
+ * span_fault says), so the server re-queues it from its last checkpoint without counting a
+ * restart, and the worker drains: a node that cannot stage would fail every array it is
+ * given.
+ */
+static void stage_fault(runner *r, const char *why)
+{
+    group *g = r->g;
+    fb_agent *a = g->a;
+    /* an array that spans workers stops as for broken communication: the server re-queues
+     * its jobs from the running list (a follower speaks for no member) */
+    if (g->world) span_fault(r, "node-local staging", why);
+    for (int i = 0; !g->world && i < g->n_members; i++) {
+        member *mb = &g->m[i];
+        if (mb->sidx < 0 || !is_alive(g, mb)) continue;
+        set_alive(g, mb, false);
+        outmsg *o =
+            agent_event_new(g, g->id, g->generation, FB_EV_DETACHED, mb->job_id, steps_done(r));
+        agent_event_text(o, "node-local staging failed: %s", why);
+        pend(r, o);
+    }
+    flush_pending(r);
+    agent_log("group %s: node-local staging in %s failed: %s; its members leave uncounted and "
+              "the worker drains",
+              g->id, a->stage_dir, why);
+    pthread_mutex_lock(&a->ds_mu);
+    if (!atomic_load(&a->stage_fault)) {
+        snprintf(a->stage_fault_msg, sizeof a->stage_fault_msg, "%s", why);
+        atomic_store(&a->stage_fault, true);
+    }
+    pthread_mutex_unlock(&a->ds_mu);
+    fb_agent_drain(a);
+}
+
 void *agent_group_thread(void *arg)
 {
     group *g = arg;
@@ -1066,18 +1103,50 @@ void *agent_group_thread(void *arg)
                              : NULL;
     fb_loader *loader = NULL;
     fb_dataset shard_train = {0}, unused_val = {0}, unused = {0};
-    bool ready = ds != NULL;
+    bool ready = ds != NULL, staging_fault = false;
     if (ready && ds->shard && g->n_sess > 0) {
         /* this array's own loader, positioned at its start step */
         const fb_job_spec *s0 = &g->m[g->by_sidx[0]].spec;
         fb_data_source_opts so = {.batch_size = s0->batch_size, .shuffle = s0->shuffle,
                                   .data_seed = s0->data_seed, .start_step = g->start_step,
                                   .val_fraction = s0->val_fraction};
-        ready = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
-                                   ds->data_dir, &so, msg, sizeof msg) == FB_OK;
+        if (a->stage_dir[0]) {
+            so.cache_dir = a->stage_dir;
+            so.cache_bytes = a->stage_bytes;
+        }
+        int err = fb_data_open_named(&shard_train, &unused_val, &unused, &loader, g->source,
+                                     ds->data_dir, &so, msg, sizeof msg);
+        ready = err == FB_OK;
+        if (err == FB_ERR_IO && so.cache_dir) {
+            /* staging or the dataset?  Opened in place, the dataset reads: the cache (this
+             * node's disk) failed, the node's fault.  Else the data is unreadable here as it
+             * would be without staging, a job fault: counted, so that one broken dataset
+             * cannot drain every worker it is sent to */
+            fb_data_source_opts in_place = so;
+            in_place.cache_dir = NULL;
+            fb_loader *probe = NULL;
+            fb_dataset ptrain = {0}, pval = {0}, ptest = {0};
+            char m2[256];
+            staging_fault = fb_data_open_named(&ptrain, &pval, &ptest, &probe, g->source,
+                                               ds->data_dir, &in_place, m2, sizeof m2) == FB_OK;
+            fb_loader_free(probe);
+            fb_dataset_free(&ptrain);
+            fb_dataset_free(&pval);
+            fb_dataset_free(&ptest);
+        }
+        if (ready && so.cache_dir) {
+            fb_loader_stats st;
+            fb_loader_get_stats(&st, loader);
+            agent_log("group %s: staged %s in %s: %d cached, %d copied, %d re-staged (failed "
+                      "verification), %d read in place",
+                      g->id, g->source, a->stage_dir, st.stage.hits, st.stage.copied,
+                      st.stage.restaged, st.stage.uncached);
+        }
     }
     if (!joined) {
         /* span_fault said why */
+    } else if (staging_fault) {
+        stage_fault(&r, msg);
     } else if (!ready) {
         fail_all(&r, FB_FAULT_JOB, msg);
         flush_pending(&r);

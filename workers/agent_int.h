@@ -162,6 +162,8 @@ struct fb_agent {
     char server_key[41], public_key[41], secret_key[41];
     char name[FB_WIRE_NAME_MAX + 1];
     char data_dir[1024];
+    char stage_dir[1024]; /* --stage-dir, "" = none */
+    uint64_t stage_bytes;
     int threads, heartbeat_ms, progress_ms;
     uint64_t outbox_limit;
     int n_devices;
@@ -188,6 +190,10 @@ struct fb_agent {
     void *ctx, *dealer, *pull, *mon;
     char inproc[64], mon_ep[64];
     atomic_bool drain_req;
+    /* staging failed on this node (a group thread sets it, with stage_fault_msg written
+     * first): the worker drains and fb_agent_run reports it */
+    atomic_bool stage_fault;
+    char stage_fault_msg[1024];
 
     /* the main thread's */
     bool welcomed, draining, drain_sent;

@@ -990,6 +990,15 @@ static void on_timer(fb_agent *a, double now)
     if (a->draining && !a->drain_sent) send_drain(a);
 }
 
+/* What a finished drain returns: FB_OK, or FB_ERR_IO when staging failed on this node (the
+ * worker drained because of it, and whoever started it must hear that it cannot train). */
+static int drained_rc(fb_agent *a, char *msg, size_t msg_cap)
+{
+    if (!atomic_load(&a->stage_fault)) return FB_OK;
+    return fb_errf(msg, msg_cap, FB_ERR_IO, "node-local staging failed, so the worker drained: %s",
+                   a->stage_fault_msg);
+}
+
 int fb_agent_run(fb_agent *a, char *msg, size_t msg_cap)
 {
     double start = agent_now_ms();
@@ -1012,14 +1021,14 @@ int fb_agent_run(fb_agent *a, char *msg, size_t msg_cap)
             }
             if (!a->outbox) {
                 agent_log("drained; every event acknowledged");
-                return FB_OK;
+                return drained_rc(a, msg, msg_cap);
             }
             if (now - a->drained_at >= FB_AGENT_DRAIN_WAIT_MS) {
                 int n = 0;
                 for (outmsg *o = a->outbox; o; o = o->next)
                     n++;
                 agent_log("drained; %d event%s not acknowledged in time", n, n == 1 ? "" : "s");
-                return FB_OK;
+                return drained_rc(a, msg, msg_cap);
             }
         }
         on_timer(a, now);

@@ -46,6 +46,12 @@ static void usage(FILE *f)
                "                        [FUSEBOX_WORKER_PIN_DEVICES]\n"
                "  --data-dir DIR        where datasets live (default: $FUSEBOX_DATA_DIR, else\n"
                "                        /usr/share/datasets) [FUSEBOX_WORKER_DATA_DIR]\n"
+               "  --stage-dir DIR       copy a shard dataset's training shards to this node-local\n"
+               "                        directory before an array reads them, verified on every\n"
+               "                        use (default: read in place); a copy that fails drains\n"
+               "                        the worker, which exits 1 [FUSEBOX_WORKER_STAGE_DIR]\n"
+               "  --stage-bytes N       bound of the --stage-dir cache in bytes (default 16 GiB)\n"
+               "                        [FUSEBOX_WORKER_STAGE_BYTES]\n"
                "  --heartbeat-ms MS     heartbeat until the server sets one (default 1000)\n"
                "                        [FUSEBOX_WORKER_HEARTBEAT_MS]\n"
                "  --progress-ms MS      progress report cadence per group (default 1000)\n"
@@ -145,6 +151,8 @@ enum {
     OPT_TEST_STEP_HOOK,
     OPT_TEST_CLOCK,
     OPT_TEST_STEP_MS,
+    OPT_STAGE_DIR,
+    OPT_STAGE_BYTES,
     OPT_COUNT
 };
 
@@ -171,6 +179,8 @@ static const struct {
     {"test-step-hook", "FUSEBOX_WORKER_TEST_STEP_HOOK"},
     {"test-clock", "FUSEBOX_WORKER_TEST_CLOCK"},
     {"test-step-ms", "FUSEBOX_WORKER_TEST_STEP_MS"},
+    {"stage-dir", "FUSEBOX_WORKER_STAGE_DIR"},
+    {"stage-bytes", "FUSEBOX_WORKER_STAGE_BYTES"},
 };
 
 /* Where a value came from, for messages about it. */
@@ -236,6 +246,8 @@ static bool read_args(int argc, char **argv, struct args *A, int *rc)
         {"test-step-hook", required_argument, NULL, OPT_TEST_STEP_HOOK},
         {"test-clock", required_argument, NULL, OPT_TEST_CLOCK},
         {"test-step-ms", required_argument, NULL, OPT_TEST_STEP_MS},
+        {"stage-dir", required_argument, NULL, OPT_STAGE_DIR},
+        {"stage-bytes", required_argument, NULL, OPT_STAGE_BYTES},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0}};
@@ -314,6 +326,25 @@ static int agent_opts_from(struct args *A, fb_agent_opts *o)
                     ints[i].lo, ints[i].hi, val[k]);
             return EXIT_USAGE;
         }
+    }
+    o->stage_dir = val[OPT_STAGE_DIR];
+    if (val[OPT_STAGE_BYTES]) {
+        const char *v = val[OPT_STAGE_BYTES];
+        char *end;
+        errno = 0;
+        unsigned long long b = strtoull(v, &end, 10);
+        if (errno || end == v || *end || b == 0 || v[0] < '0' || v[0] > '9') {
+            origin(where, sizeof where, OPT_STAGE_BYTES, from_env[OPT_STAGE_BYTES]);
+            fprintf(stderr, "fusebox-worker: %s needs a positive integer of bytes, not '%s'\n",
+                    where, v);
+            return EXIT_USAGE;
+        }
+        if (!val[OPT_STAGE_DIR]) {
+            origin(where, sizeof where, OPT_STAGE_BYTES, from_env[OPT_STAGE_BYTES]);
+            fprintf(stderr, "fusebox-worker: %s bounds --stage-dir, which is not given\n", where);
+            return EXIT_USAGE;
+        }
+        o->stage_bytes = b;
     }
     static const int onoff[] = {OPT_SYNC_BN, OPT_PIN_DEVICES};
     bool *onoff_dst[] = {&o->sync_batchnorm, &o->pin_devices};

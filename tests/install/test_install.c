@@ -229,8 +229,9 @@ int main(int argc, char **argv)
              "test -f '%s/share/fusebox/schema/001_core.sql' && test -f "
              "'%s/share/fusebox/web/index.html' && test -f '%s/share/doc/fusebox/deploy.md' "
              "&& test -f '%s/share/doc/fusebox/README.md' && test -f "
-             "'%s/share/fusebox/systemd/fuseboxd.env.example'",
-             prefix, prefix, prefix, prefix, prefix);
+             "'%s/share/fusebox/systemd/fuseboxd.env.example' && test -x "
+             "'%s/share/fusebox/slurm/fusebox-worker.sbatch'",
+             prefix, prefix, prefix, prefix, prefix, prefix);
     CHECK(system(cmd) == 0);
     check_versions(argv[3]);
     check_server();
