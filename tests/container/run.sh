@@ -239,7 +239,8 @@ wait_for "job $job2 ends" 600 job_done
 api "/v1/jobs/$job2/events?limit=1000" >"$work/events.json"
 completed=$(jq '[.events[] | select(.kind == "completed")] | length' "$work/events.json")
 ((completed == 1)) || { jq -c '.events[] | {kind, message}' "$work/events.json" >&2; die "$completed completed events for job $job2, not 1"; }
-echo "job $job2 completed once across the restart ($(jq '.events | length' "$work/events.json") events)"
+echo "job $job2 completed once across the restart (events: $(jq -r '[.events[].kind] | join(", ")' \
+    "$work/events.json"))"
 
 # Down and up: the volumes keep the database, the keys and the models.
 say "podman-compose down, up -d"
