@@ -74,6 +74,9 @@ cleanup() {
             printf '\n---- logs of %s (last 40 lines) ----\n' "$s" >&2
             podman logs --tail 40 "$(ctr "$s")" >&2 2>&1 || true
         done
+        local kept
+        kept=$cache/runs/$(date -u +%Y%m%dT%H%M%SZ)-$project-compose.log
+        cp "$work/compose.log" "$kept" && echo "podman-compose's output: $kept" >&2
     fi
     if [[ ${FUSEBOX_CONTAINER_KEEP:-0} == 1 ]]; then
         echo "kept: project $project, files in $work"
