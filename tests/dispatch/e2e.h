@@ -127,6 +127,10 @@ void e2e_train_reference(e2e *t, const char *const *spec_files, int n, const cha
 /* Writes text to a file. */
 void e2e_write(const char *path, const char *text);
 
+/* A whole file, NUL-terminated (malloc'd; its length in *len), or NULL when it cannot be
+ * opened. */
+char *e2e_read(const char *path, size_t *len);
+
 /*
  * Steps per second of the array of the n spec files here, by fusebox-train
  * (the worker's training runtime, on one thread as there): it trains them

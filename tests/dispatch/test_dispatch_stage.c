@@ -46,22 +46,6 @@ static void on_abort(int sig)
     raise(sig);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    CHECK(b != NULL);
-    CHECK(fread(b, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
 /* The cache's shard files ("<crc32c>-<bytes>-<file name>"), each compared with its original
  * in synth's directory; corrupt flips a byte of each instead.  Returns how many there are. */
 static int check_cache(const char *cache, bool corrupt)
@@ -84,7 +68,7 @@ static int check_cache(const char *cache, bool corrupt)
         snprintf(opath, sizeof opath, "%s", gl.gl_pathv[0]);
         globfree(&gl);
         size_t cl, ol;
-        char *c = slurp(cpath, &cl), *o = slurp(opath, &ol);
+        char *c = e2e_read(cpath, &cl), *o = e2e_read(opath, &ol);
         CHECK(c && o);
         if (corrupt) {
             c[cl / 2] ^= 0x5a;
@@ -108,7 +92,7 @@ static int last_restaged(const char *worker)
     char path[400];
     snprintf(path, sizeof path, "%s/worker-%s.log", T.root, worker);
     size_t len;
-    char *log = slurp(path, &len);
+    char *log = e2e_read(path, &len);
     CHECK(log != NULL);
     int restaged = -1;
     for (char *p = log; (p = strstr(p, "staged synth in ")); p++) {
@@ -124,7 +108,7 @@ static bool log_has(const char *worker, const char *text)
     char path[400];
     snprintf(path, sizeof path, "%s/worker-%s.log", T.root, worker);
     size_t len;
-    char *log = slurp(path, &len);
+    char *log = e2e_read(path, &len);
     bool yes = log && strstr(log, text);
     free(log);
     return yes;

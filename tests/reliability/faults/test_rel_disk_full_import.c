@@ -125,17 +125,8 @@ static char *read_file(const char *name, size_t *len)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", src, name);
-    FILE *f = fopen(path, "rb");
-    CHECK(f != NULL);
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n > 0);
-    rewind(f);
-    char *buf = malloc((size_t)n);
-    CHECK(buf != NULL);
-    CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
+    char *buf = e2e_read(path, len);
+    CHECK(buf != NULL && *len > 0);
     return buf;
 }
 
