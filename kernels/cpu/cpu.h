@@ -13,6 +13,9 @@
 
 #include "backend_impl.h"
 
+#include <math.h>
+#include <stdint.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -51,21 +54,20 @@ int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, ch
 /* ---- reference ---- */
 void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w, int N, int B, int I,
-                            int O, bool shared);
+void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
+                            const float *in, const float *w, int N, int B, int I, int O,
+                            bool shared);
 void fb_ref_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 void fb_ref_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w,
-                            const fb_conv_geom *g, float *scratch);
+void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
+                            const float *in, const float *w, const fb_conv_geom *g, float *scratch);
 
 void fb_ref_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
-                               const int32_t *argmax, const fb_pool_geom *g);
+void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
+                               const fb_pool_geom *g);
 void fb_ref_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_ref_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -75,8 +77,8 @@ void fb_ref_global_avgpool_backward(fb_backend *be, float *din, const float *dou
                                     int HW);
 
 void fb_ref_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
-void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
-                         const float *in, const float *out, size_t n);
+void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
+                         const float *out, size_t n);
 void fb_ref_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 void fb_ref_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 void fb_ref_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
@@ -88,15 +90,15 @@ void fb_ref_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
-                                   const float *gamma, const float *beta, const float *running_mean,
+void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
+                                   const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
 void fb_ref_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
-                              const float *in, const float *gamma, const float *beta, int N, int B,
-                              int F, float eps);
+void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
+                              const float *gamma, const float *beta, int N, int B, int F,
+                              float eps);
 void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
@@ -105,15 +107,14 @@ int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
                               int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
-void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
-                               int N, int T, int B, int L, int D);
+void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                               int T, int B, int L, int D);
 void fb_ref_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
                                 int T, int B, int L, int D);
 void fb_ref_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
                               int T, int B, int D, int H, bool causal, float *scratch);
 void fb_ref_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H,
-                               float *scratch);
+                               const float *qkv, int N, int T, int B, int D, int H, float *scratch);
 void fb_ref_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
                              int T, int B, int D);
 void fb_ref_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
@@ -135,22 +136,21 @@ void fb_cpu_zero(fb_backend *be, void *p, size_t bytes);
 
 void fb_cpu_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w, int N, int B, int I,
-                            int O, bool shared);
+void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
+                            const float *in, const float *w, int N, int B, int I, int O,
+                            bool shared);
 void fb_cpu_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g);
 void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w,
-                            const fb_conv_geom *g, float *scratch);
+void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
+                            const float *in, const float *w, const fb_conv_geom *g, float *scratch);
 
 void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
-                               const int32_t *argmax, const fb_pool_geom *g);
+void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
+                               const fb_pool_geom *g);
 void fb_cpu_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_cpu_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -160,8 +160,8 @@ void fb_cpu_global_avgpool_backward(fb_backend *be, float *din, const float *dou
                                     int HW);
 
 void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
-void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
-                         const float *in, const float *out, size_t n);
+void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
+                         const float *out, size_t n);
 void fb_cpu_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 void fb_cpu_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 
@@ -169,15 +169,15 @@ void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
-                                   const float *gamma, const float *beta, const float *running_mean,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
+                                   const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
 void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
-                              const float *in, const float *gamma, const float *beta, int N, int B,
-                              int F, float eps);
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
+                              const float *gamma, const float *beta, int N, int B, int F,
+                              float eps);
 void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
@@ -187,15 +187,14 @@ int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
                               int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
-void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
-                               int N, int T, int B, int L, int D);
+void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                               int T, int B, int L, int D);
 void fb_cpu_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
                                 int T, int B, int L, int D);
 void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
                               int T, int B, int D, int H, bool causal, float *scratch);
 void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H,
-                               float *scratch);
+                               const float *qkv, int N, int T, int B, int D, int H, float *scratch);
 void fb_cpu_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
                              int T, int B, int D);
 void fb_cpu_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
@@ -248,8 +247,7 @@ static inline int fb_cpu_team(const fb_backend *be, double work, double grain)
 
 /* Part `part` of `parts` near-equal pieces of [0, n): [*lo, *hi), with inner
  * boundaries rounded to multiples of align (>= 1). */
-static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, size_t *lo,
-                                size_t *hi)
+static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, size_t *lo, size_t *hi)
 {
     size_t units = (n + align - 1) / align;
     size_t a = units * (size_t)part / (size_t)parts * align;
@@ -280,6 +278,66 @@ static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, siz
 #endif
 
 /* ---- small helpers of the fast path ---- */
+
+/*
+ * e^x in float for the fast loops, where glibc's expf stays a scalar call:
+ * e^x = 2^n e^r, n = rint(x log2 e), r = x - n ln 2 in two parts (Cody and
+ * Waite; n times the first is exact), e^r by its Taylor polynomial to r^7 (|r| <= ln2 / 2:
+ * truncation below 1e-8 relative), 2^n by building the exponent bits.  About 1 ulp; 0 below -87
+ * (where e^x would be subnormal), +inf above 88, NaN for NaN. Plain operations and selects only (no
+ * fmaf, fminf: the kernels build without FMA contraction, and in a clone without FMA they are
+ * calls), so the loops vectorise and round alike in every clone and at every width.
+ */
+static inline float fb_cpu_expf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    xc = x != x ? 0.0f : xc;
+    const float n = rintf(xc * 1.44269504088896341f);
+    float r = n * -0.693359375f + xc;
+    r = n * 2.12194440e-4f + r;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } s = {.i = ((int32_t)n + 127) * (1 << 23)};
+    float y = p * s.f;
+    y = x < -87.0f ? 0.0f : y;
+    y = x > 88.0f ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+/*
+ * The standard normal tail 0.5 erfc(|x| / sqrt 2) = Q(t) e^(-x^2 / 2) / 2,
+ * given e = e^(-x^2 / 2): Q(z) = e^(z^2) erfc(z) as a degree-10 polynomial
+ * in t = 1 / (1 + z / 2), fitted by weighted least squares on z in [0, 12]
+ * for these sources (relative error 5e-8 in exact arithmetic, 3e-7 in
+ * float).  The tail keeps its relative accuracy far out, where 1 + erf(x)
+ * would cancel.
+ */
+static inline float fb_cpu_normal_tail(float x, float e)
+{
+    const float z = fabsf(x) * 0.70710678118654752440f, t = 1.0f / (0.5f * z + 1.0f);
+    float q = 1.798098534e-02f;
+    q = q * t + -1.567880511e-01f;
+    q = q * t + 5.147573352e-01f;
+    q = q * t + -7.954980135e-01f;
+    q = q * t + 5.369915366e-01f;
+    q = q * t + -1.684697121e-01f;
+    q = q * t + 2.537805140e-01f;
+    q = q * t + 2.312092334e-01f;
+    q = q * t + 2.840806246e-01f;
+    q = q * t + 2.819509804e-01f;
+    q = q * t + 4.510044164e-06f;
+    return 0.5f * q * e;
+}
 
 /* Sum of x[0..n) in double with four independent accumulators. */
 static inline double fb_cpu_sum(const float *restrict x, size_t n)

@@ -137,7 +137,7 @@ static void softmax_row(float *restrict z, int S, int T)
         if (z[s] > mx) mx = z[s];
     double sum = 0.0;
     for (int s = 0; s < S; s++) {
-        z[s] = expf(z[s] - mx);
+        z[s] = fb_cpu_expf(z[s] - mx);
         sum += z[s];
     }
     const float inv = (float)(1.0 / sum);
