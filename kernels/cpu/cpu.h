@@ -293,6 +293,7 @@ static inline float fb_cpu_expf(float x)
     float xc = x < -87.0f ? -87.0f : x;
     xc = xc > 88.0f ? 88.0f : xc;
     xc = x != x ? 0.0f : xc;
+    /* rintf vectorises from SSE4.1 on (the loops' AVX clones) */
     const float n = rintf(xc * 1.44269504088896341f);
     float r = n * -0.693359375f + xc;
     r = n * 2.12194440e-4f + r;

@@ -74,8 +74,8 @@ int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, 
 }
 
 /* in, out [N, T, B, D]; pos [B, L, D]: rows (n, t) cut over threads. */
-void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
-                               int N, int T, int B, int L, int D)
+void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
+                               int T, int B, int L, int D)
 {
     const size_t rows = (size_t)N * T;
     const int nt = fb_cpu_team(be, (double)rows * B * D, SEQ_GRAIN);
@@ -129,21 +129,32 @@ size_t fb_cpu_attention_scratch_floats(const fb_backend *be, int N, int T, int B
 }
 
 /* Row t of the scores z [T] (already scaled) becomes its softmax over s < S,
- * max subtracted, sum in double; z[S..T) becomes 0 (masked). */
+ * max subtracted, sum in double; z[S..T) becomes 0 (masked).  Each loop is
+ * one that vectorises: the max over eight lanes (a max is exact in any
+ * order), then the exponentials, then their sum with fb_cpu_sum's fixed
+ * order (a running double sum in the exponentials' loop would be one long
+ * chain of dependent adds and keep that loop scalar). */
+FB_CPU_VECTOR_CLONES
 static void softmax_row(float *restrict z, int S, int T)
 {
-    float mx = z[0];
-    for (int s = 1; s < S; s++)
-        if (z[s] > mx) mx = z[s];
-    double sum = 0.0;
-    for (int s = 0; s < S; s++) {
+    float m8[8];
+    for (int j = 0; j < 8; j++)
+        m8[j] = z[0];
+    int s = 0;
+    for (; s + 8 <= S; s += 8)
+        for (int j = 0; j < 8; j++)
+            m8[j] = z[s + j] > m8[j] ? z[s + j] : m8[j];
+    float mx = m8[0];
+    for (int j = 1; j < 8; j++)
+        mx = m8[j] > mx ? m8[j] : mx;
+    for (; s < S; s++)
+        mx = z[s] > mx ? z[s] : mx;
+    for (s = 0; s < S; s++)
         z[s] = fb_cpu_expf(z[s] - mx);
-        sum += z[s];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int s = 0; s < S; s++)
+    const float inv = (float)(1.0 / fb_cpu_sum(z, (size_t)S));
+    for (s = 0; s < S; s++)
         z[s] *= inv;
-    for (int s = S; s < T; s++)
+    for (s = S; s < T; s++)
         z[s] = 0.0f;
 }
 
@@ -165,12 +176,12 @@ void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const fl
         const float *k = q + D, *v = q + 2 * D;
         float *p = probs + (size_t)u * T * T;
         float *o = out + ((size_t)n * T * B + b) * D + (size_t)h * Dh;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, Dh, scale, q, ld, k, ld, 0.0f,
-                    p, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, Dh, scale, q, ld, k, ld, 0.0f, p,
+                    T);
         for (int t = 0; t < T; t++)
             softmax_row(p + (size_t)t * T, causal ? t + 1 : T, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, 1.0f, p, T, v, ld, 0.0f,
-                    o, B * D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, 1.0f, p, T, v, ld, 0.0f, o,
+                    B * D);
     }
 }
 
@@ -181,8 +192,7 @@ void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const fl
  *   dQ += scale S K;  dK += scale S^T Q.
  */
 void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H,
-                               float *scratch)
+                               const float *qkv, int N, int T, int B, int D, int H, float *scratch)
 {
     const int Dh = D / H, ld = 3 * B * D, units = N * B * H;
     const float scale = (float)(1.0 / sqrt((double)Dh));
@@ -212,8 +222,8 @@ void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, c
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, scale, S, T, k, ld,
                         1.0f, dq, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, Dh, T, scale, S, T, q, ld,
-                        1.0f, dk, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, Dh, T, scale, S, T, q, ld, 1.0f,
+                        dk, ld);
         }
     }
 }
