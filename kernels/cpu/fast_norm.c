@@ -116,8 +116,8 @@ void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
 }
 
 /* out [N, BC, HW] = (in - running_mean) / sqrt(running_var + eps) gamma + beta. */
-void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
-                                   const float *gamma, const float *beta, const float *running_mean,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
+                                   const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps)
 {
     for (int n = 0; n < N; n++) {
@@ -216,13 +216,18 @@ void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float 
     }
 }
 
+/* Floats moved below which a layer norm stays on one thread. */
+#define LN_GRAIN 32768.0
+
 /*
  * in, out [N, B, F]; gamma, beta [B, F] (may be NULL); mean, rstd [N, B].
+ * Rows are independent: they are cut over threads.
  */
-void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
-                              const float *in, const float *gamma, const float *beta, int N, int B,
-                              int F, float eps)
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
+                              const float *gamma, const float *beta, int N, int B, int F, float eps)
 {
+    const int nt = fb_cpu_team(be, 2.0 * N * (double)B * F, LN_GRAIN);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (size_t row = 0; row < (size_t)N * B; row++) {
         const size_t b = row % (size_t)B;
         const float *restrict x = in + row * F;
@@ -249,51 +254,76 @@ void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rs
     }
 }
 
+/* s1 = sum of dy g, s2 = sum of dy g (x - mf) over [0, F), in double, with
+ * four accumulators each (one running sum would be a chain of dependent
+ * adds). */
+FB_CPU_VECTOR_CLONES
+static void ln_row_sums(const float *restrict dy, const float *restrict g, const float *restrict x,
+                        float mf, int F, double *s1, double *s2)
+{
+    double a[4] = {0, 0, 0, 0}, c[4] = {0, 0, 0, 0};
+    int f = 0;
+    for (; f + 4 <= F; f += 4)
+        for (int j = 0; j < 4; j++) {
+            const double dxh = (double)dy[f + j] * g[f + j];
+            a[j] += dxh;
+            c[j] += dxh * (x[f + j] - mf);
+        }
+    for (; f < F; f++) {
+        const double dxh = (double)dy[f] * g[f];
+        a[0] += dxh;
+        c[0] += dxh * (x[f] - mf);
+    }
+    *s1 = (a[0] + a[1]) + (a[2] + a[3]);
+    *s2 = (c[0] + c[1]) + (c[2] + c[3]);
+}
+
 /*
  * dout, in, din [N, B, F]; mean, rstd [N, B]; gamma [B, F] (may be NULL).
  * Per row, xhat = (x - mean) rstd, dxhat = dout gamma:
  *   din += rstd (dxhat - sum(dxhat)/F - xhat sum(dxhat xhat)/F)
  *   dgamma[b] += dout xhat, dbeta[b] += dout
+ * Members are dealt out to threads, each walking its rows n ascending, so
+ * dgamma and dbeta are summed in the same order at every thread count.
  */
 void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F)
 {
-    for (size_t row = 0; row < (size_t)N * B; row++) {
-        const size_t b = row % (size_t)B;
-        const float *restrict x = in + row * F;
-        const float *restrict dy = dout + row * F;
-        float *restrict d = din + row * F;
-        const float *restrict g = gamma ? gamma + b * F : NULL;
-        const float mf = mean[row], rf = rstd[row];
-        double s1 = 0.0, s2 = 0.0;
-        if (g) {
-            for (int f = 0; f < F; f++) {
-                double dxh = (double)dy[f] * g[f];
-                s1 += dxh;
-                s2 += dxh * (x[f] - mf);
+    const int nt = fb_cpu_team(be, 3.0 * N * (double)B * F, LN_GRAIN);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int bb = 0; bb < B; bb++)
+        for (int n = 0; n < N; n++) {
+            const size_t b = (size_t)bb, row = (size_t)n * B + b;
+            const float *restrict x = in + row * F;
+            const float *restrict dy = dout + row * F;
+            float *restrict d = din + row * F;
+            const float *restrict g = gamma ? gamma + b * F : NULL;
+            const float mf = mean[row], rf = rstd[row];
+            double s1 = 0.0, s2 = 0.0;
+            if (g) {
+                ln_row_sums(dy, g, x, mf, F, &s1, &s2);
+            } else {
+                s1 = fb_cpu_sum(dy, (size_t)F);
+                s2 = norm_dot_centered(dy, x, (size_t)F, mf);
             }
-        } else {
-            s1 = fb_cpu_sum(dy, (size_t)F);
-            s2 = norm_dot_centered(dy, x, (size_t)F, mf);
+            const float k0 = (float)(-(double)rf * s1 / F);
+            const float k1 = (float)(-(double)rf * rf * rf * s2 / F); /* times (x - mean) */
+            if (g)
+                for (int f = 0; f < F; f++)
+                    d[f] += rf * dy[f] * g[f] + k1 * (x[f] - mf) + k0;
+            else
+                for (int f = 0; f < F; f++)
+                    d[f] += rf * dy[f] + k1 * (x[f] - mf) + k0;
+            if (dgamma) {
+                float *restrict dg = dgamma + b * F;
+                for (int f = 0; f < F; f++)
+                    dg[f] += dy[f] * ((x[f] - mf) * rf);
+            }
+            if (dbeta) {
+                float *restrict db = dbeta + b * F;
+                for (int f = 0; f < F; f++)
+                    db[f] += dy[f];
+            }
         }
-        const float k0 = (float)(-(double)rf * s1 / F);
-        const float k1 = (float)(-(double)rf * rf * rf * s2 / F); /* times (x - mean) */
-        if (g)
-            for (int f = 0; f < F; f++)
-                d[f] += rf * dy[f] * g[f] + k1 * (x[f] - mf) + k0;
-        else
-            for (int f = 0; f < F; f++)
-                d[f] += rf * dy[f] + k1 * (x[f] - mf) + k0;
-        if (dgamma) {
-            float *restrict dg = dgamma + b * F;
-            for (int f = 0; f < F; f++)
-                dg[f] += dy[f] * ((x[f] - mf) * rf);
-        }
-        if (dbeta) {
-            float *restrict db = dbeta + b * F;
-            for (int f = 0; f < F; f++)
-                db[f] += dy[f];
-        }
-    }
 }
