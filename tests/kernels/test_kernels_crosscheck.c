@@ -1061,7 +1061,10 @@ static void run_mse(fb_backend *be, const cc_case *c, float **outs)
 
 static void cases_loss(void)
 {
-    static const int cfg[][4] = {{8, 1, 10, 1}, {8, 3, 10, 1}, {5, 3, 1, 1}, {13, 2, 7, 0}};
+    /* the last two: rows longer than the fast path's chunk of 256, and enough
+     * work for members on threads, with and without dlogits */
+    static const int cfg[][4] = {{8, 1, 10, 1}, {8, 3, 10, 1},   {5, 3, 1, 1},
+                                 {13, 2, 7, 0}, {40, 3, 300, 1}, {40, 3, 300, 0}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         loss_arg a = {cfg[i][0], cfg[i][1], cfg[i][2], cfg[i][3] != 0, NULL, NULL, NULL};
         size_t n = (size_t)a.N * a.B * a.K;
