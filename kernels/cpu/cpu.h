@@ -54,20 +54,21 @@ int fb_cpu_check_ids(const int32_t *ids, size_t n_ids, int V, const char *op, ch
 /* ---- reference ---- */
 void fb_ref_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
-                            const float *in, const float *w, int N, int B, int I, int O,
-                            bool shared);
+void fb_ref_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int N, int B, int I,
+                            int O, bool shared);
 void fb_ref_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 void fb_ref_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
-                            const float *in, const float *w, const fb_conv_geom *g, float *scratch);
+void fb_ref_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w,
+                            const fb_conv_geom *g, float *scratch);
 
 void fb_ref_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
-                               const fb_pool_geom *g);
+void fb_ref_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g);
 void fb_ref_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_ref_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -77,8 +78,8 @@ void fb_ref_global_avgpool_backward(fb_backend *be, float *din, const float *dou
                                     int HW);
 
 void fb_ref_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
-void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
-                         const float *out, size_t n);
+void fb_ref_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n);
 void fb_ref_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 void fb_ref_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 void fb_ref_dropout_forward(fb_backend *be, float *out, const float *in, const uint64_t *seeds,
@@ -90,15 +91,15 @@ void fb_ref_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
-                                   const float *beta, const float *running_mean,
+void fb_ref_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
+                                   const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
 void fb_ref_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
-                              const float *gamma, const float *beta, int N, int B, int F,
-                              float eps);
+void fb_ref_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
+                              const float *in, const float *gamma, const float *beta, int N, int B,
+                              int F, float eps);
 void fb_ref_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
@@ -107,14 +108,15 @@ int fb_ref_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 int fb_ref_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
                               int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
-void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
-                               int T, int B, int L, int D);
+void fb_ref_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D);
 void fb_ref_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
                                 int T, int B, int L, int D);
 void fb_ref_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
                               int T, int B, int D, int H, bool causal, float *scratch);
 void fb_ref_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H, float *scratch);
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch);
 void fb_ref_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
                              int T, int B, int D);
 void fb_ref_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
@@ -136,21 +138,22 @@ void fb_cpu_zero(fb_backend *be, void *p, size_t bytes);
 
 void fb_cpu_linear_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int N, int B, int I, int O, bool shared);
-void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
-                            const float *in, const float *w, int N, int B, int I, int O,
-                            bool shared);
+void fb_cpu_linear_backward(fb_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int N, int B, int I,
+                            int O, bool shared);
 void fb_cpu_sgemm(fb_backend *be, float *c, const float *a, const float *b, int M, int N, int K);
 
 size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g);
 void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
                            const float *bias, const fb_conv_geom *g, float *scratch);
-void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias, const float *dout,
-                            const float *in, const float *w, const fb_conv_geom *g, float *scratch);
+void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w,
+                            const fb_conv_geom *g, float *scratch);
 
 void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
-void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
-                               const fb_pool_geom *g);
+void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g);
 void fb_cpu_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_cpu_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -160,8 +163,8 @@ void fb_cpu_global_avgpool_backward(fb_backend *be, float *din, const float *dou
                                     int HW);
 
 void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
-void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
-                         const float *out, size_t n);
+void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n);
 void fb_cpu_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 void fb_cpu_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 
@@ -169,15 +172,15 @@ void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
                                     float *running_mean, float *running_var, const float *in,
                                     const float *gamma, const float *beta, int N, int BC, int HW,
                                     float eps, float momentum);
-void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
-                                   const float *beta, const float *running_mean,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
+                                   const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps);
 void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int BC, int HW);
-void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
-                              const float *gamma, const float *beta, int N, int B, int F,
-                              float eps);
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
+                              const float *in, const float *gamma, const float *beta, int N, int B,
+                              int F, float eps);
 void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F);
@@ -187,14 +190,15 @@ int fb_cpu_embedding_forward(fb_backend *be, float *out, const int32_t *ids, con
                              int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
 int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, const int32_t *ids,
                               int N, int T, int B, int V, int D, char *msg, size_t msg_cap);
-void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
-                               int T, int B, int L, int D);
+void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D);
 void fb_cpu_positional_backward(fb_backend *be, float *din, float *dpos, const float *dout, int N,
                                 int T, int B, int L, int D);
 void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const float *qkv, int N,
                               int T, int B, int D, int H, bool causal, float *scratch);
 void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H, float *scratch);
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch);
 void fb_cpu_seq_pool_forward(fb_backend *be, fb_seq_pool kind, float *out, const float *in, int N,
                              int T, int B, int D);
 void fb_cpu_seq_pool_backward(fb_backend *be, fb_seq_pool kind, float *din, const float *dout,
@@ -247,7 +251,8 @@ static inline int fb_cpu_team(const fb_backend *be, double work, double grain)
 
 /* Part `part` of `parts` near-equal pieces of [0, n): [*lo, *hi), with inner
  * boundaries rounded to multiples of align (>= 1). */
-static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, size_t *lo, size_t *hi)
+static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, size_t *lo,
+                                size_t *hi)
 {
     size_t units = (n + align - 1) / align;
     size_t a = units * (size_t)part / (size_t)parts * align;

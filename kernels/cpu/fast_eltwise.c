@@ -90,13 +90,13 @@ static void act_backward(fb_act act, float *din, const float *dout, const float 
 }
 
 /* The threaded entry points: each thread runs the loop on its own range. */
-#define ELT_PARALLEL(be, n, body)                                                                  \
+#define ELT_PARALLEL(be, n, body)                                                                 \
     do {                                                                                           \
-        const int nt_ = fb_cpu_team(be, (double)(n), ELT_GRAIN);                                   \
-        _Pragma("omp parallel num_threads(nt_) if (nt_ > 1)")                                      \
+        const int nt_ = fb_cpu_team(be, (double)(n), ELT_GRAIN);                                  \
+        _Pragma("omp parallel num_threads(nt_) if (nt_ > 1)")                                     \
         {                                                                                          \
             size_t lo, hi;                                                                         \
-            fb_cpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);            \
+            fb_cpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);           \
             if (hi > lo) body;                                                                     \
         }                                                                                          \
     } while (0)
@@ -108,8 +108,8 @@ void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in,
 }
 
 /* din[n] += dout * act'(in or out). */
-void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
-                         const float *out, size_t n)
+void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n)
 {
     ELT_PARALLEL(be, n,
                  act_backward(act, din + lo, dout + lo, in ? in + lo : NULL, out ? out + lo : NULL,

@@ -116,8 +116,8 @@ void fb_cpu_batchnorm_forward_train(fb_backend *be, float *out, float *mean, flo
 }
 
 /* out [N, BC, HW] = (in - running_mean) / sqrt(running_var + eps) gamma + beta. */
-void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in, const float *gamma,
-                                   const float *beta, const float *running_mean,
+void fb_cpu_batchnorm_forward_eval(fb_backend *be, float *out, const float *in,
+                                   const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var, int N, int BC, int HW, float eps)
 {
     for (int n = 0; n < N; n++) {
@@ -223,8 +223,9 @@ void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float 
  * in, out [N, B, F]; gamma, beta [B, F] (may be NULL); mean, rstd [N, B].
  * Rows are independent: they are cut over threads.
  */
-void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd, const float *in,
-                              const float *gamma, const float *beta, int N, int B, int F, float eps)
+void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
+                              const float *in, const float *gamma, const float *beta, int N, int B,
+                              int F, float eps)
 {
     const int nt = fb_cpu_team(be, 2.0 * N * (double)B * F, LN_GRAIN);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)

@@ -74,8 +74,8 @@ int fb_cpu_embedding_backward(fb_backend *be, float *dtable, const float *dout, 
 }
 
 /* in, out [N, T, B, D]; pos [B, L, D]: rows (n, t) cut over threads. */
-void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos, int N,
-                               int T, int B, int L, int D)
+void fb_cpu_positional_forward(fb_backend *be, float *out, const float *in, const float *pos,
+                               int N, int T, int B, int L, int D)
 {
     const size_t rows = (size_t)N * T;
     const int nt = fb_cpu_team(be, (double)rows * B * D, SEQ_GRAIN);
@@ -176,12 +176,12 @@ void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const fl
         const float *k = q + D, *v = q + 2 * D;
         float *p = probs + (size_t)u * T * T;
         float *o = out + ((size_t)n * T * B + b) * D + (size_t)h * Dh;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, Dh, scale, q, ld, k, ld, 0.0f, p,
-                    T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, Dh, scale, q, ld, k, ld, 0.0f,
+                    p, T);
         for (int t = 0; t < T; t++)
             softmax_row(p + (size_t)t * T, causal ? t + 1 : T, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, 1.0f, p, T, v, ld, 0.0f, o,
-                    B * D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, 1.0f, p, T, v, ld, 0.0f,
+                    o, B * D);
     }
 }
 
@@ -192,7 +192,8 @@ void fb_cpu_attention_forward(fb_backend *be, float *out, float *probs, const fl
  *   dQ += scale S K;  dK += scale S^T Q.
  */
 void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, const float *probs,
-                               const float *qkv, int N, int T, int B, int D, int H, float *scratch)
+                               const float *qkv, int N, int T, int B, int D, int H,
+                               float *scratch)
 {
     const int Dh = D / H, ld = 3 * B * D, units = N * B * H;
     const float scale = (float)(1.0 / sqrt((double)Dh));
@@ -222,8 +223,8 @@ void fb_cpu_attention_backward(fb_backend *be, float *dqkv, const float *dout, c
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dh, T, scale, S, T, k, ld,
                         1.0f, dq, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, Dh, T, scale, S, T, q, ld, 1.0f,
-                        dk, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, Dh, T, scale, S, T, q, ld,
+                        1.0f, dk, ld);
         }
     }
 }

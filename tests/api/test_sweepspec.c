@@ -86,7 +86,7 @@ static void test_grid(void)
 
 /* A small grid sweep with more top-level fields (no closing brace, for test_metric). */
 #define METRIC_HEAD                                                                                \
-    "{\"base\": " BASE ", \"search\": {\"type\": \"grid\", \"params\":"                            \
+    "{\"base\": " BASE ", \"search\": {\"type\": \"grid\", \"params\":"                       \
     " {\"seed\": {\"values\": [1]}}}"
 #define METRIC(fields) METRIC_HEAD ", " fields "}"
 
@@ -261,8 +261,8 @@ static const bad_sweep bad[] = {
     /* a test metric never decides: refused wherever it is named */
     {"metric test_accuracy", METRIC("\"metric\": \"test_accuracy\""), FB_ERR_BAD_ENUM,
      "metric: \"test_accuracy\" is measured on the test split"},
-    {"metric test_loss", METRIC("\"metric\": \"test_loss\", \"mode\": \"min\""), FB_ERR_BAD_ENUM,
-     "metric: \"test_loss\" is measured on the test split"},
+    {"metric test_loss", METRIC("\"metric\": \"test_loss\", \"mode\": \"min\""),
+     FB_ERR_BAD_ENUM, "metric: \"test_loss\" is measured on the test split"},
     {"asha on test_accuracy",
      METRIC("\"early_stopping\": {\"type\": \"asha\", \"metric\": \"test_accuracy\"}"),
      FB_ERR_BAD_ENUM, "early_stopping.metric: \"test_accuracy\" is measured on the test split"},

@@ -156,21 +156,14 @@ static void cases_linear(void)
         int N, B, I, O;
         bool shared, bias, din;
     } cfg[] = {
-        {5, 1, 7, 3, false, true, true},
-        {5, 3, 7, 3, false, true, true},
-        {5, 3, 7, 3, true, true, true},
-        {4, 3, 13, 9, false, false, true},
-        {17, 3, 33, 10, true, true, false},
-        {2, 1, 1, 1, false, true, true},
-        {9, 3, 64, 31, false, true, true},
-        {1, 1, 5, 4, true, false, true},
-        {64, 4, 300, 130, false, true, true},
-        {64, 4, 300, 130, true, true, true},
+        {5, 1, 7, 3, false, true, true},      {5, 3, 7, 3, false, true, true},
+        {5, 3, 7, 3, true, true, true},       {4, 3, 13, 9, false, false, true},
+        {17, 3, 33, 10, true, true, false},   {2, 1, 1, 1, false, true, true},
+        {9, 3, 64, 31, false, true, true},    {1, 1, 5, 4, true, false, true},
+        {64, 4, 300, 130, false, true, true}, {64, 4, 300, 130, true, true, true},
         /* large enough to be cut over threads: rows of one member, members, columns */
-        {256, 1, 300, 130, false, true, true},
-        {96, 2, 257, 129, false, true, true},
-        {96, 5, 200, 67, false, false, true},
-        {128, 6, 301, 50, true, true, true},
+        {256, 1, 300, 130, false, true, true}, {96, 2, 257, 129, false, true, true},
+        {96, 5, 200, 67, false, false, true},  {128, 6, 301, 50, true, true, true},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         lin_arg a = {cfg[i].N,   cfg[i].B, cfg[i].I, cfg[i].O, cfg[i].shared, cfg[i].bias,
@@ -245,25 +238,16 @@ static void cases_conv(void)
 {
     /* N B C H W K kh kw sh sw ph pw shared bias */
     static const int cfg[][14] = {
-        {2, 1, 2, 7, 6, 3, 3, 3, 1, 1, 1, 1, 0, 1},
-        {2, 3, 2, 7, 6, 3, 3, 3, 1, 1, 1, 1, 0, 1},
-        {2, 3, 1, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1},
-        {2, 1, 3, 6, 6, 4, 2, 2, 2, 2, 0, 0, 1, 1},
-        {2, 3, 2, 8, 7, 2, 3, 2, 2, 1, 1, 0, 0, 1},
-        {3, 3, 3, 5, 5, 2, 1, 1, 1, 1, 0, 0, 0, 1},
-        {2, 3, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2, 0, 0},
-        {1, 3, 2, 5, 5, 3, 1, 1, 2, 2, 0, 0, 0, 1},
-        {2, 3, 2, 4, 4, 2, 4, 4, 1, 1, 0, 0, 0, 1},
-        {2, 3, 2, 5, 6, 3, 3, 3, 3, 2, 1, 1, 1, 0},
-        {2, 1, 4, 3, 3, 5, 1, 1, 1, 1, 0, 0, 1, 1},
-        {2, 3, 2, 6, 5, 2, 3, 1, 1, 3, 0, 1, 0, 1},
-        {4, 3, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1},
-        {4, 4, 1, 28, 28, 8, 5, 5, 1, 1, 2, 2, 1, 1},
+        {2, 1, 2, 7, 6, 3, 3, 3, 1, 1, 1, 1, 0, 1},    {2, 3, 2, 7, 6, 3, 3, 3, 1, 1, 1, 1, 0, 1},
+        {2, 3, 1, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1},    {2, 1, 3, 6, 6, 4, 2, 2, 2, 2, 0, 0, 1, 1},
+        {2, 3, 2, 8, 7, 2, 3, 2, 2, 1, 1, 0, 0, 1},    {3, 3, 3, 5, 5, 2, 1, 1, 1, 1, 0, 0, 0, 1},
+        {2, 3, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2, 0, 0},    {1, 3, 2, 5, 5, 3, 1, 1, 2, 2, 0, 0, 0, 1},
+        {2, 3, 2, 4, 4, 2, 4, 4, 1, 1, 0, 0, 0, 1},    {2, 3, 2, 5, 6, 3, 3, 3, 3, 2, 1, 1, 1, 0},
+        {2, 1, 4, 3, 3, 5, 1, 1, 1, 1, 0, 0, 1, 1},    {2, 3, 2, 6, 5, 2, 3, 1, 1, 3, 0, 1, 0, 1},
+        {4, 3, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {4, 4, 1, 28, 28, 8, 5, 5, 1, 1, 2, 2, 1, 1},
         /* cut over threads by samples: private weight gradients, pointwise, strided */
-        {9, 1, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1},
-        {16, 2, 16, 16, 16, 32, 1, 1, 1, 1, 0, 0, 0, 1},
-        {7, 2, 3, 17, 15, 24, 3, 3, 2, 2, 1, 1, 0, 0},
-        {10, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1},
+        {9, 1, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {16, 2, 16, 16, 16, 32, 1, 1, 1, 1, 0, 0, 0, 1},
+        {7, 2, 3, 17, 15, 24, 3, 3, 2, 2, 1, 1, 0, 0}, {10, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         const int *q = cfg[i];
@@ -360,16 +344,12 @@ static void cases_pool(void)
 {
     /* N C H W kh kw sh sw ph pw, ties */
     static const int cfg[][11] = {
-        {2, 2, 6, 6, 2, 2, 2, 2, 0, 0, 0},
-        {2, 2, 7, 5, 3, 3, 2, 2, 1, 1, 0},
-        {1, 2, 5, 5, 3, 3, 1, 1, 1, 1, 1},
-        {2, 1, 6, 7, 2, 3, 1, 2, 1, 0, 0},
-        {3, 2, 7, 7, 2, 2, 2, 2, 0, 0, 1},
-        {1, 1, 4, 4, 4, 4, 1, 1, 0, 0, 0},
+        {2, 2, 6, 6, 2, 2, 2, 2, 0, 0, 0}, {2, 2, 7, 5, 3, 3, 2, 2, 1, 1, 0},
+        {1, 2, 5, 5, 3, 3, 1, 1, 1, 1, 1}, {2, 1, 6, 7, 2, 3, 1, 2, 1, 0, 0},
+        {3, 2, 7, 7, 2, 2, 2, 2, 0, 0, 1}, {1, 1, 4, 4, 4, 4, 1, 1, 0, 0, 0},
         {2, 2, 5, 6, 3, 2, 3, 1, 1, 1, 0},
         /* cut over threads by planes: the 2x2 path (odd size, ties) and the general one */
-        {4, 16, 29, 28, 2, 2, 2, 2, 0, 0, 1},
-        {8, 16, 15, 15, 3, 3, 2, 2, 1, 1, 1},
+        {4, 16, 29, 28, 2, 2, 2, 2, 0, 0, 1}, {8, 16, 15, 15, 3, 3, 2, 2, 1, 1, 1},
     };
     for (int B = 1; B <= 3; B += 2)
         for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
@@ -732,17 +712,17 @@ typedef struct {
 static void run_emb_fwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const seq_arg *a = c->arg;
-    CHECK_INT_EQ(
-        fb_embedding_forward(be, outs[0], a->ids, a->table, a->N, a->T, a->B, a->V, a->D, NULL, 0),
-        FB_OK);
+    CHECK_INT_EQ(fb_embedding_forward(be, outs[0], a->ids, a->table, a->N, a->T, a->B, a->V, a->D,
+                                      NULL, 0),
+                 FB_OK);
 }
 
 static void run_emb_bwd(fb_backend *be, const cc_case *c, float **outs)
 {
     const seq_arg *a = c->arg;
-    CHECK_INT_EQ(
-        fb_embedding_backward(be, outs[0], a->dout, a->ids, a->N, a->T, a->B, a->V, a->D, NULL, 0),
-        FB_OK);
+    CHECK_INT_EQ(fb_embedding_backward(be, outs[0], a->dout, a->ids, a->N, a->T, a->B, a->V, a->D,
+                                       NULL, 0),
+                 FB_OK);
 }
 
 static void run_pos_fwd(fb_backend *be, const cc_case *c, float **outs)
@@ -804,9 +784,9 @@ static void run_spool_bwd(fb_backend *be, const cc_case *c, float **outs)
 static void cases_embed(void)
 {
     /* N, T, B, V, D, L */
-    static const int cfg[][6] = {
-        {3, 5, 1, 7, 4, 5},    {3, 5, 3, 7, 4, 9},       {2, 1, 2, 3, 5, 1},    {1, 1, 1, 1, 1, 1},
-        {4, 17, 3, 5, 33, 20}, {16, 64, 4, 256, 40, 64}, {8, 32, 1, 3, 300, 32}};
+    static const int cfg[][6] = {{3, 5, 1, 7, 4, 5},     {3, 5, 3, 7, 4, 9},   {2, 1, 2, 3, 5, 1},
+                                 {1, 1, 1, 1, 1, 1},     {4, 17, 3, 5, 33, 20},
+                                 {16, 64, 4, 256, 40, 64}, {8, 32, 1, 3, 300, 32}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         seq_arg a;
         memset(&a, 0, sizeof a);
@@ -864,9 +844,9 @@ static void check_embed_bad_ids(void)
                 out[i] = -7.0f;
             for (size_t i = 0; i < sizeof dtab / sizeof dtab[0]; i++)
                 dtab[i] = -7.0f;
-            CHECK_INT_EQ(
-                fb_embedding_forward(bes[k], out, bad[j], table, 2, 3, 2, 5, 3, msg, sizeof msg),
-                FB_ERR_DATA);
+            CHECK_INT_EQ(fb_embedding_forward(bes[k], out, bad[j], table, 2, 3, 2, 5, 3, msg,
+                                              sizeof msg),
+                         FB_ERR_DATA);
             CHECK(strstr(msg, "token id") != NULL);
             CHECK_INT_EQ(fb_embedding_backward(bes[k], dtab, out, bad[j], 2, 3, 2, 5, 3, NULL, 0),
                          FB_ERR_DATA);
@@ -898,21 +878,13 @@ static void cases_attention(void)
 {
     /* N, T, B, D, H, causal, amplitude of qkv */
     static const int cfg[][7] = {
-        {2, 1, 1, 4, 1, 1, 2},
-        {2, 1, 3, 4, 2, 0, 2},
-        {3, 5, 1, 6, 1, 0, 2},
-        {3, 5, 1, 6, 1, 1, 2},
-        {2, 7, 3, 6, 3, 1, 2},
-        {2, 7, 3, 6, 3, 0, 2},
-        {1, 4, 2, 5, 5, 1, 2},
-        {3, 9, 2, 10, 2, 0, 2},
+        {2, 1, 1, 4, 1, 1, 2},  {2, 1, 3, 4, 2, 0, 2},  {3, 5, 1, 6, 1, 0, 2},
+        {3, 5, 1, 6, 1, 1, 2},  {2, 7, 3, 6, 3, 1, 2},  {2, 7, 3, 6, 3, 0, 2},
+        {1, 4, 2, 5, 5, 1, 2},  {3, 9, 2, 10, 2, 0, 2},
         /* scores in the hundreds: expf overflows unless the maximum is subtracted */
-        {2, 6, 2, 8, 2, 0, 16},
-        {2, 6, 2, 8, 2, 1, 16},
+        {2, 6, 2, 8, 2, 0, 16}, {2, 6, 2, 8, 2, 1, 16},
         /* large enough to be dealt over threads, odd T */
-        {4, 33, 3, 64, 4, 1, 2},
-        {5, 16, 4, 32, 4, 0, 2},
-        {2, 64, 2, 128, 4, 1, 2},
+        {4, 33, 3, 64, 4, 1, 2}, {5, 16, 4, 32, 4, 0, 2}, {2, 64, 2, 128, 4, 1, 2},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         seq_arg a;
