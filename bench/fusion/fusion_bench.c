@@ -131,15 +131,14 @@ static void trainer_step(trainer *tr, const data_pool *d)
                                   tr->correct, msg, sizeof msg))
         die("step", msg);
     tr->t++;
-    for (int b = 0; b < tr->B; b++)
-        fb_array_hparams(tr->a, b, tr->t, 1000000, &tr->hp[b]);
+    for (int b = 0; b < tr->B; b++) fb_array_hparams(tr->a, b, tr->t, 1000000, &tr->hp[b]);
     fb_array_step(tr->a, tr->hp);
 }
 
 /* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs
  * one after another (solo), warm-up steps excluded. */
-static double run_train(fb_backend *be, const char *model, int B, bool fused, int steps, int warmup,
-                        const data_pool *d, double *cpu)
+static double run_train(fb_backend *be, const char *model, int B, bool fused, int steps,
+                        int warmup, const data_pool *d, double *cpu)
 {
     double timed = 0;
     *cpu = 0;
@@ -150,8 +149,7 @@ static double run_train(fb_backend *be, const char *model, int B, bool fused, in
         for (int s = 0; s < warmup; s++)
             trainer_step(&tr, d);
         double t0 = fb_bench_now_s(), c0 = cpu_s();
-        for (int s = 0; s < steps; s++)
-            trainer_step(&tr, d);
+        for (int s = 0; s < steps; s++) trainer_step(&tr, d);
         timed += fb_bench_now_s() - t0;
         *cpu += cpu_s() - c0;
         trainer_free(&tr);
@@ -164,8 +162,7 @@ static double run_train(fb_backend *be, const char *model, int B, bool fused, in
 static double sgemm_gflops(fb_backend *be, int n, int reps, int threads)
 {
     size_t nn = (size_t)n * n;
-    float *a = fb_backend_alloc(be, nn * sizeof(float)),
-          *b = fb_backend_alloc(be, nn * sizeof(float));
+    float *a = fb_backend_alloc(be, nn * sizeof(float)), *b = fb_backend_alloc(be, nn * sizeof(float));
     float *c = fb_backend_alloc(be, nn * sizeof(float));
     if (!a || !b || !c) die("sgemm", "out of memory");
     uint64_t st = 7;
@@ -179,8 +176,8 @@ static double sgemm_gflops(fb_backend *be, int n, int reps, int threads)
     if (reps > 64) reps = 64;
     for (int i = 0; i < reps; i++) {
         double t0 = fb_bench_now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
-                    n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                    c, n);
         r[i] = 2.0 * n * (double)n * n / (fb_bench_now_s() - t0) / 1e9;
     }
     double median = fb_bench_median(r, reps);
@@ -276,8 +273,7 @@ int main(int argc, char **argv)
     fb_backend_set_threads(be, threads);
 
     if (strcmp(cmd, "sgemm") == 0) {
-        printf("sgemm threads=%d n=%d gflops=%.2f\n", threads, n,
-               sgemm_gflops(be, n, reps, threads));
+        printf("sgemm threads=%d n=%d gflops=%.2f\n", threads, n, sgemm_gflops(be, n, reps, threads));
         return 0;
     }
     if (strcmp(cmd, "tokens") == 0) {
@@ -297,14 +293,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "train") == 0) {
         static const char *const modes[] = {"fused", "solo"};
         bool run_mode[2] = {false, false};
-        if (strcmp(mode, "fused") == 0)
-            run_mode[0] = true;
-        else if (strcmp(mode, "solo") == 0)
-            run_mode[1] = true;
-        else if (strcmp(mode, "fused,solo") == 0)
-            run_mode[0] = run_mode[1] = true;
-        else
-            usage();
+        if (strcmp(mode, "fused") == 0) run_mode[0] = true;
+        else if (strcmp(mode, "solo") == 0) run_mode[1] = true;
+        else if (strcmp(mode, "fused,solo") == 0) run_mode[0] = run_mode[1] = true;
+        else usage();
         fb_job_spec *s = fb_bench_spec("bench", model, 0);
         double flops = fb_bench_model_flops(s, d.N);
         fb_job_spec_free(s);
