@@ -2,8 +2,8 @@
  * fusion_bench: fusebox's side of bench/fusion (run.sh drives it and PyTorch
  * side by side and prints the table).
  *
- *   fusion_bench train --model mlp|cnn --mode fused|solo|fused,solo --threads T
- *                      --B 1,2,4,... [--work K | --steps S] [--warmup W]
+ *   fusion_bench train --model mlp|cnn|charlm --mode fused|solo|fused,solo --threads T
+ *                      --B 1,2,4,... [--work K | --steps S] [--warmup W] [--data DIR]
  *     For each B, and for each mode in turn (the two are then measured a few
  *     seconds apart): fused trains one array of B members for W untimed
  *     steps, then S timed steps; solo trains B single-member arrays one after
@@ -16,6 +16,14 @@
  *     sps is samples x models per second over the timed steps (cpu_sps the
  *     same over the process CPU time, steadier on a loaded machine); gflops the
  *     training GEMM FLOP rate (see fb_bench_model_flops in bench/lib/models.h).
+ *     charlm trains on the token dataset DIR (its split "train", as
+ *     `fusebox-data import text --builtin licenses --context 64` makes it),
+ *     its minibatches of LM_BATCH records in file order, used in turn.
+ *
+ *   fusion_bench tokens --data DIR --out FILE
+ *     Writes the minibatches charlm trains on, in the order it uses them, as
+ *     int32 little-endian [batches * LM_BATCH, LM_T + 1] to FILE, for
+ *     torch_bench.py to train on the same data.
  *
  *   fusion_bench sgemm --threads T [--n 2048] [--reps 5]
  *     OpenBLAS SGEMM (cblas_sgemm with T OpenBLAS threads) on square n x n
@@ -33,6 +41,9 @@
  *   mlp: flatten, linear 256, relu, linear 128, relu, linear 10
  *   cnn: conv 3x3 16 pad 1, relu, maxpool 2, conv 3x3 32 pad 1, relu, maxpool 2,
  *        flatten, linear 10
+ * and charlm (bench/lib/models.h), batch 32, Adam: embedding 128, positional,
+ * 2 x transformer_block (4 heads, MLP 512, causal), layernorm, linear 256,
+ * next-token cross-entropy at every position.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +59,7 @@
 #undef I
 
 #include "array.h"
+#include "datadir.h"
 #include "jobspec.h"
 #include "kernels.h"
 #include "models.h"
@@ -82,16 +94,18 @@ typedef struct trainer {
     int64_t t;
 } trainer;
 
-static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, int first)
+static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, int first,
+                         const data_pool *d)
 {
     char msg[MSG_CAP];
     memset(tr, 0, sizeof *tr);
     tr->B = B;
-    for (int b = 0; b < B; b++) tr->specs[b] = fb_bench_spec("bench", model, first + b);
-    if (fb_array_new(be, (const fb_job_spec *const *)tr->specs, B, BATCH, &tr->a, msg, sizeof msg))
+    for (int b = 0; b < B; b++)
+        tr->specs[b] = fb_bench_spec("bench", model, first + b);
+    if (fb_array_new(be, (const fb_job_spec *const *)tr->specs, B, d->N, &tr->a, msg, sizeof msg))
         die("array", msg);
-    tr->x = malloc((size_t)BATCH * SIDE * SIDE * sizeof *tr->x);
-    tr->y = malloc((size_t)BATCH * sizeof *tr->y);
+    tr->x = malloc((size_t)d->N * d->F * sizeof *tr->x);
+    tr->y = malloc((size_t)d->N * sizeof *tr->y);
     if (!tr->x || !tr->y) die("trainer", "out of memory");
 }
 
@@ -110,10 +124,10 @@ static void trainer_free(trainer *tr)
 static void trainer_step(trainer *tr, const data_pool *d)
 {
     char msg[MSG_CAP];
-    size_t F = (size_t)SIDE * SIDE, k = (size_t)(tr->t % POOL) * BATCH;
-    memcpy(tr->x, d->x + k * F, (size_t)BATCH * F * sizeof *tr->x);
-    memcpy(tr->y, d->y + k, (size_t)BATCH * sizeof *tr->y);
-    if (fb_array_forward_backward(tr->a, tr->x, tr->y, BATCH, true, (uint64_t)tr->t, tr->loss,
+    size_t F = (size_t)d->F, N = (size_t)d->N, k = (size_t)(tr->t % d->batches) * N;
+    memcpy(tr->x, d->x + k * F, N * F * sizeof *tr->x);
+    memcpy(tr->y, d->y + k, N * sizeof *tr->y);
+    if (fb_array_forward_backward(tr->a, tr->x, tr->y, (int)N, true, (uint64_t)tr->t, tr->loss,
                                   tr->correct, msg, sizeof msg))
         die("step", msg);
     tr->t++;
@@ -131,8 +145,9 @@ static double run_train(fb_backend *be, const char *model, int B, bool fused, in
     int jobs = fused ? 1 : B, per_job = fused ? B : 1;
     for (int j = 0; j < jobs; j++) {
         trainer tr;
-        trainer_init(&tr, be, model, per_job, j);
-        for (int s = 0; s < warmup; s++) trainer_step(&tr, d);
+        trainer_init(&tr, be, model, per_job, j, d);
+        for (int s = 0; s < warmup; s++)
+            trainer_step(&tr, d);
         double t0 = fb_bench_now_s(), c0 = cpu_s();
         for (int s = 0; s < steps; s++) trainer_step(&tr, d);
         timed += fb_bench_now_s() - t0;
@@ -172,6 +187,21 @@ static double sgemm_gflops(fb_backend *be, int n, int reps, int threads)
     return median;
 }
 
+/* charlm's minibatches: the records of DIR's split "train" in file order,
+ * cut into whole minibatches of LM_BATCH. */
+static data_pool load_tokens(const char *dir)
+{
+    char msg[MSG_CAP];
+    fb_dataset ds;
+    if (!dir) die("charlm", "--data DIR is required (a token dataset of context 64)");
+    if (fb_datadir_load_split(&ds, dir, "train", msg, sizeof msg)) die(dir, msg);
+    const int F = ds.C * ds.H * ds.W;
+    if (F != LM_T + 1) die(dir, "records are not of 65 tokens (import with --context 64)");
+    if (ds.n < LM_BATCH) die(dir, "fewer records than one minibatch of 32");
+    data_pool d = {.x = ds.x, .y = ds.y, .batches = (int)(ds.n / LM_BATCH), .N = LM_BATCH, .F = F};
+    return d;
+}
+
 /* Peak RSS (KiB) of a child that trains B members fused (or 1 member). */
 static long child_rss(fb_backend *be, const char *model, int B, int steps, const data_pool *d)
 {
@@ -180,8 +210,9 @@ static long child_rss(fb_backend *be, const char *model, int B, int steps, const
     if (pid < 0) die("fork", "failed");
     if (pid == 0) {
         trainer tr;
-        trainer_init(&tr, be, model, B, 0);
-        for (int s = 0; s < steps; s++) trainer_step(&tr, d);
+        trainer_init(&tr, be, model, B, 0, d);
+        for (int s = 0; s < steps; s++)
+            trainer_step(&tr, d);
         trainer_free(&tr);
         _exit(0);
     }
@@ -194,34 +225,49 @@ static long child_rss(fb_backend *be, const char *model, int B, int steps, const
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: fusion_bench train --model mlp|cnn --mode fused|solo|fused,solo --threads T "
-            "--B LIST [--work K | --steps S] [--warmup W]\n"
-            "       fusion_bench sgemm --threads T [--n N] [--reps R]\n"
-            "       fusion_bench rss --model mlp|cnn --B B [--threads T] [--steps S]\n");
+    fprintf(stderr, "usage: fusion_bench train --model mlp|cnn|charlm --mode fused|solo|fused,solo "
+                    "--threads T --B LIST [--work K | --steps S] [--warmup W] [--data DIR]\n"
+                    "       fusion_bench tokens --data DIR --out FILE\n"
+                    "       fusion_bench sgemm --threads T [--n N] [--reps R]\n"
+                    "       fusion_bench rss --model mlp|cnn --B B [--threads T] [--steps S]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2) usage();
-    const char *cmd = argv[1], *model = "mlp", *mode = "fused";
+    const char *cmd = argv[1], *model = "mlp", *mode = "fused", *data = NULL, *out = NULL;
     int threads = 1, steps = 0, work = 64, warmup = 3, n = 2048, reps = 5, Bs[16] = {1}, nB = 1;
     for (int i = 2; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) usage();
-        if (strcmp(k, "--model") == 0) model = v;
-        else if (strcmp(k, "--mode") == 0) mode = v;
-        else if (strcmp(k, "--threads") == 0) threads = atoi(v);
-        else if (strcmp(k, "--steps") == 0) steps = atoi(v);
-        else if (strcmp(k, "--work") == 0) work = atoi(v);
-        else if (strcmp(k, "--warmup") == 0) warmup = atoi(v);
-        else if (strcmp(k, "--n") == 0) n = atoi(v);
-        else if (strcmp(k, "--reps") == 0) reps = atoi(v);
-        else if (strcmp(k, "--B") == 0) nB = fb_bench_parse_list("--B", v, MAX_B, Bs, 16);
-        else usage();
+        if (strcmp(k, "--model") == 0)
+            model = v;
+        else if (strcmp(k, "--mode") == 0)
+            mode = v;
+        else if (strcmp(k, "--threads") == 0)
+            threads = atoi(v);
+        else if (strcmp(k, "--steps") == 0)
+            steps = atoi(v);
+        else if (strcmp(k, "--work") == 0)
+            work = atoi(v);
+        else if (strcmp(k, "--warmup") == 0)
+            warmup = atoi(v);
+        else if (strcmp(k, "--n") == 0)
+            n = atoi(v);
+        else if (strcmp(k, "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(k, "--data") == 0)
+            data = v;
+        else if (strcmp(k, "--out") == 0)
+            out = v;
+        else if (strcmp(k, "--B") == 0)
+            nB = fb_bench_parse_list("--B", v, MAX_B, Bs, 16);
+        else
+            usage();
     }
-    if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0) usage();
+    if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0 && strcmp(model, "charlm") != 0)
+        usage();
     if (threads < 1 || steps < 0 || work < 1 || warmup < 0 || n < 1 || reps < 1) usage();
     fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, threads);
@@ -230,7 +276,20 @@ int main(int argc, char **argv)
         printf("sgemm threads=%d n=%d gflops=%.2f\n", threads, n, sgemm_gflops(be, n, reps, threads));
         return 0;
     }
-    data_pool d = fb_bench_make_data();
+    if (strcmp(cmd, "tokens") == 0) {
+        if (!out) usage();
+        data_pool d = load_tokens(data);
+        FILE *f = fopen(out, "wb");
+        if (!f) die(out, "cannot create");
+        size_t n = (size_t)d.batches * d.N * d.F;
+        for (size_t i = 0; i < n; i++) {
+            int32_t v = (int32_t)d.x[i];
+            if (fwrite(&v, sizeof v, 1, f) != 1) die(out, "write failed");
+        }
+        if (fclose(f)) die(out, "write failed");
+        return 0;
+    }
+    data_pool d = strcmp(model, "charlm") == 0 ? load_tokens(data) : fb_bench_make_data();
     if (strcmp(cmd, "train") == 0) {
         static const char *const modes[] = {"fused", "solo"};
         bool run_mode[2] = {false, false};
@@ -239,7 +298,7 @@ int main(int argc, char **argv)
         else if (strcmp(mode, "fused,solo") == 0) run_mode[0] = run_mode[1] = true;
         else usage();
         fb_job_spec *s = fb_bench_spec("bench", model, 0);
-        double flops = fb_bench_model_flops(s, BATCH);
+        double flops = fb_bench_model_flops(s, d.N);
         fb_job_spec_free(s);
         free(s);
         for (int i = 0; i < nB; i++) {
@@ -248,11 +307,11 @@ int main(int argc, char **argv)
             for (int m = 0; m < 2; m++) {
                 if (!run_mode[m]) continue;
                 double cpu, t = run_train(be, model, Bs[i], m == 0, S, warmup, &d, &cpu);
-                double sps = (double)Bs[i] * S * BATCH / t;
+                double sps = (double)Bs[i] * S * d.N / t;
                 printf("train impl=fusebox-%s model=%s threads=%d B=%d sps=%.1f gflops=%.2f "
                        "cpu_sps=%.1f\n",
                        modes[m], model, threads, Bs[i], sps, flops * Bs[i] * S / t / 1e9,
-                       (double)Bs[i] * S * BATCH / cpu);
+                       (double)Bs[i] * S * d.N / cpu);
                 fflush(stdout);
             }
         }

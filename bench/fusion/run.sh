@@ -7,12 +7,16 @@
 # another in fusebox, (3) the same in PyTorch, (4) PyTorch fused by hand as
 # HFTA does it; the fused array's training FLOP rate against OpenBLAS SGEMM
 # (n = 2048) measured in the same run; and peak RSS of a fused array of 16
-# against 16 solo processes.  Every figure is the median of REPS repetitions;
+# against 16 solo processes.  MODELS=charlm measures the byte-level language
+# model of fusion_bench.c (T = 64, D = 128, 2 blocks of 4 heads, batch 32,
+# Adam) instead, at B = LM_BS ("1 8"), on the built-in licence corpus that
+# fusebox-data imports here, the same minibatches for fusebox and PyTorch.  Every figure is the median of REPS repetitions;
 # the repetitions are interleaved (each one runs every configuration once),
 # so a load change on this shared machine hits all of them alike.
 #
 # usage: bench/fusion/run.sh [BUILD_DIR]
-#   env: REPS (5), BS ("1 2 4 8 16 32"), THREADS ("1 2"), MODELS ("mlp cnn"),
+#   env: REPS (5), BS ("1 2 4 8 16 32"), THREADS ("1 2"), MODELS ("mlp cnn"; or "charlm"),
+#        LM_BS ("1 8"), LM_WORK (16), LM_WARMUP (1),
 #        RAW (file to keep the raw lines in; default a temporary file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,9 +28,21 @@ reps=${REPS:-5}
 bs=${BS:-1 2 4 8 16 32}
 threads=${THREADS:-1 2}
 models=${MODELS:-mlp cnn}
-blist=$(echo $bs | tr ' ' ',')
 raw=${RAW:-$(mktemp)}
 : > "$raw"
+blist_of() { [ "$1" = charlm ] && echo ${LM_BS:-1 8} | tr ' ' ',' || echo $bs | tr ' ' ','; }
+data_args=()
+case " $models " in
+*" charlm "*)
+    data=$(mktemp -d)
+    trap 'rm -rf "$data"' EXIT
+    "$build/workers/data/fusebox-data" import text --builtin licenses --context 64 \
+        --out "$data/licenses" --name licenses --split train > /dev/null
+    "$bench" tokens --data "$data/licenses" --out "$data/tokens.bin"
+    data_args=(--data "$data/licenses")
+    tokens_args=(--data "$data/tokens.bin")
+    ;;
+esac
 
 # This machine sets both for OpenBLAS, and they slow it; every command of
 # this benchmark (fusebox, PyTorch and the SGEMM reference alike) runs without.
@@ -41,7 +57,13 @@ export MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647
 
 # Timed work per configuration, in member-steps (steps x members; at least 2
 # timed steps), and untimed warm-up steps per array or job.
-work_of() { [ "$1" = mlp ] && echo "${MLP_WORK:-256} ${MLP_WARMUP:-3}" || echo "${CNN_WORK:-24} ${CNN_WARMUP:-1}"; }
+work_of() {
+    case $1 in
+    mlp) echo "${MLP_WORK:-256} ${MLP_WARMUP:-3}" ;;
+    cnn) echo "${CNN_WORK:-24} ${CNN_WARMUP:-1}" ;;
+    *) echo "${LM_WORK:-16} ${LM_WARMUP:-1}" ;;
+    esac
+}
 load() { echo "load when=$1 avg1=$(cut -d' ' -f1 /proc/loadavg)" >> "$raw"; }
 # Busy fraction of all cores over the last half second (/proc/stat).
 busy() {
@@ -82,14 +104,19 @@ for r in $(seq "$reps"); do
     done
     for m in $models; do
         read -r work warm <<< "$(work_of "$m")"
+        blist=$(blist_of "$m")
+        margs=()
+        targs=()
+        [ "$m" = charlm ] && margs=("${data_args[@]}") && targs=("${tokens_args[@]}")
         for t in $threads; do
             quiet
             with_threads "$t" "$bench" train --model "$m" --mode fused,solo --threads "$t" \
-                --B "$blist" --work "$work" --warmup "$warm" >> "$raw"
+                --B "$blist" --work "$work" --warmup "$warm" "${margs[@]}" >> "$raw"
             quiet
             OMP_WAIT_POLICY=PASSIVE with_threads "$t" "$py" "$here/torch_bench.py" \
                 --model "$m" --mode solo,hfta --threads "$t" --B "$blist" --work "$work" \
-                --warmup "$warm" >> "$raw"
+                --warmup "$warm" "${targs[@]}" >> "$raw"
+            [ "$m" = charlm ] && continue
             quiet
             env -u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ OMP_WAIT_POLICY=PASSIVE \
                 OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" "$py" "$here/torch_bench.py" \
@@ -102,6 +129,7 @@ done
 # Peak RSS: fusion_bench forks the fused array and the 16 solo processes
 # itself; PyTorch's 16 solo jobs are 16 processes of one job each.
 for m in $models; do
+    [ "$m" = charlm ] && continue
     with_threads 1 "$bench" rss --model "$m" --B 16 --steps 3 >> "$raw"
     for i in $(seq 16); do
         with_threads 1 "$py" "$here/torch_bench.py" rss --model "$m" --steps 3 >> "$raw"

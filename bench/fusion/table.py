@@ -3,12 +3,14 @@
 
 usage: table.py RAW_FILE
 Raw lines are "KIND key=value ..." as printed by fusion_bench and torch_bench.py:
-  train impl=... model=... threads=... B=... sps=... [gflops=...]
+  train impl=... model=... threads=... B=... sps=... [gflops=...] [cpu_sps=...]
   sgemm threads=... n=... gflops=...
   rss model=... B=... fused_kib=... solo_sum_kib=... solo_max_kib=...
   rss_torch model=... solo_kib=...
   load when=... avg1=...
-Every figure is the median over the repetitions found in the file.
+Every figure is the median over the repetitions found in the file.  For the
+charlm model (whose lines all carry cpu_sps) the table also gives the ratios
+of samples per CPU second, steadier than wall time on a shared machine.
 """
 import statistics
 import sys
@@ -39,6 +41,7 @@ def ratio(a, b):
 def main():
     rows = parse(sys.argv[1])
     sps = defaultdict(list)     # (impl, model, threads, B) -> [samples x models / s]
+    cps = defaultdict(list)     # the same per CPU second, where a line gives it
     gfl = defaultdict(list)     # (model, threads, B) -> fused GFLOP/s
     sgemm = defaultdict(list)   # threads -> GFLOP/s
     rss, rss_torch, load = {}, defaultdict(list), []
@@ -46,6 +49,8 @@ def main():
         if kind == "train":
             key = (kv["impl"], kv["model"], int(kv["threads"]), int(kv["B"]))
             sps[key].append(float(kv["sps"]))
+            if "cpu_sps" in kv:
+                cps[key].append(float(kv["cpu_sps"]))
             if kv["impl"] == "fusebox-fused":
                 gfl[key[1:]].append(float(kv["gflops"]))
         elif kind == "sgemm":
@@ -57,9 +62,8 @@ def main():
         elif kind == "load":
             load.append("%s %s" % (kv.get("when", "?"), kv.get("avg1", "?")))
 
-    models = sorted({k[1] for k in sps}, key=lambda m: ["mlp", "cnn"].index(m))
+    models = sorted({k[1] for k in sps}, key=lambda m: ["mlp", "cnn", "charlm"].index(m))
     threads = sorted({k[2] for k in sps})
-    Bs = sorted({k[3] for k in sps})
     reps = max((len(v) for v in sps.values()), default=0)
     print("# medians of %d repetitions; samples x models per second; load average (1 min) %s"
           % (reps, ", ".join(load)))
@@ -68,6 +72,7 @@ def main():
               % (t, med(sgemm[t]), len(sgemm[t])))
     checks = []
     for m in models:
+        Bs = sorted({k[3] for k in sps if k[1] == m})
         for t in threads:
             peak = med(sgemm[t])
             print()
@@ -81,6 +86,23 @@ def main():
                 print("%4d %11.0f %11.0f %11.0f %11.0f | %7.2f %8.2f %8.2f | %7.1f %5.0f%%"
                       % (B, v[0], v[1], v[2], v[3], ratio(v[0], v[1]), ratio(v[0], v[2]),
                          ratio(v[0], v[3]), g, 100 * ratio(g, peak)))
+            if m == "charlm":
+                print("  per CPU second (spread: min..max over the repetitions):")
+                for B in Bs:
+                    c = [med(cps[(i, m, t, B)]) for i in IMPLS]
+                    spread = "  ".join("%s %.0f..%.0f" % (i, min(cps[(i, m, t, B)]),
+                                                          max(cps[(i, m, t, B)]))
+                                       for i in IMPLS if cps[(i, m, t, B)])
+                    print("%4d %11.0f %11.0f %11.0f %11.0f | %7.2f %8.2f %8.2f |  %s"
+                          % (B, c[0], c[1], c[2], c[3], ratio(c[0], c[1]), ratio(c[0], c[2]),
+                             ratio(c[0], c[3]), spread))
+                if 8 in Bs and t == 1:
+                    checks.append(("charlm t=1 fused B=8 / torch solo >= 2 (wall)",
+                                   ratio(med(sps[("fusebox-fused", m, t, 8)]),
+                                         med(sps[("torch-solo", m, t, 8)])), 2.0))
+                    checks.append(("charlm t=1 fused B=8 / torch solo >= 2 (CPU time)",
+                                   ratio(med(cps[("fusebox-fused", m, t, 8)]),
+                                         med(cps[("torch-solo", m, t, 8)])), 2.0))
             glibc = [med(sps[("torch-solo-glibc", m, t, B)]) for B in (1, 16)]
             if glibc[0] == glibc[0]:
                 print("     PyTorch solo with glibc's default malloc: B=1 %.0f, B=16 %.0f; "

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's side of bench/fusion: the same jobs as fusion_bench.c.
 
-  torch_bench.py --model mlp|cnn --mode solo|hfta|solo,hfta --threads T --B 1,2,4
-                 [--work K | --steps S] [--warmup W]
+  torch_bench.py --model mlp|cnn|charlm --mode solo|hfta|solo,hfta --threads T --B 1,2,4
+                 [--work K | --steps S] [--warmup W] [--data TOKENS]
   torch_bench.py rss --model mlp|cnn [--steps S]
 
 solo: the B jobs one after another, each an ordinary nn.Sequential with its
@@ -18,6 +18,16 @@ as in fusebox.  Each timed step: forward, loss, backward, optimizer step, with
 zero_grad(set_to_none=True) (PyTorch 1.13's fastest).  Timed steps per job (or
 per array): S, or max(2, ceil(K / B)) as in fusion_bench.  Prints one line per B:
   train impl=torch-solo model=mlp threads=1 B=4 sps=...
+charlm (the byte-level language model of fusion_bench.c, batch 32, Adam) trains
+on TOKENS, the minibatches `fusion_bench tokens` wrote (int32 [n, 65]), in
+order.  solo: nn.Embedding, a learned position table, two pre-LayerNorm blocks
+of nn.MultiheadAttention (causal mask) and an nn.GELU MLP, nn.LayerNorm,
+nn.Linear, each model with its own torch.optim.Adam.  hfta: the B models by
+hand with batched matmuls: every parameter stacked [B, ...], activations
+[B, N*T, D], each linear one baddbmm, attention one bmm over B*N*heads
+matrices of [T, Dh], the embedding one gather from the [B*V, D] table, one
+Adam over the stacked parameters.  Lines then also carry cpu_sps (samples x
+models per CPU second of the process, steadier on a loaded machine).
 rss: peak RSS of one solo training process (ru_maxrss), printed as
   rss_torch model=mlp solo_kib=...
 """
@@ -31,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH, SIDE, CLASSES, POOL = 128, 28, 10, 4
+LM_T, LM_BATCH, LM_V, LM_D, LM_H, LM_BLOCKS, LM_RATIO = 64, 32, 256, 128, 4, 2, 4
 
 
 def solo_model(model):
@@ -87,6 +98,133 @@ class HftaCNN(nn.Module):
         return self.fc(h)                                             # [B, N, 10]
 
 
+class LMBlock(nn.Module):
+    """x + attn(ln1(x)), then x + mlp(ln2(x)), causal; exact GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(LM_D)
+        self.attn = nn.MultiheadAttention(LM_D, LM_H, batch_first=True)
+        self.ln2 = nn.LayerNorm(LM_D)
+        self.mlp = nn.Sequential(nn.Linear(LM_D, LM_RATIO * LM_D), nn.GELU(),
+                                 nn.Linear(LM_RATIO * LM_D, LM_D))
+        self.register_buffer("mask", torch.triu(torch.ones(LM_T, LM_T, dtype=torch.bool), 1))
+
+    def forward(self, x):
+        h = self.ln1(x)
+        a, _ = self.attn(h, h, h, attn_mask=self.mask, need_weights=False)
+        x = x + a
+        return x + self.mlp(self.ln2(x))
+
+
+class CharLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(LM_V, LM_D)
+        self.pos = nn.Parameter(torch.randn(LM_T, LM_D) * 0.02)
+        self.blocks = nn.Sequential(*[LMBlock() for _ in range(LM_BLOCKS)])
+        self.ln = nn.LayerNorm(LM_D)
+        self.head = nn.Linear(LM_D, LM_V)
+
+    def forward(self, ids):
+        return self.head(self.ln(self.blocks(self.emb(ids) + self.pos)))
+
+
+def stacked(B, *shape, scale=None, value=None):
+    t = torch.full((B,) + shape, value) if value is not None else torch.randn((B,) + shape) * scale
+    return nn.Parameter(t)
+
+
+class HftaCharLM(nn.Module):
+    """B CharLMs by hand: stacked parameters, batched matmuls."""
+
+    def __init__(self, B):
+        super().__init__()
+        D, R = LM_D, LM_RATIO * LM_D
+        self.B = B
+        self.emb = stacked(B, LM_V, D, scale=1.0)
+        self.pos = stacked(B, LM_T, D, scale=0.02)
+        self.blocks = nn.ModuleList()
+        for _ in range(LM_BLOCKS):
+            blk = nn.ParameterDict({
+                "ln1_w": stacked(B, 1, D, value=1.0), "ln1_b": stacked(B, 1, D, value=0.0),
+                "qkv_w": stacked(B, D, 3 * D, scale=D ** -0.5),
+                "qkv_b": stacked(B, 1, 3 * D, value=0.0),
+                "out_w": stacked(B, D, D, scale=D ** -0.5), "out_b": stacked(B, 1, D, value=0.0),
+                "ln2_w": stacked(B, 1, D, value=1.0), "ln2_b": stacked(B, 1, D, value=0.0),
+                "fc1_w": stacked(B, D, R, scale=D ** -0.5), "fc1_b": stacked(B, 1, R, value=0.0),
+                "fc2_w": stacked(B, R, D, scale=R ** -0.5), "fc2_b": stacked(B, 1, D, value=0.0),
+            })
+            self.blocks.append(blk)
+        self.ln_w = stacked(B, 1, D, value=1.0)
+        self.ln_b = stacked(B, 1, D, value=0.0)
+        self.head_w = stacked(B, D, LM_V, scale=D ** -0.5)
+        self.head_b = stacked(B, 1, LM_V, value=0.0)
+        self.register_buffer("mask", torch.triu(torch.ones(LM_T, LM_T, dtype=torch.bool), 1))
+        self.register_buffer("offs", (torch.arange(B) * LM_V).view(B, 1, 1))
+
+    def ln(self, x, w, b):
+        return torch.addcmul(b, F.layer_norm(x, (LM_D,)), w)
+
+    def forward(self, ids):                                           # ids [N, T]
+        B, D, H = self.B, LM_D, LM_H
+        N, T = ids.shape
+        Dh = D // H
+        x = self.emb.reshape(B * LM_V, D)[ids.unsqueeze(0) + self.offs]   # [B, N, T, D]
+        x = (x + self.pos[:, None, :T]).reshape(B, N * T, D)
+        for p in self.blocks:
+            h = self.ln(x, p["ln1_w"], p["ln1_b"])
+            qkv = torch.baddbmm(p["qkv_b"], h, p["qkv_w"])             # [B, NT, 3D]
+            qkv = qkv.reshape(B, N, T, 3, H, Dh).permute(3, 0, 1, 4, 2, 5)
+            q, k, v = (qkv[i].reshape(B * N * H, T, Dh) for i in range(3))
+            s = torch.bmm(q, k.transpose(1, 2)) * Dh ** -0.5
+            a = torch.softmax(s.masked_fill(self.mask, float("-inf")), dim=-1)
+            o = torch.bmm(a, v).reshape(B, N, H, T, Dh).permute(0, 1, 3, 2, 4)
+            x = x + torch.baddbmm(p["out_b"], o.reshape(B, N * T, D), p["out_w"])
+            h = self.ln(x, p["ln2_w"], p["ln2_b"])
+            h = F.gelu(torch.baddbmm(p["fc1_b"], h, p["fc1_w"]))
+            x = x + torch.baddbmm(p["fc2_b"], h, p["fc2_w"])
+        h = self.ln(x, self.ln_w, self.ln_b)
+        return torch.baddbmm(self.head_b, h, self.head_w)              # [B, NT, V]
+
+
+def load_tokens(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    rec = torch.frombuffer(bytearray(raw), dtype=torch.int32).view(-1, LM_T + 1).long()
+    n = rec.shape[0] // LM_BATCH
+    rec = rec[: n * LM_BATCH].view(n, LM_BATCH, LM_T + 1)
+    return rec[:, :, :LM_T].contiguous(), rec[:, :, 1:].contiguous()
+
+
+def run_lm(mode, B, steps, warmup, data):
+    """Seconds and CPU seconds of the timed steps of B solo CharLMs one after
+    another, or of one HftaCharLM of B."""
+    xs, ys = data
+    timed = cpu = 0.0
+    jobs = B if mode == "solo" else 1
+    for j in range(jobs):
+        torch.manual_seed(100 + j)
+        m = CharLM() if mode == "solo" else HftaCharLM(B)
+        opt = torch.optim.Adam(m.parameters(), lr=lr_of(j), foreach=True)
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0, c0 = time.perf_counter(), time.process_time()
+            x, y = xs[s % xs.shape[0]], ys[s % ys.shape[0]]
+            opt.zero_grad(set_to_none=True)
+            logits = m(x)
+            if mode == "solo":
+                loss = F.cross_entropy(logits.reshape(-1, LM_V), y.reshape(-1))
+            else:  # per-member mean over N*T positions, summed over members
+                loss = F.cross_entropy(logits.reshape(-1, LM_V), y.reshape(-1).repeat(B),
+                                       reduction="sum") / y.numel()
+            loss.backward()
+            opt.step()
+        timed += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+    return timed, cpu
+
+
 def make_data():
     g = torch.Generator().manual_seed(42)
     xs = torch.rand(POOL, BATCH, 1, SIDE, SIDE, generator=g)
@@ -139,7 +277,7 @@ def run_hfta(model, B, steps, warmup, data):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cmd", nargs="?", default="train", choices=["train", "rss"])
-    ap.add_argument("--model", choices=["mlp", "cnn"], required=True)
+    ap.add_argument("--model", choices=["mlp", "cnn", "charlm"], required=True)
     ap.add_argument("--mode", choices=["solo", "hfta", "solo,hfta"], default="solo")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--B", default="1")
@@ -147,8 +285,21 @@ def main():
     ap.add_argument("--work", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tag", default="", help="appended to the impl name of each line")
+    ap.add_argument("--data", help="charlm: the token file of `fusion_bench tokens`")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.model == "charlm":
+        if not a.data:
+            ap.error("--model charlm needs --data")
+        data = load_tokens(a.data)
+        for B in [int(v) for v in a.B.split(",")]:
+            steps = max(2, a.steps or -(-a.work // B))
+            for mode in a.mode.split(","):
+                t, c = run_lm(mode, B, steps, a.warmup, data)
+                n = B * steps * LM_BATCH
+                print("train impl=torch-%s%s model=charlm threads=%d B=%d sps=%.1f cpu_sps=%.1f"
+                      % (mode, a.tag, a.threads, B, n / t, n / c), flush=True)
+        return 0
     data = make_data()
     if a.cmd == "rss":
         run_solo(a.model, 1, a.steps or 3, 1, data)

@@ -18,6 +18,10 @@ static const char *const CNN_LAYERS =
     "{\"type\":\"conv2d\",\"out\":32,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},"
     "{\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"flatten\"},"
     "{\"type\":\"linear\",\"out\":10}]";
+static const char *const CHARLM_LAYERS =
+    "[{\"type\":\"embedding\",\"dim\":128},{\"type\":\"positional\"},"
+    "{\"type\":\"transformer_block\",\"heads\":4},{\"type\":\"transformer_block\",\"heads\":4},"
+    "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":256}]";
 
 static void die(const char *what, const char *msg)
 {
@@ -33,17 +37,31 @@ uint64_t fb_bench_next_u64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+int fb_bench_batch(const char *model)
+{
+    return strcmp(model, "charlm") == 0 ? LM_BATCH : BATCH;
+}
+
 fb_job_spec *fb_bench_spec(const char *prefix, const char *model, int i)
 {
     const char *layers = strcmp(model, "mlp") == 0 ? MLP_LAYERS : CNN_LAYERS;
     char json[2048], msg[MSG_CAP];
-    snprintf(json, sizeof json,
-             "{\"name\":\"%s-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
-             "\"layers\":%s},\"batch_size\":%d,\"steps\":1000000,"
-             "\"optimizer\":{\"type\":\"adamw\",\"lr\":%.6g,\"weight_decay\":0.01},"
-             "\"seed\":%d,\"data_seed\":0}",
-             prefix, model, i, SIDE, SIDE, layers, BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)),
-             100 + i);
+    if (strcmp(model, "charlm") == 0)
+        snprintf(json, sizeof json,
+                 "{\"name\":\"%s-%s-%d\",\"dataset\":\"licenses\","
+                 "\"model\":{\"input\":{\"tokens\":%d,\"vocab\":256},\"layers\":%s},"
+                 "\"loss\":\"cross_entropy\",\"batch_size\":%d,\"steps\":1000000,"
+                 "\"optimizer\":{\"type\":\"adam\",\"lr\":%.6g},\"seed\":%d,\"data_seed\":0}",
+                 prefix, model, i, LM_T, CHARLM_LAYERS, LM_BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)),
+                 100 + i);
+    else
+        snprintf(json, sizeof json,
+                 "{\"name\":\"%s-%s-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+                 "\"layers\":%s},\"batch_size\":%d,\"steps\":1000000,"
+                 "\"optimizer\":{\"type\":\"adamw\",\"lr\":%.6g,\"weight_decay\":0.01},"
+                 "\"seed\":%d,\"data_seed\":0}",
+                 prefix, model, i, SIDE, SIDE, layers, BATCH, 1e-3 * (1.0 + 0.1 * (i % 8)),
+                 100 + i);
     fb_job_spec *s = calloc(1, sizeof *s);
     if (!s) die("spec", "out of memory");
     if (fb_job_spec_parse(json, strlen(json), NULL, s, msg, sizeof msg)) die("spec", msg);
@@ -56,9 +74,21 @@ double fb_bench_model_flops(const fb_job_spec *s, int N)
     bool first = true;
     for (int i = 0; i < s->n_layers; i++) {
         const fb_layer *L = &s->layers[i];
+        const double rows = L->in.ndim == 2 ? (double)L->in.d[0] : 1.0; /* positions */
+        const double in_f = (double)L->in.d[L->in.ndim - 1];
         double f;
+        if (L->type == FB_LAYER_EMBEDDING) {
+            first = false;
+            continue;
+        }
+        if (L->type == FB_LAYER_TRANSFORMER_BLOCK) {
+            const double D = in_f, T = rows, lin = 2.0 * T * D * D * (4.0 + 2.0 * L->mlp_ratio);
+            total += 3.0 * lin + 12.0 * T * T * D;
+            first = false;
+            continue;
+        }
         if (L->type == FB_LAYER_LINEAR)
-            f = 2.0 * (double)L->in.d[0] * (double)L->out_features;
+            f = 2.0 * rows * in_f * (double)L->out_features;
         else if (L->type == FB_LAYER_CONV2D)
             f = 2.0 * (double)L->in.d[0] * L->kernel[0] * L->kernel[1] *
                 (double)fb_shape_numel(&L->out);
@@ -72,7 +102,7 @@ double fb_bench_model_flops(const fb_job_spec *s, int N)
 
 data_pool fb_bench_make_data(void)
 {
-    data_pool d;
+    data_pool d = {.batches = POOL, .N = BATCH, .F = SIDE * SIDE};
     size_t F = (size_t)SIDE * SIDE;
     d.x = malloc((size_t)POOL * BATCH * F * sizeof *d.x);
     d.y = malloc((size_t)POOL * BATCH * sizeof *d.y);

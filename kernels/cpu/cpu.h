@@ -13,6 +13,9 @@
 
 #include "backend_impl.h"
 
+#include <math.h>
+#include <stdint.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -280,6 +283,67 @@ static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, siz
 #endif
 
 /* ---- small helpers of the fast path ---- */
+
+/*
+ * e^x in float for the fast loops, where glibc's expf stays a scalar call:
+ * e^x = 2^n e^r, n = rint(x log2 e), r = x - n ln 2 in two parts (Cody and
+ * Waite; n times the first is exact), e^r by its Taylor polynomial to r^7 (|r| <= ln2 / 2:
+ * truncation below 1e-8 relative), 2^n by building the exponent bits.  About 1 ulp; 0 below -87
+ * (where e^x would be subnormal), +inf above 88, NaN for NaN. Plain operations and selects only (no
+ * fmaf, fminf: the kernels build without FMA contraction, and in a clone without FMA they are
+ * calls), so the loops vectorise and round alike in every clone and at every width.
+ */
+static inline float fb_cpu_expf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    xc = x != x ? 0.0f : xc;
+    /* rintf vectorises from SSE4.1 on (the loops' AVX clones) */
+    const float n = rintf(xc * 1.44269504088896341f);
+    float r = n * -0.693359375f + xc;
+    r = n * 2.12194440e-4f + r;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } s = {.i = ((int32_t)n + 127) * (1 << 23)};
+    float y = p * s.f;
+    y = x < -87.0f ? 0.0f : y;
+    y = x > 88.0f ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+/*
+ * The standard normal tail 0.5 erfc(|x| / sqrt 2) = Q(t) e^(-x^2 / 2) / 2,
+ * given e = e^(-x^2 / 2): Q(z) = e^(z^2) erfc(z) as a degree-10 polynomial
+ * in t = 1 / (1 + z / 2), fitted by weighted least squares on z in [0, 12]
+ * for these sources (relative error 5e-8 in exact arithmetic, 3e-7 in
+ * float).  The tail keeps its relative accuracy far out, where 1 + erf(x)
+ * would cancel.
+ */
+static inline float fb_cpu_normal_tail(float x, float e)
+{
+    const float z = fabsf(x) * 0.70710678118654752440f, t = 1.0f / (0.5f * z + 1.0f);
+    float q = 1.798098534e-02f;
+    q = q * t + -1.567880511e-01f;
+    q = q * t + 5.147573352e-01f;
+    q = q * t + -7.954980135e-01f;
+    q = q * t + 5.369915366e-01f;
+    q = q * t + -1.684697121e-01f;
+    q = q * t + 2.537805140e-01f;
+    q = q * t + 2.312092334e-01f;
+    q = q * t + 2.840806246e-01f;
+    q = q * t + 2.819509804e-01f;
+    q = q * t + 4.510044164e-06f;
+    return 0.5f * q * e;
+}
 
 /* Sum of x[0..n) in double with four independent accumulators. */
 static inline double fb_cpu_sum(const float *restrict x, size_t n)

@@ -6,48 +6,81 @@
 
 #include <math.h>
 
+/* Rows of this many classes or more are worth a thread per member. */
+#define XENT_GRAIN 32768.0
+/* Exponentials summed at a time (in a stack buffer when there is no dlogits). */
+#define XENT_CHUNK 256
+
+/* The largest of z[0..K) that is not NaN (z[0] if it is NaN), over eight
+ * lanes: a max is exact in any order. */
+FB_CPU_VECTOR_CLONES
+static float row_max(const float *restrict z, int K)
+{
+    float m8[8];
+    for (int j = 0; j < 8; j++)
+        m8[j] = z[0];
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; j++)
+            m8[j] = z[k + j] > m8[j] ? z[k + j] : m8[j];
+    float mx = m8[0];
+    for (int j = 1; j < 8; j++)
+        mx = m8[j] > mx ? m8[j] : mx;
+    for (; k < K; k++)
+        mx = z[k] > mx ? z[k] : mx;
+    return mx;
+}
+
+/* e = e^(z - mx) over [0, n), the sum in double (fb_cpu_sum's order). */
+FB_CPU_VECTOR_CLONES
+static double exp_chunk(float *restrict e, const float *restrict z, float mx, int n)
+{
+    for (int k = 0; k < n; k++)
+        e[k] = fb_cpu_expf(z[k] - mx);
+    return fb_cpu_sum(e, (size_t)n);
+}
+
 /*
  * logits, dlogits [N, B, K]; labels [N]; loss, correct [B].  Per row: first
  * argmax, max-shifted exponentials, lse = max + log(sum); dlogits =
- * (exp / sum - onehot) grad_scale.
+ * (exp / sum - onehot) grad_scale.  Each loop vectorises (the max over lanes,
+ * the exponentials with fb_cpu_expf, their sum chunk by chunk of XENT_CHUNK
+ * in the same order with or without dlogits); members are dealt out to
+ * threads, each summing its loss over n ascending.
  */
 void fb_cpu_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *correct,
                          const float *logits, const int32_t *labels, int N, int B, int K,
                          float grad_scale)
 {
+    const int nt = fb_cpu_team(be, (double)N * B * K, XENT_GRAIN);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int b = 0; b < B; b++) {
         double total = 0.0;
         int hits = 0;
+        float tmp[XENT_CHUNK];
         for (int n = 0; n < N; n++) {
             const float *restrict z = logits + ((size_t)n * B + b) * K;
             const int y = labels[n];
             FB_ASSERT(y >= 0 && y < K);
-            int arg = 0;
-            float mx = z[0];
-            for (int k = 1; k < K; k++)
-                if (z[k] > mx) {
-                    mx = z[k];
-                    arg = k;
-                }
+            const float mx = row_max(z, K);
+            int arg = 0; /* the first k at the max (0 when the max is NaN) */
+            while (arg < K && !(z[arg] == mx))
+                arg++;
+            if (arg == K) arg = 0;
             hits += arg == y;
-            if (dlogits) {
-                float *restrict d = dlogits + ((size_t)n * B + b) * K;
-                double sum = 0.0;
-                for (int k = 0; k < K; k++) {
-                    d[k] = expf(z[k] - mx);
-                    sum += d[k];
-                }
+            float *restrict d = dlogits ? dlogits + ((size_t)n * B + b) * K : NULL;
+            double sum = 0.0;
+            for (int k0 = 0; k0 < K; k0 += XENT_CHUNK) {
+                const int kn = K - k0 < XENT_CHUNK ? K - k0 : XENT_CHUNK;
+                sum += exp_chunk(d ? d + k0 : tmp, z + k0, mx, kn);
+            }
+            if (d) {
                 const float inv = (float)(grad_scale / sum);
                 for (int k = 0; k < K; k++)
                     d[k] *= inv;
                 d[y] -= grad_scale;
-                total += mx + log(sum) - z[y];
-            } else {
-                double sum = 0.0;
-                for (int k = 0; k < K; k++)
-                    sum += expf(z[k] - mx);
-                total += mx + log(sum) - z[y];
             }
+            total += mx + log(sum) - z[y];
         }
         loss[b] = (float)(total / N);
         if (correct) correct[b] = (float)hits;

@@ -216,13 +216,19 @@ void fb_cpu_batchnorm_backward(fb_backend *be, float *din, float *dgamma, float 
     }
 }
 
+/* Floats moved below which a layer norm stays on one thread. */
+#define LN_GRAIN 32768.0
+
 /*
  * in, out [N, B, F]; gamma, beta [B, F] (may be NULL); mean, rstd [N, B].
+ * Rows are independent: they are cut over threads.
  */
 void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rstd,
                               const float *in, const float *gamma, const float *beta, int N, int B,
                               int F, float eps)
 {
+    const int nt = fb_cpu_team(be, 2.0 * N * (double)B * F, LN_GRAIN);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (size_t row = 0; row < (size_t)N * B; row++) {
         const size_t b = row % (size_t)B;
         const float *restrict x = in + row * F;
@@ -249,51 +255,86 @@ void fb_cpu_layernorm_forward(fb_backend *be, float *out, float *mean, float *rs
     }
 }
 
+/* s1 = sum of dy g, s2 = sum of dy g (x - mf) over [0, F), in double, with
+ * four accumulators each (one running sum would be a chain of dependent
+ * adds), kept in scalars so that they stay in registers. */
+static inline void ln_row_sums(const float *restrict dy, const float *restrict g,
+                               const float *restrict x, float mf, int F, double *s1, double *s2)
+{
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+    int f = 0;
+    for (; f + 4 <= F; f += 4) {
+        const double d0 = (double)dy[f] * g[f], d1 = (double)dy[f + 1] * g[f + 1];
+        const double d2 = (double)dy[f + 2] * g[f + 2], d3 = (double)dy[f + 3] * g[f + 3];
+        a0 += d0;
+        a1 += d1;
+        a2 += d2;
+        a3 += d3;
+        c0 += d0 * (x[f] - mf);
+        c1 += d1 * (x[f + 1] - mf);
+        c2 += d2 * (x[f + 2] - mf);
+        c3 += d3 * (x[f + 3] - mf);
+    }
+    for (; f < F; f++) {
+        const double d = (double)dy[f] * g[f];
+        a0 += d;
+        c0 += d * (x[f] - mf);
+    }
+    *s1 = (a0 + a1) + (a2 + a3);
+    *s2 = (c0 + c1) + (c2 + c3);
+}
+
 /*
  * dout, in, din [N, B, F]; mean, rstd [N, B]; gamma [B, F] (may be NULL).
  * Per row, xhat = (x - mean) rstd, dxhat = dout gamma:
  *   din += rstd (dxhat - sum(dxhat)/F - xhat sum(dxhat xhat)/F)
  *   dgamma[b] += dout xhat, dbeta[b] += dout
+ * Members are dealt out to threads, each walking its members' rows in memory
+ * order (n ascending), so dgamma and dbeta are summed in the same order at
+ * every thread count.
  */
 void fb_cpu_layernorm_backward(fb_backend *be, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *mean,
                                const float *rstd, const float *gamma, int N, int B, int F)
 {
-    for (size_t row = 0; row < (size_t)N * B; row++) {
-        const size_t b = row % (size_t)B;
-        const float *restrict x = in + row * F;
-        const float *restrict dy = dout + row * F;
-        float *restrict d = din + row * F;
-        const float *restrict g = gamma ? gamma + b * F : NULL;
-        const float mf = mean[row], rf = rstd[row];
-        double s1 = 0.0, s2 = 0.0;
-        if (g) {
-            for (int f = 0; f < F; f++) {
-                double dxh = (double)dy[f] * g[f];
-                s1 += dxh;
-                s2 += dxh * (x[f] - mf);
+    const int nt = fb_cpu_team(be, 3.0 * N * (double)B * F, LN_GRAIN);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        size_t b0, b1;
+        fb_cpu_split((size_t)B, omp_get_thread_num(), omp_get_num_threads(), 1, &b0, &b1);
+        for (size_t n = 0; n < (size_t)N; n++)
+            for (size_t b = b0; b < b1; b++) {
+                const size_t row = n * B + b;
+                const float *restrict x = in + row * F;
+                const float *restrict dy = dout + row * F;
+                float *restrict d = din + row * F;
+                const float *restrict g = gamma ? gamma + b * F : NULL;
+                const float mf = mean[row], rf = rstd[row];
+                double s1 = 0.0, s2 = 0.0;
+                if (g) {
+                    ln_row_sums(dy, g, x, mf, F, &s1, &s2);
+                } else {
+                    s1 = fb_cpu_sum(dy, (size_t)F);
+                    s2 = norm_dot_centered(dy, x, (size_t)F, mf);
+                }
+                const float k0 = (float)(-(double)rf * s1 / F);
+                const float k1 = (float)(-(double)rf * rf * rf * s2 / F); /* times (x - mean) */
+                if (g)
+                    for (int f = 0; f < F; f++)
+                        d[f] += rf * dy[f] * g[f] + k1 * (x[f] - mf) + k0;
+                else
+                    for (int f = 0; f < F; f++)
+                        d[f] += rf * dy[f] + k1 * (x[f] - mf) + k0;
+                if (dgamma) {
+                    float *restrict dg = dgamma + b * F;
+                    for (int f = 0; f < F; f++)
+                        dg[f] += dy[f] * ((x[f] - mf) * rf);
+                }
+                if (dbeta) {
+                    float *restrict db = dbeta + b * F;
+                    for (int f = 0; f < F; f++)
+                        db[f] += dy[f];
+                }
             }
-        } else {
-            s1 = fb_cpu_sum(dy, (size_t)F);
-            s2 = norm_dot_centered(dy, x, (size_t)F, mf);
-        }
-        const float k0 = (float)(-(double)rf * s1 / F);
-        const float k1 = (float)(-(double)rf * rf * rf * s2 / F); /* times (x - mean) */
-        if (g)
-            for (int f = 0; f < F; f++)
-                d[f] += rf * dy[f] * g[f] + k1 * (x[f] - mf) + k0;
-        else
-            for (int f = 0; f < F; f++)
-                d[f] += rf * dy[f] + k1 * (x[f] - mf) + k0;
-        if (dgamma) {
-            float *restrict dg = dgamma + b * F;
-            for (int f = 0; f < F; f++)
-                dg[f] += dy[f] * ((x[f] - mf) * rf);
-        }
-        if (dbeta) {
-            float *restrict db = dbeta + b * F;
-            for (int f = 0; f < F; f++)
-                db[f] += dy[f];
-        }
     }
 }

@@ -129,21 +129,32 @@ size_t fb_cpu_attention_scratch_floats(const fb_backend *be, int N, int T, int B
 }
 
 /* Row t of the scores z [T] (already scaled) becomes its softmax over s < S,
- * max subtracted, sum in double; z[S..T) becomes 0 (masked). */
+ * max subtracted, sum in double; z[S..T) becomes 0 (masked).  Each loop is
+ * one that vectorises: the max over eight lanes (a max is exact in any
+ * order), then the exponentials, then their sum with fb_cpu_sum's fixed
+ * order (a running double sum in the exponentials' loop would be one long
+ * chain of dependent adds and keep that loop scalar). */
+FB_CPU_VECTOR_CLONES
 static void softmax_row(float *restrict z, int S, int T)
 {
-    float mx = z[0];
-    for (int s = 1; s < S; s++)
-        if (z[s] > mx) mx = z[s];
-    double sum = 0.0;
-    for (int s = 0; s < S; s++) {
-        z[s] = expf(z[s] - mx);
-        sum += z[s];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int s = 0; s < S; s++)
+    float m8[8];
+    for (int j = 0; j < 8; j++)
+        m8[j] = z[0];
+    int s = 0;
+    for (; s + 8 <= S; s += 8)
+        for (int j = 0; j < 8; j++)
+            m8[j] = z[s + j] > m8[j] ? z[s + j] : m8[j];
+    float mx = m8[0];
+    for (int j = 1; j < 8; j++)
+        mx = m8[j] > mx ? m8[j] : mx;
+    for (; s < S; s++)
+        mx = z[s] > mx ? z[s] : mx;
+    for (s = 0; s < S; s++)
+        z[s] = fb_cpu_expf(z[s] - mx);
+    const float inv = (float)(1.0 / fb_cpu_sum(z, (size_t)S));
+    for (s = 0; s < S; s++)
         z[s] *= inv;
-    for (int s = S; s < T; s++)
+    for (s = S; s < T; s++)
         z[s] = 0.0f;
 }
 

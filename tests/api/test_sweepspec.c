@@ -4,7 +4,9 @@
  * invalid sweeps with their codes.  Every expanded trial must itself be a
  * valid job spec.
  */
+#include <dirent.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,19 +366,75 @@ static void test_bad(void)
     fb_sweep_spec_free(NULL);
 }
 
-/* examples/charlm.json: a sweep over learning rate and warmup of a byte-level
- * language model, every trial one fusion key (one array). */
-static void test_charlm_example(void)
+/* Reads examples/NAME of the source tree into buf (NUL-terminated); returns
+ * its length. */
+static size_t read_example(const char *name, char *buf, size_t cap)
 {
     const char *src = getenv("FB_SOURCE_DIR");
     char path[4096];
-    snprintf(path, sizeof path, "%s/examples/charlm.json", src && *src ? src : "..");
+    snprintf(path, sizeof path, "%s/examples/%s", src && *src ? src : "..", name);
     FILE *f = fopen(path, "rb");
     if (!f) fprintf(stderr, "cannot open %s\n", path);
     CHECK(f != NULL);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf, f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    CHECK(feof(f)); /* the whole file fitted */
     fclose(f);
+    buf[n] = '\0';
+    return n;
+}
+
+/* Every file of examples/ is a valid spec: a sweep (an object with "base")
+ * by the sweep parser, anything else by the job parser. */
+static void test_all_examples(void)
+{
+    const char *src = getenv("FB_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/examples", src && *src ? src : "..");
+    DIR *d = opendir(dir);
+    if (!d) fprintf(stderr, "cannot open %s\n", dir);
+    CHECK(d != NULL);
+    static char buf[1 << 16];
+    int files = 0, sweeps = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0) continue;
+        size_t n = read_example(e->d_name, buf, sizeof buf);
+        json_t *root = json_loadb(buf, n, 0, NULL);
+        if (!root) fprintf(stderr, "examples/%s: not JSON\n", e->d_name);
+        CHECK(root != NULL);
+        bool sweep = json_object_get(root, "base") != NULL;
+        json_decref(root);
+        char msg[512] = "";
+        int err;
+        if (sweep) {
+            fb_sweep_spec *s = NULL;
+            err = fb_sweep_spec_parse(buf, n, NULL, &s, msg, sizeof msg);
+            if (!err) CHECK(fb_sweep_spec_n_trials(s) >= 2);
+            fb_sweep_spec_free(s);
+            sweeps++;
+        } else {
+            fb_job_spec js;
+            err = fb_job_spec_parse(buf, n, NULL, &js, msg, sizeof msg);
+            if (!err) fb_job_spec_free(&js);
+        }
+        if (err) fprintf(stderr, "examples/%s: %s\n", e->d_name, msg);
+        CHECK_INT_EQ(err, FB_OK);
+        printf("examples/%-28s valid %s\n", e->d_name, sweep ? "sweep" : "job");
+        files++;
+    }
+    closedir(d);
+    CHECK(files >= 2 && sweeps >= 1);
+}
+
+/* examples/charlm-sweep.json: a sweep over learning rate and warmup of
+ * examples/charlm.json's byte-level language model, every trial one fusion
+ * key (one array). */
+static void test_charlm_example(void)
+{
+    static char buf[1 << 16];
+    size_t n = read_example("charlm-sweep.json", buf, sizeof buf);
+    char path[] = "examples/charlm-sweep.json";
     fb_sweep_spec *s = NULL;
     char msg[512];
     int err = fb_sweep_spec_parse(buf, n, NULL, &s, msg, sizeof msg);
@@ -389,11 +447,19 @@ static void test_charlm_example(void)
     CHECK_INT_EQ(t0->vocab, 256);
     for (int i = 1; i < 12; i++)
         CHECK_STR_EQ(fb_sweep_spec_trial(s, i)->fusion_key, t0->fusion_key);
+    /* the sweep is of examples/charlm.json's model: the same fusion key */
+    static char job[1 << 16];
+    size_t jn = read_example("charlm.json", job, sizeof job);
+    fb_job_spec js;
+    CHECK_INT_EQ(fb_job_spec_parse(job, jn, NULL, &js, msg, sizeof msg), FB_OK);
+    CHECK_STR_EQ(js.fusion_key, t0->fusion_key);
+    fb_job_spec_free(&js);
     fb_sweep_spec_free(s);
 }
 
 int main(void)
 {
+    test_all_examples();
     test_charlm_example();
     test_grid();
     test_random();

@@ -948,6 +948,40 @@ static void check_seq_threads(void)
     printf("%-64s ok\n", "attention: the same bits on 1 and 3 threads");
 }
 
+/* The fast layer norm gives the same bits on any number of threads: rows are
+ * cut over threads forward, members backward (each walking its rows in
+ * order, so dgamma and dbeta are summed alike). */
+static void check_layernorm_threads(void)
+{
+    const int N = 300, B = 3, F = 128;
+    const size_t n = (size_t)N * B * F, nr = (size_t)N * B, np = (size_t)B * F;
+    float *x = kt_rand(n, -3, 3), *dy = kt_rand(n, -1, 1), *g = kt_rand(np, 0.5f, 1.5f);
+    float *bt = kt_rand(np, -1, 1);
+    float *res[2][6];
+    const size_t sizes[6] = {n, nr, nr, n, np, np};
+    static const int threads[2] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        fb_backend_set_threads(g_fast, threads[k]);
+        for (int j = 0; j < 6; j++) {
+            res[k][j] = calloc(sizes[j], sizeof(float));
+            CHECK(res[k][j] != NULL);
+        }
+        fb_layernorm_forward(g_fast, res[k][0], res[k][1], res[k][2], x, g, bt, N, B, F, 1e-5f);
+        fb_layernorm_backward(g_fast, res[k][3], res[k][4], res[k][5], dy, x, res[k][1], res[k][2],
+                              g, N, B, F);
+    }
+    for (int j = 0; j < 6; j++)
+        CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 6; j++)
+            free(res[k][j]);
+    free(x);
+    free(dy);
+    free(g);
+    free(bt);
+    printf("%-64s ok\n", "layernorm: the same bits on 1 and 3 threads");
+}
+
 static void cases_seq_pool(void)
 {
     static const int cfg[][4] = {{3, 1, 1, 5}, {3, 7, 3, 5}, {2, 33, 2, 300}, {16, 64, 4, 128}};
@@ -999,7 +1033,10 @@ static void run_mse(fb_backend *be, const cc_case *c, float **outs)
 
 static void cases_loss(void)
 {
-    static const int cfg[][4] = {{8, 1, 10, 1}, {8, 3, 10, 1}, {5, 3, 1, 1}, {13, 2, 7, 0}};
+    /* the last two: rows longer than the fast path's chunk of 256, and enough
+     * work for members on threads, with and without dlogits */
+    static const int cfg[][4] = {{8, 1, 10, 1}, {8, 3, 10, 1},   {5, 3, 1, 1},
+                                 {13, 2, 7, 0}, {40, 3, 300, 1}, {40, 3, 300, 0}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         loss_arg a = {cfg[i][0], cfg[i][1], cfg[i][2], cfg[i][3] != 0, NULL, NULL, NULL};
         size_t n = (size_t)a.N * a.B * a.K;
@@ -1195,6 +1232,7 @@ int main(void)
     check_backends();
     check_embed_bad_ids();
     check_seq_threads();
+    check_layernorm_threads();
     /* one thread, and three (more than this machine's cores, and an odd count,
      * so that work is cut unevenly) for the fast backend's threaded paths */
     static const int threads[] = {1, 3};
