@@ -160,3 +160,30 @@ long long rel_fill_disk(const char *filler)
     close(fd);
     return total;
 }
+
+int rel_count_in(const char *file, const char *text)
+{
+    char cmd[PATH_MAX + 256];
+    CHECK(!strchr(text, '\''));
+    snprintf(cmd, sizeof cmd, "grep -c '%s' '%s' 2>/dev/null", text, file);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    int n = 0;
+    if (fscanf(p, "%d", &n) != 1) n = 0;
+    pclose(p);
+    return n;
+}
+
+void rel_wait_count(e2e *t, const char *file, const char *text, int n, int timeout_s,
+                    const char *what)
+{
+    double start = fbt_now_ms();
+    while (rel_count_in(file, text) < n) {
+        if (fbt_now_ms() - start > timeout_s * 1000.0) {
+            fprintf(stderr, "timed out after %d s waiting for %s\n", timeout_s, what);
+            e2e_dump(t);
+            CHECK(0);
+        }
+        rel_sleep_ms(20);
+    }
+}

@@ -64,4 +64,15 @@ const char *rel_file_sha256(const char *path);
  */
 long long rel_fill_disk(const char *filler);
 
+/* How many lines of file contain text (grep -c); 0 when it cannot be read. */
+int rel_count_in(const char *file, const char *text);
+
+/*
+ * Waits until rel_count_in(file, text) is at least n, polling every 20 ms; fails the
+ * test after timeout_s, printing the logs.  The timeout is a liveness bound only: what
+ * the caller checks afterwards is the order of events, never how long this took.
+ */
+void rel_wait_count(e2e *t, const char *file, const char *text, int n, int timeout_s,
+                    const char *what);
+
 #endif

@@ -2,16 +2,19 @@
  * The disk fills up under the artifacts directory while an array trains and
  * checkpoints, end to end on real processes.  fuseboxd's artifacts
  * directory is a small tmpfs of the test's own (mounted as root; skipped
- * with 77 where mounting is not permitted).  Once both jobs have
- * checkpointed a few times, a filler file takes every free byte, and for a
- * few checkpoint intervals every checkpoint write fails with ENOSPC.
- * Counted and checked while the disk is full: fuseboxd stays up and says
- * why in its log, no job fails, no job's resume point moves to a checkpoint
- * that is not on disk, the last recorded checkpoint of each job is still on
- * disk with the SHA-256 the database holds, and no temporary file is left
- * behind.  Then the filler goes, the waiting checkpoint events are retried
- * and the jobs complete with every checkpoint recorded once, and their
- * models equal an uninterrupted fusebox-train run bit for bit.
+ * with 77 where mounting is not permitted).  The order of events is fixed by
+ * the workers' test step hook, not by the machine's speed: the array is held
+ * right after its second checkpoint (step HOLD_AT) until both jobs have it
+ * recorded; then a filler file takes every free byte, and the hold moves
+ * FULL_CHECKPOINTS checkpoints on, so that every one of those checkpoint
+ * writes meets the full disk.  Counted and checked while the disk is full
+ * and the array is held there: fuseboxd stays up and says why in its log,
+ * no job fails, no job's resume point moves to a checkpoint that is not on
+ * disk, the last recorded checkpoint of each job is still on disk with the
+ * SHA-256 the database holds, and no temporary file is left behind.  Then
+ * the filler goes and the hold with it, the waiting checkpoint events are
+ * retried and the jobs complete with every checkpoint recorded once, and
+ * their models equal an uninterrupted fusebox-train run bit for bit.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,9 +32,11 @@
 #include "rel.h"
 
 #define HIDDEN 256
-#define CHECKPOINT_S 0.3
-#define TRAIN_S 8.0
-#define FULL_MS 2500
+/* fixed sizes: the step hook, not the job's length, puts the fault mid-run */
+#define EVERY 10
+#define STEPS 120
+#define HOLD_AT (2 * EVERY)
+#define FULL_CHECKPOINTS 3
 #define TMPFS_SIZE "8m"
 
 static e2e T;
@@ -54,7 +59,10 @@ static long long fill_disk(void)
     return total;
 }
 
-static long long ll(const char *sql) { return rel_sql_ll(&T, sql); }
+static long long ll(const char *sql)
+{
+    return rel_sql_ll(&T, sql);
+}
 
 int main(void)
 {
@@ -83,36 +91,46 @@ int main(void)
     CHECK(mkdir(artifacts, 0700) == 0);
     const char *flags[] = {"--artifacts-dir", artifacts, NULL};
     e2e_start(&T, flags);
-    double speed = rel_steps_per_s(&T, HIDDEN, 128, 2);
-    int every = (int)(speed * CHECKPOINT_S) > 1 ? (int)(speed * CHECKPOINT_S) : 1;
-    int steps = every * (int)(TRAIN_S / CHECKPOINT_S);
-    printf("the array trains %.0f steps/s here: %d steps, a checkpoint every %d\n", speed, steps,
-           every);
-    pid_t worker = e2e_worker(&T, "w0");
     char ids[2][64], names[2][64], sql[1024];
-    rel_sweep(&T, "diskfull", HIDDEN, 128, 0, steps, every, "[0.002, 0.01]", 2, ids, names);
+    /* held by the first trial's name before the sweep exists, so that the array cannot
+     * pass the step first; a hold of one member holds the whole array */
+    const char *key = "diskfull-0";
+    e2e_hold(&T, key, HOLD_AT);
+    pid_t worker = e2e_worker(&T, "w0");
+    rel_sweep(&T, "diskfull", HIDDEN, 128, 0, STEPS, EVERY, "[0.002, 0.01]", 2, ids, names);
+    CHECK_STR_EQ(names[0], key);
+    CHECK_INT_EQ(e2e_wait_held(&T, key, 120), HOLD_AT);
     snprintf(sql, sizeof sql,
-             "SELECT bool_and(state = 'running' AND resume_step >= %d) FROM jobs"
+             "SELECT bool_and(state = 'running' AND resume_step = %d) FROM jobs"
              " WHERE id IN ('%s', '%s')",
-             2 * every, ids[0], ids[1]);
-    e2e_wait_sql(&T, sql, 60, "both jobs running past their second checkpoint");
+             HOLD_AT, ids[0], ids[1]);
+    e2e_wait_sql(&T, sql, 60, "both jobs running, held, their second checkpoint recorded");
+    /* one array: the hold stops both jobs */
+    char group[64];
+    snprintf(group, sizeof group, "%s", e2e_job_field(&T, T.key, ids[0], "group_id"));
+    CHECK_STR_EQ(e2e_job_field(&T, T.key, ids[1], "group_id"), group);
 
     long long filled = fill_disk();
     double full_at = fbt_now_ms();
     printf("the artifacts file system is full (%lld bytes of filler)\n", filled);
-    /* what was recorded by the time the disk filled: a write that began
-     * before may still land, so take the snapshot after a tick */
-    rel_sleep_ms(300);
+    /* nothing was in flight (the array is held and its checkpoint recorded): this is the
+     * resume point the full disk must not move */
     long long resume[2];
     for (int i = 0; i < 2; i++) {
         snprintf(sql, sizeof sql, "SELECT resume_step FROM jobs WHERE id = '%s'", ids[i]);
         resume[i] = ll(sql);
+        CHECK_INT_EQ(resume[i], HOLD_AT);
     }
-    while (fbt_now_ms() - full_at < FULL_MS) {
-        int st;
-        CHECK(waitpid(T.s.pid, &st, WNOHANG) == 0);
-        rel_sleep_ms(100);
-    }
+    /* the array trains on to FULL_CHECKPOINTS more checkpoints, all of them taken while
+     * the disk is full, and is held again after the last one */
+    const long long full_hold = HOLD_AT + FULL_CHECKPOINTS * EVERY;
+    e2e_hold(&T, key, full_hold);
+    CHECK_INT_EQ(e2e_wait_held(&T, key, 120), full_hold);
+    /* the first of them met the full disk (the later ones wait behind it, in order) */
+    rel_wait_count(&T, T.s.log_path, "cannot write an artifact", 1, 60,
+                   "fuseboxd to say it cannot write an artifact");
+    int st;
+    CHECK(waitpid(T.s.pid, &st, WNOHANG) == 0);
     int moved = 0, invalid = 0, failed = 0;
     for (int i = 0; i < 2; i++) {
         snprintf(sql, sizeof sql, "SELECT resume_step FROM jobs WHERE id = '%s'", ids[i]);
@@ -149,9 +167,12 @@ int main(void)
 
     CHECK(unlink(filler) == 0);
     double freed_at = fbt_now_ms();
-    for (int i = 0; i < 2; i++) e2e_wait_state(&T, T.key, ids[i], "completed", 120);
+    long long full_ms = (long long)(freed_at - full_at);
+    e2e_release(&T, key);
+    for (int i = 0; i < 2; i++)
+        e2e_wait_state(&T, T.key, ids[i], "completed", 120);
     printf("both jobs completed %.0f ms after the space came back\n", fbt_now_ms() - freed_at);
-    long long want = (steps - 1) / every, lost = 0;
+    long long want = (STEPS - 1) / EVERY, lost = 0;
     for (int i = 0; i < 2; i++) {
         snprintf(sql, sizeof sql,
                  "SELECT count(DISTINCT step) FROM checkpoints WHERE job_id = '%s'"
@@ -160,9 +181,11 @@ int main(void)
         lost += want - ll(sql);
     }
     double diff = rel_max_diff_to_reference(&T, ids, names, 2, "diskfull");
-    printf("result: disk-full jobs=2 full_ms=%d resume_moved=%d previous_invalid=%d failed=%d"
+    printf("result: disk-full jobs=2 full_ms=%lld full_checkpoints=%d resume_moved=%d "
+           "previous_invalid=%d failed=%d"
            " tmp_left=%d log_lines=%d checkpoints_lost=%lld max_model_diff=%g\n",
-           FULL_MS, moved, invalid, failed, leftovers, said, lost, diff);
+           full_ms, FULL_CHECKPOINTS, moved, invalid, failed, leftovers, said, lost, diff);
+    CHECK_INT_EQ(moved, 0);
     CHECK_INT_EQ(invalid, 0);
     CHECK_INT_EQ(failed, 0);
     CHECK_INT_EQ(leftovers, 0);
