@@ -132,18 +132,6 @@ void e2e_write(const char *path, const char *text);
 char *e2e_read(const char *path, size_t *len);
 
 /*
- * Steps per second of the array of the n spec files here, by fusebox-train
- * (the worker's training runtime, on one thread as there): it trains them
- * with a step report every log_every steps, which are timestamped as they
- * come for measure_ms after the first report of job `job`, then stopped.
- * Start-up and the first steps do not count.  Sanitizers and a busy
- * machine slow training several times over, so tests size their runs from
- * this instead of a constant.
- */
-double e2e_train_speed(e2e *t, const char *const *spec_files, int n, const char *job, int log_every,
-                       int measure_ms);
-
-/*
  * Compares two safetensors files tensor by tensor (names, shapes and
  * values); returns the largest absolute difference, or -1 when the names or
  * shapes differ.

@@ -52,24 +52,6 @@ static void spec_fields(char *buf, size_t cap, int hidden, int batch, int data_s
              hidden, batch, data_seed, steps, every);
 }
 
-double rel_steps_per_s(e2e *t, int hidden, int batch, int n_trials)
-{
-    CHECK(n_trials >= 1 && n_trials <= REL_MAX_TRIALS);
-    char common[1024], spec[1400], files[REL_MAX_TRIALS][400];
-    spec_fields(common, sizeof common, hidden, batch, 0, 100000000, 0);
-    for (int i = 0; i < n_trials; i++) {
-        snprintf(spec, sizeof spec,
-                 "{\"name\": \"calibrate-%d\", %s, \"optimizer\": {\"type\": \"adam\","
-                 " \"lr\": %g}}",
-                 i, common, 0.002 * (i + 1));
-        snprintf(files[i], sizeof files[i], "%s/calibrate-%d.json", t->root, i);
-        e2e_write(files[i], spec);
-    }
-    const char *paths[REL_MAX_TRIALS];
-    for (int i = 0; i < n_trials; i++) paths[i] = files[i];
-    return e2e_train_speed(t, paths, n_trials, "calibrate-0", 5, 1000);
-}
-
 void rel_sweep(e2e *t, const char *name, int hidden, int batch, int data_seed, int steps,
                int checkpoint_every, const char *lrs, int n, char (*ids)[64], char (*names)[64])
 {

@@ -23,15 +23,6 @@
  */
 int rel_rounds(int argc, char **argv, int short_rounds, int long_rounds);
 
-/*
- * Steps per second of an array of n_trials MLPs 16-hidden-4 at batch
- * `batch`, trained by fusebox-train on one thread (the worker's runtime and
- * thread count), measured over a second of step reports after the first one.
- * Sanitizers and a busy machine slow training several times over, so the
- * scripts size their runs from this instead of a constant.
- */
-double rel_steps_per_s(e2e *t, int hidden, int batch, int n_trials);
-
 /* A sweep over lr (lrs: a JSON list of n numbers, n <= REL_MAX_TRIALS) of
  * the MLP above; fills ids and names in grid order (the array's order).
  * Sweeps that differ in data_seed never fuse but train at the same speed. */
