@@ -113,12 +113,12 @@ static void trainer_step(trainer *tr, const data_pool *d)
     size_t F = (size_t)SIDE * SIDE, k = (size_t)(tr->t % POOL) * BATCH;
     memcpy(tr->x, d->x + k * F, (size_t)BATCH * F * sizeof *tr->x);
     memcpy(tr->y, d->y + k, (size_t)BATCH * sizeof *tr->y);
-    if (fb_array_forward_backward(tr->a, tr->x, tr->y, BATCH, true, (uint64_t)tr->t, tr->loss,
-                                  tr->correct, msg, sizeof msg))
+    for (int b = 0; b < tr->B; b++)
+        fb_array_hparams(tr->a, b, tr->t + 1, 1000000, &tr->hp[b]);
+    if (fb_array_train_step(tr->a, tr->x, tr->y, BATCH, (uint64_t)tr->t, tr->hp, tr->loss,
+                            tr->correct, msg, sizeof msg))
         die("step", msg);
     tr->t++;
-    for (int b = 0; b < tr->B; b++) fb_array_hparams(tr->a, b, tr->t, 1000000, &tr->hp[b]);
-    fb_array_step(tr->a, tr->hp);
 }
 
 /* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs
