@@ -860,6 +860,8 @@ void fb_array_free(fb_array *a)
     free(a->bufs);
     free(a->ab);
     free(a->blocks);
+    free(a->tile_blocks);
+    free(a->tile_hp);
     free(a->specs);
     free(a->seeds);
     free(a->bn_tracked);

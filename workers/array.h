@@ -134,6 +134,31 @@ void fb_array_logits(const fb_array *a, int m, int N, float *dst);
  */
 void fb_array_step(fb_array *a, const fb_optim_hparams *hp);
 
+/*
+ * One training step: fb_array_forward_backward (train, y and loss required)
+ * and then fb_array_step with hp, except that a member whose loss is not
+ * finite is not updated (it gets an empty slot's hyperparameters, as the
+ * session gives it).  Every member's parameters, optimizer state, loss,
+ * correct count and gradients end exactly as those two calls leave them.  On
+ * the CPU backend with a thread count set (fb_backend_set_threads) the
+ * members run in tiles of a few, each tile's forward, backward and update
+ * one after another, so that a tile's parameters, gradients and optimizer
+ * state stay in cache across its step instead of all B members' being
+ * streamed from memory in every pass; a member's kernels are the same calls
+ * of the same shapes at any tile size, so nothing of a member depends on B.
+ * Afterwards fb_array_logits holds only the last tile's members.  Errors as
+ * fb_array_forward_backward's, found before anything is updated.
+ */
+int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
+                        const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
+                        size_t msg_cap);
+
+/* Members per tile of fb_array_train_step where it tiles at all: n >= 1
+ * (raised to the thread count), or 0 for the default, as many as fit a few
+ * MiB of cache.  Results are the same at every n; tests and benchmarks set
+ * it to cut tiles of a given size. */
+void fb_array_set_tile(fb_array *a, int n);
+
 /* Sets hp from the spec of slot m for update t (1-based) of total updates. */
 void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_optim_hparams *hp);
 

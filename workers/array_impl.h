@@ -135,6 +135,12 @@ struct fb_array {
     abuf *ab;
     int n_ab, cap_ab;
     int step; /* the step of the pass being run, as plan_walk counts them */
+    /* fb_array_train_step runs the members in tiles [m0, m0 + B) one after
+     * another (B is the tile's size meanwhile); m0 is 0 outside a tile.
+     * tile_blocks [n_params] and tile_hp [Bcap] are its workspace. */
+    int m0, tile; /* tile: fb_array_set_tile's n */
+    fb_param_block *tile_blocks;
+    fb_optim_hparams *tile_hp;
     uint64_t gen;
 };
 

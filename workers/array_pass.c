@@ -23,10 +23,17 @@ static float *buf_at(const fb_array *a, int id)
 
 #define ACT(id) buf_at(a, (id))
 #define DACT(id) buf_at(a, grad_of(a, (id)))
-#define PW(nd) (a->p + a->params[(nd)->w].offset)
-#define PB(nd) ((nd)->b >= 0 ? a->p + a->params[(nd)->b].offset : NULL)
-#define GW(nd) (a->g + a->params[(nd)->w].offset)
-#define GB(nd) ((nd)->b >= 0 ? a->g + a->params[(nd)->b].offset : NULL)
+/* Tensor d of a parameter or buffer slab from the first member the pass runs
+ * (a->m0: a tile of fb_array_train_step, else 0). */
+static float *tensor_at(const fb_array *a, float *slab, const tensor_def *d)
+{
+    return slab + d->offset + (size_t)a->m0 * d->per_member;
+}
+
+#define PW(nd) tensor_at(a, a->p, &a->params[(nd)->w])
+#define PB(nd) ((nd)->b >= 0 ? tensor_at(a, a->p, &a->params[(nd)->b]) : NULL)
+#define GW(nd) tensor_at(a, a->g, &a->params[(nd)->w])
+#define GB(nd) ((nd)->b >= 0 ? tensor_at(a, a->g, &a->params[(nd)->b]) : NULL)
 
 static fb_conv_geom conv_geom(const fb_array *a, const node *nd, int N)
 {
@@ -211,21 +218,23 @@ static void forward_node(fb_array *a, node *nd, int N, bool train, uint64_t stre
         break;
     case FB_LAYER_DROPOUT:
         if (train && L->p > 0)
-            fb_dropout_forward(be, ACT(nd->out), ACT(nd->in), a->seeds,
-                               fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT,
-                               B, (int)nd->in_numel / T, 0);
+            fb_dropout_forward(be, ACT(nd->out), ACT(nd->in), a->seeds + a->m0,
+                               fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT, B,
+                               (int)nd->in_numel / T, 0);
         else
             fb_backend_copy(be, ACT(nd->out), ACT(nd->in), count * sizeof(float));
         break;
     case FB_LAYER_BATCHNORM: {
         int C = (int)L->in.d[0];
         float *gamma = nd->w >= 0 ? PW(nd) : NULL, *beta = PB(nd);
-        float *rm = a->rb + a->bufs[nd->rm].offset, *rv = a->rb + a->bufs[nd->rv].offset;
+        float *rm = tensor_at(a, a->rb, &a->bufs[nd->rm]);
+        float *rv = tensor_at(a, a->rb, &a->bufs[nd->rv]);
         if (train) {
             fb_batchnorm_forward_train(be, ACT(nd->out), ACT(nd->save1), ACT(nd->save2), rm, rv,
                                        ACT(nd->in), gamma, beta, N, B * C, bn_hw(L),
                                        (float)L->eps, (float)L->momentum);
-            for (int b = 0; b < B; b++) a->bn_tracked[(size_t)b * a->n_bn + nd->bn_index]++;
+            for (int b = a->m0; b < a->m0 + B; b++)
+                a->bn_tracked[(size_t)b * a->n_bn + nd->bn_index]++;
         } else {
             fb_batchnorm_forward_eval(be, ACT(nd->out), ACT(nd->in), gamma, beta, rm, rv, N,
                                       B * C, bn_hw(L), (float)L->eps);
@@ -273,7 +282,7 @@ static float *grad_buf(fb_array *a, int id, int N)
 static void zero_param_grad(fb_array *a, int t)
 {
     if (t < 0) return;
-    fb_backend_zero(a->be, a->g + a->params[t].offset,
+    fb_backend_zero(a->be, tensor_at(a, a->g, &a->params[t]),
                     (size_t)a->B * a->params[t].per_member * sizeof(float));
 }
 
@@ -357,9 +366,9 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
         break;
     case FB_LAYER_DROPOUT:
         if (L->p > 0)
-            fb_dropout_backward(be, din, DACT(nd->out), a->seeds,
-                                fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT,
-                                B, (int)nd->in_numel / T, 0);
+            fb_dropout_backward(be, din, DACT(nd->out), a->seeds + a->m0,
+                                fb_rng_mix64(stream ^ ((uint64_t)nd->id << 32)), (float)L->p, NT, B,
+                                (int)nd->in_numel / T, 0);
         else
             fb_accumulate(be, din, DACT(nd->out), count);
         break;
@@ -481,7 +490,7 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
      * pipeline stage before the last receives its output gradient already
      * scaled by the last stage, which holds the same scales. */
     if (grad && a->bf16) {
-        if (!a->prescaled) fb_scale_members(a->be, dlogits, a->ls_scale, N, B, (size_t)K);
+        if (!a->prescaled) fb_scale_members(a->be, dlogits, a->ls_scale + a->m0, N, B, (size_t)K);
         a->grads_scaled = true;
     }
     if (grad) backward_nodes(a, a->nodes, a->n_nodes, N, stream);

@@ -269,3 +269,119 @@ void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)
     for (int b = 0; a->bf16 && b < a->B; b++)
         if (a->ls_good[b] >= steps) a->ls_good[b] = steps - 1;
 }
+
+/* ---- one training step in tiles of members -------------------------------- */
+
+/* Bytes of one tile's parameters, gradients, optimizer state and activations:
+ * a solo MLP of the benchmark (3.8 MB of state, 0.5 MB of activations) keeps
+ * its step in cache on the 2-core machine of bench/RESULTS.md, two members
+ * (8.6 MB) did as well, four did not (0.94 of solo), sixteen 0.84. */
+#define TILE_BYTES ((size_t)8 << 20)
+
+/* Whether every op of nodes[0..n) gives each member the same result at any
+ * thread count the backend's teams pick: the per-member GEMMs of linear
+ * layers (whole members, dealt to threads) and element-wise ops.  A
+ * convolution's weight gradient sums per-thread partials over samples, whose
+ * team size follows the work, so a smaller tile could change it. */
+static bool team_invariant(const node *nodes, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].kind == NODE_EXPAND) continue;
+        switch (nodes[i].L->type) {
+        case FB_LAYER_LINEAR:
+        case FB_LAYER_FLATTEN:
+        case FB_LAYER_RELU:
+        case FB_LAYER_GELU:
+        case FB_LAYER_TANH:
+        case FB_LAYER_SIGMOID:
+        case FB_LAYER_DROPOUT:
+            break;
+        default:
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Members per tile: all B unless the step is on the CPU backend with a set
+ * thread count (its teams then never exceed it), in fp32 or tf32 (bf16's
+ * unscale pass covers all members at once) and not a pipeline stage.  A
+ * tile has at least as many members as threads, so a member's GEMMs are
+ * never cut into row ranges where the whole array's are not. */
+static int tile_members(const fb_array *a)
+{
+    int nt = fb_backend_threads(a->be);
+    if (nt < 1 || a->B <= nt || a->bf16 || a->prescaled || a->T ||
+        strcmp(fb_backend_name(a->be), "cpu") != 0)
+        return a->B;
+    if (nt > 1 && !team_invariant(a->nodes, a->n_nodes)) return a->B;
+    size_t slabs = 3 + (a->s2 != NULL); /* p, g, s1 (, s2) */
+    size_t per = (a->params_floats * slabs + a->act_floats) / (size_t)a->Bcap * sizeof(float);
+    int t = a->tile > 0 ? a->tile : per ? (int)(TILE_BYTES / per) : a->B;
+    if (t < nt) t = nt;
+    return t < a->B ? t : a->B;
+}
+
+void fb_array_set_tile(fb_array *a, int n)
+{
+    FB_ASSERT(n >= 0);
+    a->tile = n;
+}
+
+/* hp with the members [m0, m0 + n) whose loss is not finite made empty slots. */
+static const fb_optim_hparams *finite_hp(fb_array *a, const fb_optim_hparams *hp, const float *loss,
+                                         int m0, int n)
+{
+    for (int b = m0; b < m0 + n; b++) {
+        a->tile_hp[b] = hp[b];
+        if (!isfinite(loss[b])) memset(&a->tile_hp[b], 0, sizeof a->tile_hp[b]);
+    }
+    return a->tile_hp;
+}
+
+int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
+                        const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
+                        size_t msg_cap)
+{
+    FB_ASSERT(y != NULL && loss != NULL && hp != NULL && a->m0 == 0);
+    if (!a->tile_hp) {
+        a->tile_hp = calloc((size_t)a->Bcap, sizeof *a->tile_hp);
+        a->tile_blocks = calloc((size_t)(a->n_params ? a->n_params : 1), sizeof *a->tile_blocks);
+        if (!a->tile_hp || !a->tile_blocks)
+            return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    }
+    const int B = a->B, tile = tile_members(a);
+    int err;
+    if (tile >= B) {
+        err = fb_array_forward_backward(a, x, y, N, true, stream, loss, correct, msg, msg_cap);
+        if (err) return err;
+        fb_array_step(a, finite_hp(a, hp, loss, 0, B));
+        return FB_OK;
+    }
+    static const fb_optim_kind kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
+                                          [FB_OPTIM_ADAM] = FB_OPTIM_KIND_ADAM,
+                                          [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
+    err = FB_OK;
+    /* a remainder of fewer members than threads joins the tile before it */
+    const int nt = fb_backend_threads(a->be);
+    for (int m0 = 0, n; m0 < B && !err; m0 += n) {
+        n = B - m0 < tile + nt ? B - m0 : tile;
+        /* the tile is an array of n members whose slots start at m0 */
+        a->m0 = m0;
+        a->B = n;
+        err = fb_array_forward_backward(a, x, y, N, true, stream, loss + m0,
+                                        correct ? correct + m0 : NULL, msg, msg_cap);
+        if (!err && a->n_params) {
+            for (int t = 0; t < a->n_params; t++) {
+                a->tile_blocks[t].offset =
+                    a->blocks[t].offset + (size_t)m0 * a->blocks[t].per_member;
+                a->tile_blocks[t].per_member = a->blocks[t].per_member;
+            }
+            fb_optim_step(a->be, kinds[a->specs[0]->optim.type], a->p, a->g, a->s1, a->s2,
+                          a->tile_blocks, a->n_params, n, finite_hp(a, hp, loss, m0, n) + m0);
+        }
+        a->m0 = 0;
+        a->B = B;
+    }
+    return err;
+}

@@ -16,15 +16,18 @@ static void single_free(fb_session *s)
     fb_array_free(s->a);
 }
 
+/* The update is part of the step (fb_array_train_step: members in tiles
+ * that stay in cache) with the hyperparameters the session set before it; a
+ * member whose loss is not finite is not updated, as the session wants. */
 static int single_train(fb_session *s, const float *x, const int32_t *y, char *msg, size_t msg_cap)
 {
-    return fb_array_forward_backward(s->a, x, y, (int)s->bs, true, (uint64_t)s->step, s->loss,
-                                     s->correct, msg, msg_cap);
+    return fb_array_train_step(s->a, x, y, (int)s->bs, (uint64_t)s->step, s->hp, s->loss,
+                               s->correct, msg, msg_cap);
 }
 
 static void single_update(fb_session *s)
 {
-    fb_array_step(s->a, s->hp);
+    (void)s; /* done in single_train */
 }
 
 static void single_account(fb_session *s, double wall, int n_dev)

@@ -127,12 +127,12 @@ static void trainer_step(trainer *tr, const data_pool *d)
     size_t F = (size_t)d->F, N = (size_t)d->N, k = (size_t)(tr->t % d->batches) * N;
     memcpy(tr->x, d->x + k * F, N * F * sizeof *tr->x);
     memcpy(tr->y, d->y + k, N * sizeof *tr->y);
-    if (fb_array_forward_backward(tr->a, tr->x, tr->y, (int)N, true, (uint64_t)tr->t, tr->loss,
-                                  tr->correct, msg, sizeof msg))
+    for (int b = 0; b < tr->B; b++)
+        fb_array_hparams(tr->a, b, tr->t + 1, 1000000, &tr->hp[b]);
+    if (fb_array_train_step(tr->a, tr->x, tr->y, (int)N, (uint64_t)tr->t, tr->hp, tr->loss,
+                            tr->correct, msg, sizeof msg))
         die("step", msg);
     tr->t++;
-    for (int b = 0; b < tr->B; b++) fb_array_hparams(tr->a, b, tr->t, 1000000, &tr->hp[b]);
-    fb_array_step(tr->a, tr->hp);
 }
 
 /* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs

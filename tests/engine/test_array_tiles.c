@@ -1,0 +1,233 @@
+/*
+ * fb_array_train_step (workers/array.h): training the members in tiles, each
+ * tile's forward, backward and update one after another, leaves every member
+ * bit for bit where fb_array_forward_backward and fb_array_step over the
+ * whole array leave it: losses, correct counts, parameters, gradients,
+ * optimizer state and batch-norm statistics, for uneven tiles (B = 7 in
+ * tiles of 3), at 1 and 2 threads, for an MLP with dropout (SGD with
+ * momentum, AdamW) and a CNN with batch norm (Adam).  A member whose loss is
+ * not finite is not updated, as the session wants, while the others are.
+ * Bad input is refused before anything changes (a table of cases).
+ */
+#include "engine_util.h"
+
+#include "array.h"
+#include "kernels.h"
+
+#define SIDE 12
+#define CLASSES 10
+#define BS 16
+#define STEPS 12
+#define B 7
+
+static fb_dataset ds;
+
+static fb_job_spec *member_spec(bool cnn, const char *optim, int i)
+{
+    const char *layers =
+        cnn ? "[{\"type\":\"conv2d\",\"out\":4,\"kernel\":[3,3],\"padding\":[1,1]},"
+              "{\"type\":\"batchnorm\"},{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel\":[2,"
+              "2]},"
+              "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":10}]"
+            : "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":24},{\"type\":\"relu\"},"
+              "{\"type\":\"dropout\",\"p\":0.25},{\"type\":\"linear\",\"out\":10}]";
+    char o[200];
+    if (strcmp(optim, "sgd") == 0)
+        snprintf(o, sizeof o, "{\"type\":\"sgd\",\"lr\":%.17g,\"momentum\":0.9,\"nesterov\":%s}",
+                 0.02 + 0.01 * i, i % 2 ? "true" : "false");
+    else
+        snprintf(o, sizeof o, "{\"type\":\"%s\",\"lr\":%.17g,\"weight_decay\":0.01}", optim,
+                 1e-3 * (1 + i));
+    return et_spec("{\"name\":\"tile-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+                   "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,\"seed\":%d}",
+                   i, SIDE, SIDE, layers, BS, STEPS, o, 100 + 7 * i);
+}
+
+static fb_array *new_array(fb_backend *be, fb_job_spec **specs)
+{
+    char msg[512];
+    fb_array *a = NULL;
+    int err = fb_array_new(be, (const fb_job_spec *const *)specs, B, BS, &a, msg, sizeof msg);
+    if (err) fprintf(stderr, "fb_array_new: %s\n", msg);
+    CHECK_INT_EQ(err, FB_OK);
+    return a;
+}
+
+/* Every value of every member, part by part, as bytes. */
+static size_t snapshot(const fb_array *a, float *dst)
+{
+    size_t n = 0;
+    for (int part = FB_ARRAY_PARAM; part <= FB_ARRAY_BUFFER; part++)
+        for (int t = 0; t < fb_array_tensor_count(a, (fb_array_part)part); t++) {
+            fb_array_tensor d = fb_array_tensor_at(a, (fb_array_part)part, t);
+            for (int m = 0; m < fb_array_size(a); m++) {
+                if (dst) fb_array_get(a, m, (fb_array_part)part, t, dst + n);
+                n += d.numel;
+            }
+        }
+    return n;
+}
+
+static void batch(int step, float *x, int32_t *y)
+{
+    const int64_t F = (int64_t)SIDE * SIDE;
+    for (int i = 0; i < BS; i++) {
+        int64_t k = (step * 5 + i * 3) % ds.n;
+        memcpy(x + i * F, ds.x + k * F, (size_t)F * sizeof *x);
+        y[i] = ds.y[k];
+    }
+}
+
+static void hparams(const fb_array *a, int step, fb_optim_hparams *hp)
+{
+    for (int b = 0; b < B; b++)
+        fb_array_hparams(a, b, step + 1, STEPS, &hp[b]);
+}
+
+/* Trains one array tiled and one whole, compares everything after every step.
+ * nan_member >= 0: that member's first parameter tensor is NaN from the start. */
+static void run_case(bool cnn, const char *optim, int threads, int tile, int nan_member)
+{
+    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
+    CHECK(be != NULL);
+    fb_job_spec *specs[B];
+    for (int i = 0; i < B; i++)
+        specs[i] = member_spec(cnn, optim, i);
+    fb_array *tiled = new_array(be, specs), *whole = new_array(be, specs);
+    fb_array_set_tile(tiled, tile);
+    size_t n = snapshot(whole, NULL);
+    float *vt = malloc(n * sizeof *vt), *vw = malloc(n * sizeof *vw);
+    CHECK(vt && vw);
+    float *bad = NULL;
+    if (nan_member >= 0) {
+        fb_array_tensor d = fb_array_tensor_at(whole, FB_ARRAY_PARAM, 0);
+        bad = malloc(d.numel * sizeof *bad);
+        CHECK(bad != NULL);
+        for (size_t i = 0; i < d.numel; i++)
+            bad[i] = NAN;
+        fb_array_set(tiled, nan_member, FB_ARRAY_PARAM, 0, bad);
+        fb_array_set(whole, nan_member, FB_ARRAY_PARAM, 0, bad);
+    }
+    float x[BS * SIDE * SIDE], lt[B], lw[B], ct[B], cw[B], before[64];
+    int32_t y[BS];
+    fb_optim_hparams hp[B];
+    char msg[512];
+    for (int step = 0; step < STEPS; step++) {
+        batch(step, x, y);
+        hparams(whole, step, hp);
+        if (nan_member >= 0)
+            fb_array_get(tiled, nan_member, FB_ARRAY_PARAM, 1, before); /* its bias: finite */
+        CHECK_INT_EQ(
+            fb_array_train_step(tiled, x, y, BS, (uint64_t)step, hp, lt, ct, msg, sizeof msg),
+            FB_OK);
+        CHECK_INT_EQ(fb_array_forward_backward(whole, x, y, BS, true, (uint64_t)step, lw, cw, msg,
+                                               sizeof msg),
+                     FB_OK);
+        for (int b = 0; b < B; b++)
+            if (!isfinite(lw[b])) memset(&hp[b], 0, sizeof hp[b]);
+        fb_array_step(whole, hp);
+        CHECK(memcmp(lt, lw, sizeof lt) == 0);
+        CHECK(memcmp(ct, cw, sizeof ct) == 0);
+        snapshot(tiled, vt);
+        snapshot(whole, vw);
+        CHECK(memcmp(vt, vw, n * sizeof *vt) == 0);
+        for (int b = 0; b < B; b++)
+            CHECK(b == nan_member ? !isfinite(lt[b]) : isfinite(lt[b]));
+        if (nan_member >= 0) {
+            float after[64];
+            size_t nb = fb_array_tensor_at(tiled, FB_ARRAY_PARAM, 1).numel;
+            CHECK(nb <= 64);
+            fb_array_get(tiled, nan_member, FB_ARRAY_PARAM, 1, after);
+            CHECK(memcmp(before, after, nb * sizeof *after) == 0); /* not updated */
+        }
+    }
+    /* a member trained: its parameters moved */
+    float *init = malloc(n * sizeof *init);
+    CHECK(init != NULL);
+    fb_array *fresh = new_array(be, specs);
+    snapshot(fresh, init);
+    CHECK(memcmp(init, vt, sizeof(float) * 64) != 0);
+    printf("ok: %s %s threads=%d tile=%d nan_member=%d, %d steps bit-identical\n",
+           cnn ? "cnn" : "mlp", optim, threads, tile, nan_member, STEPS);
+    fb_array_free(fresh);
+    free(init);
+    free(bad);
+    free(vt);
+    free(vw);
+    fb_array_free(tiled);
+    fb_array_free(whole);
+    for (int i = 0; i < B; i++)
+        et_spec_free(specs[i]);
+    fb_backend_clone_free(be);
+}
+
+/* Bad input: the error, and not one value of any member changed. */
+static void bad_input(void)
+{
+    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), 1);
+    CHECK(be != NULL);
+    fb_job_spec *specs[B];
+    for (int i = 0; i < B; i++)
+        specs[i] = member_spec(false, "adamw", i);
+    fb_array *a = new_array(be, specs);
+    fb_array_set_tile(a, 2);
+    float x[(BS + 1) * SIDE * SIDE], l[B];
+    int32_t y[BS + 1];
+    fb_optim_hparams hp[B];
+    char msg[512];
+    batch(0, x, y);
+    y[BS] = 0;
+    hparams(a, 0, hp);
+    CHECK_INT_EQ(fb_array_train_step(a, x, y, BS, 0, hp, l, NULL, msg, sizeof msg), FB_OK);
+    size_t n = snapshot(a, NULL);
+    float *v0 = malloc(n * sizeof *v0), *v1 = malloc(n * sizeof *v1);
+    CHECK(v0 && v1);
+    snapshot(a, v0);
+    static const struct {
+        const char *what;
+        int N, sample;
+        int32_t label;
+        int err;
+        const char *says;
+    } cases[] = {
+        {"label past the outputs", BS, 3, CLASSES, FB_ERR_DATA, "outside the model's 10 outputs"},
+        {"negative label", BS, BS - 1, -1, FB_ERR_DATA, "label -1 of sample 15"},
+        {"no samples", 0, 0, 0, FB_ERR_OUT_OF_RANGE, "batch of 0 samples"},
+        {"more samples than the array holds", BS + 1, 0, 0, FB_ERR_OUT_OF_RANGE,
+         "batch of 17 samples, the array holds 16"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t keep = y[cases[c].sample];
+        y[cases[c].sample] = cases[c].label ? cases[c].label : keep;
+        msg[0] = '\0';
+        int err = fb_array_train_step(a, x, y, cases[c].N, 1, hp, l, NULL, msg, sizeof msg);
+        y[cases[c].sample] = keep;
+        printf("bad input (%s): %s: %s\n", cases[c].what, fb_err_code(err), msg);
+        CHECK_INT_EQ(err, cases[c].err);
+        CHECK(strstr(msg, cases[c].says) != NULL);
+        snapshot(a, v1);
+        CHECK(memcmp(v0, v1, n * sizeof *v0) == 0);
+    }
+    free(v0);
+    free(v1);
+    fb_array_free(a);
+    for (int i = 0; i < B; i++)
+        et_spec_free(specs[i]);
+    fb_backend_clone_free(be);
+}
+
+int main(void)
+{
+    ds = et_synthetic(256, SIDE, CLASSES, 11);
+    run_case(false, "adamw", 1, 3, -1);
+    run_case(false, "sgd", 1, 1, -1);
+    run_case(false, "adamw", 2, 3, -1);
+    run_case(false, "sgd", 2, 2, -1);
+    run_case(false, "adamw", 1, 0, -1); /* the default tile: the whole array here */
+    run_case(true, "adam", 1, 3, -1);
+    run_case(true, "adam", 2, 3, -1); /* not tiled at 2 threads (conv): still the same */
+    run_case(false, "adam", 1, 2, 4);
+    bad_input();
+    fb_dataset_free(&ds);
+    return 0;
+}
