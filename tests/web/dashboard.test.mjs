@@ -163,12 +163,27 @@ async function stopServer() {
   if (server.exitCode === null) server.kill('SIGKILL');
 }
 
+// The worker's test step hook (docs/worker.md): an array whose member's name has a hold file
+// waits at that step, so that what the page is checked on is still running however fast or
+// loaded the machine is, and no job is sized from the machine's speed.
+const hookDir = path.join(root, 'hooks');
+fs.mkdirSync(hookDir);
+function hold(name, step) {
+  const tmp = path.join(hookDir, '.hold.tmp');
+  fs.writeFileSync(tmp, `${step}\n`);
+  fs.renameSync(tmp, path.join(hookDir, `hold-${name}`));
+}
+function release(name) {
+  for (const kind of ['hold', 'held']) fs.rmSync(path.join(hookDir, `${kind}-${name}`), { force: true });
+}
+
 function startWorker(workerPort, key) {
   const log = fs.openSync(path.join(root, 'worker.log'), 'a');
   worker = spawn(exe.worker, ['--server', `tcp://127.0.0.1:${workerPort}`,
     '--server-key', path.join(dataDir, 'server.key.pub'), '--key', key, '--name', 'cpu-node-1',
     '--cpu-devices', '1', '--threads-per-device', '1', '--data-dir', datasets,
-    '--heartbeat-ms', '200', '--progress-ms', '200'], { stdio: ['ignore', log, log] });
+    '--heartbeat-ms', '200', '--progress-ms', '200', '--test-step-hook', hookDir],
+  { stdio: ['ignore', log, log], env: { ...process.env, FUSEBOX_TEST_HOOKS: '1' } });
 }
 
 async function stopWorker() {
@@ -263,15 +278,21 @@ try {
     await shot('01-wrong-key');
   });
 
-  // Long enough to be seen running beside bob's array, short enough to finish in seconds: on
-  // a quiet machine 4000 steps ended (in 4 s) before bob's array had reported twice.
-  const steps = 12000;
+  // alice's trials wait at step `held` (a hold set before they exist) until the page has seen
+  // them running beside bob's array; released, they train the rest and finish.  Sizing them
+  // from the machine's speed failed both ways: on a quiet machine 4000 steps ended before bob's
+  // array had reported twice, and 12000 did not end within 180 s under ASan on a loaded one.
+  const steps = 2500;
+  const held = 2000;
+  const trialNames = [0, 1, 2].map((i) => `lr-grid-${i}`);
+  const releaseTrials = () => trialNames.forEach(release);
   let sweep;
   await check('sign in and see the trials of a sweep wait for a worker', async () => {
     await page.fill('#key', key);
     await page.click('#signin button[type=submit]');
     await until('the jobs table', () => page.locator('#jobs').isVisible());
     expect((await text('#who')) === 'alice', 'tenant name shown');
+    trialNames.forEach((n) => hold(n, held));
     sweep = await call('POST', '/v1/sweeps', key, {
       name: 'lr-grid',
       base: { dataset: 'synth', model: model(512), batch_size: 32, steps, eval_every: 1000,
@@ -389,6 +410,7 @@ try {
     const r0 = requests.length;
     worker.kill('SIGCONT');
     paused = false;
+    releaseTrials();
     await until('more points', async () =>
       Number(await page.getAttribute('[data-chart=loss]', 'data-points')) > n0, 20000);
     await until('a changed loss curve', async () => (await canvas('loss')).hash !== before.hash);
@@ -400,11 +422,12 @@ try {
 
   await check('the trials complete and show their validation accuracy', async () => {
     if (paused) worker.kill('SIGCONT');
+    releaseTrials();
     if (bobJob) await call('POST', `/v1/jobs/${bobJob.id}/cancel`, bobKey, {});
     const done = await until('three completed trials', async () => {
       const r = await call('GET', `/v1/jobs?sweep_id=${sweep.id}`, key);
       return r.jobs.every((j) => j.state === 'completed') && r.jobs;
-    }, 180000); // three times 12000 steps of a 512-wide MLP: over a minute in a sanitizer build
+    }, 180000); // a liveness bound: the 500 steps after the hold, under ASan, are seconds
     await page.goto(`${base}/#/jobs?sweep=${sweep.id}`);
     await until('completed rows', async () => (await page.locator('#jobs tr[data-job] .s-completed').count()) === 3);
     for (const j of done) {
