@@ -91,4 +91,23 @@ __attribute__((format(printf, 1, 2))) static inline int fb_test_missing(const ch
         }                                                                                          \
     } while (0)
 
+/* A whole file, NUL-terminated (malloc'd; its length in *len when len is not NULL), or NULL
+ * when it cannot be opened. */
+static inline char *fb_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long n = ftell(f);
+    CHECK(n >= 0);
+    rewind(f);
+    char *b = malloc((size_t)n + 1);
+    CHECK(b != NULL);
+    CHECK(fread(b, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    if (len) *len = (size_t)n;
+    return b;
+}
+
 #endif

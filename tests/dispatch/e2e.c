@@ -43,23 +43,6 @@ void e2e_write(const char *path, const char *text)
     CHECK(fclose(f) == 0);
 }
 
-char *e2e_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    CHECK(b != NULL);
-    CHECK(fread(b, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    b[n] = '\0';
-    *len = (size_t)n;
-    return b;
-}
-
 /* A learnable 4-class problem over 16 features: the label is the argmax of
  * a fixed linear map of x, so a small MLP reaches high accuracy. */
 static void import_split(const char *dir, const char *split, int64_t n, uint64_t seed)

@@ -127,10 +127,6 @@ void e2e_train_reference(e2e *t, const char *const *spec_files, int n, const cha
 /* Writes text to a file. */
 void e2e_write(const char *path, const char *text);
 
-/* A whole file, NUL-terminated (malloc'd; its length in *len), or NULL when it cannot be
- * opened. */
-char *e2e_read(const char *path, size_t *len);
-
 /*
  * Compares two safetensors files tensor by tensor (names, shapes and
  * values); returns the largest absolute difference, or -1 when the names or

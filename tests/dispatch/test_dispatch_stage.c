@@ -67,8 +67,8 @@ static int check_cache(const char *cache, bool corrupt)
         CHECK(glob(pat, GLOB_BRACE, NULL, &gl) == 0 && gl.gl_pathc == 1);
         snprintf(opath, sizeof opath, "%s", gl.gl_pathv[0]);
         globfree(&gl);
-        size_t cl, ol;
-        char *c = e2e_read(cpath, &cl), *o = e2e_read(opath, &ol);
+        size_t cl = 0, ol = 0;
+        char *c = fb_test_read_file(cpath, &cl), *o = fb_test_read_file(opath, &ol);
         CHECK(c && o);
         if (corrupt) {
             c[cl / 2] ^= 0x5a;
@@ -91,8 +91,8 @@ static int last_restaged(const char *worker)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/worker-%s.log", T.root, worker);
-    size_t len;
-    char *log = e2e_read(path, &len);
+    size_t len = 0;
+    char *log = fb_test_read_file(path, &len);
     CHECK(log != NULL);
     int restaged = -1;
     for (char *p = log; (p = strstr(p, "staged synth in ")); p++) {
@@ -107,8 +107,8 @@ static bool log_has(const char *worker, const char *text)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/worker-%s.log", T.root, worker);
-    size_t len;
-    char *log = e2e_read(path, &len);
+    size_t len = 0;
+    char *log = fb_test_read_file(path, &len);
     bool yes = log && strstr(log, text);
     free(log);
     return yes;

@@ -59,19 +59,7 @@ static inline void wu_sleep_ms(int ms)
 /* The whole file as a NUL-terminated string (malloc'd); NULL when unreadable. */
 static inline char *wu_read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long n = ftell(f);
-    CHECK(n >= 0);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    CHECK(b != NULL);
-    CHECK(fread(b, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    b[n] = '\0';
-    if (len) *len = (size_t)n;
-    return b;
+    return fb_test_read_file(path, len);
 }
 
 /* A canonical UUID whose last 12 hex digits are n: distinct ids that read well in logs. */

@@ -125,7 +125,7 @@ static char *read_file(const char *name, size_t *len)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", src, name);
-    char *buf = e2e_read(path, len);
+    char *buf = fb_test_read_file(path, len);
     CHECK(buf != NULL && *len > 0);
     return buf;
 }
