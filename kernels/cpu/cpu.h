@@ -284,6 +284,25 @@ static inline void fb_cpu_split(size_t n, int part, int parts, size_t align, siz
 
 /* ---- small helpers of the fast path ---- */
 
+/* The largest of z[0..n) (n >= 1) that is not NaN (z[0] if it is NaN), over eight lanes so that
+ * the loop vectorises: a max is exact in any order, so every clone and width gives the same. */
+static inline float fb_cpu_row_max(const float *restrict z, int n)
+{
+    float m8[8];
+    for (int j = 0; j < 8; j++)
+        m8[j] = z[0];
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++)
+            m8[j] = z[k + j] > m8[j] ? z[k + j] : m8[j];
+    float mx = m8[0];
+    for (int j = 1; j < 8; j++)
+        mx = m8[j] > mx ? m8[j] : mx;
+    for (; k < n; k++)
+        mx = z[k] > mx ? z[k] : mx;
+    return mx;
+}
+
 /*
  * e^x in float for the fast loops, where glibc's expf stays a scalar call:
  * e^x = 2^n e^r, n = rint(x log2 e), r = x - n ln 2 in two parts (Cody and

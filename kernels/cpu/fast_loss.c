@@ -11,26 +11,6 @@
 /* Exponentials summed at a time (in a stack buffer when there is no dlogits). */
 #define XENT_CHUNK 256
 
-/* The largest of z[0..K) that is not NaN (z[0] if it is NaN), over eight
- * lanes: a max is exact in any order. */
-FB_CPU_VECTOR_CLONES
-static float row_max(const float *restrict z, int K)
-{
-    float m8[8];
-    for (int j = 0; j < 8; j++)
-        m8[j] = z[0];
-    int k = 0;
-    for (; k + 8 <= K; k += 8)
-        for (int j = 0; j < 8; j++)
-            m8[j] = z[k + j] > m8[j] ? z[k + j] : m8[j];
-    float mx = m8[0];
-    for (int j = 1; j < 8; j++)
-        mx = m8[j] > mx ? m8[j] : mx;
-    for (; k < K; k++)
-        mx = z[k] > mx ? z[k] : mx;
-    return mx;
-}
-
 /* e = e^(z - mx) over [0, n), the sum in double (fb_cpu_sum's order). */
 FB_CPU_VECTOR_CLONES
 static double exp_chunk(float *restrict e, const float *restrict z, float mx, int n)
@@ -62,7 +42,7 @@ void fb_cpu_softmax_xent(fb_backend *be, float *loss, float *dlogits, float *cor
             const float *restrict z = logits + ((size_t)n * B + b) * K;
             const int y = labels[n];
             FB_ASSERT(y >= 0 && y < K);
-            const float mx = row_max(z, K);
+            const float mx = fb_cpu_row_max(z, K);
             int arg = 0; /* the first k at the max (0 when the max is NaN) */
             while (arg < K && !(z[arg] == mx))
                 arg++;

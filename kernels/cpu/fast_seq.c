@@ -137,18 +137,8 @@ size_t fb_cpu_attention_scratch_floats(const fb_backend *be, int N, int T, int B
 FB_CPU_VECTOR_CLONES
 static void softmax_row(float *restrict z, int S, int T)
 {
-    float m8[8];
-    for (int j = 0; j < 8; j++)
-        m8[j] = z[0];
-    int s = 0;
-    for (; s + 8 <= S; s += 8)
-        for (int j = 0; j < 8; j++)
-            m8[j] = z[s + j] > m8[j] ? z[s + j] : m8[j];
-    float mx = m8[0];
-    for (int j = 1; j < 8; j++)
-        mx = m8[j] > mx ? m8[j] : mx;
-    for (; s < S; s++)
-        mx = z[s] > mx ? z[s] : mx;
+    const float mx = fb_cpu_row_max(z, S);
+    int s;
     for (s = 0; s < S; s++)
         z[s] = fb_cpu_expf(z[s] - mx);
     const float inv = (float)(1.0 / fb_cpu_sum(z, (size_t)S));
