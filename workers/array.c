@@ -708,6 +708,25 @@ static int plan_slab(fb_array *a, fb_array_plan plan, char *msg, size_t msg_cap)
     return FB_OK;
 }
 
+int fb_array_plan_lane(const fb_array *a, int cap, abuf *ab, size_t *act_floats, char *msg,
+                       size_t msg_cap)
+{
+    FB_ASSERT(cap >= 1 && cap <= a->Bcap);
+    fb_array t = *a;
+    memcpy(ab, a->ab, (size_t)a->n_ab * sizeof *ab);
+    t.ab = ab;
+    /* every buffer but the batch's inputs and targets holds Bcap members */
+    for (int i = 0; i < a->n_ab; i++) {
+        if (i == a->x_buf || i == a->y_buf || i == a->tgt_buf) continue;
+        FB_ASSERT(ab[i].floats % (size_t)a->Bcap == 0);
+        ab[i].floats = ab[i].floats / (size_t)a->Bcap * (size_t)cap;
+        ab[i].gen = 0;
+    }
+    int err = plan_slab(&t, a->plan, msg, msg_cap);
+    *act_floats = t.act_floats;
+    return err;
+}
+
 int fb_array_new(fb_backend *be, const fb_job_spec *const *specs, int B, int max_n, fb_array **out,
                  char *msg, size_t msg_cap)
 {
@@ -733,6 +752,7 @@ int fb_array_new_planned(fb_backend *be, const fb_job_spec *const *specs, int B,
     a->be = be;
     a->B = a->Bcap = B;
     a->max_n = max_n;
+    a->plan = plan;
     a->in_numel = fb_shape_numel(&specs[0]->input);
     a->K = (int)fb_shape_numel(&specs[0]->output);
     a->T = (int)specs[0]->tokens;
@@ -838,6 +858,7 @@ fail:
 void fb_array_free(fb_array *a)
 {
     if (!a) return;
+    fb_array_lanes_free(a);
     nodes_free(a->nodes, a->n_nodes);
     fb_backend_free(a->be, a->p);
     fb_backend_free(a->be, a->g);

@@ -146,6 +146,9 @@ void fb_array_step(fb_array *a, const fb_optim_hparams *hp);
  * state stay in cache across its step instead of all B members' being
  * streamed from memory in every pass; a member's kernels are the same calls
  * of the same shapes at any tile size, so nothing of a member depends on B.
+ * On more than one thread (graphs of linear and element-wise layers) the
+ * tiles are dealt to the threads, each running its tiles on one thread in a
+ * slab of its own, so a member's result is also its one-thread result.
  * Afterwards fb_array_logits holds only the last tile's members.  Errors as
  * fb_array_forward_backward's, found before anything is updated.
  */
@@ -154,7 +157,7 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
                         size_t msg_cap);
 
 /* Members per tile of fb_array_train_step where it tiles at all: n >= 1
- * (raised to the thread count), or 0 for the default, as many as fit a few
+ * (lowered so that every thread gets a tile), or 0 for the default, as many as fit a few
  * MiB of cache.  Results are the same at every n; tests and benchmarks set
  * it to cut tiles of a given size. */
 void fb_array_set_tile(fb_array *a, int n);

@@ -53,6 +53,23 @@ typedef struct abuf {
     uint64_t gen;       /* a gradient: the backward pass that zeroed it last */
 } abuf;
 
+/*
+ * A lane of fb_array_train_step on more than one thread: what one thread
+ * needs to run tiles of members while the other threads run theirs, so that
+ * the threads share no mutable state.  be is a one-thread handle on the
+ * array's backend (its kernels then run as teams of one, as at one thread);
+ * ab and act the activation slab planned for cap members; scratch the conv
+ * and attention workspace; blocks the tile's optimizer blocks; gen its own
+ * count of backward passes (abuf.gen).
+ */
+typedef struct lane {
+    fb_backend *be;
+    abuf *ab;
+    float *act, *scratch;
+    fb_param_block *blocks;
+    uint64_t gen;
+} lane;
+
 typedef struct node node;
 struct node {
     node_kind kind;
@@ -142,7 +159,20 @@ struct fb_array {
     fb_param_block *tile_blocks;
     fb_optim_hparams *tile_hp;
     uint64_t gen;
+    /* lanes [n_lanes], each planned for lane_cap members (fb_array_train_step
+     * on several threads); plan: the activation plan the array was made with */
+    lane *lanes;
+    int n_lanes, lane_cap;
+    fb_array_plan plan;
 };
+
+/* Plans a slab for tiles of at most cap <= Bcap members of a: ab [n_ab]
+ * receives a's buffers sized for cap members and placed by a's plan,
+ * *act_floats the slab's size (array.c). */
+int fb_array_plan_lane(const fb_array *a, int cap, abuf *ab, size_t *act_floats, char *msg,
+                       size_t msg_cap);
+/* Frees a's lanes (array_state.c). */
+void fb_array_lanes_free(fb_array *a);
 
 /* Floats of n values in a slab, keeping 64-byte alignment as take() (array.c) does. */
 static inline size_t pad16(size_t n)

@@ -11,6 +11,13 @@
 
 #include "array_impl.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#define LANE_ID() omp_get_thread_num()
+#else
+#define LANE_ID() 0 /* the pragmas unread: one thread runs every tile */
+#endif
+
 /* ---- optimisation and membership ------------------------------------------ */
 
 void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_optim_hparams *hp)
@@ -305,20 +312,23 @@ static bool team_invariant(const node *nodes, int n)
 
 /* Members per tile: all B unless the step is on the CPU backend with a set
  * thread count (its teams then never exceed it), in fp32 or tf32 (bf16's
- * unscale pass covers all members at once) and not a pipeline stage.  A
- * tile has at least as many members as threads, so a member's GEMMs are
- * never cut into row ranges where the whole array's are not. */
+ * unscale pass covers all members at once) and not a pipeline stage.  At one
+ * thread the tiles run one after another; on more, the graph must give a
+ * member the same result at any team size (team_invariant), and the tiles
+ * are dealt to the threads, each running its tiles' kernels alone. */
 static int tile_members(const fb_array *a)
 {
     int nt = fb_backend_threads(a->be);
-    if (nt < 1 || a->B <= nt || a->bf16 || a->prescaled || a->T ||
+    if (nt < 1 || a->B < 2 || (nt > 1 && a->B < nt) || a->bf16 || a->prescaled || a->T ||
         strcmp(fb_backend_name(a->be), "cpu") != 0)
         return a->B;
     if (nt > 1 && !team_invariant(a->nodes, a->n_nodes)) return a->B;
     size_t slabs = 3 + (a->s2 != NULL); /* p, g, s1 (, s2) */
     size_t per = (a->params_floats * slabs + a->act_floats) / (size_t)a->Bcap * sizeof(float);
     int t = a->tile > 0 ? a->tile : per ? (int)(TILE_BYTES / per) : a->B;
-    if (t < nt) t = nt;
+    if (t < 1) t = 1;
+    /* on several threads every thread gets a tile */
+    if (nt > 1 && t > a->B / nt) t = a->B / nt;
     return t < a->B ? t : a->B;
 }
 
@@ -339,6 +349,92 @@ static const fb_optim_hparams *finite_hp(fb_array *a, const fb_optim_hparams *hp
     return a->tile_hp;
 }
 
+void fb_array_lanes_free(fb_array *a)
+{
+    for (int i = 0; i < a->n_lanes; i++) {
+        lane *l = &a->lanes[i];
+        fb_backend_free(a->be, l->act);
+        fb_backend_free(a->be, l->scratch);
+        fb_backend_clone_free(l->be);
+        free(l->ab);
+        free(l->blocks);
+    }
+    free(a->lanes);
+    a->lanes = NULL;
+    a->n_lanes = a->lane_cap = 0;
+}
+
+/* Makes n lanes for tiles of up to cap members, unless a has them already. */
+static int lanes_make(fb_array *a, int n, int cap, char *msg, size_t msg_cap)
+{
+    if (a->n_lanes == n && a->lane_cap >= cap) return FB_OK;
+    fb_array_lanes_free(a);
+    a->lanes = calloc((size_t)n, sizeof *a->lanes);
+    if (!a->lanes) return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    a->n_lanes = n;
+    a->lane_cap = cap;
+    int err = FB_OK;
+    for (int i = 0; i < n && !err; i++) {
+        lane *l = &a->lanes[i];
+        size_t act_floats = 0;
+        l->be = fb_backend_clone_threads(a->be, 1);
+        l->ab = malloc((size_t)a->n_ab * sizeof *l->ab);
+        l->blocks = calloc((size_t)(a->n_params ? a->n_params : 1), sizeof *l->blocks);
+        if (!l->be || !l->ab || !l->blocks) {
+            err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if ((err = fb_array_plan_lane(a, cap, l->ab, &act_floats, msg, msg_cap))) break;
+        l->act = fb_backend_alloc(a->be, (act_floats ? act_floats : 16) * sizeof(float));
+        l->scratch =
+            fb_backend_alloc(a->be, (a->scratch_floats ? a->scratch_floats : 16) * sizeof(float));
+        if (!l->act || !l->scratch)
+            err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory for a lane's activations");
+    }
+    if (err) fb_array_lanes_free(a);
+    return err;
+}
+
+static const fb_optim_kind optim_kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
+                                            [FB_OPTIM_ADAM] = FB_OPTIM_KIND_ADAM,
+                                            [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
+
+/* Trains the members [m0, m0 + n) of a as an array of their own: forward,
+ * backward and update.  t is a view of a (a copy of its struct) that the
+ * tile may change; with a lane, the view computes in the lane's slab on
+ * its one-thread backend. */
+static int train_tile(fb_array *a, lane *l, int m0, int n, const float *x, const int32_t *y,
+                      int N, uint64_t stream, const fb_optim_hparams *hp, float *loss,
+                      float *correct, char *msg, size_t msg_cap)
+{
+    fb_array v = *a;
+    fb_param_block *blocks = a->tile_blocks;
+    if (l) {
+        v.be = l->be;
+        v.ab = l->ab;
+        v.act = l->act;
+        v.scratch = l->scratch;
+        v.gen = l->gen;
+        blocks = l->blocks;
+    }
+    v.m0 = m0;
+    v.B = n;
+    int err = fb_array_forward_backward(&v, x, y, N, true, stream, loss + m0,
+                                        correct ? correct + m0 : NULL, msg, msg_cap);
+    if (l)
+        l->gen = v.gen;
+    else
+        a->gen = v.gen;
+    if (err || !a->n_params) return err;
+    for (int t = 0; t < a->n_params; t++) {
+        blocks[t].offset = a->blocks[t].offset + (size_t)m0 * a->blocks[t].per_member;
+        blocks[t].per_member = a->blocks[t].per_member;
+    }
+    fb_optim_step(v.be, optim_kinds[a->specs[0]->optim.type], a->p, a->g, a->s1, a->s2, blocks,
+                  a->n_params, n, finite_hp(a, hp, loss, m0, n) + m0);
+    return FB_OK;
+}
+
 int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
                         const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
                         size_t msg_cap)
@@ -350,7 +446,7 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
         if (!a->tile_hp || !a->tile_blocks)
             return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
-    const int B = a->B, tile = tile_members(a);
+    const int B = a->B, tile = tile_members(a), nt = fb_backend_threads(a->be);
     int err;
     if (tile >= B) {
         err = fb_array_forward_backward(a, x, y, N, true, stream, loss, correct, msg, msg_cap);
@@ -358,30 +454,37 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
         fb_array_step(a, finite_hp(a, hp, loss, 0, B));
         return FB_OK;
     }
-    static const fb_optim_kind kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
-                                          [FB_OPTIM_ADAM] = FB_OPTIM_KIND_ADAM,
-                                          [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
-    err = FB_OK;
-    /* a remainder of fewer members than threads joins the tile before it */
-    const int nt = fb_backend_threads(a->be);
-    for (int m0 = 0, n; m0 < B && !err; m0 += n) {
-        n = B - m0 < tile + nt ? B - m0 : tile;
-        /* the tile is an array of n members whose slots start at m0 */
-        a->m0 = m0;
-        a->B = n;
-        err = fb_array_forward_backward(a, x, y, N, true, stream, loss + m0,
-                                        correct ? correct + m0 : NULL, msg, msg_cap);
-        if (!err && a->n_params) {
-            for (int t = 0; t < a->n_params; t++) {
-                a->tile_blocks[t].offset =
-                    a->blocks[t].offset + (size_t)m0 * a->blocks[t].per_member;
-                a->tile_blocks[t].per_member = a->blocks[t].per_member;
-            }
-            fb_optim_step(a->be, kinds[a->specs[0]->optim.type], a->p, a->g, a->s1, a->s2,
-                          a->tile_blocks, a->n_params, n, finite_hp(a, hp, loss, m0, n) + m0);
+    /* ceil(B / tile) tiles of near-equal sizes, in member order */
+    const int n_tiles = (B + tile - 1) / tile, cap = (B + n_tiles - 1) / n_tiles;
+    if (nt <= 1) {
+        err = FB_OK;
+        for (int i = 0; i < n_tiles && !err; i++) {
+            int m0 = (int)((int64_t)B * i / n_tiles), m1 = (int)((int64_t)B * (i + 1) / n_tiles);
+            err = train_tile(a, NULL, m0, m1 - m0, x, y, N, stream, hp, loss, correct, msg,
+                             msg_cap);
         }
-        a->m0 = 0;
-        a->B = B;
+        return err;
     }
-    return err;
+    /* Several threads: each takes the next tile left, on its own lane.  A
+     * member's result does not depend on which thread ran it, so the tiles
+     * can go to whichever thread is free (a core another process holds
+     * delays only its own thread's tiles). */
+    if ((err = lanes_make(a, nt, cap, msg, msg_cap))) return err;
+    int first_err = n_tiles, err_code = FB_OK;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int i = 0; i < n_tiles; i++) {
+        int m0 = (int)((int64_t)B * i / n_tiles), m1 = (int)((int64_t)B * (i + 1) / n_tiles);
+        char m[256];
+        int e = train_tile(a, &a->lanes[LANE_ID()], m0, m1 - m0, x, y, N, stream,
+                           hp, loss, correct, m, sizeof m);
+        if (e) {
+#pragma omp critical(fb_array_train_step)
+            if (i < first_err) {
+                first_err = i;
+                err_code = e;
+                snprintf(msg, msg_cap, "%s", m);
+            }
+        }
+    }
+    return err_code;
 }

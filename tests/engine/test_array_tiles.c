@@ -4,10 +4,12 @@
  * bit for bit where fb_array_forward_backward and fb_array_step over the
  * whole array leave it: losses, correct counts, parameters, gradients,
  * optimizer state and batch-norm statistics, for uneven tiles (B = 7 in
- * tiles of 3), at 1 and 2 threads, for an MLP with dropout (SGD with
- * momentum, AdamW) and a CNN with batch norm (Adam).  A member whose loss is
- * not finite is not updated, as the session wants, while the others are.
- * Bad input is refused before anything changes (a table of cases).
+ * tiles of 3), at 1 thread (tiles one after another) and at 2 and 3 (tiles
+ * dealt to the threads, each on its own lane: more tiles than threads, a
+ * thread per member), for an MLP with dropout (SGD with momentum, AdamW) and
+ * a CNN with batch norm (Adam).  A member whose loss is not finite is not
+ * updated, as the session wants, while the others are.  Bad input is refused
+ * before anything changes (a table of cases), at 1 and 2 threads.
  */
 #include "engine_util.h"
 
@@ -95,6 +97,12 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
         specs[i] = member_spec(cnn, optim, i);
     fb_array *tiled = new_array(be, specs), *whole = new_array(be, specs);
     fb_array_set_tile(tiled, tile);
+    /* the MLP's members at one thread, whole: a member's result does not
+     * depend on the thread count (a conv's weight gradient does, see
+     * array_state.c) */
+    fb_backend *be1 = fb_backend_clone_threads(fb_backend_cpu(), 1);
+    CHECK(be1 != NULL);
+    fb_array *one = cnn ? NULL : new_array(be1, specs);
     size_t n = snapshot(whole, NULL);
     float *vt = malloc(n * sizeof *vt), *vw = malloc(n * sizeof *vw);
     CHECK(vt && vw);
@@ -107,6 +115,7 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
             bad[i] = NAN;
         fb_array_set(tiled, nan_member, FB_ARRAY_PARAM, 0, bad);
         fb_array_set(whole, nan_member, FB_ARRAY_PARAM, 0, bad);
+        if (one) fb_array_set(one, nan_member, FB_ARRAY_PARAM, 0, bad);
     }
     float x[BS * SIDE * SIDE], lt[B], lw[B], ct[B], cw[B], before[64];
     int32_t y[BS];
@@ -126,6 +135,17 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
         for (int b = 0; b < B; b++)
             if (!isfinite(lw[b])) memset(&hp[b], 0, sizeof hp[b]);
         fb_array_step(whole, hp);
+        if (one) {
+            float lo[B];
+            CHECK_INT_EQ(fb_array_forward_backward(one, x, y, BS, true, (uint64_t)step, lo, NULL,
+                                                   msg, sizeof msg),
+                         FB_OK);
+            fb_array_step(one, hp);
+            CHECK(memcmp(lo, lw, sizeof lo) == 0);
+            snapshot(one, vw);
+            snapshot(tiled, vt);
+            CHECK(memcmp(vt, vw, n * sizeof *vt) == 0);
+        }
         CHECK(memcmp(lt, lw, sizeof lt) == 0);
         CHECK(memcmp(ct, cw, sizeof ct) == 0);
         snapshot(tiled, vt);
@@ -156,15 +176,17 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
     free(vw);
     fb_array_free(tiled);
     fb_array_free(whole);
+    fb_array_free(one);
+    fb_backend_clone_free(be1);
     for (int i = 0; i < B; i++)
         et_spec_free(specs[i]);
     fb_backend_clone_free(be);
 }
 
 /* Bad input: the error, and not one value of any member changed. */
-static void bad_input(void)
+static void bad_input(int threads)
 {
-    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), 1);
+    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
     CHECK(be != NULL);
     fb_job_spec *specs[B];
     for (int i = 0; i < B; i++)
@@ -202,7 +224,8 @@ static void bad_input(void)
         msg[0] = '\0';
         int err = fb_array_train_step(a, x, y, cases[c].N, 1, hp, l, NULL, msg, sizeof msg);
         y[cases[c].sample] = keep;
-        printf("bad input (%s): %s: %s\n", cases[c].what, fb_err_code(err), msg);
+        printf("bad input (%s, %d threads): %s: %s\n", cases[c].what, threads, fb_err_code(err),
+               msg);
         CHECK_INT_EQ(err, cases[c].err);
         CHECK(strstr(msg, cases[c].says) != NULL);
         snapshot(a, v1);
@@ -223,11 +246,15 @@ int main(void)
     run_case(false, "sgd", 1, 1, -1);
     run_case(false, "adamw", 2, 3, -1);
     run_case(false, "sgd", 2, 2, -1);
+    run_case(false, "adamw", 2, 1, -1); /* 7 tiles on 2 lanes */
+    run_case(false, "adamw", 3, 0, -1); /* the default: one tile per thread, uneven */
+    run_case(false, "sgd", 3, 1, 5);
     run_case(false, "adamw", 1, 0, -1); /* the default tile: the whole array here */
     run_case(true, "adam", 1, 3, -1);
     run_case(true, "adam", 2, 3, -1); /* not tiled at 2 threads (conv): still the same */
     run_case(false, "adam", 1, 2, 4);
-    bad_input();
+    bad_input(1);
+    bad_input(2);
     fb_dataset_free(&ds);
     return 0;
 }
