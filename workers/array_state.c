@@ -471,14 +471,18 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
      * delays only its own thread's tiles). */
     if ((err = lanes_make(a, nt, cap, msg, msg_cap))) return err;
     int first_err = n_tiles, err_code = FB_OK;
+#ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
     for (int i = 0; i < n_tiles; i++) {
         int m0 = (int)((int64_t)B * i / n_tiles), m1 = (int)((int64_t)B * (i + 1) / n_tiles);
         char m[256];
         int e = train_tile(a, &a->lanes[LANE_ID()], m0, m1 - m0, x, y, N, stream,
                            hp, loss, correct, m, sizeof m);
         if (e) {
+#ifdef _OPENMP
 #pragma omp critical(fb_array_train_step)
+#endif
             if (i < first_err) {
                 first_err = i;
                 err_code = e;
