@@ -57,17 +57,22 @@ int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *
     if (cpu_devices < 1 || cpu_devices > cap)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "cpu devices must be 1..%d, not %d",
                        cap, cpu_devices);
-    for (int i = 0; i < cpu_devices; i++) {
+    fb_devices_cpu(cpu_devices, host_memory_bytes, fb_backend_cpu(), out);
+    return cpu_devices;
+}
+
+void fb_devices_cpu(int n, uint64_t host_memory_bytes, fb_backend *be, fb_device *out)
+{
+    for (int i = 0; i < n; i++) {
         fb_device *d = &out[i];
         memset(d, 0, sizeof *d);
         d->kind = FB_DEVICE_CPU;
         d->ordinal = i;
         snprintf(d->name, sizeof d->name, "cpu%d", i);
-        uint64_t share = host_memory_bytes / (uint64_t)cpu_devices;
+        uint64_t share = host_memory_bytes / (uint64_t)n;
         d->memory_bytes = share > 0 ? share : 1;
-        d->be = fb_backend_cpu();
+        d->be = be;
     }
-    return cpu_devices;
 }
 
 int fb_device_pin_thread(const fb_device *d, char *msg, size_t msg_cap)

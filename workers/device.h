@@ -39,6 +39,10 @@ typedef struct fb_device {
 int fb_devices_discover(int cpu_devices, uint64_t host_memory_bytes, fb_device *out, int cap,
                         char *msg, size_t msg_cap);
 
+/* Fills out[0..n) with n CPU devices cpu0.. that share host_memory_bytes
+ * evenly and compute on be, wherever the kernel puts their threads. */
+void fb_devices_cpu(int n, uint64_t host_memory_bytes, fb_backend *be, fb_device *out);
+
 /*
  * Pins the calling thread to d's cores (a CPU device with cpu_count > 0); a
  * thread it then starts (an OpenMP team) inherits them.  Does nothing for

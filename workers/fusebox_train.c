@@ -16,7 +16,9 @@
 
 #include <jansson.h>
 
+#include "data_parallel.h"
 #include "datadir.h"
+#include "device.h"
 #include "idx.h"
 #include "jobspec.h"
 #include "kernels.h"
@@ -55,6 +57,9 @@ static void usage(FILE *f)
             "                  them from there (verified on every use)\n"
             "  --stage-bytes N  bound of the --stage cache in bytes (default 16 GiB)\n"
             "  --threads N     CPU threads for the math (default 1)\n"
+            "  --devices N     train each array data-parallel over N CPU devices of this\n"
+            "                  process, the batch split evenly, its gradients summed, as an\n"
+            "                  array spanning N ranks of workers does (default 1: one device)\n"
             "  --backend NAME  cpu (default) or cpu-ref (the plain-C reference)\n"
             "  --json          JSON lines even on a terminal\n"
             "  --no-eval       skip validation and the test evaluation (no val_* or test_*\n"
@@ -207,7 +212,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 /* The command line's options, with their defaults. */
 typedef struct options {
-    int log_every, threads, data_threads;
+    int log_every, threads, data_threads, devices;
     const char *out_dir, *data_dir, *backend, *stage_dir;
     unsigned long long stage_bytes;
     bool force_json, eval;
@@ -224,10 +229,11 @@ static int parse_options(int argc, char **argv, options *o)
         {"threads", required_argument, NULL, 't'},   {"backend", required_argument, NULL, 'b'},
         {"json", no_argument, NULL, 'j'},            {"no-eval", no_argument, NULL, 'E'},
         {"data-threads", required_argument, NULL, 'D'}, {"stage", required_argument, NULL, 'S'},
-        {"stage-bytes", required_argument, NULL, 'B'},
+        {"stage-bytes", required_argument, NULL, 'B'}, {"devices", required_argument, NULL, 'P'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
-    *o = (options){.log_every = 100, .threads = 1, .data_threads = 2, .out_dir = "fusebox-out",
+    *o = (options){.log_every = 100, .threads = 1, .data_threads = 2, .devices = 1,
+                   .out_dir = "fusebox-out",
                    .backend = "cpu", .stage_bytes = 16ULL << 30, .eval = true};
     char *end;
     int opt;
@@ -245,6 +251,13 @@ static int parse_options(int argc, char **argv, options *o)
         case 't':
             if (parse_int(optarg, 1, 1024, &o->threads)) {
                 fprintf(stderr, "fusebox-train: --threads needs an integer in [1, 1024]\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'P':
+            if (parse_int(optarg, 1, FB_DP_MAX_RANKS, &o->devices)) {
+                fprintf(stderr, "fusebox-train: --devices needs an integer in [1, %d]\n",
+                        FB_DP_MAX_RANKS);
                 return EXIT_USAGE;
             }
             break;
@@ -273,6 +286,15 @@ static int parse_options(int argc, char **argv, options *o)
         }
     }
     return -1;
+}
+
+/* --devices N > 1: the arrays train data-parallel over N CPU devices on be. */
+static void use_devices(const options *op, fb_backend *be, fb_device *devices, fb_train_opts *o)
+{
+    if (op->devices < 2) return;
+    fb_devices_cpu(op->devices, (uint64_t)1 << 34, be, devices);
+    o->devices = devices;
+    o->n_devices = op->devices;
 }
 
 int main(int argc, char **argv)
@@ -344,6 +366,8 @@ int main(int argc, char **argv)
     cli c = {.json = json, .n_groups = n_groups, .test_loss = tloss, .test_acc = tacc};
     fb_train_opts o = {.log_every = op.log_every, .out_dir = op.out_dir, .cb = on_event,
                        .user = &c};
+    fb_device devices[FB_DP_MAX_RANKS];
+    use_devices(&op, be, devices, &o);
     for (int g = 0; g < n_groups; g++) {
         int B = 0;
         for (int i = 0; i < n; i++)

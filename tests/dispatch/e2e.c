@@ -460,11 +460,17 @@ void e2e_download_model(e2e *t, const char *key, const char *id, const char *pat
 
 void e2e_train_reference(e2e *t, const char *const *spec_files, int n, const char *out_dir)
 {
+    e2e_train_reference_on(t, spec_files, n, out_dir, 1);
+}
+
+void e2e_train_reference_on(e2e *t, const char *const *spec_files, int n, const char *out_dir,
+                            int devices)
+{
     char cmd[4096];
     int len = snprintf(cmd, sizeof cmd,
-                       "'%s/workers/fusebox-train' --threads 1 --log-every 0 --data-dir '%s'"
-                       " --out '%s'",
-                       bin(), t->data_dir, out_dir);
+                       "'%s/workers/fusebox-train' --threads 1 --devices %d --log-every 0"
+                       " --data-dir '%s' --out '%s'",
+                       bin(), devices, t->data_dir, out_dir);
     for (int i = 0; i < n; i++)
         len += snprintf(cmd + len, sizeof cmd - (size_t)len, " '%s'", spec_files[i]);
     snprintf(cmd + len, sizeof cmd - (size_t)len, " > '%s/reference.log' 2>&1", t->root);

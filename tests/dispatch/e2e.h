@@ -123,6 +123,10 @@ void e2e_download_model(e2e *t, const char *key, const char *id, const char *pat
 
 /* Runs fusebox-train on spec files (one array) writing into out_dir. */
 void e2e_train_reference(e2e *t, const char *const *spec_files, int n, const char *out_dir);
+/* The same, data-parallel over devices CPU devices (fusebox-train --devices): the
+ * arithmetic of an array spanning that many ranks, each on one thread. */
+void e2e_train_reference_on(e2e *t, const char *const *spec_files, int n, const char *out_dir,
+                            int devices);
 
 /* Writes text to a file. */
 void e2e_write(const char *path, const char *text);

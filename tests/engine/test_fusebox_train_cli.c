@@ -716,6 +716,48 @@ static void test_determinism(void)
            "shuffle=true follows it\n");
 }
 
+/* --devices 2: the array trains data-parallel over two CPU devices, the
+ * batch's halves summed, so its losses follow one device's within rounding
+ * but not bit for bit; repeated runs are bit for bit the same; a batch
+ * smaller than the devices is refused with nothing written. */
+static void test_devices(void)
+{
+    char spec[1200], out[1200];
+    snprintf(out, sizeof out, "%s/out-devices", root);
+    const char *fmt = "{\"name\":\"dev\",\"dataset\":\"fashion-mnist\",\"model\":%s,"
+                      "\"batch_size\":%d,\"steps\":16,\"optimizer\":{\"type\":\"adam\","
+                      "\"lr\":0.01},\"seed\":8}";
+    write_spec(spec, sizeof spec, "dev.json", fmt, mlp, 8);
+    double one[64], two[2][64];
+    result r = run(data_dir, "--out", out, "--log-every", "1", spec, NULL);
+    CHECK_INT_EQ(r.rc, 0);
+    CHECK_INT_EQ(step_losses(r.out, one, 64), 16);
+    result_free(&r);
+    for (int rep = 0; rep < 2; rep++) {
+        r = run(data_dir, "--out", out, "--log-every", "1", "--devices", "2", spec, NULL);
+        CHECK_INT_EQ(r.rc, 0);
+        CHECK_INT_EQ(step_losses(r.out, two[rep], 64), 16);
+        result_free(&r);
+    }
+    bool differs = false;
+    for (int i = 0; i < 16; i++) {
+        CHECK(two[0][i] == two[1][i]);
+        CHECK(fabs(two[0][i] - one[i]) <= 1e-4 * fabs(one[i]));
+        differs |= two[0][i] != one[i];
+    }
+    CHECK(differs); /* the halves were summed: the run was data-parallel */
+    write_spec(spec, sizeof spec, "dev-small.json", fmt, mlp, 2);
+    char bad_out[1200];
+    snprintf(bad_out, sizeof bad_out, "%s/out-devices-bad", root);
+    r = run(data_dir, "--out", bad_out, "--devices", "4", spec, NULL);
+    CHECK_INT_EQ(r.rc, 1);
+    CHECK(strstr(r.err, "4 devices") != NULL && strstr(r.err, "batch_size 2") != NULL);
+    CHECK(!et_exists(bad_out));
+    result_free(&r);
+    printf("--devices 2: losses within 1e-4 of one device, not equal, repeated runs identical; "
+           "batch 2 on 4 devices refused\n");
+}
+
 /* A run that must fail: exit code rc, stderr naming the problem, --out untouched. */
 static void expect_failure(const char *what, int rc, const char *const *needles,
                            const char *env_dir, const char *spec1, const char *spec2)
@@ -829,6 +871,8 @@ static void test_bad_flags(void)
         {"--threads", "0", "--threads"},     {"--threads", "many", "--threads"},
         {"--log-every", "x", "--log-every"}, {"--log-every", "-1", "--log-every"},
         {"--backend", "tpu", "tpu"},         {"--frobnicate", NULL, "usage"},
+        {"--devices", "0", "--devices"},     {"--devices", "65", "--devices"},
+        {"--devices", "two", "--devices"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         result r = cases[i].b ? run(data_dir, "--out", out, cases[i].a, cases[i].b, good, NULL)
@@ -849,8 +893,8 @@ static void test_bad_flags(void)
     CHECK(strstr(r.out, "usage") != NULL);
     result_free(&r);
     CHECK(!et_exists(out));
-    printf("bad flags: --threads 0/many, --log-every x/-1, --backend tpu, unknown option, no "
-           "spec: exit 2\n");
+    printf("bad flags: --threads 0/many, --log-every x/-1, --backend tpu, --devices 0/65/two, "
+           "unknown option, no spec: exit 2\n");
 }
 
 int main(int argc, char **argv)
@@ -887,6 +931,7 @@ int main(int argc, char **argv)
     test_init();
     test_bf16_run();
     test_determinism();
+    test_devices();
     test_bad_specs();
     test_bad_flags();
 
