@@ -13,7 +13,9 @@
  *    of the two halves' gradients), its final test loss the same up to the
  *    digits the two print.  Against one device (batch 32 unsplit) the 2000
  *    Adam steps drift apart by rounding, how far depending on the CPU's GEMM
- *    kernels (2.5e-4 relative in the test loss on an AVX2 machine).
+ *    kernels (2.5e-4 relative in the test loss on an AVX2 machine).  The
+ *    fair share is off in this test (--rebalance-ms 0), so the split stays
+ *    16/16 however loaded the machine is.
  * 2. Another program holds the first port of each worker's range: the leader
  *    cannot listen there, the rendezvous fails, the job goes back to the
  *    queue without a restart used, and the next array takes the next port
@@ -417,7 +419,12 @@ int main(void)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
     double t0 = fbt_now_ms();
-    e2e_start(&T, NULL);
+    /* no fair-share revisions: on a loaded machine the controller moves samples between the
+     * ranks (a split of 17/15 instead of 16/16), which changes the arithmetic that the
+     * comparison with fusebox-train --devices 2 holds bit for bit; the split controller has
+     * tests of its own (test_dispatch_fair, test_parallel_split) */
+    static const char *const server_args[] = {"--rebalance-ms", "0", NULL};
+    e2e_start(&T, server_args);
     int *lo = port_lo;
     lo[0] = fbt_free_port_range(4);
     do
