@@ -43,6 +43,12 @@ static bool interrupted(const group *g)
     return atomic_load(&g->stop) || atomic_load(&g->drain);
 }
 
+/* interrupted() for fb_comm_tcp_new_until's give_up. */
+static bool group_interrupted(void *g)
+{
+    return interrupted(g);
+}
+
 _Static_assert(FB_TURNS_MAX_DEVICES == FB_WIRE_MAX_DEVICES, "a group's turns cover its devices");
 
 static bool turn_stopped(const fb_turn *t)
@@ -1002,8 +1008,11 @@ static bool open_comm(runner *r)
     group *g = r->g;
     char msg[512];
     double t0 = agent_now_ms();
-    int err = fb_comm_tcp_new(g->n_dp, g->rank_base, g->world, g->rendezvous, NULL, g->token,
-                              g->a->comm_timeout_ms, &r->comm, msg, sizeof msg);
+    /* a stop or drain while the others have not joined ends the wait (the server stops an
+     * array whose other worker it lost; waiting out the timeout would hold a drain) */
+    int err = fb_comm_tcp_new_until(g->n_dp, g->rank_base, g->world, g->rendezvous, NULL,
+                                    g->token, g->a->comm_timeout_ms, group_interrupted, g,
+                                    &r->comm, msg, sizeof msg);
     if (err) {
         span_fault(r, g->follower ? "joining the leader" : "the rendezvous", msg);
         return false;

@@ -27,6 +27,7 @@
 #ifndef FB_WORKERS_COMM_H
 #define FB_WORKERS_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -155,6 +156,15 @@ void fb_comm_tcp_listener_free(fb_comm_tcp_listener *l);
 int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
                     fb_comm_tcp_listener *listener, const unsigned char token[FB_COMM_TOKEN_BYTES],
                     int timeout_ms, fb_comm **out, char *msg, size_t msg_cap);
+/* fb_comm_tcp_new, except that the rendezvous gives up, with FB_ERR_IO ("called off"),
+ * within about 50 ms of give_up(give_up_arg) returning true: a worker's group that the
+ * server stops while it waits for another worker's ranks does not wait out timeout_ms.
+ * give_up is called from this thread only. */
+int fb_comm_tcp_new_until(int n_local, int base, int world, const char *root_addr,
+                          fb_comm_tcp_listener *listener,
+                          const unsigned char token[FB_COMM_TOKEN_BYTES], int timeout_ms,
+                          bool (*give_up)(void *), void *give_up_arg, fb_comm **out, char *msg,
+                          size_t msg_cap);
 
 /*
  * The place of a TCP communicator's ranks: *base, its first local rank, and

@@ -74,7 +74,13 @@ typedef struct tcp_ctx {
     uint64_t seq;                      /* sums done so far, the same on every process */
     int broken;                        /* the fb_err that broke the stream; 0 while usable */
     char broken_msg[256];
+    /* the rendezvous gives up once give_up(give_up_arg) says so (fb_comm_tcp_new_until) */
+    bool (*give_up)(void *);
+    void *give_up_arg;
 } tcp_ctx;
+
+/* How long a rendezvous waits at a time before it asks give_up again. */
+#define GIVE_UP_POLL_MS 50
 
 /* ---- plumbing ------------------------------------------------------------------ */
 
@@ -83,6 +89,17 @@ static int64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool gave_up(const tcp_ctx *x)
+{
+    return x->give_up && x->give_up(x->give_up_arg);
+}
+
+/* A rendezvous's next wait: what is left before deadline, in slices when it may give up. */
+static int slice_ms(const tcp_ctx *x, int remaining)
+{
+    return x->give_up && remaining > GIVE_UP_POLL_MS ? GIVE_UP_POLL_MS : remaining;
 }
 
 static int remaining_ms(int64_t deadline)
@@ -443,11 +460,15 @@ static int root_rendezvous(tcp_ctx *x, int lfd, const unsigned char *token, char
                           x->timeout_ms);
             goto fail;
         }
+        if (gave_up(x)) {
+            err = fb_errf(msg, msg_cap, FB_ERR_IO, "the rendezvous was called off");
+            goto fail;
+        }
         struct pollfd pf[1 + MAX_PENDING];
         pf[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
         for (int i = 0; i < n_pend; i++)
             pf[1 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
-        int rc = poll(pf, (nfds_t)(1 + n_pend), wait);
+        int rc = poll(pf, (nfds_t)(1 + n_pend), slice_ms(x, wait));
         if (rc < 0 && errno != EINTR) {
             err = fb_errf(msg, msg_cap, FB_ERR_IO, "poll: %s", strerror(errno));
             goto fail;
@@ -556,7 +577,8 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     int64_t deadline = mono_ms() + x->timeout_ms;
     int fd = -1;
     snprintf(why, sizeof why, "no address");
-    while (fd < 0 && remaining_ms(deadline) > 0) {
+    bool off = false;
+    while (fd < 0 && remaining_ms(deadline) > 0 && !(off = gave_up(x))) {
         for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
             fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
             if (fd < 0 || set_nonblocking(fd) != 0) {
@@ -591,6 +613,12 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
         }
     }
     freeaddrinfo(ai);
+    if (!off && fd >= 0) off = gave_up(x);
+    if (off) {
+        if (fd >= 0) close(fd);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "%s: joining rank 0's process at %s was called off",
+                       me, root_addr);
+    }
     if (fd < 0)
         return fb_errf(msg, msg_cap, FB_ERR_IO, "%s cannot reach rank 0's process at %s: %s", me,
                        root_addr, why);
@@ -598,8 +626,24 @@ static int member_rendezvous(tcp_ctx *x, const char *root_addr, const unsigned c
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     unsigned char h[HELLO_BYTES], r[REPLY_BYTES + REPLY_MSG_MAX + 1];
     hello_pack(h, x->world, x->base, x->n_local, token);
-    if (io_write(fd, h, sizeof h, deadline, false, why, sizeof why) != 0 ||
-        io_read(fd, r, REPLY_BYTES, deadline, why, sizeof why) != 0) {
+    if (io_write(fd, h, sizeof h, deadline, false, why, sizeof why) != 0) {
+        close(fd);
+        return fb_errf(msg, msg_cap, FB_ERR_IO, "joining rank 0's process at %s: it %s", root_addr,
+                       why);
+    }
+    /* the root answers once every rank has joined: wait for it in slices */
+    for (;;) {
+        if (gave_up(x)) {
+            close(fd);
+            return fb_errf(msg, msg_cap, FB_ERR_IO,
+                           "%s: waiting for rank 0's process at %s was called off", me, root_addr);
+        }
+        int wait = remaining_ms(deadline);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int p = wait > 0 ? poll(&pf, 1, slice_ms(x, wait)) : 0;
+        if (p != 0 || wait == 0) break; /* readable, an error, or the deadline: io_read says */
+    }
+    if (io_read(fd, r, REPLY_BYTES, deadline, why, sizeof why) != 0) {
         close(fd);
         return fb_errf(msg, msg_cap, FB_ERR_IO, "joining rank 0's process at %s: it %s", root_addr,
                        why);
@@ -839,6 +883,16 @@ int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
                     fb_comm_tcp_listener *listener, const unsigned char token[FB_COMM_TOKEN_BYTES],
                     int timeout_ms, fb_comm **out, char *msg, size_t msg_cap)
 {
+    return fb_comm_tcp_new_until(n_local, base, world, root_addr, listener, token, timeout_ms,
+                                 NULL, NULL, out, msg, msg_cap);
+}
+
+int fb_comm_tcp_new_until(int n_local, int base, int world, const char *root_addr,
+                          fb_comm_tcp_listener *listener,
+                          const unsigned char token[FB_COMM_TOKEN_BYTES], int timeout_ms,
+                          bool (*give_up)(void *), void *give_up_arg, fb_comm **out, char *msg,
+                          size_t msg_cap)
+{
     if (!out || !token) return fb_errf(msg, msg_cap, FB_ERR_INTERNAL, "missing argument");
     if (world < 1 || world > FB_COMM_MAX_WORLD)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "a world of %d ranks (1..%d)", world,
@@ -867,6 +921,8 @@ int fb_comm_tcp_new(int n_local, int base, int world, const char *root_addr,
     x->world = world;
     x->timeout_ms = timeout_ms;
     x->root = base == 0;
+    x->give_up = give_up;
+    x->give_up_arg = give_up_arg;
     if (x->root && n_local < world) {
         if (!listener) {
             if ((err = fb_comm_tcp_listen(root_addr, &own, NULL, msg, msg_cap))) goto fail;

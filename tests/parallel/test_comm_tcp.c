@@ -13,12 +13,17 @@
  *   waited for is the timeout's, which the machine's speed does not change);
  * - a peer that sums another length is an error on every process, and the
  *   communicator then refuses further sums at once;
+ * - a rendezvous that its caller calls off (fb_comm_tcp_new_until) gives up
+ *   on the give-up check that says so, without waiting out its timeout: a
+ *   root whose members have not come, a member whose root does not listen,
+ *   and a member that has joined and waits for the root's go;
  * - bad arguments are refused and leave the output alone.
  */
 #include "xproc_util.h"
 
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -418,9 +423,68 @@ static void bad_arguments(void)
     fb_comm_free(shm);
 }
 
+/* A give-up check that says yes on its third call. */
+static bool third_call(void *calls)
+{
+    return ++*(int *)calls >= 3;
+}
+
+typedef struct root_job {
+    fb_comm_tcp_listener *l;
+    int err;
+} root_job;
+
+/* A root of a world of three whose rank 2 never comes: it gives up at its 2 s timeout. */
+static void *root_waiting(void *arg)
+{
+    root_job *j = arg;
+    fb_comm *c = NULL;
+    char msg[256];
+    j->err = fb_comm_tcp_new(1, 0, 3, root_addr, j->l, TOKEN, 2000, &c, msg, sizeof msg);
+    return NULL;
+}
+
+static void called_off(void)
+{
+    fb_comm *keep = (fb_comm *)&keep, *c = keep;
+    char msg[256];
+    int calls = 0;
+    /* a root whose member has not come */
+    fb_comm_tcp_listener *l = xp_listen(root_addr, sizeof root_addr);
+    CHECK_INT_EQ(fb_comm_tcp_new_until(1, 0, 2, root_addr, l, TOKEN, OK_TIMEOUT_MS, third_call,
+                                       &calls, &c, msg, sizeof msg),
+                 FB_ERR_IO);
+    printf("called off (root): %s, after %d checks\n", msg, calls);
+    CHECK(strstr(msg, "called off") != NULL && calls == 3 && c == keep);
+    fb_comm_tcp_listener_free(l);
+    /* a member whose root does not listen (the listener is gone) */
+    calls = 0;
+    CHECK_INT_EQ(fb_comm_tcp_new_until(1, 1, 2, root_addr, NULL, TOKEN, OK_TIMEOUT_MS, third_call,
+                                       &calls, &c, msg, sizeof msg),
+                 FB_ERR_IO);
+    printf("called off (member, no root): %s\n", msg);
+    CHECK(strstr(msg, "called off") != NULL && calls == 3 && c == keep);
+    /* a member that joined and waits for the root's go, which waits for rank 2 */
+    root_job j = {.l = xp_listen(root_addr, sizeof root_addr), .err = 1};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, root_waiting, &j) == 0);
+    /* its checks: before connecting (the root listens, so one try connects), after, and
+     * then while it waits for the go: the third */
+    calls = 0;
+    CHECK_INT_EQ(fb_comm_tcp_new_until(1, 1, 3, root_addr, NULL, TOKEN, OK_TIMEOUT_MS, third_call,
+                                       &calls, &c, msg, sizeof msg),
+                 FB_ERR_IO);
+    printf("called off (member, joined): %s\n", msg);
+    CHECK(strstr(msg, "waiting for rank 0") != NULL && c == keep);
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK_INT_EQ(j.err, FB_ERR_IO); /* the root timed out on its own */
+    fb_comm_tcp_listener_free(j.l);
+}
+
 int main(void)
 {
     bad_arguments();
+    called_off();
 
     /* other_addresses adds two worlds of {2, 1} */
     static const int w1[] = {3}, w2[] = {1, 1}, w3[] = {1, 2, 1}, w4[] = {2, 1, 1, 3};
