@@ -149,8 +149,10 @@ void fb_array_step(fb_array *a, const fb_optim_hparams *hp);
  * On more than one thread (graphs of linear and element-wise layers) the
  * tiles are dealt to the threads, each running its tiles on one thread in a
  * slab of its own, so a member's result is also its one-thread result.
- * Afterwards fb_array_logits holds only the last tile's members.  Errors as
- * fb_array_forward_backward's, found before anything is updated.
+ * Where it tiled, fb_array_logits reads nothing meaningful afterwards (the
+ * tiles' logits stay in their own slabs; fb_array_forward_backward gives
+ * them).  Errors as fb_array_forward_backward's, found before anything is
+ * updated.
  */
 int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
                         const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
