@@ -400,7 +400,7 @@ static const fb_optim_kind optim_kinds[] = {[FB_OPTIM_SGD] = FB_OPTIM_KIND_SGD,
                                             [FB_OPTIM_ADAMW] = FB_OPTIM_KIND_ADAMW};
 
 /* Trains the members [m0, m0 + n) of a as an array of their own: forward,
- * backward and update.  t is a view of a (a copy of its struct) that the
+ * backward and update.  v is a view of a (a copy of its struct) that the
  * tile may change; with a lane, the view computes in the lane's slab on
  * its one-thread backend. */
 static int train_tile(fb_array *a, lane *l, int m0, int n, const float *x, const int32_t *y,
