@@ -68,6 +68,7 @@ typedef struct lane {
     float *act, *scratch;
     fb_param_block *blocks;
     uint64_t gen;
+    int32_t *ids_host, *tgt_host; /* a token model's own batch buffers [max_n * T] */
 } lane;
 
 typedef struct node node;

@@ -287,9 +287,11 @@ void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)
 
 /* Whether every op of nodes[0..n) gives each member the same result at any
  * thread count the backend's teams pick: the per-member GEMMs of linear
- * layers (whole members, dealt to threads) and element-wise ops.  A
- * convolution's weight gradient sums per-thread partials over samples, whose
- * team size follows the work, so a smaller tile could change it. */
+ * layers (whole members, dealt to threads), element-wise ops, and the
+ * sequence ops, whose teams split members, rows or (member, head) pairs and
+ * never a sum (fast_seq.c, fast_norm.c).  A convolution's weight gradient
+ * sums per-thread partials over samples, whose team size follows the work,
+ * so a smaller tile could change it; batch norm's statistics likewise. */
 static bool team_invariant(const node *nodes, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -302,6 +304,16 @@ static bool team_invariant(const node *nodes, int n)
         case FB_LAYER_TANH:
         case FB_LAYER_SIGMOID:
         case FB_LAYER_DROPOUT:
+        case FB_LAYER_EMBEDDING:
+        case FB_LAYER_POSITIONAL:
+        case FB_LAYER_TRANSFORMER_BLOCK:
+        case FB_LAYER_LAYERNORM:
+        case FB_LAYER_POOL:
+            break;
+        case FB_LAYER_RESIDUAL:
+            if (!team_invariant(nodes[i].body, nodes[i].n_body) ||
+                !team_invariant(nodes[i].sc, nodes[i].n_sc))
+                return false;
             break;
         default:
             return false;
@@ -319,7 +331,7 @@ static bool team_invariant(const node *nodes, int n)
 static int tile_members(const fb_array *a)
 {
     int nt = fb_backend_threads(a->be);
-    if (nt < 1 || a->B < 2 || (nt > 1 && a->B < nt) || a->bf16 || a->prescaled || a->T ||
+    if (nt < 1 || a->B < 2 || (nt > 1 && a->B < nt) || a->bf16 || a->prescaled ||
         strcmp(fb_backend_name(a->be), "cpu") != 0)
         return a->B;
     if (nt > 1 && !team_invariant(a->nodes, a->n_nodes)) return a->B;
@@ -356,6 +368,8 @@ void fb_array_lanes_free(fb_array *a)
         fb_backend_free(a->be, l->act);
         fb_backend_free(a->be, l->scratch);
         fb_backend_clone_free(l->be);
+        free(l->ids_host);
+        free(l->tgt_host);
         free(l->ab);
         free(l->blocks);
     }
@@ -380,7 +394,11 @@ static int lanes_make(fb_array *a, int n, int cap, char *msg, size_t msg_cap)
         l->be = fb_backend_clone_threads(a->be, 1);
         l->ab = malloc((size_t)a->n_ab * sizeof *l->ab);
         l->blocks = calloc((size_t)(a->n_params ? a->n_params : 1), sizeof *l->blocks);
-        if (!l->be || !l->ab || !l->blocks) {
+        if (a->T) {
+            l->ids_host = malloc((size_t)a->max_n * (size_t)a->T * sizeof *l->ids_host);
+            l->tgt_host = malloc((size_t)a->max_n * (size_t)a->T * sizeof *l->tgt_host);
+        }
+        if (!l->be || !l->ab || !l->blocks || (a->T && (!l->ids_host || !l->tgt_host))) {
             err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
             break;
         }
@@ -415,6 +433,10 @@ static int train_tile(fb_array *a, lane *l, int m0, int n, const float *x, const
         v.act = l->act;
         v.scratch = l->scratch;
         v.gen = l->gen;
+        if (a->T) {
+            v.ids_host = l->ids_host;
+            v.tgt_host = l->tgt_host;
+        }
         blocks = l->blocks;
     }
     v.m0 = m0;

@@ -6,8 +6,9 @@
  * optimizer state and batch-norm statistics, for uneven tiles (B = 7 in
  * tiles of 3), at 1 thread (tiles one after another) and at 2 and 3 (tiles
  * dealt to the threads, each on its own lane: more tiles than threads, a
- * thread per member), for an MLP with dropout (SGD with momentum, AdamW) and
- * a CNN with batch norm (Adam).  A member whose loss is not finite is not
+ * thread per member), for an MLP with dropout (SGD with momentum, AdamW), a
+ * CNN with batch norm (Adam) and a language model with dropout in its
+ * transformer block (AdamW; its ids checked and staged per tile, per lane).  A member whose loss is not finite is not
  * updated, as the session wants, while the others are.  Bad input is refused
  * before anything changes (a table of cases), at 1 and 2 threads.
  */
@@ -22,15 +23,27 @@
 #define STEPS 12
 #define B 7
 
+ /* the language model: T positions of ids below V */
+#define T 8
+#define V 13
+
+typedef enum { MLP, CNN, LM } model;
+static const char *const model_name[] = {"mlp", "cnn", "lm"};
+
 static fb_dataset ds;
 
-static fb_job_spec *member_spec(bool cnn, const char *optim, int i)
+static fb_job_spec *member_spec(model mo, const char *optim, int i)
 {
     const char *layers =
-        cnn ? "[{\"type\":\"conv2d\",\"out\":4,\"kernel\":[3,3],\"padding\":[1,1]},"
+        mo == CNN
+            ? "[{\"type\":\"conv2d\",\"out\":4,\"kernel\":[3,3],\"padding\":[1,1]},"
               "{\"type\":\"batchnorm\"},{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel\":[2,"
               "2]},"
               "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":10}]"
+        : mo == LM
+            ? "[{\"type\":\"embedding\",\"dim\":8},{\"type\":\"positional\",\"max_len\":8},"
+              "{\"type\":\"transformer_block\",\"heads\":2,\"mlp_ratio\":2,\"dropout\":0.1},"
+              "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":13}]"
             : "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":24},{\"type\":\"relu\"},"
               "{\"type\":\"dropout\",\"p\":0.25},{\"type\":\"linear\",\"out\":10}]";
     char o[200];
@@ -40,9 +53,14 @@ static fb_job_spec *member_spec(bool cnn, const char *optim, int i)
     else
         snprintf(o, sizeof o, "{\"type\":\"%s\",\"lr\":%.17g,\"weight_decay\":0.01}", optim,
                  1e-3 * (1 + i));
-    return et_spec("{\"name\":\"tile-%d\",\"dataset\":\"synthetic\",\"model\":{\"input\":[1,%d,%d],"
+    char input[64];
+    if (mo == LM)
+        snprintf(input, sizeof input, "{\"tokens\":%d,\"vocab\":%d}", T, V);
+    else
+        snprintf(input, sizeof input, "[1,%d,%d]", SIDE, SIDE);
+    return et_spec("{\"name\":\"tile-%d\",\"dataset\":\"%s\",\"model\":{\"input\":%s,"
                    "\"layers\":%s},\"batch_size\":%d,\"steps\":%d,\"optimizer\":%s,\"seed\":%d}",
-                   i, SIDE, SIDE, layers, BS, STEPS, o, 100 + 7 * i);
+                   i, mo == LM ? "text" : "synthetic", input, layers, BS, STEPS, o, 100 + 7 * i);
 }
 
 static fb_array *new_array(fb_backend *be, fb_job_spec **specs)
@@ -70,9 +88,17 @@ static size_t snapshot(const fb_array *a, float *dst)
     return n;
 }
 
-static void batch(int step, float *x, int32_t *y)
+/* A step's images, or for the language model records of T + 1 ids (as floats). */
+static void batch(model mo, int step, float *x, int32_t *y)
 {
     const int64_t F = (int64_t)SIDE * SIDE;
+    if (mo == LM) {
+        for (int i = 0; i < BS * (T + 1); i++)
+            x[i] = (float)((step * 7 + i * 5 + i / 3) % V);
+        for (int i = 0; i < BS; i++)
+            y[i] = 0;
+        return;
+    }
     for (int i = 0; i < BS; i++) {
         int64_t k = (step * 5 + i * 3) % ds.n;
         memcpy(x + i * F, ds.x + k * F, (size_t)F * sizeof *x);
@@ -88,21 +114,21 @@ static void hparams(const fb_array *a, int step, fb_optim_hparams *hp)
 
 /* Trains one array tiled and one whole, compares everything after every step.
  * nan_member >= 0: that member's first parameter tensor is NaN from the start. */
-static void run_case(bool cnn, const char *optim, int threads, int tile, int nan_member)
+static void run_case(model mo, const char *optim, int threads, int tile, int nan_member)
 {
     fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
     CHECK(be != NULL);
     fb_job_spec *specs[B];
     for (int i = 0; i < B; i++)
-        specs[i] = member_spec(cnn, optim, i);
+        specs[i] = member_spec(mo, optim, i);
     fb_array *tiled = new_array(be, specs), *whole = new_array(be, specs);
     fb_array_set_tile(tiled, tile);
-    /* the MLP's members at one thread, whole: a member's result does not
-     * depend on the thread count (a conv's weight gradient does, see
-     * array_state.c) */
+    /* the MLP's and the language model's members at one thread, whole: a
+     * member's result does not depend on the thread count (a conv's weight
+     * gradient does, see array_state.c) */
     fb_backend *be1 = fb_backend_clone_threads(fb_backend_cpu(), 1);
     CHECK(be1 != NULL);
-    fb_array *one = cnn ? NULL : new_array(be1, specs);
+    fb_array *one = mo == CNN ? NULL : new_array(be1, specs);
     size_t n = snapshot(whole, NULL);
     float *vt = malloc(n * sizeof *vt), *vw = malloc(n * sizeof *vw);
     CHECK(vt && vw);
@@ -122,7 +148,7 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
     fb_optim_hparams hp[B];
     char msg[512];
     for (int step = 0; step < STEPS; step++) {
-        batch(step, x, y);
+        batch(mo, step, x, y);
         hparams(whole, step, hp);
         if (nan_member >= 0)
             fb_array_get(tiled, nan_member, FB_ARRAY_PARAM, 1, before); /* its bias: finite */
@@ -168,7 +194,7 @@ static void run_case(bool cnn, const char *optim, int threads, int tile, int nan
     snapshot(fresh, init);
     CHECK(memcmp(init, vt, sizeof(float) * 64) != 0);
     printf("ok: %s %s threads=%d tile=%d nan_member=%d, %d steps bit-identical\n",
-           cnn ? "cnn" : "mlp", optim, threads, tile, nan_member, STEPS);
+           model_name[mo], optim, threads, tile, nan_member, STEPS);
     fb_array_free(fresh);
     free(init);
     free(bad);
@@ -190,14 +216,14 @@ static void bad_input(int threads)
     CHECK(be != NULL);
     fb_job_spec *specs[B];
     for (int i = 0; i < B; i++)
-        specs[i] = member_spec(false, "adamw", i);
+        specs[i] = member_spec(MLP, "adamw", i);
     fb_array *a = new_array(be, specs);
     fb_array_set_tile(a, 2);
     float x[(BS + 1) * SIDE * SIDE], l[B];
     int32_t y[BS + 1];
     fb_optim_hparams hp[B];
     char msg[512];
-    batch(0, x, y);
+    batch(MLP, 0, x, y);
     y[BS] = 0;
     hparams(a, 0, hp);
     CHECK_INT_EQ(fb_array_train_step(a, x, y, BS, 0, hp, l, NULL, msg, sizeof msg), FB_OK);
@@ -239,22 +265,81 @@ static void bad_input(int threads)
     fb_backend_clone_free(be);
 }
 
+/* Bad ids for the language model in tiles: refused by every tile before it
+ * changes anything, the message naming the sample and the position. */
+static void bad_tokens(int threads)
+{
+    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
+    CHECK(be != NULL);
+    fb_job_spec *specs[B];
+    for (int i = 0; i < B; i++)
+        specs[i] = member_spec(LM, "adamw", i);
+    fb_array *a = new_array(be, specs);
+    fb_array_set_tile(a, 2);
+    float x[BS * (T + 1)], l[B];
+    int32_t y[BS];
+    fb_optim_hparams hp[B];
+    char msg[512];
+    batch(LM, 0, x, y);
+    hparams(a, 0, hp);
+    CHECK_INT_EQ(fb_array_train_step(a, x, y, BS, 0, hp, l, NULL, msg, sizeof msg), FB_OK);
+    size_t n = snapshot(a, NULL);
+    float *v0 = malloc(n * sizeof *v0), *v1 = malloc(n * sizeof *v1);
+    CHECK(v0 && v1);
+    snapshot(a, v0);
+    static const struct {
+        const char *what;
+        int at; /* index into x */
+        float id;
+        const char *says;
+    } cases[] = {
+        {"id at the vocab", 9 * (T + 1) + 3, (float)V, "token 13 at position 3 of sample 9"},
+        {"negative id", 0, -1.0f, "token -1 at position 0 of sample 0"},
+        {"fractional id", (BS - 1) * (T + 1) + T, 2.5f, "of sample 15"},
+        {"NaN id", 4 * (T + 1) + 1, NAN, "at position 1 of sample 4"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float keep = x[cases[c].at];
+        x[cases[c].at] = cases[c].id;
+        msg[0] = '\0';
+        int err = fb_array_train_step(a, x, y, BS, 1, hp, l, NULL, msg, sizeof msg);
+        x[cases[c].at] = keep;
+        printf("bad tokens (%s, %d threads): %s: %s\n", cases[c].what, threads,
+               fb_err_code(err), msg);
+        CHECK_INT_EQ(err, FB_ERR_DATA);
+        CHECK(strstr(msg, cases[c].says) != NULL);
+        snapshot(a, v1);
+        CHECK(memcmp(v0, v1, n * sizeof *v0) == 0);
+    }
+    free(v0);
+    free(v1);
+    fb_array_free(a);
+    for (int i = 0; i < B; i++)
+        et_spec_free(specs[i]);
+    fb_backend_clone_free(be);
+}
+
 int main(void)
 {
     ds = et_synthetic(256, SIDE, CLASSES, 11);
-    run_case(false, "adamw", 1, 3, -1);
-    run_case(false, "sgd", 1, 1, -1);
-    run_case(false, "adamw", 2, 3, -1);
-    run_case(false, "sgd", 2, 2, -1);
-    run_case(false, "adamw", 2, 1, -1); /* 7 tiles on 2 lanes */
-    run_case(false, "adamw", 3, 0, -1); /* the default: one tile per thread, uneven */
-    run_case(false, "sgd", 3, 1, 5);
-    run_case(false, "adamw", 1, 0, -1); /* the default tile: the whole array here */
-    run_case(true, "adam", 1, 3, -1);
-    run_case(true, "adam", 2, 3, -1); /* not tiled at 2 threads (conv): still the same */
-    run_case(false, "adam", 1, 2, 4);
+    run_case(MLP, "adamw", 1, 3, -1);
+    run_case(MLP, "sgd", 1, 1, -1);
+    run_case(MLP, "adamw", 2, 3, -1);
+    run_case(MLP, "sgd", 2, 2, -1);
+    run_case(MLP, "adamw", 2, 1, -1); /* 7 tiles on 2 lanes */
+    run_case(MLP, "adamw", 3, 0, -1); /* the default: one tile per thread, uneven */
+    run_case(MLP, "sgd", 3, 1, 5);
+    run_case(MLP, "adamw", 1, 0, -1); /* the default tile: the whole array here */
+    run_case(CNN, "adam", 1, 3, -1);
+    run_case(CNN, "adam", 2, 3, -1); /* not tiled at 2 threads (conv): still the same */
+    run_case(MLP, "adam", 1, 2, 4);
+    run_case(LM, "adamw", 1, 3, -1);
+    run_case(LM, "adamw", 2, 2, -1);
+    run_case(LM, "adamw", 3, 0, -1);
     bad_input(1);
     bad_input(2);
+    bad_tokens(1);
+    bad_tokens(2);
     fb_dataset_free(&ds);
     return 0;
 }

@@ -982,6 +982,39 @@ static void check_layernorm_threads(void)
     printf("%-64s ok\n", "layernorm: the same bits on 1 and 3 threads");
 }
 
+/* The positional gradient and the sequence pooling give the same bits on any
+ * number of threads: each sum (over samples, over positions) is one thread's,
+ * in order, whatever the team.  Large enough that 3 threads split them. */
+static void check_seqops_threads(void)
+{
+    const int N = 24, T = 64, B = 3, L = 80, D = 128;
+    const size_t n = (size_t)N * T * B * D, np = (size_t)B * L * D, no = (size_t)N * B * D;
+    float *dout = kt_rand(n, -1, 1), *pooled = kt_rand(no, -1, 1), *x = kt_rand(n, -2, 2);
+    float *res[2][5];
+    const size_t sizes[5] = {n, np, no, n, n};
+    static const int threads[2] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        fb_backend_set_threads(g_fast, threads[k]);
+        for (int j = 0; j < 5; j++) {
+            res[k][j] = calloc(sizes[j], sizeof(float));
+            CHECK(res[k][j] != NULL);
+        }
+        fb_positional_backward(g_fast, res[k][0], res[k][1], dout, N, T, B, L, D);
+        fb_seq_pool_forward(g_fast, FB_SEQ_POOL_MEAN, res[k][2], x, N, T, B, D);
+        fb_seq_pool_backward(g_fast, FB_SEQ_POOL_MEAN, res[k][3], pooled, N, T, B, D);
+        fb_seq_pool_backward(g_fast, FB_SEQ_POOL_FIRST, res[k][4], pooled, N, T, B, D);
+    }
+    for (int j = 0; j < 5; j++)
+        CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 5; j++)
+            free(res[k][j]);
+    free(dout);
+    free(pooled);
+    free(x);
+    printf("%-64s ok\n", "positional, seq pool: the same bits on 1 and 3 threads");
+}
+
 static void cases_seq_pool(void)
 {
     static const int cfg[][4] = {{3, 1, 1, 5}, {3, 7, 3, 5}, {2, 33, 2, 300}, {16, 64, 4, 128}};
@@ -1233,6 +1266,7 @@ int main(void)
     check_embed_bad_ids();
     check_seq_threads();
     check_layernorm_threads();
+    check_seqops_threads();
     /* one thread, and three (more than this machine's cores, and an odd count,
      * so that work is cut unevenly) for the fast backend's threaded paths */
     static const int threads[] = {1, 3};
