@@ -17,6 +17,7 @@
 #include <cblas.h>
 /* cblas.h pulls in <complex.h>, whose macro I would shadow our dimension I. */
 #undef I
+#include <stddef.h>
 #include <string.h>
 
 static bool conv_is_pointwise(const fb_conv_geom *g)
@@ -38,18 +39,71 @@ static void conv_valid_range(int *lo, int *hi, int W, int Wo, int s, int p, int 
     *hi = e;
 }
 
+/* Whether the output keeps the input's width at stride 1 ("same" padding
+ * along the rows): then the taps of one (c, i, j) over all in-image output
+ * rows read one contiguous run of the input plane, shifted by j - pw, and
+ * only each row's first or last column wraps into the neighbouring row. */
+static bool conv_rows_contiguous(const fb_conv_geom *g)
+{
+    return g->sh == 1 && g->sw == 1 && g->Wo == g->W;
+}
+
+/* The output rows [*lo, *hi) whose tap row i lands inside [0, H) at stride 1. */
+static void conv_row_range(int *lo, int *hi, const fb_conv_geom *g, int i)
+{
+    int a = g->ph - i, e = g->H + g->ph - i;
+    *lo = a < 0 ? 0 : a > g->Ho ? g->Ho : a;
+    *hi = e > g->Ho ? g->Ho : e < *lo ? *lo : e;
+}
+
+/* One (c, i, j) row of col for conv_rows_contiguous geometries: the in-image
+ * rows as one copy of the plane's run, then the wrapped columns and the rows
+ * in the padding zeroed.  Writes exactly what the general loop writes. */
+static void im2col_row_contiguous(float *restrict r, const float *restrict xc,
+                                  const fb_conv_geom *g, int i, int j)
+{
+    const int W = g->W, Wo = g->Wo, shift = j - g->pw;
+    const ptrdiff_t plane = (ptrdiff_t)g->H * W;
+    int o0, o1, lo, hi;
+    conv_row_range(&o0, &o1, g, i);
+    conv_valid_range(&lo, &hi, W, Wo, 1, g->pw, j);
+    memset(r, 0, (size_t)o0 * Wo * sizeof *r);
+    memset(r + (size_t)o1 * Wo, 0, (size_t)(g->Ho - o1) * Wo * sizeof *r);
+    if (o1 == o0) return;
+    /* output index q = oh*Wo + ow reads the plane at q + d; clip the run to
+     * the plane (what falls outside is a wrapped column, zeroed below) */
+    const ptrdiff_t d = (ptrdiff_t)(i - g->ph) * W + shift;
+    ptrdiff_t q0 = (ptrdiff_t)o0 * Wo, q1 = (ptrdiff_t)o1 * Wo;
+    if (q0 + d < 0) q0 = -d;
+    if (q1 + d > plane) q1 = plane - d;
+    if (q1 > q0) memcpy(r + q0, xc + q0 + d, (size_t)(q1 - q0) * sizeof *r);
+    for (int oh = o0; oh < o1; oh++) {
+        float *restrict row = r + (size_t)oh * Wo;
+        for (int ow = 0; ow < lo; ow++)
+            row[ow] = 0.0f;
+        for (int ow = hi; ow < Wo; ow++)
+            row[ow] = 0.0f;
+    }
+}
+
 /* col[(c*kh + i)*kw + j, oh*Wo + ow] = x[c, oh*sh - ph + i, ow*sw - pw + j],
  * zero where the tap falls in the padding.  x [C, H, W].  Rows are short
- * (Wo values), so they are written by plain loops, not library calls. */
+ * (Wo values), so they are written by plain loops, not library calls, unless
+ * the rows of a tap are one contiguous run (conv_rows_contiguous). */
 static void conv_im2col(float *restrict col, const float *restrict x, const fb_conv_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo, sw = g->sw;
     const size_t HoWo = (size_t)Ho * Wo;
+    const bool runs = conv_rows_contiguous(g);
     for (int c = 0; c < g->C; c++)
         for (int i = 0; i < g->kh; i++)
             for (int j = 0; j < g->kw; j++) {
                 float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 const float *restrict xc = x + (size_t)c * H * W;
+                if (runs) {
+                    im2col_row_contiguous(row, xc, g, i, j);
+                    continue;
+                }
                 const int shift = j - g->pw; /* input column of ow is ow*sw + shift */
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);
@@ -76,17 +130,52 @@ static void conv_im2col(float *restrict col, const float *restrict x, const fb_c
             }
 }
 
+/* conv_col2im's (c, i, j) row for conv_rows_contiguous geometries: the
+ * wrapped columns of the row (padding taps, which add nothing) are cleared,
+ * then the in-image rows are added as one run.  Each input element gets the
+ * same additions in the same order as from the general loop; a cleared
+ * entry adds +0 to the element it wraps onto, which changes nothing unless
+ * that element is -0 (then +0). */
+static void col2im_row_contiguous(float *restrict xc, float *restrict r, const fb_conv_geom *g,
+                                  int i, int j)
+{
+    const int W = g->W, Wo = g->Wo, shift = j - g->pw;
+    const ptrdiff_t plane = (ptrdiff_t)g->H * W;
+    int o0, o1, lo, hi;
+    conv_row_range(&o0, &o1, g, i);
+    if (o1 == o0) return;
+    conv_valid_range(&lo, &hi, W, Wo, 1, g->pw, j);
+    for (int oh = o0; oh < o1; oh++) {
+        float *restrict row = r + (size_t)oh * Wo;
+        for (int ow = 0; ow < lo; ow++)
+            row[ow] = 0.0f;
+        for (int ow = hi; ow < Wo; ow++)
+            row[ow] = 0.0f;
+    }
+    const ptrdiff_t d = (ptrdiff_t)(i - g->ph) * W + shift;
+    ptrdiff_t q0 = (ptrdiff_t)o0 * Wo, q1 = (ptrdiff_t)o1 * Wo;
+    if (q0 + d < 0) q0 = -d;
+    if (q1 + d > plane) q1 = plane - d;
+    for (ptrdiff_t q = q0; q < q1; q++)
+        xc[q + d] += r[q];
+}
+
 /* The adjoint of conv_im2col: x[c, ih, iw] += every col entry that was read
- * from it. */
-static void conv_col2im(float *restrict x, const float *restrict col, const fb_conv_geom *g)
+ * from it.  col is clobbered where it held padding taps. */
+static void conv_col2im(float *restrict x, float *restrict col, const fb_conv_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo, sw = g->sw;
     const size_t HoWo = (size_t)Ho * Wo;
+    const bool runs = conv_rows_contiguous(g);
     for (int c = 0; c < g->C; c++)
         for (int i = 0; i < g->kh; i++)
             for (int j = 0; j < g->kw; j++) {
-                const float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
+                float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 float *restrict xc = x + (size_t)c * H * W;
+                if (runs) {
+                    col2im_row_contiguous(xc, row, g, i, j);
+                    continue;
+                }
                 const int shift = j - g->pw;
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);
