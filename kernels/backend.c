@@ -344,6 +344,21 @@ void fb_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const 
     be->ops->maxpool2d_backward(be, din, dout, argmax, g);
 }
 
+/* din = dout at the positions argmax recorded, 0 elsewhere; a backend
+ * without its own form zeroes din and accumulates. */
+void fb_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g)
+{
+    FB_OP_FN(be, maxpool2d_backward);
+    fb_pool_geom_check(g);
+    if (be->ops->maxpool2d_backward_set) {
+        be->ops->maxpool2d_backward_set(be, din, dout, argmax, g);
+        return;
+    }
+    fb_backend_zero(be, din, (size_t)g->N * g->BC * g->H * g->W * sizeof(float));
+    be->ops->maxpool2d_backward(be, din, dout, argmax, g);
+}
+
 /* See kernels.h: average pooling, padding counted in the divisor. */
 void fb_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g)
 {
@@ -394,6 +409,22 @@ void fb_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, 
     FB_OP_FN(be, act_backward);
     FB_ASSERT(act >= FB_ACT_RELU && act <= FB_ACT_SIGMOID);
     FB_ASSERT(act == FB_ACT_TANH || act == FB_ACT_SIGMOID ? out != NULL : in != NULL);
+    be->ops->act_backward(be, act, din, dout, in, out, n);
+}
+
+/* din = dout * act'(in or out); a backend without its own form zeroes din
+ * and accumulates. */
+void fb_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n)
+{
+    FB_OP_FN(be, act_backward);
+    FB_ASSERT(act >= FB_ACT_RELU && act <= FB_ACT_SIGMOID);
+    FB_ASSERT(act == FB_ACT_TANH || act == FB_ACT_SIGMOID ? out != NULL : in != NULL);
+    if (be->ops->act_backward_set) {
+        be->ops->act_backward_set(be, act, din, dout, in, out, n);
+        return;
+    }
+    fb_backend_zero(be, din, n * sizeof(float));
     be->ops->act_backward(be, act, din, dout, in, out, n);
 }
 

@@ -51,6 +51,9 @@ struct fb_backend_ops {
                               const fb_pool_geom *g);
     void (*maxpool2d_backward)(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g);
+    /* optional: din = what zeroing it and maxpool2d_backward leave */
+    void (*maxpool2d_backward_set)(fb_backend *be, float *din, const float *dout,
+                                   const int32_t *argmax, const fb_pool_geom *g);
     void (*avgpool2d_forward)(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
     void (*avgpool2d_backward)(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -63,6 +66,9 @@ struct fb_backend_ops {
     void (*act_forward)(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
     void (*act_backward)(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n);
+    /* optional: din = what zeroing it and act_backward leave */
+    void (*act_backward_set)(fb_backend *be, fb_act act, float *din, const float *dout,
+                             const float *in, const float *out, size_t n);
     void (*add_forward)(fb_backend *be, float *out, const float *a, const float *b, size_t n);
     void (*accumulate)(fb_backend *be, float *y, const float *x, size_t n);
     void (*dropout_forward)(fb_backend *be, float *out, const float *in, const uint64_t *seeds,

@@ -176,6 +176,10 @@ void fb_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const flo
                           const fb_pool_geom *g);
 void fb_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                            const int32_t *argmax, const fb_pool_geom *g);
+/* din = the gradient alone, as if din were zeroed and fb_maxpool2d_backward
+ * added into it (bit for bit), without reading din first. */
+void fb_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g);
 /* Average pooling, padding counted in the divisor (count_include_pad). */
 void fb_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
@@ -192,6 +196,10 @@ void fb_act_forward(fb_backend *be, fb_act act, float *out, const float *in, siz
 /* din += dout * act'(in); out is the forward output (used by tanh/sigmoid). */
 void fb_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                      const float *in, const float *out, size_t n);
+/* din = dout * act'(in): as if din were zeroed and fb_act_backward added into
+ * it (bit for bit), without reading din first. */
+void fb_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout,
+                         const float *in, const float *out, size_t n);
 /* out = a + b over n floats (out may alias a or b). */
 void fb_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 /* y += x over n floats. */

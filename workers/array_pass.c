@@ -278,6 +278,18 @@ static float *grad_buf(fb_array *a, int id, int N)
     return p;
 }
 
+/* The gradient of activation id for an op that can write its whole
+ * contribution instead of adding it (the `_set` kernels): *set is true when
+ * this backward pass has not added into the buffer yet, and the buffer is
+ * then the op's to write, unzeroed; else the op adds as usual. */
+static float *grad_buf_or_set(fb_array *a, int id, bool *set)
+{
+    abuf *g = &a->ab[grad_of(a, id)];
+    *set = g->gen != a->gen;
+    g->gen = a->gen;
+    return DACT(id);
+}
+
 /* Zeroes the current members' part of parameter tensor t's gradient. */
 static void zero_param_grad(fb_array *a, int t)
 {
@@ -297,10 +309,18 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     /* each parameter belongs to one node, which is its gradient's only writer */
     zero_param_grad(a, nd->w);
     zero_param_grad(a, nd->b);
-    /* a residual block's input gradient comes from its branches' first ops */
+    /* a residual block's input gradient comes from its branches' first ops;
+     * pooling and activations write theirs when they are its first writer */
+    bool writes = L->type == FB_LAYER_MAXPOOL2D || L->type == FB_LAYER_RELU ||
+                  L->type == FB_LAYER_GELU || L->type == FB_LAYER_TANH ||
+                  L->type == FB_LAYER_SIGMOID,
+         set = false;
     float *din = nd->shared_in || L->type == FB_LAYER_FLATTEN || L->type == FB_LAYER_RESIDUAL
                      ? NULL
-                     : grad_buf(a, nd->in, N);
+                 : writes ? grad_buf_or_set(a, nd->in, &set)
+                          : grad_buf(a, nd->in, N);
+    void (*act_bwd)(fb_backend *, fb_act, float *, const float *, const float *, const float *,
+                    size_t) = set ? fb_act_backward_set : fb_act_backward;
     int T = seq_len(L), NT = N * T;
     switch (L->type) {
     case FB_LAYER_FLATTEN:
@@ -339,7 +359,8 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
     }
     case FB_LAYER_MAXPOOL2D: {
         fb_pool_geom g = pool_geom(a, nd, N);
-        fb_maxpool2d_backward(be, din, DACT(nd->out), (const int32_t *)ACT(nd->save1), &g);
+        (set ? fb_maxpool2d_backward_set : fb_maxpool2d_backward)(
+            be, din, DACT(nd->out), (const int32_t *)ACT(nd->save1), &g);
         break;
     }
     case FB_LAYER_AVGPOOL2D: {
@@ -355,14 +376,14 @@ static void backward_node(fb_array *a, node *nd, int N, uint64_t stream)
         /* relu(x) > 0 exactly where x > 0 (a NaN passes through both), so the
          * output serves as the input and the input need not outlive the
          * forward pass */
-        fb_act_backward(be, FB_ACT_RELU, din, DACT(nd->out), ACT(nd->out), NULL, count);
+        act_bwd(be, FB_ACT_RELU, din, DACT(nd->out), ACT(nd->out), NULL, count);
         break;
     case FB_LAYER_GELU:
-        fb_act_backward(be, act_of(L), din, DACT(nd->out), ACT(nd->in), NULL, count);
+        act_bwd(be, act_of(L), din, DACT(nd->out), ACT(nd->in), NULL, count);
         break;
     case FB_LAYER_TANH:
     case FB_LAYER_SIGMOID:
-        fb_act_backward(be, act_of(L), din, DACT(nd->out), NULL, ACT(nd->out), count);
+        act_bwd(be, act_of(L), din, DACT(nd->out), NULL, ACT(nd->out), count);
         break;
     case FB_LAYER_DROPOUT:
         if (L->p > 0)

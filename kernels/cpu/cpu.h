@@ -154,6 +154,8 @@ void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const
                               const fb_pool_geom *g);
 void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const int32_t *argmax, const fb_pool_geom *g);
+void fb_cpu_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
+                                   const int32_t *argmax, const fb_pool_geom *g);
 void fb_cpu_avgpool2d_forward(fb_backend *be, float *out, const float *in, const fb_pool_geom *g);
 void fb_cpu_avgpool2d_backward(fb_backend *be, float *din, const float *dout,
                                const fb_pool_geom *g);
@@ -165,6 +167,8 @@ void fb_cpu_global_avgpool_backward(fb_backend *be, float *din, const float *dou
 void fb_cpu_act_forward(fb_backend *be, fb_act act, float *out, const float *in, size_t n);
 void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *dout,
                          const float *in, const float *out, size_t n);
+void fb_cpu_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout,
+                             const float *in, const float *out, size_t n);
 void fb_cpu_add_forward(fb_backend *be, float *out, const float *a, const float *b, size_t n);
 void fb_cpu_accumulate(fb_backend *be, float *y, const float *x, size_t n);
 

@@ -51,42 +51,54 @@ static void act_forward(fb_act act, float *out, const float *in, size_t n)
     }
 }
 
-/* din[n] += dout * act'(in) (relu, gelu) or act'(out) (tanh, sigmoid). */
+/* din[n] += dout * act'(in) (relu, gelu) or act'(out) (tanh, sigmoid); with
+ * ACC "= 0.0f +", din[n] = 0 + the same term: what zeroing din and adding
+ * would leave, bit for bit, without reading din. */
+#define ACT_BACKWARD_BODY(ACC)                                                                     \
+    float *restrict d = din;                                                                       \
+    const float *restrict dy = dout, *restrict x = in, *restrict y = out;                          \
+    switch (act) {                                                                                 \
+    case FB_ACT_RELU:                                                                              \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] ACC(x[i] <= 0.0f ? 0.0f : dy[i]);                                                 \
+        return;                                                                                    \
+    case FB_ACT_GELU:                                                                              \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            const float v = x[i], e = fb_cpu_expf(-0.5f * v * v), tail = fb_cpu_normal_tail(v, e); \
+            const float cdf = v < 0.0f ? tail : 1.0f - tail;                                       \
+            d[i] ACC(dy[i] * (cdf + v * FB_INV_SQRT_2PI_F * e));                                   \
+        }                                                                                          \
+        return;                                                                                    \
+    case FB_ACT_GELU_TANH:                                                                         \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            float v = x[i];                                                                        \
+            float t = tanhf(FB_SQRT_2_OVER_PI_F * (v + FB_GELU_TANH_C_F * v * v * v));             \
+            d[i] ACC(dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * FB_SQRT_2_OVER_PI_F * \
+                                                      (1.0f + 3.0f * FB_GELU_TANH_C_F * v * v)));   \
+        }                                                                                          \
+        return;                                                                                    \
+    case FB_ACT_TANH:                                                                              \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] ACC(dy[i] * (1.0f - y[i] * y[i]));                                                \
+        return;                                                                                    \
+    case FB_ACT_SIGMOID:                                                                           \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] ACC(dy[i] * (y[i] * (1.0f - y[i])));                                              \
+        return;                                                                                    \
+    }
+
 FB_CPU_VECTOR_CLONES
 static void act_backward(fb_act act, float *din, const float *dout, const float *in,
                          const float *out, size_t n)
 {
-    float *restrict d = din;
-    const float *restrict dy = dout, *restrict x = in, *restrict y = out;
-    switch (act) {
-    case FB_ACT_RELU:
-        for (size_t i = 0; i < n; i++)
-            d[i] += x[i] <= 0.0f ? 0.0f : dy[i];
-        return;
-    case FB_ACT_GELU:
-        for (size_t i = 0; i < n; i++) {
-            const float v = x[i], e = fb_cpu_expf(-0.5f * v * v), tail = fb_cpu_normal_tail(v, e);
-            const float cdf = v < 0.0f ? tail : 1.0f - tail;
-            d[i] += dy[i] * (cdf + v * FB_INV_SQRT_2PI_F * e);
-        }
-        return;
-    case FB_ACT_GELU_TANH:
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i];
-            float t = tanhf(FB_SQRT_2_OVER_PI_F * (v + FB_GELU_TANH_C_F * v * v * v));
-            d[i] += dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * FB_SQRT_2_OVER_PI_F *
-                                                     (1.0f + 3.0f * FB_GELU_TANH_C_F * v * v));
-        }
-        return;
-    case FB_ACT_TANH:
-        for (size_t i = 0; i < n; i++)
-            d[i] += dy[i] * (1.0f - y[i] * y[i]);
-        return;
-    case FB_ACT_SIGMOID:
-        for (size_t i = 0; i < n; i++)
-            d[i] += dy[i] * (y[i] * (1.0f - y[i]));
-        return;
-    }
+    ACT_BACKWARD_BODY(+=)
+}
+
+FB_CPU_VECTOR_CLONES
+static void act_backward_set(fb_act act, float *din, const float *dout, const float *in,
+                             const float *out, size_t n)
+{
+    ACT_BACKWARD_BODY(= 0.0f +)
 }
 
 /* The threaded entry points: each thread runs the loop on its own range. */
@@ -114,6 +126,15 @@ void fb_cpu_act_backward(fb_backend *be, fb_act act, float *din, const float *do
     ELT_PARALLEL(be, n,
                  act_backward(act, din + lo, dout + lo, in ? in + lo : NULL, out ? out + lo : NULL,
                               hi - lo));
+}
+
+/* din[n] = dout * act'(in or out), as zeroing din and fb_cpu_act_backward would. */
+void fb_cpu_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout,
+                             const float *in, const float *out, size_t n)
+{
+    ELT_PARALLEL(be, n,
+                 act_backward_set(act, din + lo, dout + lo, in ? in + lo : NULL,
+                                  out ? out + lo : NULL, hi - lo));
 }
 
 static void add_range(float *out, const float *a, const float *b, size_t n)

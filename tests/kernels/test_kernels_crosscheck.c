@@ -248,6 +248,10 @@ static void cases_conv(void)
         /* cut over threads by samples: private weight gradients, pointwise, strided */
         {9, 1, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {16, 2, 16, 16, 16, 32, 1, 1, 1, 1, 0, 0, 0, 1},
         {7, 2, 3, 17, 15, 24, 3, 3, 2, 2, 1, 1, 0, 0}, {10, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1},
+        /* stride 1 keeping the width (a tap's rows are one run): a kernel
+         * wider than the image, one row, no row padding, ph != pw */
+        {2, 2, 2, 3, 3, 2, 5, 5, 1, 1, 2, 2, 0, 1},    {2, 2, 3, 1, 7, 2, 3, 3, 1, 1, 1, 1, 1, 1},
+        {2, 3, 2, 6, 5, 2, 3, 1, 1, 1, 0, 0, 0, 1},    {3, 2, 2, 8, 6, 3, 5, 3, 1, 1, 1, 1, 0, 0},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         const int *q = cfg[i];
@@ -1015,6 +1019,63 @@ static void check_seqops_threads(void)
     printf("%-64s ok\n", "positional, seq pool: the same bits on 1 and 3 threads");
 }
 
+/* The `_set` forms of the activation and max-pooling gradients write what
+ * zeroing din and adding into it leaves, bit for bit, whatever din held
+ * before (NaN here), with -0 and NaN among the gradients: on the fast
+ * backend (its own forms) and on the reference (zero, then add). */
+static void check_set_forms(fb_backend *be, const char *name)
+{
+    const size_t n = 4099;
+    float *x = kt_rand(n, -2, 2), *dy = kt_rand(n, -1, 1), *y = malloc(n * sizeof *y);
+    float *acc = malloc(n * sizeof *acc), *set = malloc(n * sizeof *set);
+    CHECK(y && acc && set);
+    for (size_t i = 0; i < n; i += 7)
+        dy[i] = -0.0f;
+    dy[5] = NAN;
+    x[11] = 0.0f;
+    for (fb_act act = FB_ACT_RELU; act <= FB_ACT_SIGMOID; act++) {
+        fb_act_forward(be, act, y, x, n);
+        const bool uses_out = act == FB_ACT_TANH || act == FB_ACT_SIGMOID;
+        memset(acc, 0, n * sizeof *acc);
+        fb_act_backward(be, act, acc, dy, uses_out ? NULL : x, uses_out ? y : NULL, n);
+        for (size_t i = 0; i < n; i++)
+            set[i] = NAN;
+        fb_act_backward_set(be, act, set, dy, uses_out ? NULL : x, uses_out ? y : NULL, n);
+        CHECK(memcmp(acc, set, n * sizeof *acc) == 0);
+    }
+    /* 2x2 windows over even and odd planes (a row and a column past the last
+     * window), and overlapping padded 3x3 windows of stride 2 */
+    static const int geo[][6] = {{6, 8, 2, 2, 0, 0}, {7, 9, 2, 2, 0, 0}, {7, 9, 3, 2, 1, 1}};
+    for (size_t k = 0; k < sizeof geo / sizeof geo[0]; k++) {
+        fb_pool_geom g = {.N = 3, .BC = 5, .H = geo[k][0], .W = geo[k][1], .kh = geo[k][2],
+                          .kw = geo[k][2], .sh = geo[k][3], .sw = geo[k][3], .ph = geo[k][4],
+                          .pw = geo[k][4]};
+        fb_pool_geom_finish(&g);
+        const size_t ni = (size_t)g.N * g.BC * g.H * g.W, no = (size_t)g.N * g.BC * g.Ho * g.Wo;
+        float *in = kt_rand(ni, -1, 1), *out = malloc(no * sizeof *out);
+        float *a = calloc(ni, sizeof *a), *b = malloc(ni * sizeof *b);
+        int32_t *am = malloc(no * sizeof *am);
+        CHECK(out && a && b && am);
+        for (size_t i = 0; i < ni; i++)
+            b[i] = NAN;
+        fb_maxpool2d_forward(be, out, am, in, &g);
+        fb_maxpool2d_backward(be, a, dy, am, &g);
+        fb_maxpool2d_backward_set(be, b, dy, am, &g);
+        CHECK(memcmp(a, b, ni * sizeof *a) == 0);
+        free(in);
+        free(out);
+        free(a);
+        free(b);
+        free(am);
+    }
+    free(x);
+    free(dy);
+    free(y);
+    free(acc);
+    free(set);
+    printf("%-64s ok\n", name);
+}
+
 static void cases_seq_pool(void)
 {
     static const int cfg[][4] = {{3, 1, 1, 5}, {3, 7, 3, 5}, {2, 33, 2, 300}, {16, 64, 4, 128}};
@@ -1267,6 +1328,12 @@ int main(void)
     check_seq_threads();
     check_layernorm_threads();
     check_seqops_threads();
+    check_set_forms(g_ref, "set forms (reference): zero and add, bit for bit");
+    for (int t = 1; t <= 3; t += 2) {
+        fb_backend_set_threads(g_fast, t);
+        check_set_forms(g_fast, t == 1 ? "set forms (fast, 1 thread): zero and add, bit for bit"
+                                       : "set forms (fast, 3 threads): zero and add, bit for bit");
+    }
     /* one thread, and three (more than this machine's cores, and an odd count,
      * so that work is cut unevenly) for the fast backend's threaded paths */
     static const int threads[] = {1, 3};
