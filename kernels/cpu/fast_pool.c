@@ -131,11 +131,11 @@ void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
 
 /*
  * din [N, BC, H, W] = dout routed to argmax, 0 elsewhere: what zeroing din and
- * fb_cpu_maxpool2d_backward would leave, bit for bit (0 + dout), without
- * reading din.  2x2, stride-2, unpadded windows tile the plane, so each
- * window's four inputs are written once and the rows and columns past the
- * last window are zeroed; other windows may overlap, so the plane is zeroed
- * and then added into.
+ * fb_cpu_maxpool2d_backward would leave, bit for bit, without reading din
+ * first.  Each plane is zeroed just before its windows add into it, so the
+ * adds find it in cache (zeroing the whole buffer first sent it to memory
+ * and back); writing each 2x2 window's four inputs directly measured no
+ * faster.
  */
 void fb_cpu_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
                                    const int32_t *argmax, const fb_pool_geom *g)
@@ -143,8 +143,6 @@ void fb_cpu_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
     const size_t HW = (size_t)H * W, HoWo = (size_t)Ho * Wo;
     const size_t P = (size_t)g->N * g->BC;
-    const bool k2 = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 &&
-                    g->pw == 0;
     const int nt = fb_cpu_team(be, (double)(P * HW), POOL_GRAIN);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -154,26 +152,9 @@ void fb_cpu_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout
             float *restrict d = din + p * HW;
             const float *restrict dy = dout + p * HoWo;
             const int32_t *restrict a = argmax + p * HoWo;
-            if (!k2) {
-                memset(d, 0, HW * sizeof *d);
-                for (size_t o = 0; o < HoWo; o++)
-                    if (a[o] >= 0) d[a[o]] += dy[o];
-                continue;
-            }
-            for (int oh = 0; oh < Ho; oh++) {
-                float *restrict r0 = d + (size_t)(2 * oh) * W, *restrict r1 = r0 + W;
-                for (int ow = 0; ow < Wo; ow++) {
-                    const int32_t k = a[(size_t)oh * Wo + ow] - 2 * oh * W - 2 * ow;
-                    const float v = 0.0f + dy[(size_t)oh * Wo + ow];
-                    r0[2 * ow] = k == 0 ? v : 0.0f;
-                    r0[2 * ow + 1] = k == 1 ? v : 0.0f;
-                    r1[2 * ow] = k == W ? v : 0.0f;
-                    r1[2 * ow + 1] = k == W + 1 ? v : 0.0f;
-                }
-                for (int iw = 2 * Wo; iw < W; iw++)
-                    r0[iw] = r1[iw] = 0.0f;
-            }
-            memset(d + (size_t)(2 * Ho) * W, 0, (HW - (size_t)(2 * Ho) * W) * sizeof *d);
+            memset(d, 0, HW * sizeof *d);
+            for (size_t o = 0; o < HoWo; o++)
+                if (a[o] >= 0) d[a[o]] += dy[o];
         }
     }
 }
