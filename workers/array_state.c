@@ -287,11 +287,12 @@ void fb_array_set_loss_scale_interval(fb_array *a, int64_t steps)
 
 /* Whether every op of nodes[0..n) gives each member the same result at any
  * thread count the backend's teams pick: the per-member GEMMs of linear
- * layers (whole members, dealt to threads), element-wise ops, and the
+ * layers (whole members, dealt to threads), element-wise ops, pooling, the
  * sequence ops, whose teams split members, rows or (member, head) pairs and
- * never a sum (fast_seq.c, fast_norm.c).  A convolution's weight gradient
- * sums per-thread partials over samples, whose team size follows the work,
- * so a smaller tile could change it; batch norm's statistics likewise. */
+ * never a sum (fast_seq.c, fast_norm.c), batch norm (one thread, channel
+ * by channel), and convolutions, whose weight gradient is summed in fixed
+ * chunks of samples (fast_conv.c).  A layer added later is not, until its
+ * kernels are shown to be. */
 static bool team_invariant(const node *nodes, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -309,6 +310,11 @@ static bool team_invariant(const node *nodes, int n)
         case FB_LAYER_TRANSFORMER_BLOCK:
         case FB_LAYER_LAYERNORM:
         case FB_LAYER_POOL:
+        case FB_LAYER_CONV2D:
+        case FB_LAYER_MAXPOOL2D:
+        case FB_LAYER_AVGPOOL2D:
+        case FB_LAYER_GLOBAL_AVGPOOL:
+        case FB_LAYER_BATCHNORM:
             break;
         case FB_LAYER_RESIDUAL:
             if (!team_invariant(nodes[i].body, nodes[i].n_body) ||

@@ -10,7 +10,9 @@
  * stride-1, unpadded convolution needs no unfolding: col is the input itself.
  * Per-sample GEMMs are small enough for OpenBLAS's in-cache small-matrix
  * kernels, which measured faster here than GEMMs over several samples.
- * Threads split the samples (see fb_cpu_conv2d_scratch_floats).
+ * Threads split the samples; the weight and bias gradients are summed in
+ * fixed chunks of samples, the same on any number of threads (see
+ * fb_cpu_conv2d_scratch_floats).
  */
 #include "cpu.h"
 
@@ -217,7 +219,7 @@ static size_t col_floats(const fb_conv_geom *g)
     return conv_is_pointwise(g) ? 0 : (size_t)g->C * g->kh * g->kw * g->Ho * g->Wo;
 }
 
-/* Floats of one thread's private weight and bias gradient [B*K*C*kh*kw + B*K]. */
+/* Floats of one chunk's weight and bias gradient sums [B*K*C*kh*kw + B*K]. */
 static size_t partial_floats(const fb_conv_geom *g)
 {
     return (size_t)g->B * g->K * ((size_t)g->C * g->kh * g->kw + 1);
@@ -225,6 +227,18 @@ static size_t partial_floats(const fb_conv_geom *g)
 
 /* A conv of this many flops per thread is worth splitting over samples. */
 #define CONV_GRAIN 2e6
+
+/* Samples per chunk of the weight and bias gradients: a chunk's sums are
+ * formed alone, from zero, and the chunks are added into dw and dbias in
+ * chunk order, so the gradients do not depend on how many threads share the
+ * chunks (a tile of members on one thread gets what the whole array gets on
+ * two). */
+#define CONV_CHUNK 16
+
+static size_t conv_chunks(const fb_conv_geom *g)
+{
+    return ((size_t)g->N + CONV_CHUNK - 1) / CONV_CHUNK;
+}
 
 /* Threads for a conv of geometry g: never more than the scratch was sized for. */
 static int conv_team(const fb_backend *be, const fb_conv_geom *g)
@@ -236,15 +250,26 @@ static int conv_team(const fb_backend *be, const fb_conv_geom *g)
 
 /*
  * Floats of scratch for fb_cpu_threads(be) threads: each thread's unfolded
- * input, and for every thread but the first a private dw and dbias that the
- * backward adds up at the end (threads split the samples, and every sample
- * contributes to every weight).  The size depends on the thread count, so
- * scratch is sized after fb_backend_set_threads.
+ * input, and the backward's chunk sums: one at a time on one thread, every
+ * chunk's on more (they are added up in order at the end).  The size depends
+ * on the thread count, so scratch is sized after fb_backend_set_threads.
  */
 size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g)
 {
     const size_t T = (size_t)fb_cpu_threads(be);
-    return T * col_floats(g) + (T - 1) * partial_floats(g);
+    return T * col_floats(g) + (T == 1 ? 1 : conv_chunks(g)) * partial_floats(g);
+}
+
+/* dw += one chunk's weight gradient sums p [dw_n], dbias += its bias sums
+ * (after them in p). */
+static void add_sums(float *restrict dw, float *restrict dbias, const float *restrict p,
+                     size_t dw_n, size_t BK)
+{
+    for (size_t i = 0; i < dw_n; i++)
+        dw[i] += p[i];
+    if (dbias)
+        for (size_t ch = 0; ch < BK; ch++)
+            dbias[ch] += p[dw_n + ch];
 }
 
 /*
@@ -295,11 +320,11 @@ void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const fl
 }
 
 /*
- * dout [N, B*K, Ho, Wo]; accumulates dbias[B*K] (plane sums), per sample and
- * group dw_g [Mg, CKK] += dout_g . col^T, and (not shared) din_g += col2im(
- * w_g^T . dout_g).  Threads take contiguous ranges of samples; the first
- * accumulates straight into dw and dbias, the others into private copies in
- * scratch that are added in afterwards, in thread order.
+ * dout [N, B*K, Ho, Wo]; accumulates into dbias[B*K] (plane sums) and dw_g
+ * [Mg, CKK] (dout_g . col^T) the sums of each chunk of CONV_CHUNK samples,
+ * chunk after chunk, and (not shared) din_g += col2im(w_g^T . dout_g) per
+ * sample.  Threads take contiguous ranges of chunks; on one, each chunk's
+ * sums are added in as soon as they are formed, on more, after all are.
  */
 void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
@@ -311,60 +336,58 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
     const int per = g->shared ? g->B : 1;
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
     const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K, dw_n = BK * CKK;
-    FB_ASSERT(pw || scratch != NULL);
-    const int nt = conv_team(be, g);
-    FB_ASSERT(nt == 1 || scratch != NULL);
-    float *partials = nt > 1 ? scratch + (size_t)fb_cpu_threads(be) * col_floats(g) : NULL;
+    const size_t nc = conv_chunks(g), np = partial_floats(g);
+    if (nc == 0) return;
+    FB_ASSERT(scratch != NULL);
+    int nt = conv_team(be, g);
+    if ((size_t)nt > nc) nt = (int)nc;
+    float *sums = scratch + (size_t)fb_cpu_threads(be) * col_floats(g);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int t = omp_get_thread_num();
         float *col_buf = pw ? NULL : scratch + (size_t)t * col_floats(g);
-        float *my_dw = dw, *my_db = dbias;
-        if (t > 0) {
-            my_dw = partials + (size_t)(t - 1) * partial_floats(g);
-            my_db = my_dw + dw_n;
-            memset(my_dw, 0, partial_floats(g) * sizeof(float));
-        }
-        size_t n0, n1;
-        fb_cpu_split((size_t)g->N, t, omp_get_num_threads(), 1, &n0, &n1);
-        for (size_t n = n0; n < n1; n++) {
-            if (dbias)
-                for (size_t ch = 0; ch < BK; ch++)
-                    my_db[ch] += (float)plane_sum(dout + (n * BK + ch) * HoWo, (size_t)HoWo);
-            for (int gi = 0; gi < groups; gi++) {
-                const float *x = in + (n * groups + gi) * g->C * HW;
-                const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
-                const float *w_g = w + (size_t)gi * Mg * CKK;
-                float *din_g = din ? din + (n * groups + gi) * g->C * HW : NULL;
-                const float *col = x;
-                if (!pw) {
-                    conv_im2col(col_buf, x, g);
-                    col = col_buf;
-                }
-                for (int b = gi * per; b < (gi + 1) * per; b++)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
-                                dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo, 1.0f,
-                                my_dw + (size_t)b * g->K * CKK, CKK);
-                if (!din_g) continue;
-                if (pw) {
-                    /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f,
-                                w_g, CKK, dout_g, HoWo, 1.0f, din_g, HoWo);
-                } else {
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f, w_g,
-                                CKK, dout_g, HoWo, 0.0f, col_buf, HoWo);
-                    conv_col2im(din_g, col_buf, g);
+        size_t c0, c1;
+        fb_cpu_split(nc, t, omp_get_num_threads(), 1, &c0, &c1);
+        for (size_t c = c0; c < c1; c++) {
+            float *my_dw = nt > 1 ? sums + c * np : sums, *my_db = my_dw + dw_n;
+            memset(my_dw, 0, np * sizeof(float));
+            const size_t n_end = (c + 1) * CONV_CHUNK < (size_t)g->N ? (c + 1) * CONV_CHUNK
+                                                                     : (size_t)g->N;
+            for (size_t n = c * CONV_CHUNK; n < n_end; n++) {
+                if (dbias)
+                    for (size_t ch = 0; ch < BK; ch++)
+                        my_db[ch] += (float)plane_sum(dout + (n * BK + ch) * HoWo, (size_t)HoWo);
+                for (int gi = 0; gi < groups; gi++) {
+                    const float *x = in + (n * groups + gi) * g->C * HW;
+                    const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
+                    const float *w_g = w + (size_t)gi * Mg * CKK;
+                    float *din_g = din ? din + (n * groups + gi) * g->C * HW : NULL;
+                    const float *col = x;
+                    if (!pw) {
+                        conv_im2col(col_buf, x, g);
+                        col = col_buf;
+                    }
+                    for (int b = gi * per; b < (gi + 1) * per; b++)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
+                                    dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo,
+                                    1.0f, my_dw + (size_t)b * g->K * CKK, CKK);
+                    if (!din_g) continue;
+                    if (pw) {
+                        /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f,
+                                    w_g, CKK, dout_g, HoWo, 1.0f, din_g, HoWo);
+                    } else {
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f,
+                                    w_g, CKK, dout_g, HoWo, 0.0f, col_buf, HoWo);
+                        conv_col2im(din_g, col_buf, g);
+                    }
                 }
             }
+            if (nt == 1) add_sums(dw, dbias, my_dw, dw_n, BK);
         }
     }
-    /* the private sums, in thread order, so a thread count gives one result */
-    for (int t = 1; t < nt; t++) {
-        const float *pd = partials + (size_t)(t - 1) * partial_floats(g);
-        for (size_t i = 0; i < dw_n; i++)
-            dw[i] += pd[i];
-        if (dbias)
-            for (size_t ch = 0; ch < BK; ch++)
-                dbias[ch] += pd[dw_n + ch];
-    }
+    /* on several threads, every chunk's sums in chunk order */
+    if (nt > 1)
+        for (size_t c = 0; c < nc; c++)
+            add_sums(dw, dbias, sums + c * np, dw_n, BK);
 }

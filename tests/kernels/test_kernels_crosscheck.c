@@ -1076,6 +1076,56 @@ static void check_set_forms(fb_backend *be, const char *name)
     printf("%-64s ok\n", name);
 }
 
+/* The fast convolution's gradients are the same bits on 1 and 3 threads: the
+ * weight and bias gradients are summed in fixed chunks of samples, whatever
+ * the team (three chunks here, the last short), the input gradient per
+ * sample; shared and not, with and without unfolding. */
+static void check_conv_threads(void)
+{
+    /* N B C H W K kh kw ph shared */
+    static const int cfg[][10] = {{40, 3, 8, 14, 14, 16, 3, 3, 1, 0},
+                                  {37, 4, 1, 28, 28, 8, 3, 3, 1, 1},
+                                  {33, 2, 16, 9, 9, 32, 1, 1, 0, 0}};
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        const int *q = cfg[i];
+        fb_conv_geom g = {.N = q[0], .B = q[1], .C = q[2], .H = q[3], .W = q[4], .K = q[5],
+                          .kh = q[6], .kw = q[7], .sh = 1, .sw = 1, .ph = q[8], .pw = q[8],
+                          .shared = q[9]};
+        fb_conv_geom_finish(&g);
+        const size_t ni = (size_t)g.N * (g.shared ? 1 : g.B) * g.C * g.H * g.W;
+        const size_t nw = (size_t)g.B * g.K * g.C * g.kh * g.kw, nb = (size_t)g.B * g.K;
+        const size_t no = (size_t)g.N * g.B * g.K * g.Ho * g.Wo;
+        float *in = kt_rand(ni, -1, 1), *w = kt_rand(nw, -0.5f, 0.5f), *bias = kt_rand(nb, -1, 1);
+        float *dout = kt_rand(no, -1, 1);
+        float *res[2][4];
+        const size_t sizes[4] = {no, nw, nb, ni};
+        static const int threads[2] = {1, 3};
+        for (int k = 0; k < 2; k++) {
+            fb_backend_set_threads(g_fast, threads[k]);
+            for (int j = 0; j < 4; j++) {
+                res[k][j] = calloc(sizes[j], sizeof(float));
+                CHECK(res[k][j] != NULL);
+            }
+            size_t ns;
+            float *sc = scratch_for(g_fast, &g, &ns);
+            fb_conv2d_forward(g_fast, res[k][0], in, w, bias, &g, sc);
+            fb_conv2d_backward(g_fast, g.shared ? NULL : res[k][3], res[k][1], res[k][2], dout, in,
+                               w, &g, sc);
+            scratch_done(sc, ns, "conv threads");
+        }
+        for (int j = 0; j < 4; j++)
+            CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 4; j++)
+                free(res[k][j]);
+        free(in);
+        free(w);
+        free(bias);
+        free(dout);
+    }
+    printf("%-64s ok\n", "conv2d: the same bits on 1 and 3 threads");
+}
+
 static void cases_seq_pool(void)
 {
     static const int cfg[][4] = {{3, 1, 1, 5}, {3, 7, 3, 5}, {2, 33, 2, 300}, {16, 64, 4, 128}};
@@ -1328,6 +1378,7 @@ int main(void)
     check_seq_threads();
     check_layernorm_threads();
     check_seqops_threads();
+    check_conv_threads();
     check_set_forms(g_ref, "set forms (reference): zero and add, bit for bit");
     for (int t = 1; t <= 3; t += 2) {
         fb_backend_set_threads(g_fast, t);
