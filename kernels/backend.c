@@ -346,8 +346,8 @@ void fb_maxpool2d_backward(fb_backend *be, float *din, const float *dout, const 
 
 /* din = dout at the positions argmax recorded, 0 elsewhere; a backend
  * without its own form zeroes din and accumulates. */
-void fb_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
-                               const int32_t *argmax, const fb_pool_geom *g)
+void fb_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
+                               const fb_pool_geom *g)
 {
     FB_OP_FN(be, maxpool2d_backward);
     fb_pool_geom_check(g);
@@ -414,8 +414,8 @@ void fb_act_backward(fb_backend *be, fb_act act, float *din, const float *dout, 
 
 /* din = dout * act'(in or out); a backend without its own form zeroes din
  * and accumulates. */
-void fb_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout,
-                         const float *in, const float *out, size_t n)
+void fb_act_backward_set(fb_backend *be, fb_act act, float *din, const float *dout, const float *in,
+                         const float *out, size_t n)
 {
     FB_OP_FN(be, act_backward);
     FB_ASSERT(act >= FB_ACT_RELU && act <= FB_ACT_SIGMOID);

@@ -58,34 +58,54 @@ static void conv_row_range(int *lo, int *hi, const fb_conv_geom *g, int i)
     *hi = e > g->Ho ? g->Ho : e < *lo ? *lo : e;
 }
 
+/* Where tap (i, j) of a conv_rows_contiguous geometry reads: output rows
+ * [o0, o1) and in each the columns [lo, hi) are in the image; output index q
+ * = oh*Wo + ow reads the plane at q + d, over the run [q0, q1) clipped to the
+ * plane (what the clipping drops is a wrapped column). */
+typedef struct {
+    int o0, o1, lo, hi;
+    ptrdiff_t d, q0, q1;
+} tap_run;
+
+static tap_run conv_tap_run(const fb_conv_geom *g, int i, int j)
+{
+    tap_run t;
+    const ptrdiff_t plane = (ptrdiff_t)g->H * g->W;
+    conv_row_range(&t.o0, &t.o1, g, i);
+    conv_valid_range(&t.lo, &t.hi, g->W, g->Wo, 1, g->pw, j);
+    t.d = (ptrdiff_t)(i - g->ph) * g->W + (j - g->pw);
+    t.q0 = (ptrdiff_t)t.o0 * g->Wo;
+    t.q1 = (ptrdiff_t)t.o1 * g->Wo;
+    if (t.q0 + t.d < 0) t.q0 = -t.d;
+    if (t.q1 + t.d > plane) t.q1 = plane - t.d;
+    return t;
+}
+
+/* Zeroes the wrapped columns of the in-image rows of one col row r. */
+static void zero_wrapped(float *restrict r, const tap_run *t, int Wo)
+{
+    for (int oh = t->o0; oh < t->o1; oh++) {
+        float *restrict row = r + (size_t)oh * Wo;
+        for (int ow = 0; ow < t->lo; ow++)
+            row[ow] = 0.0f;
+        for (int ow = t->hi; ow < Wo; ow++)
+            row[ow] = 0.0f;
+    }
+}
+
 /* One (c, i, j) row of col for conv_rows_contiguous geometries: the in-image
  * rows as one copy of the plane's run, then the wrapped columns and the rows
  * in the padding zeroed.  Writes exactly what the general loop writes. */
 static void im2col_row_contiguous(float *restrict r, const float *restrict xc,
                                   const fb_conv_geom *g, int i, int j)
 {
-    const int W = g->W, Wo = g->Wo, shift = j - g->pw;
-    const ptrdiff_t plane = (ptrdiff_t)g->H * W;
-    int o0, o1, lo, hi;
-    conv_row_range(&o0, &o1, g, i);
-    conv_valid_range(&lo, &hi, W, Wo, 1, g->pw, j);
-    memset(r, 0, (size_t)o0 * Wo * sizeof *r);
-    memset(r + (size_t)o1 * Wo, 0, (size_t)(g->Ho - o1) * Wo * sizeof *r);
-    if (o1 == o0) return;
-    /* output index q = oh*Wo + ow reads the plane at q + d; clip the run to
-     * the plane (what falls outside is a wrapped column, zeroed below) */
-    const ptrdiff_t d = (ptrdiff_t)(i - g->ph) * W + shift;
-    ptrdiff_t q0 = (ptrdiff_t)o0 * Wo, q1 = (ptrdiff_t)o1 * Wo;
-    if (q0 + d < 0) q0 = -d;
-    if (q1 + d > plane) q1 = plane - d;
-    if (q1 > q0) memcpy(r + q0, xc + q0 + d, (size_t)(q1 - q0) * sizeof *r);
-    for (int oh = o0; oh < o1; oh++) {
-        float *restrict row = r + (size_t)oh * Wo;
-        for (int ow = 0; ow < lo; ow++)
-            row[ow] = 0.0f;
-        for (int ow = hi; ow < Wo; ow++)
-            row[ow] = 0.0f;
-    }
+    const int Wo = g->Wo;
+    const tap_run t = conv_tap_run(g, i, j);
+    memset(r, 0, (size_t)t.o0 * Wo * sizeof *r);
+    memset(r + (size_t)t.o1 * Wo, 0, (size_t)(g->Ho - t.o1) * Wo * sizeof *r);
+    if (t.o1 == t.o0) return;
+    if (t.q1 > t.q0) memcpy(r + t.q0, xc + t.q0 + t.d, (size_t)(t.q1 - t.q0) * sizeof *r);
+    zero_wrapped(r, &t, Wo);
 }
 
 /* col[(c*kh + i)*kw + j, oh*Wo + ow] = x[c, oh*sh - ph + i, ow*sw - pw + j],
@@ -141,25 +161,11 @@ static void conv_im2col(float *restrict col, const float *restrict x, const fb_c
 static void col2im_row_contiguous(float *restrict xc, float *restrict r, const fb_conv_geom *g,
                                   int i, int j)
 {
-    const int W = g->W, Wo = g->Wo, shift = j - g->pw;
-    const ptrdiff_t plane = (ptrdiff_t)g->H * W;
-    int o0, o1, lo, hi;
-    conv_row_range(&o0, &o1, g, i);
-    if (o1 == o0) return;
-    conv_valid_range(&lo, &hi, W, Wo, 1, g->pw, j);
-    for (int oh = o0; oh < o1; oh++) {
-        float *restrict row = r + (size_t)oh * Wo;
-        for (int ow = 0; ow < lo; ow++)
-            row[ow] = 0.0f;
-        for (int ow = hi; ow < Wo; ow++)
-            row[ow] = 0.0f;
-    }
-    const ptrdiff_t d = (ptrdiff_t)(i - g->ph) * W + shift;
-    ptrdiff_t q0 = (ptrdiff_t)o0 * Wo, q1 = (ptrdiff_t)o1 * Wo;
-    if (q0 + d < 0) q0 = -d;
-    if (q1 + d > plane) q1 = plane - d;
-    for (ptrdiff_t q = q0; q < q1; q++)
-        xc[q + d] += r[q];
+    const tap_run t = conv_tap_run(g, i, j);
+    if (t.o1 == t.o0) return;
+    zero_wrapped(r, &t, g->Wo);
+    for (ptrdiff_t q = t.q0; q < t.q1; q++)
+        xc[q + t.d] += r[q];
 }
 
 /* The adjoint of conv_im2col: x[c, ih, iw] += every col entry that was read
@@ -211,6 +217,15 @@ static double plane_sum(const float *restrict x, size_t n)
     for (; i < n; i++)
         s += x[i];
     return s;
+}
+
+/* The columns a sample's group input x [C, H, W] multiplies: x itself for a
+ * pointwise convolution, else its unfolding into col_buf. */
+static const float *conv_cols(float *col_buf, const float *x, const fb_conv_geom *g)
+{
+    if (conv_is_pointwise(g)) return x;
+    conv_im2col(col_buf, x, g);
+    return col_buf;
 }
 
 /* Floats of one thread's unfolded input [C*kh*kw, Ho*Wo] (0 when pointwise). */
@@ -303,12 +318,7 @@ void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const fl
                         o[i] = v;
                 }
             for (int gi = 0; gi < groups; gi++) {
-                const float *x = in + (n * groups + gi) * g->C * HW;
-                const float *col = x;
-                if (!pw) {
-                    conv_im2col(col_buf, x, g);
-                    col = col_buf;
-                }
+                const float *col = conv_cols(col_buf, in + (n * groups + gi) * g->C * HW, g);
                 /* one GEMM per member, of its solo shape (fast_linear.c says why) */
                 for (int b = gi * per; b < (gi + 1) * per; b++)
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->K, HoWo, CKK, 1.0f,
@@ -362,11 +372,7 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                     const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
                     const float *w_g = w + (size_t)gi * Mg * CKK;
                     float *din_g = din ? din + (n * groups + gi) * g->C * HW : NULL;
-                    const float *col = x;
-                    if (!pw) {
-                        conv_im2col(col_buf, x, g);
-                        col = col_buf;
-                    }
+                    const float *col = conv_cols(col_buf, x, g);
                     for (int b = gi * per; b < (gi + 1) * per; b++)
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
                                     dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo,

@@ -108,9 +108,10 @@ void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const
     }
 }
 
-/* din [N, BC, H, W] += dout routed to argmax. */
-void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
-                               const int32_t *argmax, const fb_pool_geom *g)
+/* din [N, BC, H, W] += dout routed to argmax; with set, each plane is zeroed
+ * first. */
+static void maxpool_backward(fb_backend *be, float *din, const float *dout, const int32_t *argmax,
+                             const fb_pool_geom *g, bool set)
 {
     const size_t HW = (size_t)g->H * g->W, HoWo = (size_t)g->Ho * g->Wo;
     const size_t P = (size_t)g->N * g->BC;
@@ -123,10 +124,18 @@ void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
             float *restrict d = din + p * HW;
             const float *restrict dy = dout + p * HoWo;
             const int32_t *restrict a = argmax + p * HoWo;
+            if (set) memset(d, 0, HW * sizeof *d);
             for (size_t o = 0; o < HoWo; o++)
                 if (a[o] >= 0) d[a[o]] += dy[o];
         }
     }
+}
+
+/* din [N, BC, H, W] += dout routed to argmax. */
+void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
+                               const int32_t *argmax, const fb_pool_geom *g)
+{
+    maxpool_backward(be, din, dout, argmax, g, false);
 }
 
 /*
@@ -140,23 +149,7 @@ void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,
 void fb_cpu_maxpool2d_backward_set(fb_backend *be, float *din, const float *dout,
                                    const int32_t *argmax, const fb_pool_geom *g)
 {
-    const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo;
-    const size_t HW = (size_t)H * W, HoWo = (size_t)Ho * Wo;
-    const size_t P = (size_t)g->N * g->BC;
-    const int nt = fb_cpu_team(be, (double)(P * HW), POOL_GRAIN);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        size_t p0, p1;
-        fb_cpu_split(P, omp_get_thread_num(), omp_get_num_threads(), 1, &p0, &p1);
-        for (size_t p = p0; p < p1; p++) {
-            float *restrict d = din + p * HW;
-            const float *restrict dy = dout + p * HoWo;
-            const int32_t *restrict a = argmax + p * HoWo;
-            memset(d, 0, HW * sizeof *d);
-            for (size_t o = 0; o < HoWo; o++)
-                if (a[o] >= 0) d[a[o]] += dy[o];
-        }
-    }
+    maxpool_backward(be, din, dout, argmax, g, true);
 }
 
 /* out [N, BC, Ho, Wo] = window sums / (kh kw) (count_include_pad). */

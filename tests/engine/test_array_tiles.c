@@ -8,8 +8,8 @@
  * dealt to the threads, each on its own lane: more tiles than threads, a
  * thread per member), for an MLP with dropout (SGD with momentum, AdamW), a
  * CNN with batch norm (Adam) and a language model with dropout in its
- * transformer block (AdamW; its ids checked and staged per tile, per lane).  A member whose loss is not finite is not
- * updated, as the session wants, while the others are.  Bad input is refused
+ * transformer block (AdamW; its ids checked and staged per tile, per lane).  A member whose loss is
+ * not finite is not updated, as the session wants, while the others are.  Bad input is refused
  * before anything changes (a table of cases), at 1 and 2 threads.
  */
 #include "engine_util.h"
@@ -25,7 +25,7 @@
 #define STEPS 12
 #define B 7
 
- /* the language model: T positions of ids below V */
+/* the language model: T positions of ids below V */
 #define T 8
 #define V 13
 
@@ -42,12 +42,11 @@ static fb_job_spec *member_spec(model mo, const char *optim, int i)
               "{\"type\":\"batchnorm\"},{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel\":[2,"
               "2]},"
               "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":10}]"
-        : mo == LM
-            ? "[{\"type\":\"embedding\",\"dim\":8},{\"type\":\"positional\",\"max_len\":8},"
-              "{\"type\":\"transformer_block\",\"heads\":2,\"mlp_ratio\":2,\"dropout\":0.1},"
-              "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":13}]"
-            : "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":24},{\"type\":\"relu\"},"
-              "{\"type\":\"dropout\",\"p\":0.25},{\"type\":\"linear\",\"out\":10}]";
+        : mo == LM ? "[{\"type\":\"embedding\",\"dim\":8},{\"type\":\"positional\",\"max_len\":8},"
+                     "{\"type\":\"transformer_block\",\"heads\":2,\"mlp_ratio\":2,\"dropout\":0.1},"
+                     "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":13}]"
+                   : "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":24},{\"type\":\"relu\"},"
+                     "{\"type\":\"dropout\",\"p\":0.25},{\"type\":\"linear\",\"out\":10}]";
     char o[200];
     if (strcmp(optim, "sgd") == 0)
         snprintf(o, sizeof o, "{\"type\":\"sgd\",\"lr\":%.17g,\"momentum\":0.9,\"nesterov\":%s}",
@@ -195,8 +194,8 @@ static void run_case(model mo, const char *optim, int threads, int tile, int nan
     fb_array *fresh = new_array(be, specs);
     snapshot(fresh, init);
     CHECK(memcmp(init, vt, sizeof(float) * 64) != 0);
-    printf("ok: %s %s threads=%d tile=%d nan_member=%d, %d steps bit-identical\n",
-           model_name[mo], optim, threads, tile, nan_member, STEPS);
+    printf("ok: %s %s threads=%d tile=%d nan_member=%d, %d steps bit-identical\n", model_name[mo],
+           optim, threads, tile, nan_member, STEPS);
     fb_array_free(fresh);
     free(init);
     free(bad);
@@ -211,28 +210,69 @@ static void run_case(model mo, const char *optim, int threads, int tile, int nan
     fb_backend_clone_free(be);
 }
 
-/* Bad input: the error, and not one value of any member changed. */
+/* An array in tiles of 2 after one good step, and a snapshot of every value,
+ * for the bad-input tables. */
+typedef struct {
+    fb_backend *be;
+    fb_job_spec *specs[B];
+    fb_array *a;
+    fb_optim_hparams hp[B];
+    float *v0, *v1;
+    size_t n;
+    int threads;
+} refusals;
+
+static void refusals_open(refusals *r, model mo, int threads, float *x, int32_t *y)
+{
+    r->threads = threads;
+    r->be = fb_backend_clone_threads(fb_backend_cpu(), threads);
+    CHECK(r->be != NULL);
+    for (int i = 0; i < B; i++)
+        r->specs[i] = member_spec(mo, "adamw", i);
+    r->a = new_array(r->be, r->specs);
+    fb_array_set_tile(r->a, 2);
+    batch(mo, 0, x, y);
+    hparams(r->a, 0, r->hp);
+    float l[B];
+    char msg[512];
+    CHECK_INT_EQ(fb_array_train_step(r->a, x, y, BS, 0, r->hp, l, NULL, msg, sizeof msg), FB_OK);
+    r->n = snapshot(r->a, NULL);
+    r->v0 = malloc(r->n * sizeof *r->v0);
+    r->v1 = malloc(r->n * sizeof *r->v1);
+    CHECK(r->v0 && r->v1);
+    snapshot(r->a, r->v0);
+}
+
+/* One refused step: the error, its message, and not one value changed. */
+static void refused(refusals *r, const char *what, int err, int want, const char *msg,
+                    const char *says)
+{
+    printf("bad input (%s, %d threads): %s: %s\n", what, r->threads, fb_err_code(err), msg);
+    CHECK_INT_EQ(err, want);
+    CHECK(strstr(msg, says) != NULL);
+    snapshot(r->a, r->v1);
+    CHECK(memcmp(r->v0, r->v1, r->n * sizeof *r->v0) == 0);
+}
+
+static void refusals_close(refusals *r)
+{
+    free(r->v0);
+    free(r->v1);
+    fb_array_free(r->a);
+    for (int i = 0; i < B; i++)
+        et_spec_free(r->specs[i]);
+    fb_backend_clone_free(r->be);
+}
+
+/* Bad labels and batch sizes for the MLP in tiles. */
 static void bad_input(int threads)
 {
-    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
-    CHECK(be != NULL);
-    fb_job_spec *specs[B];
-    for (int i = 0; i < B; i++)
-        specs[i] = member_spec(MLP, "adamw", i);
-    fb_array *a = new_array(be, specs);
-    fb_array_set_tile(a, 2);
+    refusals r;
     float x[(BS + 1) * SIDE * SIDE], l[B];
     int32_t y[BS + 1];
-    fb_optim_hparams hp[B];
     char msg[512];
-    batch(MLP, 0, x, y);
+    refusals_open(&r, MLP, threads, x, y);
     y[BS] = 0;
-    hparams(a, 0, hp);
-    CHECK_INT_EQ(fb_array_train_step(a, x, y, BS, 0, hp, l, NULL, msg, sizeof msg), FB_OK);
-    size_t n = snapshot(a, NULL);
-    float *v0 = malloc(n * sizeof *v0), *v1 = malloc(n * sizeof *v1);
-    CHECK(v0 && v1);
-    snapshot(a, v0);
     static const struct {
         const char *what;
         int N, sample;
@@ -250,45 +290,22 @@ static void bad_input(int threads)
         int32_t keep = y[cases[c].sample];
         y[cases[c].sample] = cases[c].label ? cases[c].label : keep;
         msg[0] = '\0';
-        int err = fb_array_train_step(a, x, y, cases[c].N, 1, hp, l, NULL, msg, sizeof msg);
+        int err = fb_array_train_step(r.a, x, y, cases[c].N, 1, r.hp, l, NULL, msg, sizeof msg);
         y[cases[c].sample] = keep;
-        printf("bad input (%s, %d threads): %s: %s\n", cases[c].what, threads, fb_err_code(err),
-               msg);
-        CHECK_INT_EQ(err, cases[c].err);
-        CHECK(strstr(msg, cases[c].says) != NULL);
-        snapshot(a, v1);
-        CHECK(memcmp(v0, v1, n * sizeof *v0) == 0);
+        refused(&r, cases[c].what, err, cases[c].err, msg, cases[c].says);
     }
-    free(v0);
-    free(v1);
-    fb_array_free(a);
-    for (int i = 0; i < B; i++)
-        et_spec_free(specs[i]);
-    fb_backend_clone_free(be);
+    refusals_close(&r);
 }
 
 /* Bad ids for the language model in tiles: refused by every tile before it
  * changes anything, the message naming the sample and the position. */
 static void bad_tokens(int threads)
 {
-    fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
-    CHECK(be != NULL);
-    fb_job_spec *specs[B];
-    for (int i = 0; i < B; i++)
-        specs[i] = member_spec(LM, "adamw", i);
-    fb_array *a = new_array(be, specs);
-    fb_array_set_tile(a, 2);
+    refusals r;
     float x[BS * (T + 1)], l[B];
     int32_t y[BS];
-    fb_optim_hparams hp[B];
     char msg[512];
-    batch(LM, 0, x, y);
-    hparams(a, 0, hp);
-    CHECK_INT_EQ(fb_array_train_step(a, x, y, BS, 0, hp, l, NULL, msg, sizeof msg), FB_OK);
-    size_t n = snapshot(a, NULL);
-    float *v0 = malloc(n * sizeof *v0), *v1 = malloc(n * sizeof *v1);
-    CHECK(v0 && v1);
-    snapshot(a, v0);
+    refusals_open(&r, LM, threads, x, y);
     static const struct {
         const char *what;
         int at; /* index into x */
@@ -304,21 +321,11 @@ static void bad_tokens(int threads)
         float keep = x[cases[c].at];
         x[cases[c].at] = cases[c].id;
         msg[0] = '\0';
-        int err = fb_array_train_step(a, x, y, BS, 1, hp, l, NULL, msg, sizeof msg);
+        int err = fb_array_train_step(r.a, x, y, BS, 1, r.hp, l, NULL, msg, sizeof msg);
         x[cases[c].at] = keep;
-        printf("bad tokens (%s, %d threads): %s: %s\n", cases[c].what, threads,
-               fb_err_code(err), msg);
-        CHECK_INT_EQ(err, FB_ERR_DATA);
-        CHECK(strstr(msg, cases[c].says) != NULL);
-        snapshot(a, v1);
-        CHECK(memcmp(v0, v1, n * sizeof *v0) == 0);
+        refused(&r, cases[c].what, err, FB_ERR_DATA, msg, cases[c].says);
     }
-    free(v0);
-    free(v1);
-    fb_array_free(a);
-    for (int i = 0; i < B; i++)
-        et_spec_free(specs[i]);
-    fb_backend_clone_free(be);
+    refusals_close(&r);
 }
 
 int main(void)

@@ -952,6 +952,16 @@ static void check_seq_threads(void)
     printf("%-64s ok\n", "attention: the same bits on 1 and 3 threads");
 }
 
+/* The results of one run on 1 thread and one on 3 are the same bits; frees both. */
+static void same_bits_free(float **one, float **three, const size_t *sizes, int n)
+{
+    for (int j = 0; j < n; j++) {
+        CHECK(memcmp(one[j], three[j], sizes[j] * sizeof(float)) == 0);
+        free(one[j]);
+        free(three[j]);
+    }
+}
+
 /* The fast layer norm gives the same bits on any number of threads: rows are
  * cut over threads forward, members backward (each walking its rows in
  * order, so dgamma and dbeta are summed alike). */
@@ -974,11 +984,7 @@ static void check_layernorm_threads(void)
         fb_layernorm_backward(g_fast, res[k][3], res[k][4], res[k][5], dy, x, res[k][1], res[k][2],
                               g, N, B, F);
     }
-    for (int j = 0; j < 6; j++)
-        CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
-    for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 6; j++)
-            free(res[k][j]);
+    same_bits_free(res[0], res[1], sizes, 6);
     free(x);
     free(dy);
     free(g);
@@ -1008,11 +1014,7 @@ static void check_seqops_threads(void)
         fb_seq_pool_backward(g_fast, FB_SEQ_POOL_MEAN, res[k][3], pooled, N, T, B, D);
         fb_seq_pool_backward(g_fast, FB_SEQ_POOL_FIRST, res[k][4], pooled, N, T, B, D);
     }
-    for (int j = 0; j < 5; j++)
-        CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
-    for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 5; j++)
-            free(res[k][j]);
+    same_bits_free(res[0], res[1], sizes, 5);
     free(dout);
     free(pooled);
     free(x);
@@ -1113,11 +1115,7 @@ static void check_conv_threads(void)
                                w, &g, sc);
             scratch_done(sc, ns, "conv threads");
         }
-        for (int j = 0; j < 4; j++)
-            CHECK(memcmp(res[0][j], res[1][j], sizes[j] * sizeof(float)) == 0);
-        for (int k = 0; k < 2; k++)
-            for (int j = 0; j < 4; j++)
-                free(res[k][j]);
+        same_bits_free(res[0], res[1], sizes, 4);
         free(in);
         free(w);
         free(bias);
