@@ -329,6 +329,45 @@ void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const fl
     }
 }
 
+/* One sample n of the backward: its plane sums into db, its weight gradient
+ * into dw (both [B*K*CKK + B*K] sums of a chunk) and (not shared) its input
+ * gradient into din.  col_buf: the thread's unfolding space. */
+static void conv_backward_sample(float *din, float *dw, float *db, const float *dout,
+                                 const float *in, const float *w, const fb_conv_geom *g, size_t n,
+                                 float *col_buf)
+{
+    const bool pw = conv_is_pointwise(g);
+    /* groups of input channels; per: the members that read one group (all when shared) */
+    const int groups = g->shared ? 1 : g->B, Mg = g->shared ? g->B * g->K : g->K;
+    const int per = g->shared ? g->B : 1;
+    const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
+    const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K;
+    if (db)
+        for (size_t ch = 0; ch < BK; ch++)
+            db[ch] += (float)plane_sum(dout + (n * BK + ch) * HoWo, (size_t)HoWo);
+    for (int gi = 0; gi < groups; gi++) {
+        const float *x = in + (n * groups + gi) * g->C * HW;
+        const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
+        const float *w_g = w + (size_t)gi * Mg * CKK;
+        const float *col = conv_cols(col_buf, x, g);
+        for (int b = gi * per; b < (gi + 1) * per; b++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
+                        dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo, 1.0f,
+                        dw + (size_t)b * g->K * CKK, CKK);
+        if (!din) continue;
+        float *din_g = din + (n * groups + gi) * g->C * HW;
+        if (pw) {
+            /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f, w_g, CKK,
+                        dout_g, HoWo, 1.0f, din_g, HoWo);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f, w_g, CKK,
+                        dout_g, HoWo, 0.0f, col_buf, HoWo);
+            conv_col2im(din_g, col_buf, g);
+        }
+    }
+}
+
 /*
  * dout [N, B*K, Ho, Wo]; accumulates into dbias[B*K] (plane sums) and dw_g
  * [Mg, CKK] (dout_g . col^T) the sums of each chunk of CONV_CHUNK samples,
@@ -341,11 +380,7 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const fb_conv_geom *g, float *scratch)
 {
     const bool pw = conv_is_pointwise(g);
-    /* groups of input channels; per: the members that read one group (all when shared) */
-    const int groups = g->shared ? 1 : g->B, Mg = g->shared ? g->B * g->K : g->K;
-    const int per = g->shared ? g->B : 1;
-    const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
-    const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K, dw_n = BK * CKK;
+    const size_t BK = (size_t)g->B * g->K, dw_n = BK * g->C * g->kh * g->kw;
     const size_t nc = conv_chunks(g), np = partial_floats(g);
     if (nc == 0) return;
     FB_ASSERT(scratch != NULL);
@@ -359,36 +394,12 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
         size_t c0, c1;
         fb_cpu_split(nc, t, omp_get_num_threads(), 1, &c0, &c1);
         for (size_t c = c0; c < c1; c++) {
-            float *my_dw = nt > 1 ? sums + c * np : sums, *my_db = my_dw + dw_n;
+            float *my_dw = nt > 1 ? sums + c * np : sums;
             memset(my_dw, 0, np * sizeof(float));
-            const size_t n_end = (c + 1) * CONV_CHUNK < (size_t)g->N ? (c + 1) * CONV_CHUNK
-                                                                     : (size_t)g->N;
-            for (size_t n = c * CONV_CHUNK; n < n_end; n++) {
-                if (dbias)
-                    for (size_t ch = 0; ch < BK; ch++)
-                        my_db[ch] += (float)plane_sum(dout + (n * BK + ch) * HoWo, (size_t)HoWo);
-                for (int gi = 0; gi < groups; gi++) {
-                    const float *x = in + (n * groups + gi) * g->C * HW;
-                    const float *dout_g = dout + (n * BK + (size_t)gi * Mg) * HoWo;
-                    const float *w_g = w + (size_t)gi * Mg * CKK;
-                    float *din_g = din ? din + (n * groups + gi) * g->C * HW : NULL;
-                    const float *col = conv_cols(col_buf, x, g);
-                    for (int b = gi * per; b < (gi + 1) * per; b++)
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->K, CKK, HoWo, 1.0f,
-                                    dout + (n * BK + (size_t)b * g->K) * HoWo, HoWo, col, HoWo,
-                                    1.0f, my_dw + (size_t)b * g->K * CKK, CKK);
-                    if (!din_g) continue;
-                    if (pw) {
-                        /* din_g [C, HW] += w_g^T [C, K] . dout_g [K, HW] */
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->C, HoWo, Mg, 1.0f,
-                                    w_g, CKK, dout_g, HoWo, 1.0f, din_g, HoWo);
-                    } else {
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, HoWo, Mg, 1.0f,
-                                    w_g, CKK, dout_g, HoWo, 0.0f, col_buf, HoWo);
-                        conv_col2im(din_g, col_buf, g);
-                    }
-                }
-            }
+            const size_t n1 = (c + 1) * CONV_CHUNK, n_end = n1 < (size_t)g->N ? n1 : (size_t)g->N;
+            for (size_t n = c * CONV_CHUNK; n < n_end; n++)
+                conv_backward_sample(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w, g, n,
+                                     col_buf);
             if (nt == 1) add_sums(dw, dbias, my_dw, dw_n, BK);
         }
     }
