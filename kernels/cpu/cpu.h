@@ -150,6 +150,19 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
                             const float *dout, const float *in, const float *w,
                             const fb_conv_geom *g, float *scratch);
 
+/* fast_conv_grid.c: stride-1 convolutions on a padded grid.  Whether g is
+ * one; the floats of one thread's space; the forward of samples [n0, n1)
+ * (every group); the backward of one chunk [n0, n1) (weight gradient set
+ * into sums, bias gradient set into db, input gradient added into din;
+ * either may be NULL). */
+bool fb_cpu_conv_grid_fits(const fb_conv_geom *g);
+size_t fb_cpu_conv_grid_floats(const fb_conv_geom *g);
+void fb_cpu_conv_grid_forward(float *out, const float *in, const float *w, const float *bias,
+                              const fb_conv_geom *g, size_t n0, size_t n1, float *scratch);
+void fb_cpu_conv_grid_backward(float *din, float *sums, float *db, const float *dout,
+                               const float *in, const float *w, const fb_conv_geom *g, size_t n0,
+                               size_t n1, float *scratch);
+
 void fb_cpu_maxpool2d_forward(fb_backend *be, float *out, int32_t *argmax, const float *in,
                               const fb_pool_geom *g);
 void fb_cpu_maxpool2d_backward(fb_backend *be, float *din, const float *dout,

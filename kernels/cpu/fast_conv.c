@@ -1,6 +1,8 @@
 /*
- * Fast B-batched 2-D convolution: im2col + OpenBLAS GEMM, col2im for the
- * input gradient.
+ * Fast B-batched 2-D convolution.  Stride 1 with padding narrower than the
+ * kernel (3x3 "same" among them) runs on a padded grid with multiply-add
+ * kernels of our own (fast_conv_grid.c); every other geometry, here, by
+ * im2col + OpenBLAS GEMM, col2im for the input gradient.
  *
  * Per sample, a group's input [C, H, W] unfolds into col [C*kh*kw, Ho*Wo];
  * its output [Mg, Ho*Wo] is then w_g [Mg, C*kh*kw] . col.  Not shared, a group
@@ -234,6 +236,12 @@ static size_t col_floats(const fb_conv_geom *g)
     return conv_is_pointwise(g) ? 0 : (size_t)g->C * g->kh * g->kw * g->Ho * g->Wo;
 }
 
+/* Floats of one thread's space: the grid's (fast_conv_grid.c) or the unfolding. */
+static size_t thread_floats(const fb_conv_geom *g)
+{
+    return fb_cpu_conv_grid_fits(g) ? fb_cpu_conv_grid_floats(g) : col_floats(g);
+}
+
 /* Floats of one chunk's weight and bias gradient sums [B*K*C*kh*kw + B*K]. */
 static size_t partial_floats(const fb_conv_geom *g)
 {
@@ -272,7 +280,7 @@ static int conv_team(const fb_backend *be, const fb_conv_geom *g)
 size_t fb_cpu_conv2d_scratch_floats(const fb_backend *be, const fb_conv_geom *g)
 {
     const size_t T = (size_t)fb_cpu_threads(be);
-    return T * col_floats(g) + (T == 1 ? 1 : conv_chunks(g)) * partial_floats(g);
+    return T * thread_floats(g) + (T == 1 ? 1 : conv_chunks(g)) * partial_floats(g);
 }
 
 /* dw += one chunk's weight gradient sums p [dw_n], dbias += its bias sums
@@ -287,45 +295,56 @@ static void add_sums(float *restrict dw, float *restrict dbias, const float *res
             dbias[ch] += p[dw_n + ch];
 }
 
-/*
- * out[N, B*K, Ho, Wo] = conv(in[N, Bi*C, H, W], w[B, K, C, kh, kw]) + bias[B, K];
- * scratch holds fb_cpu_conv2d_scratch_floats() floats.  Threads take
- * contiguous ranges of samples, each unfolding into its own part of scratch.
- */
-void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
-                           const float *bias, const fb_conv_geom *g, float *scratch)
+/* One sample n of the forward by unfolding: out_n [B*K, Ho, Wo].  col_buf:
+ * the thread's unfolding space. */
+static void conv_forward_sample(float *out_n, const float *in, const float *w, const float *bias,
+                                const fb_conv_geom *g, size_t n, float *col_buf)
 {
-    const bool pw = conv_is_pointwise(g);
     /* groups of input channels; per: the members that read one group (all when shared) */
     const int groups = g->shared ? 1 : g->B, per = g->shared ? g->B : 1;
     const int CKK = g->C * g->kh * g->kw, HoWo = g->Ho * g->Wo;
     const size_t HW = (size_t)g->H * g->W, BK = (size_t)g->B * g->K;
+    if (bias)
+        for (size_t ch = 0; ch < BK; ch++) {
+            float *restrict o = out_n + ch * HoWo;
+            const float v = bias[ch];
+            for (int i = 0; i < HoWo; i++)
+                o[i] = v;
+        }
+    for (int gi = 0; gi < groups; gi++) {
+        const float *col = conv_cols(col_buf, in + (n * groups + gi) * g->C * HW, g);
+        /* one GEMM per member, of its solo shape (fast_linear.c says why) */
+        for (int b = gi * per; b < (gi + 1) * per; b++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->K, HoWo, CKK, 1.0f,
+                        w + (size_t)b * g->K * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
+                        out_n + (size_t)b * g->K * HoWo, HoWo);
+    }
+}
+
+/*
+ * out[N, B*K, Ho, Wo] = conv(in[N, Bi*C, H, W], w[B, K, C, kh, kw]) + bias[B, K];
+ * scratch holds fb_cpu_conv2d_scratch_floats() floats.  Threads take
+ * contiguous ranges of samples, each working in its own part of scratch: on
+ * the grid (stride 1, fast_conv_grid.c) or unfolded.
+ */
+void fb_cpu_conv2d_forward(fb_backend *be, float *out, const float *in, const float *w,
+                           const float *bias, const fb_conv_geom *g, float *scratch)
+{
+    const bool pw = conv_is_pointwise(g), grid = fb_cpu_conv_grid_fits(g);
+    const size_t BK = (size_t)g->B * g->K, HoWo = (size_t)g->Ho * g->Wo;
     FB_ASSERT(pw || scratch != NULL);
     const int nt = conv_team(be, g);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int t = omp_get_thread_num();
-        float *col_buf = pw ? NULL : scratch + (size_t)t * col_floats(g);
+        float *space = pw ? NULL : scratch + (size_t)t * thread_floats(g);
         size_t n0, n1;
         fb_cpu_split((size_t)g->N, t, omp_get_num_threads(), 1, &n0, &n1);
-        for (size_t n = n0; n < n1; n++) {
-            float *out_n = out + n * BK * HoWo;
-            if (bias)
-                for (size_t ch = 0; ch < BK; ch++) {
-                    float *restrict o = out_n + ch * HoWo;
-                    const float v = bias[ch];
-                    for (int i = 0; i < HoWo; i++)
-                        o[i] = v;
-                }
-            for (int gi = 0; gi < groups; gi++) {
-                const float *col = conv_cols(col_buf, in + (n * groups + gi) * g->C * HW, g);
-                /* one GEMM per member, of its solo shape (fast_linear.c says why) */
-                for (int b = gi * per; b < (gi + 1) * per; b++)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->K, HoWo, CKK, 1.0f,
-                                w + (size_t)b * g->K * CKK, CKK, col, HoWo, bias ? 1.0f : 0.0f,
-                                out_n + (size_t)b * g->K * HoWo, HoWo);
-            }
-        }
+        if (grid)
+            fb_cpu_conv_grid_forward(out, in, w, bias, g, n0, n1, space);
+        else
+            for (size_t n = n0; n < n1; n++)
+                conv_forward_sample(out + n * BK * HoWo, in, w, bias, g, n, space);
     }
 }
 
@@ -386,20 +405,25 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
     FB_ASSERT(scratch != NULL);
     int nt = conv_team(be, g);
     if ((size_t)nt > nc) nt = (int)nc;
-    float *sums = scratch + (size_t)fb_cpu_threads(be) * col_floats(g);
+    const bool grid = fb_cpu_conv_grid_fits(g);
+    float *sums = scratch + (size_t)fb_cpu_threads(be) * thread_floats(g);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int t = omp_get_thread_num();
-        float *col_buf = pw ? NULL : scratch + (size_t)t * col_floats(g);
+        float *col_buf = pw ? NULL : scratch + (size_t)t * thread_floats(g);
         size_t c0, c1;
         fb_cpu_split(nc, t, omp_get_num_threads(), 1, &c0, &c1);
         for (size_t c = c0; c < c1; c++) {
             float *my_dw = nt > 1 ? sums + c * np : sums;
             memset(my_dw, 0, np * sizeof(float));
             const size_t n1 = (c + 1) * CONV_CHUNK, n_end = n1 < (size_t)g->N ? n1 : (size_t)g->N;
-            for (size_t n = c * CONV_CHUNK; n < n_end; n++)
-                conv_backward_sample(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w, g, n,
-                                     col_buf);
+            if (grid)
+                fb_cpu_conv_grid_backward(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w, g,
+                                          c * CONV_CHUNK, n_end, col_buf);
+            else
+                for (size_t n = c * CONV_CHUNK; n < n_end; n++)
+                    conv_backward_sample(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w,
+                                         g, n, col_buf);
             if (nt == 1) add_sums(dw, dbias, my_dw, dw_n, BK);
         }
     }

@@ -252,6 +252,11 @@ static void cases_conv(void)
          * wider than the image, one row, no row padding, ph != pw */
         {2, 2, 2, 3, 3, 2, 5, 5, 1, 1, 2, 2, 0, 1},    {2, 2, 3, 1, 7, 2, 3, 3, 1, 1, 1, 1, 1, 1},
         {2, 3, 2, 6, 5, 2, 3, 1, 1, 1, 0, 0, 0, 1},    {3, 2, 2, 8, 6, 3, 5, 3, 1, 1, 1, 1, 0, 0},
+        /* the grid (stride 1): a row of taps padded only along it, a grid
+         * of one short tile, more rows than a block; padding as wide as the
+         * kernel (unfolded instead) */
+        {2, 2, 3, 5, 5, 3, 1, 3, 1, 1, 0, 1, 0, 1},    {2, 2, 2, 2, 3, 5, 2, 2, 1, 1, 0, 0, 1, 1},
+        {3, 1, 2, 6, 6, 9, 3, 3, 1, 1, 1, 1, 0, 0},    {2, 2, 2, 5, 5, 3, 1, 1, 1, 1, 1, 1, 0, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         const int *q = cfg[i];
@@ -1078,21 +1083,37 @@ static void check_set_forms(fb_backend *be, const char *name)
     printf("%-64s ok\n", name);
 }
 
-/* The fast convolution's gradients are the same bits on 1 and 3 threads: the
- * weight and bias gradients are summed in fixed chunks of samples, whatever
- * the team (three chunks here, the last short), the input gradient per
- * sample; shared and not, with and without unfolding. */
-static void check_conv_threads(void)
+/* A convolution's forward and backward on g_fast at `threads` threads, the
+ * fast CPU kernels portable or not: res [out, dw, dbias, din] (din untouched
+ * when shared), allocated here. */
+static void conv_both(float *res[4], const size_t sizes[4], const fb_conv_geom *g, int threads,
+                      bool portable, const float *in, const float *w, const float *bias,
+                      const float *dout)
 {
-    /* N B C H W K kh kw ph shared */
-    static const int cfg[][10] = {{40, 3, 8, 14, 14, 16, 3, 3, 1, 0},
-                                  {37, 4, 1, 28, 28, 8, 3, 3, 1, 1},
-                                  {33, 2, 16, 9, 9, 32, 1, 1, 0, 0}};
-    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+    fb_backend_set_threads(g_fast, threads);
+    fb_cpu_kernels_portable(portable);
+    for (int j = 0; j < 4; j++) {
+        res[j] = calloc(sizes[j], sizeof(float));
+        CHECK(res[j] != NULL);
+    }
+    size_t ns;
+    float *sc = scratch_for(g_fast, g, &ns);
+    fb_conv2d_forward(g_fast, res[0], in, w, bias, g, sc);
+    fb_conv2d_backward(g_fast, g->shared ? NULL : res[3], res[1], res[2], dout, in, w, g, sc);
+    scratch_done(sc, ns, "conv bits");
+    fb_cpu_kernels_portable(false);
+}
+
+/* conv_both in two settings (threads, portable) gives the same bits, for each
+ * geometry {N B C H W K kh kw ph pw shared}. */
+static void conv_same_bits(const int (*cfg)[11], size_t n_cfg, const int threads[2],
+                           const bool portable[2])
+{
+    for (size_t i = 0; i < n_cfg; i++) {
         const int *q = cfg[i];
         fb_conv_geom g = {.N = q[0], .B = q[1], .C = q[2], .H = q[3], .W = q[4], .K = q[5],
-                          .kh = q[6], .kw = q[7], .sh = 1, .sw = 1, .ph = q[8], .pw = q[8],
-                          .shared = q[9]};
+                          .kh = q[6], .kw = q[7], .sh = 1, .sw = 1, .ph = q[8], .pw = q[9],
+                          .shared = q[10]};
         fb_conv_geom_finish(&g);
         const size_t ni = (size_t)g.N * (g.shared ? 1 : g.B) * g.C * g.H * g.W;
         const size_t nw = (size_t)g.B * g.K * g.C * g.kh * g.kw, nb = (size_t)g.B * g.K;
@@ -1101,27 +1122,47 @@ static void check_conv_threads(void)
         float *dout = kt_rand(no, -1, 1);
         float *res[2][4];
         const size_t sizes[4] = {no, nw, nb, ni};
-        static const int threads[2] = {1, 3};
-        for (int k = 0; k < 2; k++) {
-            fb_backend_set_threads(g_fast, threads[k]);
-            for (int j = 0; j < 4; j++) {
-                res[k][j] = calloc(sizes[j], sizeof(float));
-                CHECK(res[k][j] != NULL);
-            }
-            size_t ns;
-            float *sc = scratch_for(g_fast, &g, &ns);
-            fb_conv2d_forward(g_fast, res[k][0], in, w, bias, &g, sc);
-            fb_conv2d_backward(g_fast, g.shared ? NULL : res[k][3], res[k][1], res[k][2], dout, in,
-                               w, &g, sc);
-            scratch_done(sc, ns, "conv threads");
-        }
+        for (int k = 0; k < 2; k++)
+            conv_both(res[k], sizes, &g, threads[k], portable[k], in, w, bias, dout);
         same_bits_free(res[0], res[1], sizes, 4);
         free(in);
         free(w);
         free(bias);
         free(dout);
     }
+}
+
+/* The fast convolution's gradients are the same bits on 1 and 3 threads: the
+ * weight and bias gradients are summed in fixed chunks of samples, whatever
+ * the team (three chunks here, the last short), the input gradient per
+ * sample; shared and not, on the grid and unfolded (pointwise). */
+static void check_conv_threads(void)
+{
+    static const int cfg[][11] = {{40, 3, 8, 14, 14, 16, 3, 3, 1, 1, 0},
+                                  {37, 4, 1, 28, 28, 8, 3, 3, 1, 1, 1},
+                                  {33, 2, 16, 9, 9, 32, 1, 1, 0, 0, 0}};
+    conv_same_bits(cfg, sizeof cfg / sizeof cfg[0], (const int[2]){1, 3},
+                   (const bool[2]){false, false});
     printf("%-64s ok\n", "conv2d: the same bits on 1 and 3 threads");
+}
+
+/* The stride-1 convolutions' own kernels (AVX2 where the CPU has it) give the
+ * bits of their portable loops: each sum is the same fused multiply-adds in
+ * the same order.  Rows and taps that fill no whole block (K, C not multiples
+ * of 4), grids that end in a short tile, the output gradient padded as the
+ * grid and not, shared, one and two threads. */
+static void check_conv_portable(void)
+{
+    static const int cfg[][11] = {
+        {18, 2, 3, 14, 14, 7, 3, 3, 1, 1, 0}, {17, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1},
+        {5, 2, 5, 9, 6, 6, 5, 3, 2, 1, 0},    {4, 2, 3, 5, 5, 5, 1, 3, 0, 1, 0},
+        {3, 3, 2, 7, 7, 2, 4, 4, 0, 0, 0},    {6, 1, 16, 14, 14, 32, 3, 3, 1, 1, 0},
+        {3, 2, 2, 3, 3, 3, 5, 5, 2, 2, 0},
+    };
+    for (int t = 1; t <= 2; t++)
+        conv_same_bits(cfg, sizeof cfg / sizeof cfg[0], (const int[2]){t, t},
+                       (const bool[2]){false, true});
+    printf("%-64s ok\n", "conv2d: the own kernels give the portable loops' bits");
 }
 
 static void cases_seq_pool(void)
@@ -1377,6 +1418,7 @@ int main(void)
     check_layernorm_threads();
     check_seqops_threads();
     check_conv_threads();
+    check_conv_portable();
     check_set_forms(g_ref, "set forms (reference): zero and add, bit for bit");
     for (int t = 1; t <= 3; t += 2) {
         fb_backend_set_threads(g_fast, t);
