@@ -84,10 +84,10 @@ typedef enum fb_act {
 fb_backend *fb_backend_cpu_ref(void);
 /* The fast CPU backend: OpenBLAS GEMMs and loops the compiler vectorises. */
 fb_backend *fb_backend_cpu(void);
-/* Whether the fast CPU backend's own multiply-add kernels (the stride-1
- * convolutions) run as portable C loops instead of their AVX2 form, process
- * wide.  Both give the same bits; the switch lets a test show it on any CPU.
- * Off by default. */
+/* Whether the fast CPU backend's own vector kernels (the stride-1
+ * convolutions, 2x2 max pooling) run as portable C loops instead of their
+ * AVX2 form, process wide.  Both give the same bits; the switch lets a test
+ * show it on any CPU.  Off by default. */
 void fb_cpu_kernels_portable(bool on);
 /* The CUDA backend on device `device`, or NULL where CUDA is not built or no
  * such device exists. */

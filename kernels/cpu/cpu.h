@@ -133,6 +133,10 @@ void fb_ref_optim_step(fb_backend *be, fb_optim_kind kind, float *params, const 
                        int B, const fb_optim_hparams *hp);
 
 /* ---- fast ---- */
+/* Whether the kernels written with AVX2 and FMA intrinsics (the grid
+ * convolution, 2x2 max pooling) run: the CPU has both and
+ * fb_cpu_kernels_portable is off.  Their portable loops give the same bits. */
+bool fb_cpu_own_avx2(void);
 void fb_cpu_set_threads(fb_backend *be, int n);
 void fb_cpu_zero(fb_backend *be, void *p, size_t bytes);
 

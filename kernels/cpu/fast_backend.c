@@ -1,9 +1,29 @@
 /*
  * The "cpu" backend: the table of fast functions.  Dropout keeps the
  * reference loops, whose cost is the counter-based RNG; everything else has
- * its own fast path.
+ * its own fast path.  And the choice between the kernels written for AVX2
+ * and their portable loops, which give the same bits.
  */
 #include "cpu.h"
+
+#include <stdatomic.h>
+
+static atomic_bool g_portable;
+
+void fb_cpu_kernels_portable(bool on)
+{
+    atomic_store(&g_portable, on);
+}
+
+bool fb_cpu_own_avx2(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return !atomic_load_explicit(&g_portable, memory_order_relaxed) &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
 
 static const struct fb_backend_ops fb_cpu_ops = {
     .alloc = fb_cpumem_alloc,

@@ -23,12 +23,11 @@
  * kernels and the portable loops (fmaf, correctly rounded everywhere) do
  * exactly that, so the bits depend neither on the CPU nor on B nor on the
  * threads (fb_cpu_kernels_portable switches to the portable loops, for the
- * test that shows it).
+ * test that shows it; fb_cpu_own_avx2 chooses).
  */
 #include "cpu.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -40,23 +39,6 @@
 #define NR 24   /* grid positions of a full forward tile: three vectors of 8 */
 #define LANES 8 /* the weight gradient's lanes */
 #define DW_TAPS 3
-
-static atomic_bool g_portable;
-
-void fb_cpu_kernels_portable(bool on)
-{
-    atomic_store(&g_portable, on);
-}
-
-static bool use_avx2(void)
-{
-#ifdef GRID_X86
-    return !atomic_load_explicit(&g_portable, memory_order_relaxed) &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
 
 static size_t round_up(size_t n, size_t m)
 {
@@ -233,7 +215,7 @@ static void product_portable(float *restrict y, size_t ldy, const float *restric
 static void product(float *y, size_t ldy, const float *a, int Mr, const taps *t, size_t P)
 {
 #ifdef GRID_X86
-    if (use_avx2()) {
+    if (fb_cpu_own_avx2()) {
         product_avx2(y, ldy, a, Mr, t, P);
         return;
     }
@@ -258,7 +240,7 @@ typedef struct {
     int k, c, i, j;
 } run_cursor;
 
-static const float *next_run(run_cursor *u)
+__attribute__((always_inline)) static inline const float *next_run(run_cursor *u)
 {
     const runs *r = u->r;
     const taps *t = &r->t;
@@ -329,7 +311,7 @@ static void dots_portable(float *restrict lane, int Mr, int Kr, const float *res
 static void dots(float *lane, int Mr, int Kr, const float *d, size_t ldd, size_t P, const runs *rs)
 {
 #ifdef GRID_X86
-    if (use_avx2()) {
+    if (fb_cpu_own_avx2()) {
         dots_avx2(lane, Mr, Kr, d, ldd, P, rs);
         return;
     }

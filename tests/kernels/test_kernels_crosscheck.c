@@ -359,6 +359,9 @@ static void cases_pool(void)
         {2, 2, 5, 6, 3, 2, 3, 1, 1, 1, 0},
         /* cut over threads by planes: the 2x2 path (odd size, ties) and the general one */
         {4, 16, 29, 28, 2, 2, 2, 2, 0, 0, 1}, {8, 16, 15, 15, 3, 3, 2, 2, 1, 1, 1},
+        /* 2x2 rows of two blocks of eight windows and a tail, and of four and
+         * a tail: ties, NaN, +-Inf */
+        {2, 3, 34, 37, 2, 2, 2, 2, 0, 0, 1}, {3, 4, 14, 15, 2, 2, 2, 2, 0, 0, 1},
     };
     for (int B = 1; B <= 3; B += 2)
         for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
@@ -1051,8 +1054,12 @@ static void check_set_forms(fb_backend *be, const char *name)
         CHECK(memcmp(acc, set, n * sizeof *acc) == 0);
     }
     /* 2x2 windows over even and odd planes (a row and a column past the last
-     * window), and overlapping padded 3x3 windows of stride 2 */
-    static const int geo[][6] = {{6, 8, 2, 2, 0, 0}, {7, 9, 2, 2, 0, 0}, {7, 9, 3, 2, 1, 1}};
+     * window), rows of three windows, of four and a tail, of one and two
+     * blocks of eight and a tail, and overlapping padded 3x3 windows of
+     * stride 2 */
+    static const int geo[][6] = {{6, 8, 2, 2, 0, 0},   {7, 9, 2, 2, 0, 0},   {14, 14, 2, 2, 0, 0},
+                                 {6, 6, 2, 2, 0, 0},   {28, 28, 2, 2, 0, 0}, {16, 34, 2, 2, 0, 0},
+                                 {9, 35, 2, 2, 0, 0},  {7, 9, 3, 2, 1, 1}};
     for (size_t k = 0; k < sizeof geo / sizeof geo[0]; k++) {
         fb_pool_geom g = {.N = 3, .BC = 5, .H = geo[k][0], .W = geo[k][1], .kh = geo[k][2],
                           .kw = geo[k][2], .sh = geo[k][3], .sw = geo[k][3], .ph = geo[k][4],
@@ -1425,6 +1432,13 @@ int main(void)
         check_set_forms(g_fast, t == 1 ? "set forms (fast, 1 thread): zero and add, bit for bit"
                                        : "set forms (fast, 3 threads): zero and add, bit for bit");
     }
+    /* the pooling written for AVX2 has portable loops too: the same results */
+    fb_backend_set_threads(g_fast, 1);
+    fb_cpu_kernels_portable(true);
+    check_set_forms(g_fast, "set forms (fast, portable loops): zero and add, bit for bit");
+    printf("-- fast backend's portable loops\n");
+    cases_pool();
+    fb_cpu_kernels_portable(false);
     /* one thread, and three (more than this machine's cores, and an odd count,
      * so that work is cut unevenly) for the fast backend's threaded paths */
     static const int threads[] = {1, 3};
