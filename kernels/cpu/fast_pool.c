@@ -140,6 +140,18 @@ __attribute__((target("avx2"))) static void maxpool_row_2x2_x4(float *restrict o
         _mm_storeu_si128((__m128i *)(arow + ow), _mm_add_epi32(at, k));
     }
 }
+
+/* A row in vectors of eight or four windows; false (nothing done) for rows
+ * of fewer than four. */
+static bool maxpool_row_2x2_vec(float *orow, int32_t *arow, const float *r0, const float *r1,
+                                int W, int Wo, int32_t base)
+{
+    if (Wo >= 8)
+        maxpool_row_2x2_avx2(orow, arow, r0, r1, W, Wo, base);
+    else if (Wo >= 4)
+        maxpool_row_2x2_x4(orow, arow, r0, r1, W, Wo, base);
+    return Wo >= 4;
+}
 #endif
 
 /* One plane of 2x2, stride-2, unpadded max pooling: every window lies inside
@@ -160,13 +172,7 @@ static void maxpool_plane_2x2(float *restrict o, int32_t *restrict a, const floa
         int32_t *restrict arow = a + (size_t)oh * Wo;
         const int32_t base = 2 * oh * W;
 #ifdef POOL_X86
-        if (avx2 && Wo >= 4) {
-            if (Wo >= 8)
-                maxpool_row_2x2_avx2(orow, arow, r0, r1, W, Wo, base);
-            else
-                maxpool_row_2x2_x4(orow, arow, r0, r1, W, Wo, base);
-            continue;
-        }
+        if (avx2 && maxpool_row_2x2_vec(orow, arow, r0, r1, W, Wo, base)) continue;
 #endif
         for (int ow = 0; ow < Wo; ow++) {
             const float v0 = r0[2 * ow], v1 = r0[2 * ow + 1];
@@ -271,6 +277,18 @@ __attribute__((target("avx2"))) static void maxpool_set_rows_2x2_x4(float *restr
         }
     }
 }
+
+/* Two rows in vectors of eight or four windows; false (nothing done) for
+ * rows of fewer than four. */
+static bool maxpool_set_rows_2x2_vec(float *d0, float *d1, const float *dy, const int32_t *a,
+                                     int W, int Wo, int32_t base)
+{
+    if (Wo >= 8)
+        maxpool_set_rows_2x2_avx2(d0, d1, dy, a, W, Wo, base);
+    else if (Wo >= 4)
+        maxpool_set_rows_2x2_x4(d0, d1, dy, a, W, Wo, base);
+    return Wo >= 4;
+}
 #endif
 
 /* A plane of the set form for 2x2, stride-2, unpadded windows that tile it
@@ -287,13 +305,7 @@ static void maxpool_set_plane_2x2(float *restrict d, const float *restrict dy,
         const int32_t *restrict ar = a + (size_t)oh * Wo;
         const int32_t base = 2 * oh * W;
 #ifdef POOL_X86
-        if (avx2 && Wo >= 4) {
-            if (Wo >= 8)
-                maxpool_set_rows_2x2_avx2(d0, d1, dyr, ar, W, Wo, base);
-            else
-                maxpool_set_rows_2x2_x4(d0, d1, dyr, ar, W, Wo, base);
-            continue;
-        }
+        if (avx2 && maxpool_set_rows_2x2_vec(d0, d1, dyr, ar, W, Wo, base)) continue;
 #endif
         for (int ow = 0; ow < Wo; ow++) {
             const int32_t at = ar[ow] - (base + 2 * ow);
