@@ -43,18 +43,91 @@ static void conv_valid_range(int *lo, int *hi, int W, int Wo, int s, int p, int 
     *hi = e;
 }
 
+/* Whether the output keeps the input's width at stride 1 ("same" padding
+ * along the rows): then the taps of one (c, i, j) over all in-image output
+ * rows read one contiguous run of the input plane, shifted by j - pw, and
+ * only each row's first or last column wraps into the neighbouring row. */
+static bool conv_rows_contiguous(const fb_conv_geom *g)
+{
+    return g->sh == 1 && g->sw == 1 && g->Wo == g->W;
+}
+
+/* The output rows [*lo, *hi) whose tap row i lands inside [0, H) at stride 1. */
+static void conv_row_range(int *lo, int *hi, const fb_conv_geom *g, int i)
+{
+    int a = g->ph - i, e = g->H + g->ph - i;
+    *lo = a < 0 ? 0 : a > g->Ho ? g->Ho : a;
+    *hi = e > g->Ho ? g->Ho : e < *lo ? *lo : e;
+}
+
+/* Where tap (i, j) of a conv_rows_contiguous geometry reads: output rows
+ * [o0, o1) and in each the columns [lo, hi) are in the image; output index q
+ * = oh*Wo + ow reads the plane at q + d, over the run [q0, q1) clipped to the
+ * plane (what the clipping drops is a wrapped column). */
+typedef struct {
+    int o0, o1, lo, hi;
+    ptrdiff_t d, q0, q1;
+} tap_run;
+
+static tap_run conv_tap_run(const fb_conv_geom *g, int i, int j)
+{
+    tap_run t;
+    const ptrdiff_t plane = (ptrdiff_t)g->H * g->W;
+    conv_row_range(&t.o0, &t.o1, g, i);
+    conv_valid_range(&t.lo, &t.hi, g->W, g->Wo, 1, g->pw, j);
+    t.d = (ptrdiff_t)(i - g->ph) * g->W + (j - g->pw);
+    t.q0 = (ptrdiff_t)t.o0 * g->Wo;
+    t.q1 = (ptrdiff_t)t.o1 * g->Wo;
+    if (t.q0 + t.d < 0) t.q0 = -t.d;
+    if (t.q1 + t.d > plane) t.q1 = plane - t.d;
+    return t;
+}
+
+/* Zeroes the wrapped columns of the in-image rows of one col row r. */
+static void zero_wrapped(float *restrict r, const tap_run *t, int Wo)
+{
+    for (int oh = t->o0; oh < t->o1; oh++) {
+        float *restrict row = r + (size_t)oh * Wo;
+        for (int ow = 0; ow < t->lo; ow++)
+            row[ow] = 0.0f;
+        for (int ow = t->hi; ow < Wo; ow++)
+            row[ow] = 0.0f;
+    }
+}
+
+/* One (c, i, j) row of col for conv_rows_contiguous geometries: the in-image
+ * rows as one copy of the plane's run, then the wrapped columns and the rows
+ * in the padding zeroed.  Writes exactly what the general loop writes. */
+static void im2col_row_contiguous(float *restrict r, const float *restrict xc,
+                                  const fb_conv_geom *g, int i, int j)
+{
+    const int Wo = g->Wo;
+    const tap_run t = conv_tap_run(g, i, j);
+    memset(r, 0, (size_t)t.o0 * Wo * sizeof *r);
+    memset(r + (size_t)t.o1 * Wo, 0, (size_t)(g->Ho - t.o1) * Wo * sizeof *r);
+    if (t.o1 == t.o0) return;
+    if (t.q1 > t.q0) memcpy(r + t.q0, xc + t.q0 + t.d, (size_t)(t.q1 - t.q0) * sizeof *r);
+    zero_wrapped(r, &t, Wo);
+}
+
 /* col[(c*kh + i)*kw + j, oh*Wo + ow] = x[c, oh*sh - ph + i, ow*sw - pw + j],
  * zero where the tap falls in the padding.  x [C, H, W].  Rows are short
- * (Wo values), so they are written by plain loops, not library calls. */
+ * (Wo values), so they are written by plain loops, not library calls, unless
+ * the rows of a tap are one contiguous run (conv_rows_contiguous). */
 static void conv_im2col(float *restrict col, const float *restrict x, const fb_conv_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo, sw = g->sw;
     const size_t HoWo = (size_t)Ho * Wo;
+    const bool runs = conv_rows_contiguous(g);
     for (int c = 0; c < g->C; c++)
         for (int i = 0; i < g->kh; i++)
             for (int j = 0; j < g->kw; j++) {
                 float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 const float *restrict xc = x + (size_t)c * H * W;
+                if (runs) {
+                    im2col_row_contiguous(row, xc, g, i, j);
+                    continue;
+                }
                 const int shift = j - g->pw; /* input column of ow is ow*sw + shift */
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);
@@ -81,17 +154,38 @@ static void conv_im2col(float *restrict col, const float *restrict x, const fb_c
             }
 }
 
+/* conv_col2im's (c, i, j) row for conv_rows_contiguous geometries: the
+ * wrapped columns of the row (padding taps, which add nothing) are cleared,
+ * then the in-image rows are added as one run.  Each input element gets the
+ * same additions in the same order as from the general loop; a cleared
+ * entry adds +0 to the element it wraps onto, which changes nothing unless
+ * that element is -0 (then +0). */
+static void col2im_row_contiguous(float *restrict xc, float *restrict r, const fb_conv_geom *g,
+                                  int i, int j)
+{
+    const tap_run t = conv_tap_run(g, i, j);
+    if (t.o1 == t.o0) return;
+    zero_wrapped(r, &t, g->Wo);
+    for (ptrdiff_t q = t.q0; q < t.q1; q++)
+        xc[q + t.d] += r[q];
+}
+
 /* The adjoint of conv_im2col: x[c, ih, iw] += every col entry that was read
  * from it.  col is clobbered where it held padding taps. */
 static void conv_col2im(float *restrict x, float *restrict col, const fb_conv_geom *g)
 {
     const int H = g->H, W = g->W, Ho = g->Ho, Wo = g->Wo, sw = g->sw;
     const size_t HoWo = (size_t)Ho * Wo;
+    const bool runs = conv_rows_contiguous(g);
     for (int c = 0; c < g->C; c++)
         for (int i = 0; i < g->kh; i++)
             for (int j = 0; j < g->kw; j++) {
                 float *restrict row = col + ((size_t)(c * g->kh + i) * g->kw + j) * HoWo;
                 float *restrict xc = x + (size_t)c * H * W;
+                if (runs) {
+                    col2im_row_contiguous(xc, row, g, i, j);
+                    continue;
+                }
                 const int shift = j - g->pw;
                 int lo, hi;
                 conv_valid_range(&lo, &hi, W, Wo, sw, g->pw, j);

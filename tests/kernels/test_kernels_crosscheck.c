@@ -248,8 +248,8 @@ static void cases_conv(void)
         /* cut over threads by samples: private weight gradients, pointwise, strided */
         {9, 1, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 0, 1}, {16, 2, 16, 16, 16, 32, 1, 1, 1, 1, 0, 0, 0, 1},
         {7, 2, 3, 17, 15, 24, 3, 3, 2, 2, 1, 1, 0, 0}, {10, 3, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1},
-        /* stride 1 keeping the width, on the grid: a kernel wider than the
-         * image, one row, no row padding, ph != pw */
+        /* stride 1 keeping the width (a tap's rows are one run): a kernel
+         * wider than the image, one row, no row padding, ph != pw */
         {2, 2, 2, 3, 3, 2, 5, 5, 1, 1, 2, 2, 0, 1},    {2, 2, 3, 1, 7, 2, 3, 3, 1, 1, 1, 1, 1, 1},
         {2, 3, 2, 6, 5, 2, 3, 1, 1, 1, 0, 0, 0, 1},    {3, 2, 2, 8, 6, 3, 5, 3, 1, 1, 1, 1, 0, 0},
         /* the grid (stride 1): a row of taps padded only along it, a grid
