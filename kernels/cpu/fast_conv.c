@@ -1,8 +1,8 @@
 /*
  * Fast B-batched 2-D convolution.  Stride 1 with padding narrower than the
- * kernel (3x3 "same" among them) runs on a padded grid with multiply-add
- * kernels of our own (fast_conv_grid.c); every other geometry, here, by
- * im2col + OpenBLAS GEMM, col2im for the input gradient.
+ * kernel (3x3 "same" among them), on planes that fit L2, runs on a padded
+ * grid with multiply-add kernels of our own (fast_conv_grid.c); every other
+ * geometry, here, by im2col + OpenBLAS GEMM, col2im for the input gradient.
  *
  * Per sample, a group's input [C, H, W] unfolds into col [C*kh*kw, Ho*Wo];
  * its output [Mg, Ho*Wo] is then w_g [Mg, C*kh*kw] . col.  Not shared, a group

@@ -253,10 +253,11 @@ static void cases_conv(void)
         {2, 2, 2, 3, 3, 2, 5, 5, 1, 1, 2, 2, 0, 1},    {2, 2, 3, 1, 7, 2, 3, 3, 1, 1, 1, 1, 1, 1},
         {2, 3, 2, 6, 5, 2, 3, 1, 1, 1, 0, 0, 0, 1},    {3, 2, 2, 8, 6, 3, 5, 3, 1, 1, 1, 1, 0, 0},
         /* the grid (stride 1): a row of taps padded only along it, a grid
-         * of one short tile, more rows than a block; padding as wide as the
-         * kernel (unfolded instead) */
+         * of one short tile, more rows than a block; unfolded instead:
+         * padding as wide as the kernel, planes too large for the grid */
         {2, 2, 3, 5, 5, 3, 1, 3, 1, 1, 0, 1, 0, 1},    {2, 2, 2, 2, 3, 5, 2, 2, 1, 1, 0, 0, 1, 1},
         {3, 1, 2, 6, 6, 9, 3, 3, 1, 1, 1, 1, 0, 0},    {2, 2, 2, 5, 5, 3, 1, 1, 1, 1, 1, 1, 0, 1},
+        {2, 1, 32, 32, 32, 4, 3, 3, 1, 1, 1, 1, 0, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         const int *q = cfg[i];
