@@ -410,7 +410,7 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int t = omp_get_thread_num();
-        float *col_buf = pw ? NULL : scratch + (size_t)t * thread_floats(g);
+        float *space = pw ? NULL : scratch + (size_t)t * thread_floats(g);
         size_t c0, c1;
         fb_cpu_split(nc, t, omp_get_num_threads(), 1, &c0, &c1);
         for (size_t c = c0; c < c1; c++) {
@@ -419,11 +419,11 @@ void fb_cpu_conv2d_backward(fb_backend *be, float *din, float *dw, float *dbias,
             const size_t n1 = (c + 1) * CONV_CHUNK, n_end = n1 < (size_t)g->N ? n1 : (size_t)g->N;
             if (grid)
                 fb_cpu_conv_grid_backward(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w, g,
-                                          c * CONV_CHUNK, n_end, col_buf);
+                                          c * CONV_CHUNK, n_end, space);
             else
                 for (size_t n = c * CONV_CHUNK; n < n_end; n++)
                     conv_backward_sample(din, my_dw, dbias ? my_dw + dw_n : NULL, dout, in, w,
-                                         g, n, col_buf);
+                                         g, n, space);
             if (nt == 1) add_sums(dw, dbias, my_dw, dw_n, BK);
         }
     }

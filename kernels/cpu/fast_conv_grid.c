@@ -145,7 +145,7 @@ static void place_planes(float *restrict dst, size_t stride, const float *restri
         }
 }
 
-/* ---- the product: y [Mr, P] = a (packed [Mr/MR][taps][MR]) . taps ---- */
+/* ---- the product: y [MR, P] = a (one block of rows, packed [taps][MR]) . taps ---- */
 
 #ifdef GRID_X86
 /* One tile: MR rows by nv vectors of 8 positions from t->src (already offset
@@ -179,64 +179,56 @@ tile_avx2(float *restrict y, size_t ldy, const float *restrict a, const taps *t,
             _mm256_storeu_ps(y + r * ldy + 8 * v, acc[r][v]);
 }
 
-__attribute__((target("avx2,fma"))) static void product_avx2(float *restrict y, size_t ldy,
-                                                             const float *restrict a, int Mr,
-                                                             const taps *t, size_t P)
+/* The block's weights and the taps stay in L1 while the tiles move along the grid. */
+__attribute__((target("avx2,fma"))) static void
+product_avx2(float *restrict y, size_t ldy, const float *restrict a, const taps *t, size_t P)
 {
-    const size_t KK = (size_t)t->C * t->kh * t->kw;
-    /* a row block's weights and the taps stay in L1 while the tiles move along the grid */
-    for (int m = 0; m < Mr; m += MR) {
-        const float *am = a + (size_t)m * KK;
-        for (size_t q = 0; q < P;) {
-            const size_t left = P - q;
-            /* 32 left goes as 16 + 16: a tile of one vector has too few sums in flight */
-            const int nv = left >= NR && left != 32 ? 3 : left >= 16 ? 2 : 1;
-            float *ym = y + (size_t)m * ldy + q;
-            /* the common 3-wide kernel unrolled */
-            if (nv == 3 && t->kw == 3)
-                tile_avx2(ym, ldy, am, t, t->src + q, 3, 3);
-            else if (nv == 3)
-                tile_avx2(ym, ldy, am, t, t->src + q, 3, 0);
-            else if (nv == 2)
-                tile_avx2(ym, ldy, am, t, t->src + q, 2, 0);
-            else
-                tile_avx2(ym, ldy, am, t, t->src + q, 1, 0);
-            q += (size_t)nv * 8;
-        }
+    for (size_t q = 0; q < P;) {
+        const size_t left = P - q;
+        /* 32 left goes as 16 + 16: a tile of one vector has too few sums in flight */
+        const int nv = left >= NR && left != 32 ? 3 : left >= 16 ? 2 : 1;
+        /* the common 3-wide kernel unrolled */
+        if (nv == 3 && t->kw == 3)
+            tile_avx2(y + q, ldy, a, t, t->src + q, 3, 3);
+        else if (nv == 3)
+            tile_avx2(y + q, ldy, a, t, t->src + q, 3, 0);
+        else if (nv == 2)
+            tile_avx2(y + q, ldy, a, t, t->src + q, 2, 0);
+        else
+            tile_avx2(y + q, ldy, a, t, t->src + q, 1, 0);
+        q += (size_t)nv * 8;
     }
 }
 #endif
 
 /* The same sums by fmaf, one position at a time. */
-static void product_portable(float *restrict y, size_t ldy, const float *restrict a, int Mr,
-                             const taps *t, size_t P)
+static void product_portable(float *restrict y, size_t ldy, const float *restrict a, const taps *t,
+                             size_t P)
 {
-    const size_t KK = (size_t)t->C * t->kh * t->kw;
-    for (int m = 0; m < Mr; m += MR)
-        for (size_t q = 0; q < P; q++) {
-            float acc[MR] = {0};
-            const float *am = a + (size_t)m * KK;
-            for (int c = 0; c < t->C; c++)
-                for (int i = 0; i < t->kh; i++) {
-                    const float *row = t->src + (size_t)c * t->plane + (size_t)i * t->Wp + q;
-                    for (int j = 0; j < t->kw; j++, am += MR)
-                        for (int r = 0; r < MR; r++)
-                            acc[r] = fmaf(am[r], row[j], acc[r]);
-                }
-            for (int r = 0; r < MR; r++)
-                y[(size_t)(m + r) * ldy + q] = acc[r];
-        }
+    for (size_t q = 0; q < P; q++) {
+        float acc[MR] = {0};
+        const float *ak = a;
+        for (int c = 0; c < t->C; c++)
+            for (int i = 0; i < t->kh; i++) {
+                const float *row = t->src + (size_t)c * t->plane + (size_t)i * t->Wp + q;
+                for (int j = 0; j < t->kw; j++, ak += MR)
+                    for (int r = 0; r < MR; r++)
+                        acc[r] = fmaf(ak[r], row[j], acc[r]);
+            }
+        for (int r = 0; r < MR; r++)
+            y[(size_t)r * ldy + q] = acc[r];
+    }
 }
 
-static void product(float *y, size_t ldy, const float *a, int Mr, const taps *t, size_t P)
+static void product(float *y, size_t ldy, const float *a, const taps *t, size_t P)
 {
 #ifdef GRID_X86
     if (fb_cpu_own_avx2()) {
-        product_avx2(y, ldy, a, Mr, t, P);
+        product_avx2(y, ldy, a, t, P);
         return;
     }
 #endif
-    product_portable(y, ldy, a, Mr, t, P);
+    product_portable(y, ldy, a, t, P);
 }
 
 /* ---- the weight gradient: lanes += dot products over the grid ---- */
@@ -428,7 +420,7 @@ void fb_cpu_conv_grid_forward(float *out, const float *in, const float *w, const
             const taps t = input_taps(s.xp, g, &d);
             /* a block of rows at a time, taken out of y while it is in L1 */
             for (int m0 = 0; m0 < d.Mg; m0 += MR) {
-                product(s.y, d.P, s.a + (size_t)m0 * d.CKK, MR, &t, d.P);
+                product(s.y, d.P, s.a + (size_t)m0 * d.CKK, &t, d.P);
                 for (int m = m0; m < d.Mg && m < m0 + MR; m++) {
                     const size_t ch = (size_t)gi * d.Mg + m;
                     const float bv = bias ? bias[ch] : 0.0f;
@@ -469,7 +461,7 @@ void fb_cpu_conv_grid_backward(float *din, float *sums, float *db, const float *
     /* the padding of every plane, for all the samples */
     memset(s.xp, 0, d.xp_n * sizeof *s.xp);
     memset(s.dg, 0, d.dg_n * sizeof *s.dg);
-    memset(s.dq, 0, d.dq_n * sizeof *s.dq);
+    if (din || d.dq_is_dg) memset(s.dq, 0, d.dq_n * sizeof *s.dq);
     for (int gi = 0; gi < groups; gi++) {
         memset(s.lane, 0, d.l_n * sizeof *s.lane);
         if (din) pack_flipped(s.a, w + (size_t)gi * d.Mg * d.CKK, g, d.Mg, d.Cr);
@@ -493,7 +485,7 @@ void fb_cpu_conv_grid_backward(float *din, float *sums, float *db, const float *
             float *din_g = din + (n * groups + gi) * g->C * HW;
             const size_t T = (size_t)d.Mg * g->kh * g->kw;
             for (int c0 = 0; c0 < g->C; c0 += MR) {
-                product(s.y, d.P2, s.a + (size_t)c0 * T, MR, &t, d.P2);
+                product(s.y, d.P2, s.a + (size_t)c0 * T, &t, d.P2);
                 for (int c = c0; c < g->C && c < c0 + MR; c++)
                     for (int ih = 0; ih < g->H; ih++) {
                         const float *restrict yr =
