@@ -492,7 +492,10 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
                        .user = r,
                        .start_step = g->start_step,
                        .blobs = true,
-                       .loader = loader};
+                       .loader = loader,
+                       /* the test step hook and scripted step times hold and time single
+                        * steps; elsewhere a call trains a window of them */
+                       .window = a->hook_dir[0] || a->scripted ? 1 : FB_SESSION_DEFAULT_WINDOW};
     fb_device devs[FB_WIRE_MAX_DEVICES];
     int64_t split[FB_WIRE_MAX_DEVICES];
     fb_dp_opts dpo = {.slow_rank = -1};

@@ -883,6 +883,7 @@ void fb_array_free(fb_array *a)
     free(a->blocks);
     free(a->tile_blocks);
     free(a->tile_hp);
+    free(a->tile_dead);
     free(a->specs);
     free(a->seeds);
     free(a->bn_tracked);

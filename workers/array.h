@@ -158,6 +158,25 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
                         const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
                         size_t msg_cap);
 
+/*
+ * K steps of fb_array_train_step in one call, a window: step k trains on
+ * x[k], y[k] [N] with dropout stream stream[k], hyperparameters hp + k * B
+ * and losses into loss + k * B (correct + k * B unless NULL).  Where the
+ * step tiles, each tile runs all K steps before the next tile starts, so
+ * that a tile's state is read from memory once per window, not once per
+ * step.  A member whose loss is not finite at step k is not updated at k or
+ * at any later step of the window (its parameters stay as they were before
+ * k; its later losses are computed and mean nothing).  Every member ends
+ * exactly as K calls of fb_array_train_step with those inputs would leave
+ * it, at any tile size and thread count.  Every batch is checked before
+ * anything trains (fb_array_forward_backward's errors; msg names the step
+ * of the window); an error of the device or of memory in the middle leaves
+ * the window partly trained, as it leaves a step.
+ */
+int fb_array_train_steps(fb_array *a, int K, const float *const *x, const int32_t *const *y,
+                         int N, const uint64_t *stream, const fb_optim_hparams *hp, float *loss,
+                         float *correct, char *msg, size_t msg_cap);
+
 /* Members per tile of fb_array_train_step where it tiles at all: n >= 1
  * (lowered so that every thread gets a tile), or 0 for the default, as many as fit a few
  * MiB of cache.  Results are the same at every n; tests and benchmarks set

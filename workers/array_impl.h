@@ -155,10 +155,13 @@ struct fb_array {
     int step; /* the step of the pass being run, as plan_walk counts them */
     /* fb_array_train_step runs the members in tiles [m0, m0 + B) one after
      * another (B is the tile's size meanwhile); m0 is 0 outside a tile.
-     * tile_blocks [n_params] and tile_hp [Bcap] are its workspace. */
+     * tile_blocks [n_params], tile_hp [Bcap] and tile_dead [Bcap] (the
+     * members whose loss was not finite at an earlier step of the window of
+     * fb_array_train_steps) are its workspace. */
     int m0, tile; /* tile: fb_array_set_tile's n */
     fb_param_block *tile_blocks;
     fb_optim_hparams *tile_hp;
+    bool *tile_dead;
     uint64_t gen;
     /* lanes [n_lanes], each planned for lane_cap members (fb_array_train_step
      * on several threads); plan: the activation plan the array was made with */
@@ -172,6 +175,11 @@ struct fb_array {
  * *act_floats the slab's size (array.c). */
 int fb_array_plan_lane(const fb_array *a, int cap, abuf *ab, size_t *act_floats, char *msg,
                        size_t msg_cap);
+/* Checks a batch x, y [N] as fb_array_forward_backward does before it
+ * computes anything: N in [1, max_n], a token model's ids, the labels
+ * (array_pass.c). */
+int fb_array_check_batch(const fb_array *a, const float *x, const int32_t *y, int N, char *msg,
+                         size_t msg_cap);
 /* Frees a's lanes (array_state.c). */
 void fb_array_lanes_free(fb_array *a);
 

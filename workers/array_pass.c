@@ -422,39 +422,44 @@ static void backward_nodes(fb_array *a, node *nodes, int n, int N, uint64_t stre
 
 /*
  * A token model's batch: x [N, rec] holds ids as exact floats (rec = T + 1
- * for a language model, T otherwise).  Fills a->ids_host [N*T] with the first
- * T of each record and, for a language model, a->tgt_host [N*T] with the
- * last T (the next token of each position).  A value that is not an integer
- * in [0, V) is FB_ERR_DATA naming the sample and position.
+ * for a language model, T otherwise), checked by fb_array_check_batch.
+ * Fills a->ids_host [N*T] with the first T of each record and, for a
+ * language model, a->tgt_host [N*T] with the last T (the next token of each
+ * position).
  */
-static int token_batch(fb_array *a, const float *x, int N, char *msg, size_t msg_cap)
+static void token_batch(fb_array *a, const float *x, int N)
 {
     int T = a->T, rec = (int)a->in_numel;
     for (int n = 0; n < N; n++) {
         for (int t = 0; t < rec; t++) {
-            float v = x[(size_t)n * rec + t];
-            if (!(v >= 0 && v < (float)a->V && v == (float)(int32_t)v))
-                return fb_errf(msg, msg_cap, FB_ERR_DATA,
-                               "token %g at position %d of sample %d is not an id in [0, %d) "
-                               "(model.input.vocab)",
-                               (double)v, t, n, a->V);
-            if (t < T) a->ids_host[(size_t)n * T + t] = (int32_t)v;
-            if (a->lm && t >= 1) a->tgt_host[(size_t)n * T + t - 1] = (int32_t)v;
+            int32_t v = (int32_t)x[(size_t)n * rec + t];
+            if (t < T) a->ids_host[(size_t)n * T + t] = v;
+            if (a->lm && t >= 1) a->tgt_host[(size_t)n * T + t - 1] = v;
         }
     }
-    return FB_OK;
 }
 
-int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
-                              uint64_t stream, float *loss, float *correct, char *msg,
-                              size_t msg_cap)
+int fb_array_check_batch(const fb_array *a, const float *x, const int32_t *y, int N, char *msg,
+                         size_t msg_cap)
 {
     if (N < 1 || N > a->max_n)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "batch of %d samples, the array holds %d",
                        N, a->max_n);
+    if (a->T) {
+        int rec = (int)a->in_numel;
+        for (int n = 0; n < N; n++) {
+            for (int t = 0; t < rec; t++) {
+                float v = x[(size_t)n * rec + t];
+                if (!(v >= 0 && v < (float)a->V && v == (float)(int32_t)v))
+                    return fb_errf(msg, msg_cap, FB_ERR_DATA,
+                                   "token %g at position %d of sample %d is not an id in [0, %d) "
+                                   "(model.input.vocab)",
+                                   (double)v, t, n, a->V);
+            }
+        }
+    }
     const fb_job_spec *s = a->specs[0];
-    int K = a->K_row, B = a->B, err;
-    if (a->T && (err = token_batch(a, x, N, msg, msg_cap))) return err;
+    int K = a->K_row;
     if (y && !a->lm) {
         for (int n = 0; n < N; n++) {
             bool ok = s->loss == FB_LOSS_CROSS_ENTROPY || K > 1 ? (y[n] >= 0 && y[n] < K)
@@ -465,6 +470,18 @@ int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int
                                K);
         }
     }
+    return FB_OK;
+}
+
+int fb_array_forward_backward(fb_array *a, const float *x, const int32_t *y, int N, bool train,
+                              uint64_t stream, float *loss, float *correct, char *msg,
+                              size_t msg_cap)
+{
+    int err = fb_array_check_batch(a, x, y, N, msg, msg_cap);
+    if (err) return err;
+    const fb_job_spec *s = a->specs[0];
+    int K = a->K_row, B = a->B;
+    if (a->T) token_batch(a, x, N);
     a->step = 0; /* the steps of plan_walk */
     if (a->T)
         fb_backend_upload(a->be, ACT(a->x_buf), a->ids_host,

@@ -356,13 +356,15 @@ void fb_array_set_tile(fb_array *a, int n)
     a->tile = n;
 }
 
-/* hp with the members [m0, m0 + n) whose loss is not finite made empty slots. */
+/* hp with the members [m0, m0 + n) whose loss is not finite, at this step or
+ * an earlier one of the window (a->tile_dead), made empty slots. */
 static const fb_optim_hparams *finite_hp(fb_array *a, const fb_optim_hparams *hp, const float *loss,
                                          int m0, int n)
 {
     for (int b = m0; b < m0 + n; b++) {
         a->tile_hp[b] = hp[b];
-        if (!isfinite(loss[b])) memset(&a->tile_hp[b], 0, sizeof a->tile_hp[b]);
+        a->tile_dead[b] |= !isfinite(loss[b]);
+        if (a->tile_dead[b]) memset(&a->tile_hp[b], 0, sizeof a->tile_hp[b]);
     }
     return a->tile_hp;
 }
@@ -463,33 +465,65 @@ static int train_tile(fb_array *a, lane *l, int m0, int n, const float *x, const
     return FB_OK;
 }
 
-int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
-                        const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
-                        size_t msg_cap)
+/* The K steps of the window for the members [m0, m0 + n), one after another:
+ * a tile's state stays in cache across them.  Step k's batch is x[k], y[k],
+ * its dropout stream stream[k], its hyperparameters hp + k * B, its losses
+ * loss + k * B. */
+static int train_tile_steps(fb_array *a, lane *l, int m0, int n, int K, const float *const *x,
+                            const int32_t *const *y, int N, const uint64_t *stream,
+                            const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
+                            size_t msg_cap)
 {
-    FB_ASSERT(y != NULL && loss != NULL && hp != NULL && a->m0 == 0);
+    const size_t B = (size_t)a->B;
+    int err = FB_OK;
+    for (int k = 0; k < K && !err; k++)
+        err = train_tile(a, l, m0, n, x[k], y[k], N, stream[k], hp + (size_t)k * B,
+                         loss + (size_t)k * B, correct ? correct + (size_t)k * B : NULL, msg,
+                         msg_cap);
+    return err;
+}
+
+int fb_array_train_steps(fb_array *a, int K, const float *const *x, const int32_t *const *y,
+                         int N, const uint64_t *stream, const fb_optim_hparams *hp, float *loss,
+                         float *correct, char *msg, size_t msg_cap)
+{
+    FB_ASSERT(K >= 1 && x != NULL && y != NULL && stream != NULL && loss != NULL && hp != NULL &&
+              a->m0 == 0);
     if (!a->tile_hp) {
         a->tile_hp = calloc((size_t)a->Bcap, sizeof *a->tile_hp);
+        a->tile_dead = calloc((size_t)a->Bcap, sizeof *a->tile_dead);
         a->tile_blocks = calloc((size_t)(a->n_params ? a->n_params : 1), sizeof *a->tile_blocks);
-        if (!a->tile_hp || !a->tile_blocks)
+        if (!a->tile_hp || !a->tile_dead || !a->tile_blocks)
             return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
     }
     const int B = a->B, tile = tile_members(a), nt = fb_backend_threads(a->be);
-    int err;
+    const size_t Bs = (size_t)B;
+    int err = FB_OK;
+    /* every batch is checked before any step trains */
+    for (int k = 0; k < K && !err; k++)
+        if ((err = fb_array_check_batch(a, x[k], y[k], N, msg, msg_cap)) && K > 1) {
+            size_t len = strlen(msg);
+            if (len < msg_cap) snprintf(msg + len, msg_cap - len, " (step %d of the window)", k + 1);
+        }
+    if (err) return err;
+    memset(a->tile_dead, 0, Bs * sizeof *a->tile_dead);
     if (tile >= B) {
-        err = fb_array_forward_backward(a, x, y, N, true, stream, loss, correct, msg, msg_cap);
-        if (err) return err;
-        fb_array_step(a, finite_hp(a, hp, loss, 0, B));
-        return FB_OK;
+        for (int k = 0; k < K && !err; k++) {
+            float *lk = loss + (size_t)k * Bs;
+            err = fb_array_forward_backward(a, x[k], y[k], N, true, stream[k], lk,
+                                            correct ? correct + (size_t)k * Bs : NULL, msg,
+                                            msg_cap);
+            if (!err) fb_array_step(a, finite_hp(a, hp + (size_t)k * Bs, lk, 0, B));
+        }
+        return err;
     }
     /* ceil(B / tile) tiles of near-equal sizes, in member order */
     const int n_tiles = (B + tile - 1) / tile, cap = (B + n_tiles - 1) / n_tiles;
     if (nt <= 1) {
-        err = FB_OK;
         for (int i = 0; i < n_tiles && !err; i++) {
             int m0 = (int)((int64_t)B * i / n_tiles), m1 = (int)((int64_t)B * (i + 1) / n_tiles);
-            err = train_tile(a, NULL, m0, m1 - m0, x, y, N, stream, hp, loss, correct, msg,
-                             msg_cap);
+            err = train_tile_steps(a, NULL, m0, m1 - m0, K, x, y, N, stream, hp, loss, correct,
+                                   msg, msg_cap);
         }
         return err;
     }
@@ -505,8 +539,8 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
     for (int i = 0; i < n_tiles; i++) {
         int m0 = (int)((int64_t)B * i / n_tiles), m1 = (int)((int64_t)B * (i + 1) / n_tiles);
         char m[256];
-        int e = train_tile(a, &a->lanes[LANE_ID()], m0, m1 - m0, x, y, N, stream,
-                           hp, loss, correct, m, sizeof m);
+        int e = train_tile_steps(a, &a->lanes[LANE_ID()], m0, m1 - m0, K, x, y, N, stream, hp,
+                                 loss, correct, m, sizeof m);
         if (e) {
 #ifdef _OPENMP
 #pragma omp critical(fb_array_train_step)
@@ -519,4 +553,11 @@ int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, ui
         }
     }
     return err_code;
+}
+
+int fb_array_train_step(fb_array *a, const float *x, const int32_t *y, int N, uint64_t stream,
+                        const fb_optim_hparams *hp, float *loss, float *correct, char *msg,
+                        size_t msg_cap)
+{
+    return fb_array_train_steps(a, 1, &x, &y, N, &stream, hp, loss, correct, msg, msg_cap);
 }

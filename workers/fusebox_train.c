@@ -57,6 +57,9 @@ static void usage(FILE *f)
             "                  them from there (verified on every use)\n"
             "  --stage-bytes N  bound of the --stage cache in bytes (default 16 GiB)\n"
             "  --threads N     CPU threads for the math (default 1)\n"
+            "  --window N      train up to N steps at a time, each few members through all\n"
+            "                  of them while their state is in cache (default %d; 1 step at\n"
+            "                  a time: 1); results and events are the same at every N\n"
             "  --devices N     train each array data-parallel over N CPU devices of this\n"
             "                  process, the batch split evenly, its gradients summed, as an\n"
             "                  array spanning N ranks of workers does (default 1: one device)\n"
@@ -65,7 +68,8 @@ static void usage(FILE *f)
             "  --no-eval       skip validation and the test evaluation (no val_* or test_*\n"
             "                  metrics)\n"
             "  --version       print the version and exit\n"
-            "  -h, --help      this text\n");
+            "  -h, --help      this text\n",
+            FB_SESSION_DEFAULT_WINDOW);
 }
 
 /* Significant digits Jansson writes a number with: more than any format of
@@ -212,7 +216,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 /* The command line's options, with their defaults. */
 typedef struct options {
-    int log_every, threads, data_threads, devices;
+    int log_every, threads, data_threads, devices, window;
     const char *out_dir, *data_dir, *backend, *stage_dir;
     unsigned long long stage_bytes;
     bool force_json, eval;
@@ -230,9 +234,10 @@ static int parse_options(int argc, char **argv, options *o)
         {"json", no_argument, NULL, 'j'},            {"no-eval", no_argument, NULL, 'E'},
         {"data-threads", required_argument, NULL, 'D'}, {"stage", required_argument, NULL, 'S'},
         {"stage-bytes", required_argument, NULL, 'B'}, {"devices", required_argument, NULL, 'P'},
-        {"version", no_argument, NULL, 'V'},
+        {"version", no_argument, NULL, 'V'},          {"window", required_argument, NULL, 'W'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
     *o = (options){.log_every = 100, .threads = 1, .data_threads = 2, .devices = 1,
+                   .window = FB_SESSION_DEFAULT_WINDOW,
                    .out_dir = "fusebox-out",
                    .backend = "cpu", .stage_bytes = 16ULL << 30, .eval = true};
     char *end;
@@ -258,6 +263,13 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(optarg, 1, FB_DP_MAX_RANKS, &o->devices)) {
                 fprintf(stderr, "fusebox-train: --devices needs an integer in [1, %d]\n",
                         FB_DP_MAX_RANKS);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'W':
+            if (parse_int(optarg, 1, FB_SESSION_MAX_WINDOW, &o->window)) {
+                fprintf(stderr, "fusebox-train: --window needs an integer in [1, %d]\n",
+                        FB_SESSION_MAX_WINDOW);
                 return EXIT_USAGE;
             }
             break;
@@ -365,7 +377,7 @@ int main(int argc, char **argv)
     bool json = op.force_json || !isatty(STDOUT_FILENO);
     cli c = {.json = json, .n_groups = n_groups, .test_loss = tloss, .test_acc = tacc};
     fb_train_opts o = {.log_every = op.log_every, .out_dir = op.out_dir, .cb = on_event,
-                       .user = &c};
+                       .user = &c, .window = op.window};
     fb_device devices[FB_DP_MAX_RANKS];
     use_devices(&op, be, devices, &o);
     for (int g = 0; g < n_groups; g++) {

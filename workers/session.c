@@ -195,8 +195,10 @@ static void remove_slot(fb_session *s, int b)
 {
     int B = fb_array_size(s->a);
     s->engine->remove(s, b);
-    for (int j = b; j + 1 < B; j++)
+    for (int j = b; j + 1 < B; j++) {
         s->member[j] = s->member[j + 1];
+        s->worig[j] = s->worig[j + 1];
+    }
 }
 
 /* Whether every parameter of slot b is finite. */
@@ -213,6 +215,36 @@ static bool params_finite(const fb_session *s, int b, float *tmp)
 }
 
 /* ---- the session ----------------------------------------------------------- */
+
+/* The minibatches of a window take at most this much memory. */
+#define WINDOW_BYTES ((size_t)16 << 20)
+
+/* Sizes s->window from the options and the engine and allocates its buffers. */
+static int window_open(fb_session *s, char *msg, size_t msg_cap)
+{
+    s->window = 1;
+    if (s->opts.window <= 1 || !s->engine->train_steps) return FB_OK;
+    size_t batch = (size_t)s->bs * ((size_t)s->in_numel * sizeof(float) + sizeof(int32_t));
+    int w = s->opts.window;
+    while (w > 1 && (size_t)w * batch > WINDOW_BYTES) w--;
+    if (w <= 1) return FB_OK;
+    size_t slots = (size_t)w * (size_t)s->n;
+    s->wx = calloc((size_t)w, sizeof *s->wx);
+    s->wy = calloc((size_t)w, sizeof *s->wy);
+    s->whp = malloc(slots * sizeof *s->whp);
+    s->wloss = malloc(slots * sizeof *s->wloss);
+    s->wcorrect = malloc(slots * sizeof *s->wcorrect);
+    if (!s->wx || !s->wy || !s->whp || !s->wloss || !s->wcorrect)
+        return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
+    s->window = w;
+    for (int j = 0; j < w; j++) {
+        s->wx[j] = malloc((size_t)s->bs * (size_t)s->in_numel * sizeof *s->wx[j]);
+        s->wy[j] = malloc((size_t)s->bs * sizeof *s->wy[j]);
+        if (!s->wx[j] || !s->wy[j])
+            return fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory for a window's minibatches");
+    }
+    return FB_OK;
+}
 
 int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *specs, int n,
                    const fb_dataset *train, const fb_dataset *val, const fb_train_opts *opts,
@@ -244,6 +276,11 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL,
                        "the loader delivers batches of %lld, the specs train with %lld",
                        (long long)fb_loader_batch_size(loader), (long long)bs);
+    int window = opts ? opts->window : 0;
+    if (window < 0 || window > FB_SESSION_MAX_WINDOW)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "a window of %d steps; it is 0 or 1 (one step a call) to %d", window,
+                       FB_SESSION_MAX_WINDOW);
     int64_t start = opts ? opts->start_step : 0;
     if (start < 0)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "start step %lld is negative",
@@ -292,7 +329,8 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     s->fail_loss = malloc(un * sizeof *s->fail_loss);
     s->fail_list = malloc(un * sizeof *s->fail_list);
     s->known = malloc(un * sizeof *s->known);
-    if (!s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
+    s->worig = malloc(un * sizeof *s->worig);
+    if (!s->worig || !s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
         !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
         !s->hp || !s->failed ||
         !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
@@ -339,6 +377,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if ((err = window_open(s, msg, msg_cap))) goto fail;
     /* only once the array (and its init files) are good: bad input writes nothing */
     if (s->opts.out_dir && mkdir(s->opts.out_dir, 0755) != 0) {
         struct stat st;
@@ -382,6 +421,16 @@ void fb_session_free(fb_session *s)
     free(s->fail_list);
     free(s->known);
     free(s->tmp);
+    for (int j = 0; s->wx && j < s->window; j++) {
+        free(s->wx[j]);
+        free(s->wy[j]);
+    }
+    free(s->wx);
+    free(s->wy);
+    free(s->whp);
+    free(s->wloss);
+    free(s->wcorrect);
+    free(s->worig);
     free(s);
 }
 
@@ -454,31 +503,44 @@ int fb_session_broadcast(fb_session *s, int64_t *v, int n, char *msg, size_t msg
 /* ---- one step -------------------------------------------------------------- */
 
 /* The minibatch of the current step into bx, by (from the loader or memory). */
-static int next_batch(fb_session *s, const float **bx, const int32_t **by, char *msg,
-                      size_t msg_cap)
+/* The minibatch of step (0-based): in dx, dy where they are given (a
+ * window's), else in the loader's buffers or s->x, s->y; *bx, *by say where. */
+static int next_batch(fb_session *s, int64_t step, float *dx, int32_t *dy, const float **bx,
+                      const int32_t **by, char *msg, size_t msg_cap)
 {
+    size_t xn = (size_t)s->bs * (size_t)s->in_numel;
     if (s->loader) {
         fb_loader_batch lb;
         int err = fb_loader_next(&lb, s->loader, msg, msg_cap);
         if (err) return err;
         *bx = lb.x;
         *by = lb.y;
+        if (dx) {
+            memcpy(dx, lb.x, xn * sizeof *dx);
+            memcpy(dy, lb.y, (size_t)s->bs * sizeof *dy);
+            *bx = dx;
+            *by = dy;
+        }
         return FB_OK;
     }
+    if (!dx) {
+        dx = s->x;
+        dy = s->y;
+    }
     const fb_job_spec *s0 = s->specs[0];
-    int64_t e = s->step / s->per_epoch, k = s->step % s->per_epoch;
+    int64_t e = step / s->per_epoch, k = step % s->per_epoch;
     if (e != s->epoch) {
         epoch_order(s->perm, s->train->n, s0->data_seed, e, s0->shuffle);
         s->epoch = e;
     }
     for (int64_t i = 0; i < s->bs; i++) {
         int64_t src = s->perm[k * s->bs + i];
-        memcpy(s->x + i * s->in_numel, s->train->x + src * s->in_numel,
-               (size_t)s->in_numel * sizeof *s->x);
-        s->y[i] = s->train->y[src];
+        memcpy(dx + i * s->in_numel, s->train->x + src * s->in_numel,
+               (size_t)s->in_numel * sizeof *dx);
+        dy[i] = s->train->y[src];
     }
-    *bx = s->x;
-    *by = s->y;
+    *bx = dx;
+    *by = dy;
     return FB_OK;
 }
 
@@ -521,7 +583,7 @@ static int report(fb_session *s, int B, int64_t done_steps, char *msg, size_t ms
     for (int b = 0; b < B; b++)
         any_last |= s->last[b];
     if (log_now || any_last) {
-        double t = now_s();
+        double t = s->t_now;
         rate = (double)s->samples_since / (t - s->t_log > 1e-9 ? t - s->t_log : 1e-9);
         io_ms = 1e3 * s->wait_since / (double)s->steps_since;
         s->t_log = t;
@@ -673,30 +735,39 @@ static int depart(fb_session *s, int B, int64_t done_steps, char *msg, size_t ms
     return err;
 }
 
-int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
+/* Whether anything reads the array's state after step done (1-based): a
+ * member's last step, checkpoint or validation.  A window ends there. */
+static bool step_reads_state(const fb_session *s, int64_t done)
 {
-    if (fb_session_done(s)) return FB_OK;
+    int B = fb_array_size(s->a);
+    for (int b = 0; b < B; b++) {
+        const fb_job_spec *spec = fb_array_spec(s->a, b);
+        if (done >= s->total[s->member[b]]) return true;
+        if (spec->checkpoint_every && done % spec->checkpoint_every == 0) return true;
+        if (s->val && spec->eval_every && done % spec->eval_every == 0) return true;
+    }
+    return false;
+}
+
+/* The steps of the next window: up to s->window, the last of them the first
+ * that reads the array's state. */
+static int window_steps(const fb_session *s)
+{
+    int k = 1;
+    while (k < s->window && !step_reads_state(s, s->step + k)) k++;
+    return k;
+}
+
+/* Step s->step + 1 after its training (s->loss, s->correct, s->hp by slot):
+ * its failures, its update where the engine makes it apart (update), its
+ * times (io_ms waiting for its minibatch, wall_ms training), its events and
+ * departures. */
+static int finish_step(fb_session *s, bool update, double io_ms, double wall_ms, char *msg,
+                       size_t msg_cap)
+{
     fb_array *a = s->a;
-    int err;
-
-    /* the minibatch, and how long the step waited for it */
-    double t0 = now_s();
-    const float *bx;
-    const int32_t *by;
-    if ((err = next_batch(s, &bx, &by, msg, msg_cap))) return err;
-    double t1 = now_s();
-    s->wait_since += t1 - t0;
-    s->steps_since++;
-
     int B = fb_array_size(a);
     int64_t done_steps = s->step + 1;
-    /* the pipeline updates within its step, so the hyperparameters come first; a
-     * member whose loss turns out not finite leaves below, and its update goes
-     * with it (elsewhere it gets an empty slot's) */
-    for (int b = 0; b < B; b++)
-        fb_array_hparams(a, b, done_steps, s->total[s->member[b]], &s->hp[b]);
-    err = s->engine->train(s, bx, by, msg, msg_cap);
-    if (err) return err;
     for (int b = 0; b < B; b++) {
         /* each member's loss is its own mean (no sum over members feeds back), so one
          * member's NaN stays in its slot; its update is skipped and it leaves below */
@@ -715,24 +786,80 @@ int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
         k->loss = s->loss[b];
         k->accuracy = s->correct[b] / (double)s->bs;
     }
-    s->engine->update(s);
+    if (update) s->engine->update(s);
     s->step = done_steps;
+    s->wait_since += io_ms / 1e3;
+    s->steps_since++;
     s->samples_since += s->bs * B;
-    double t2 = now_s();
-    double io = 1e3 * (t1 - t0), wall = 1e3 * (t2 - t1);
-    s->times.io_ms += io;
+    s->times.io_ms += io_ms;
     int n_dev = fb_session_devices(s);
     fb_session_device_times *dv = s->times.dev;
     if (n_dev > FB_SESSION_MAX_DEVICES) n_dev = 0; /* more than a group has: means only */
-    for (int k = 0; k < n_dev; k++) dv[k].io_ms += io;
-    s->engine->account(s, wall, n_dev);
+    for (int k = 0; k < n_dev; k++) dv[k].io_ms += io_ms;
+    s->engine->account(s, wall_ms, n_dev);
     s->times.steps++;
 
+    double t2 = now_s();
     classify(s, done_steps);
-
     /* reports, evaluations, checkpoints and departures, in that order */
-    err = report(s, B, done_steps, msg, msg_cap);
+    int err = report(s, B, done_steps, msg, msg_cap);
     if (!err) err = depart(s, B, done_steps, msg, msg_cap);
     s->times.other_ms += 1e3 * (now_s() - t2);
+    return err;
+}
+
+int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
+{
+    if (fb_session_done(s)) return FB_OK;
+    fb_array *a = s->a;
+    int err;
+    const int k = s->window > 1 ? window_steps(s) : 1, B = fb_array_size(a);
+
+    /* the minibatches, and how long the steps waited for them */
+    double t0 = now_s();
+    const float *bx[FB_SESSION_MAX_WINDOW];
+    const int32_t *by[FB_SESSION_MAX_WINDOW];
+    for (int j = 0; j < k; j++)
+        if ((err = next_batch(s, s->step + j, k > 1 ? s->wx[j] : NULL, k > 1 ? s->wy[j] : NULL,
+                              &bx[j], &by[j], msg, msg_cap)))
+            return err;
+    double t1 = now_s();
+
+    /* the pipeline updates within its step, so the hyperparameters come first; a
+     * member whose loss turns out not finite leaves below, and its update goes
+     * with it (elsewhere it gets an empty slot's; in a window the array skips its
+     * later steps' updates too) */
+    if (k == 1) {
+        for (int b = 0; b < B; b++)
+            fb_array_hparams(a, b, s->step + 1, s->total[s->member[b]], &s->hp[b]);
+        err = s->engine->train(s, bx[0], by[0], msg, msg_cap);
+    } else {
+        for (int j = 0; j < k; j++)
+            for (int b = 0; b < B; b++)
+                fb_array_hparams(a, b, s->step + j + 1, s->total[s->member[b]],
+                                 &s->whp[(size_t)j * B + b]);
+        err = s->engine->train_steps(s, k, bx, by, msg, msg_cap);
+    }
+    if (err) return err;
+    double t2 = now_s();
+
+    /* each step's events, in order, as if it had been trained alone: a member that
+     * fails at one step of a window leaves there, and the slots of the later steps'
+     * results are those the window started with (worig) */
+    for (int b = 0; b < B; b++)
+        s->worig[b] = b;
+    double io = 1e3 * (t1 - t0) / k, wall = 1e3 * (t2 - t1) / k;
+    for (int j = 0; j < k && !err && !fb_session_done(s); j++) {
+        if (k > 1) {
+            for (int b = 0; b < fb_array_size(a); b++) {
+                size_t at = (size_t)j * B + (size_t)s->worig[b];
+                s->loss[b] = s->wloss[at];
+                s->correct[b] = s->wcorrect[at];
+                s->hp[b] = s->whp[at];
+            }
+        }
+        s->t_now = t1 + (t2 - t1) * (j + 1) / k;
+        err = finish_step(s, k == 1, io, wall, msg, msg_cap);
+    }
     return err;
 }

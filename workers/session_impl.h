@@ -57,6 +57,12 @@ typedef struct fb_session_engine_ops {
      * in force, the step as the dropout stream; s->loss and s->correct
      * receive each slot's.  The pipeline updates here too, with s->hp. */
     int (*train)(fb_session *s, const float *x, const int32_t *y, char *msg, size_t msg_cap);
+    /* k > 1 steps of train and update in one call, a window (fb_train_opts.window): step j
+     * trains on x[j], y[j] with the hyperparameters s->whp + j * B, the step s->step + j as
+     * its dropout stream, and leaves its losses and correct counts in s->wloss, s->wcorrect
+     * + j * B (B: the array's size when the window starts).  NULL: one step a call. */
+    int (*train_steps)(fb_session *s, int k, const float *const *x, const int32_t *const *y,
+                       char *msg, size_t msg_cap);
     /* Applies the step's update with s->hp (the pipeline: brings s->a up
      * to the stages, which updated in train). */
     void (*update)(fb_session *s);
@@ -120,6 +126,17 @@ struct fb_session {
     /* [n] by member: what its files report; a restored member takes its checkpoint's, so
      * a resumed member writes the bytes it would have written without the interruption */
     member_metrics *known;
+
+    /* a window of steps in one call (train_steps): window is its longest (1: none);
+     * wx, wy [window] its minibatches, whp, wloss, wcorrect [window * n] by step and
+     * by the slot at the window's start, worig [n] by slot: that slot */
+    int window;
+    float **wx;
+    int32_t **wy;
+    fb_optim_hparams *whp;
+    float *wloss, *wcorrect;
+    int *worig;
+    double t_now; /* the time a step ended, for its reported rate */
 
     int64_t in_numel, bs, per_epoch, epoch; /* epoch: the one perm holds, or -1 */
     int64_t step, max_total;

@@ -25,6 +25,16 @@ static int single_train(fb_session *s, const float *x, const int32_t *y, char *m
                                s->correct, msg, msg_cap);
 }
 
+static int single_train_steps(fb_session *s, int k, const float *const *x,
+                              const int32_t *const *y, char *msg, size_t msg_cap)
+{
+    uint64_t stream[FB_SESSION_MAX_WINDOW];
+    for (int j = 0; j < k; j++)
+        stream[j] = (uint64_t)(s->step + j);
+    return fb_array_train_steps(s->a, k, x, y, (int)s->bs, stream, s->whp, s->wloss, s->wcorrect,
+                                msg, msg_cap);
+}
+
 static void single_update(fb_session *s)
 {
     (void)s; /* done in single_train */
@@ -66,6 +76,7 @@ const fb_session_engine_ops fb_session_engine_single = {
     .open = single_open,
     .free = single_free,
     .train = single_train,
+    .train_steps = single_train_steps,
     .update = single_update,
     .account = single_account,
     .remove = single_remove,

@@ -96,7 +96,21 @@ typedef struct fb_train_opts {
     /* the test split (may be NULL): evaluated once, at each member's end (the done event's
      * test_loss, test_accuracy), never during training; it must outlive the session */
     const fb_dataset *test;
+    /* the most steps one fb_session_step may train, a window (0 or 1: one; at most
+     * FB_SESSION_MAX_WINDOW): on one device the array then runs each tile of members
+     * through the window's steps before the next tile (fb_array_train_steps), so that a
+     * tile's state stays in cache across them.  A window ends at every step whose state a
+     * member's files or evaluation read (its checkpoints, validations and last step), and
+     * is shortened so that its minibatches take at most 16 MiB; results, events and files
+     * are those of single steps.  Data and pipeline parallelism train one step a call. */
+    int window;
 } fb_train_opts;
+
+#define FB_SESSION_MAX_WINDOW 16
+/* The window fusebox-train and the worker train with: on the benchmark's MLP of
+ * bench/RESULTS.md (3.8 MB of state a member) eight steps bring a fused array of 16 from
+ * 0.85-0.95 of its members' solo speed to 1.0. */
+#define FB_SESSION_DEFAULT_WINDOW 8
 
 /* Total updates a spec trains on a dataset of n_train samples. */
 int64_t fb_train_total_steps(const fb_job_spec *spec, int64_t n_train);

@@ -3,14 +3,18 @@
  * side by side and prints the table).
  *
  *   fusion_bench train --model mlp|cnn|charlm --mode fused|solo|fused,solo --threads T
- *                      --B 1,2,4,... [--work K | --steps S] [--warmup W] [--data DIR]
+ *                      --B 1,2,4,... [--work K | --steps S] [--warmup W] [--window K]
+ *                      [--data DIR]
  *     For each B, and for each mode in turn (the two are then measured a few
  *     seconds apart): fused trains one array of B members for W untimed
  *     steps, then S timed steps; solo trains B single-member arrays one after
  *     another, each for W untimed and S timed steps.  S is given, or
  *     max(2, ceil(K / B)), so that every B times about K member-steps
  *     (default K = 64).  A step is what the training loop does: gather the
- *     minibatch, forward, backward, one fused optimizer update.  Prints one
+ *     minibatch, forward, backward, one fused optimizer update; with --window
+ *     K (1..16, default 1) the steps go K at a time, each tile of members
+ *     through all K before the next (fb_array_train_steps, as the session
+ *     trains with fb_train_opts.window).  Prints one
  *     line per B and mode:
  *       train impl=fusebox-fused model=mlp threads=1 B=16 sps=... gflops=...
  *     sps is samples x models per second over the timed steps (cpu_sps the
@@ -65,6 +69,7 @@
 #include "models.h"
 
 #define MAX_B 64
+#define MAX_WINDOW 16
 #define MSG_CAP 1024
 
 /* CPU seconds of the whole process (all threads): on a loaded machine, a
@@ -86,16 +91,16 @@ static void die(const char *what, const char *msg)
 typedef struct trainer {
     fb_array *a;
     fb_job_spec *specs[MAX_B];
-    fb_optim_hparams hp[MAX_B];
-    float loss[MAX_B], correct[MAX_B];
-    float *x;
-    int32_t *y;
-    int B;
+    fb_optim_hparams hp[MAX_WINDOW * MAX_B];
+    float loss[MAX_WINDOW * MAX_B], correct[MAX_WINDOW * MAX_B];
+    float *x[MAX_WINDOW];
+    int32_t *y[MAX_WINDOW];
+    int B, window;
     int64_t t;
 } trainer;
 
-static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, int first,
-                         const data_pool *d)
+static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, int window,
+                         int first, const data_pool *d)
 {
     char msg[MSG_CAP];
     memset(tr, 0, sizeof *tr);
@@ -104,9 +109,12 @@ static void trainer_init(trainer *tr, fb_backend *be, const char *model, int B, 
         tr->specs[b] = fb_bench_spec("bench", model, first + b);
     if (fb_array_new(be, (const fb_job_spec *const *)tr->specs, B, d->N, &tr->a, msg, sizeof msg))
         die("array", msg);
-    tr->x = malloc((size_t)d->N * d->F * sizeof *tr->x);
-    tr->y = malloc((size_t)d->N * sizeof *tr->y);
-    if (!tr->x || !tr->y) die("trainer", "out of memory");
+    tr->window = window;
+    for (int k = 0; k < window; k++) {
+        tr->x[k] = malloc((size_t)d->N * d->F * sizeof *tr->x[k]);
+        tr->y[k] = malloc((size_t)d->N * sizeof *tr->y[k]);
+        if (!tr->x[k] || !tr->y[k]) die("trainer", "out of memory");
+    }
 }
 
 static void trainer_free(trainer *tr)
@@ -116,40 +124,58 @@ static void trainer_free(trainer *tr)
         fb_job_spec_free(tr->specs[b]);
         free(tr->specs[b]);
     }
-    free(tr->x);
-    free(tr->y);
+    for (int k = 0; k < tr->window; k++) {
+        free(tr->x[k]);
+        free(tr->y[k]);
+    }
 }
 
-/* One training step as workers/train.c runs it: gather, forward+backward, update. */
-static void trainer_step(trainer *tr, const data_pool *d)
+/* K <= window training steps as the session runs them: gather K minibatches,
+ * then forward+backward and one fused optimizer update per step, each tile
+ * of members through all K before the next (fb_array_train_steps). */
+static void trainer_steps(trainer *tr, const data_pool *d, int K)
 {
     char msg[MSG_CAP];
-    size_t F = (size_t)d->F, N = (size_t)d->N, k = (size_t)(tr->t % d->batches) * N;
-    memcpy(tr->x, d->x + k * F, N * F * sizeof *tr->x);
-    memcpy(tr->y, d->y + k, N * sizeof *tr->y);
-    for (int b = 0; b < tr->B; b++)
-        fb_array_hparams(tr->a, b, tr->t + 1, 1000000, &tr->hp[b]);
-    if (fb_array_train_step(tr->a, tr->x, tr->y, (int)N, (uint64_t)tr->t, tr->hp, tr->loss,
-                            tr->correct, msg, sizeof msg))
+    size_t F = (size_t)d->F, N = (size_t)d->N, B = (size_t)tr->B;
+    uint64_t stream[MAX_WINDOW];
+    for (int k = 0; k < K; k++) {
+        size_t at = (size_t)((tr->t + k) % d->batches) * N;
+        memcpy(tr->x[k], d->x + at * F, N * F * sizeof *tr->x[k]);
+        memcpy(tr->y[k], d->y + at, N * sizeof *tr->y[k]);
+        stream[k] = (uint64_t)(tr->t + k);
+        for (size_t b = 0; b < B; b++)
+            fb_array_hparams(tr->a, (int)b, tr->t + k + 1, 1000000, &tr->hp[k * B + b]);
+    }
+    if (fb_array_train_steps(tr->a, K, (const float *const *)tr->x, (const int32_t *const *)tr->y,
+                             (int)N, stream, tr->hp, tr->loss, tr->correct, msg, sizeof msg))
         die("step", msg);
-    tr->t++;
+    tr->t += K;
+}
+
+/* n steps in windows of up to tr->window. */
+static void trainer_run(trainer *tr, const data_pool *d, int n)
+{
+    for (int s = 0; s < n;) {
+        int K = n - s < tr->window ? n - s : tr->window;
+        trainer_steps(tr, d, K);
+        s += K;
+    }
 }
 
 /* Seconds spent in `steps` timed steps of B members (fused) or of B solo jobs
  * one after another (solo), warm-up steps excluded. */
 static double run_train(fb_backend *be, const char *model, int B, bool fused, int steps,
-                        int warmup, const data_pool *d, double *cpu)
+                        int warmup, int window, const data_pool *d, double *cpu)
 {
     double timed = 0;
     *cpu = 0;
     int jobs = fused ? 1 : B, per_job = fused ? B : 1;
     for (int j = 0; j < jobs; j++) {
         trainer tr;
-        trainer_init(&tr, be, model, per_job, j, d);
-        for (int s = 0; s < warmup; s++)
-            trainer_step(&tr, d);
+        trainer_init(&tr, be, model, per_job, window, j, d);
+        trainer_run(&tr, d, warmup);
         double t0 = fb_bench_now_s(), c0 = cpu_s();
-        for (int s = 0; s < steps; s++) trainer_step(&tr, d);
+        trainer_run(&tr, d, steps);
         timed += fb_bench_now_s() - t0;
         *cpu += cpu_s() - c0;
         trainer_free(&tr);
@@ -203,16 +229,16 @@ static data_pool load_tokens(const char *dir)
 }
 
 /* Peak RSS (KiB) of a child that trains B members fused (or 1 member). */
-static long child_rss(fb_backend *be, const char *model, int B, int steps, const data_pool *d)
+static long child_rss(fb_backend *be, const char *model, int B, int steps, int window,
+                      const data_pool *d)
 {
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) die("fork", "failed");
     if (pid == 0) {
         trainer tr;
-        trainer_init(&tr, be, model, B, 0, d);
-        for (int s = 0; s < steps; s++)
-            trainer_step(&tr, d);
+        trainer_init(&tr, be, model, B, window, 0, d);
+        trainer_run(&tr, d, steps);
         trainer_free(&tr);
         _exit(0);
     }
@@ -226,7 +252,7 @@ static long child_rss(fb_backend *be, const char *model, int B, int steps, const
 static void usage(void)
 {
     fprintf(stderr, "usage: fusion_bench train --model mlp|cnn|charlm --mode fused|solo|fused,solo "
-                    "--threads T --B LIST [--work K | --steps S] [--warmup W] [--data DIR]\n"
+                    "--threads T --B LIST [--work K | --steps S] [--warmup W] [--window K] [--data DIR]\n"
                     "       fusion_bench tokens --data DIR --out FILE\n"
                     "       fusion_bench sgemm --threads T [--n N] [--reps R]\n"
                     "       fusion_bench rss --model mlp|cnn --B B [--threads T] [--steps S]\n");
@@ -238,6 +264,7 @@ int main(int argc, char **argv)
     if (argc < 2) usage();
     const char *cmd = argv[1], *model = "mlp", *mode = "fused", *data = NULL, *out = NULL;
     int threads = 1, steps = 0, work = 64, warmup = 3, n = 2048, reps = 5, Bs[16] = {1}, nB = 1;
+    int window = 1;
     for (int i = 2; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) usage();
@@ -253,6 +280,8 @@ int main(int argc, char **argv)
             work = atoi(v);
         else if (strcmp(k, "--warmup") == 0)
             warmup = atoi(v);
+        else if (strcmp(k, "--window") == 0)
+            window = atoi(v);
         else if (strcmp(k, "--n") == 0)
             n = atoi(v);
         else if (strcmp(k, "--reps") == 0)
@@ -268,7 +297,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0 && strcmp(model, "charlm") != 0)
         usage();
-    if (threads < 1 || steps < 0 || work < 1 || warmup < 0 || n < 1 || reps < 1) usage();
+    if (threads < 1 || steps < 0 || work < 1 || warmup < 0 || n < 1 || reps < 1 ||
+        window < 1 || window > MAX_WINDOW)
+        usage();
     fb_backend *be = fb_backend_cpu();
     fb_backend_set_threads(be, threads);
 
@@ -306,7 +337,7 @@ int main(int argc, char **argv)
             if (S < 2) S = 2;
             for (int m = 0; m < 2; m++) {
                 if (!run_mode[m]) continue;
-                double cpu, t = run_train(be, model, Bs[i], m == 0, S, warmup, &d, &cpu);
+                double cpu, t = run_train(be, model, Bs[i], m == 0, S, warmup, window, &d, &cpu);
                 double sps = (double)Bs[i] * S * d.N / t;
                 printf("train impl=fusebox-%s model=%s threads=%d B=%d sps=%.1f gflops=%.2f "
                        "cpu_sps=%.1f\n",
@@ -317,9 +348,9 @@ int main(int argc, char **argv)
         }
     } else if (strcmp(cmd, "rss") == 0) {
         int B = Bs[0], S = steps ? steps : 3;
-        long fused = child_rss(be, model, B, S, &d), sum = 0, mx = 0;
+        long fused = child_rss(be, model, B, S, window, &d), sum = 0, mx = 0;
         for (int b = 0; b < B; b++) {
-            long r = child_rss(be, model, 1, S, &d);
+            long r = child_rss(be, model, 1, S, window, &d);
             sum += r;
             if (r > mx) mx = r;
         }

@@ -16,6 +16,8 @@
 #
 # usage: bench/fusion/run.sh [BUILD_DIR]
 #   env: REPS (5), BS ("1 2 4 8 16 32"), THREADS ("1 2"), MODELS ("mlp cnn"; or "charlm"),
+#        WINDOW (8: fusebox trains windows of that many steps, as fusebox-train and the
+#        worker do, fb_train_opts.window; 1: one step at a time),
 #        LM_BS ("1 8"), LM_WORK (16), LM_WARMUP (1),
 #        RAW (file to keep the raw lines in; default a temporary file)
 set -euo pipefail
@@ -28,6 +30,7 @@ reps=${REPS:-5}
 bs=${BS:-1 2 4 8 16 32}
 threads=${THREADS:-1 2}
 models=${MODELS:-mlp cnn}
+window=${WINDOW:-8}
 raw=${RAW:-$(mktemp)}
 : > "$raw"
 blist_of() { [ "$1" = charlm ] && echo ${LM_BS:-1 8} | tr ' ' ',' || echo $bs | tr ' ' ','; }
@@ -111,7 +114,7 @@ for r in $(seq "$reps"); do
         for t in $threads; do
             quiet
             with_threads "$t" "$bench" train --model "$m" --mode fused,solo --threads "$t" \
-                --B "$blist" --work "$work" --warmup "$warm" "${margs[@]}" >> "$raw"
+                --B "$blist" --work "$work" --warmup "$warm" --window "$window" "${margs[@]}" >> "$raw"
             quiet
             OMP_WAIT_POLICY=PASSIVE with_threads "$t" "$py" "$here/torch_bench.py" \
                 --model "$m" --mode solo,hfta --threads "$t" --B "$blist" --work "$work" \
