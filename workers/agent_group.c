@@ -28,6 +28,9 @@
 #include "train.h"
 #include "tsan.h"
 
+/* A window of steps is cut to about this much training, so that stops, drains and
+ * departures wait no longer for the session */
+#define WINDOW_MS 500
 #define HOOK_POLL_MS 2 /* the test step hook: how often a held group looks again */
 
 /* The control vector a spanning group's leader broadcasts before each step (span_exchange). */
@@ -495,7 +498,8 @@ static bool open_session(runner *r, dataset_ref *ds, const fb_dataset *train, fb
                        .loader = loader,
                        /* the test step hook and scripted step times hold and time single
                         * steps; elsewhere a call trains a window of them */
-                       .window = a->hook_dir[0] || a->scripted ? 1 : FB_SESSION_DEFAULT_WINDOW};
+                       .window = a->hook_dir[0] || a->scripted ? 1 : FB_SESSION_DEFAULT_WINDOW,
+                       .window_ms = WINDOW_MS};
     fb_device devs[FB_WIRE_MAX_DEVICES];
     int64_t split[FB_WIRE_MAX_DEVICES];
     fb_dp_opts dpo = {.slow_rank = -1};

@@ -183,6 +183,10 @@ int fb_array_train_steps(fb_array *a, int K, const float *const *x, const int32_
  * it to cut tiles of a given size. */
 void fb_array_set_tile(fb_array *a, int n);
 
+/* Whether fb_array_train_step trains a in more than one tile as it stands
+ * (its backend, thread count, size and precision). */
+bool fb_array_tiles(const fb_array *a);
+
 /* Sets hp from the spec of slot m for update t (1-based) of total updates. */
 void fb_array_hparams(const fb_array *a, int m, int64_t t, int64_t total, fb_optim_hparams *hp);
 

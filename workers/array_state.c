@@ -350,6 +350,11 @@ static int tile_members(const fb_array *a)
     return t < a->B ? t : a->B;
 }
 
+bool fb_array_tiles(const fb_array *a)
+{
+    return tile_members(a) < a->B;
+}
+
 void fb_array_set_tile(fb_array *a, int n)
 {
     FB_ASSERT(n >= 0);

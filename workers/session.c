@@ -277,10 +277,14 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
                        "the loader delivers batches of %lld, the specs train with %lld",
                        (long long)fb_loader_batch_size(loader), (long long)bs);
     int window = opts ? opts->window : 0;
+    double window_ms = opts ? opts->window_ms : 0;
     if (window < 0 || window > FB_SESSION_MAX_WINDOW)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
                        "a window of %d steps; it is 0 or 1 (one step a call) to %d", window,
                        FB_SESSION_MAX_WINDOW);
+    if (!(window_ms >= 0 && window_ms <= 1e9))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "a window of %g ms; it is 0 (no bound) to 1e9", window_ms);
     int64_t start = opts ? opts->start_step : 0;
     if (start < 0)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "start step %lld is negative",
@@ -330,8 +334,8 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
     s->fail_list = malloc(un * sizeof *s->fail_list);
     s->known = malloc(un * sizeof *s->known);
     s->worig = malloc(un * sizeof *s->worig);
-    if (!s->worig || !s->specs || !s->member || !s->total || !s->files || (!s->perm && !loader) || !s->x ||
-        !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
+    if (!s->worig || !s->specs || !s->member || !s->total || !s->files ||
+        (!s->perm && !loader) || !s->x || !s->y || !s->loss || !s->correct || !s->eloss || !s->eacc || !s->tloss || !s->tacc ||
         !s->hp || !s->failed ||
         !s->last || !s->ckpt || !s->why || !s->fail_loss || !s->fail_list || !s->known) {
         err = fb_errf(msg, msg_cap, FB_ERR_NOMEM, "out of memory");
@@ -749,12 +753,21 @@ static bool step_reads_state(const fb_session *s, int64_t done)
     return false;
 }
 
-/* The steps of the next window: up to s->window, the last of them the first
- * that reads the array's state. */
+/* The steps of the next window: up to s->window where the array trains in
+ * tiles (elsewhere a window saves nothing), fewer than window_ms take at the
+ * last call's step time, the last of them the first that reads the array's
+ * state. */
 static int window_steps(const fb_session *s)
 {
+    int most = s->window;
+    if (most <= 1 || !fb_array_tiles(s->a)) return 1;
+    if (s->opts.window_ms > 0) {
+        if (s->step_ms <= 0) return 1;
+        double fit = s->opts.window_ms / s->step_ms;
+        if (fit < most) most = fit < 1 ? 1 : (int)fit;
+    }
     int k = 1;
-    while (k < s->window && !step_reads_state(s, s->step + k)) k++;
+    while (k < most && !step_reads_state(s, s->step + k)) k++;
     return k;
 }
 
@@ -813,7 +826,7 @@ int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
     if (fb_session_done(s)) return FB_OK;
     fb_array *a = s->a;
     int err;
-    const int k = s->window > 1 ? window_steps(s) : 1, B = fb_array_size(a);
+    const int k = window_steps(s), B = fb_array_size(a);
 
     /* the minibatches, and how long the steps waited for them */
     double t0 = now_s();
@@ -842,6 +855,7 @@ int fb_session_step(fb_session *s, char *msg, size_t msg_cap)
     }
     if (err) return err;
     double t2 = now_s();
+    s->step_ms = 1e3 * (t2 - t1) / k;
 
     /* each step's events, in order, as if it had been trained alone: a member that
      * fails at one step of a window leaves there, and the slots of the later steps'

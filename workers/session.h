@@ -120,11 +120,12 @@ int fb_session_load_weights(fb_session *s, int member, const void *buf, size_t l
  * step's events (STEP on the log grid, EVAL, CHECKPOINT, DONE, FAILED) in
  * that order and removes members that finished or failed.  With
  * fb_train_opts.window > 1 on one device a call trains a window of up to
- * that many steps, ending at the first step at which a member checkpoints,
- * validates or ends, and then emits each step's events in step order as
- * single steps would (the same events, losses and files; a member that
- * fails inside the window leaves at its step); fb_session_steps_done says
- * how far it got.  A member whose
+ * that many steps where the array trains in tiles (fb_array_tiles), cut to
+ * about fb_train_opts.window_ms of training, ending at the first step at
+ * which a member checkpoints, validates or ends, and then emits each step's
+ * events in step order as single steps would (the same events, losses and
+ * files; a member that fails inside the window leaves at its step);
+ * fb_session_steps_done says how far it got.  A member whose
  * loss is not finite fails alone (FB_TRAIN_FAILED with FB_ERR_DIVERGED,
  * text "loss is NaN at step N"; its update of that step is skipped), as does
  * one whose parameters are not finite where they would be kept (at its

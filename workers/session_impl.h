@@ -136,7 +136,8 @@ struct fb_session {
     fb_optim_hparams *whp;
     float *wloss, *wcorrect;
     int *worig;
-    double t_now; /* the time a step ended, for its reported rate */
+    double t_now;   /* the time a step ended, for its reported rate */
+    double step_ms; /* training time of a step in the last call, 0 before the first */
 
     int64_t in_numel, bs, per_epoch, epoch; /* epoch: the one perm holds, or -1 */
     int64_t step, max_total;

@@ -104,6 +104,11 @@ typedef struct fb_train_opts {
      * is shortened so that its minibatches take at most 16 MiB; results, events and files
      * are those of single steps.  Data and pipeline parallelism train one step a call. */
     int window;
+    /* with window: each window is cut to about this many milliseconds of training, from
+     * the step time of the call before (the first call trains one step), so that a caller
+     * that must answer between calls (the worker: stops, drains, departures) is not kept
+     * waiting; 0: no bound */
+    double window_ms;
 } fb_train_opts;
 
 #define FB_SESSION_MAX_WINDOW 16

@@ -4,15 +4,18 @@
  * steps gives.
  *
  * Four MLP members with dropout under Adam, fused, on a shuffled in-memory
- * dataset with a validation set, at 1 and 2 threads: member 0 trains 23
+ * dataset with a validation set, at 1, 2 and 3 threads (on one the members
+ * are too small to train in tiles, and a call trains one step): member 0 trains 23
  * steps (its last step inside what would be a window), member 1 30 with a
  * checkpoint every 10 and a validation every 7, member 2 30 with a learning
  * rate of 1e30 (past what a spec accepts, set in memory), so that its loss
  * turns non-finite inside a window, and member 3 30.  Both runs must record
  * the same losses (bit for bit), validations, checkpoints (bytes), final
  * models (bytes) and the failure (its step and text); the windowed run must
- * have taken fewer calls.  Windows past FB_SESSION_MAX_WINDOW and negative
- * ones are refused when the session opens.
+ * have taken fewer calls, and one whose windows are cut to a nanosecond
+ * (window_ms) one call a step.  Windows past FB_SESSION_MAX_WINDOW, negative
+ * ones and bounds that are negative, not finite or past 1e9 ms are refused
+ * when the session opens.
  */
 #include "session_util.h"
 
@@ -40,13 +43,14 @@ static fb_job_spec *member(int i)
 
 /* Trains specs to the end with the given window and thread count; returns
  * the calls it took. */
-static int run(fb_job_spec *const *specs, int window, int threads, su_log *log)
+static int run(fb_job_spec *const *specs, int window, double window_ms, int threads,
+               su_log *log)
 {
     fb_backend *be = fb_backend_clone_threads(fb_backend_cpu(), threads);
     CHECK(be != NULL);
     su_log_init(log);
     fb_train_opts o = {.log_every = 1, .cb = su_record, .user = log, .blobs = true,
-                       .window = window};
+                       .window = window, .window_ms = window_ms};
     fb_session *s = NULL;
     char msg[512];
     int err = fb_session_new(&s, be, (const fb_job_spec *const *)specs, N, &train, &val, &o, msg,
@@ -80,13 +84,23 @@ static void test_same_events(int threads)
     for (int i = 0; i < N; i++)
         specs[i] = member(i);
     specs[2]->optim.lr = 1e30;
-    static su_log one, win;
-    int calls1 = run(specs, 1, threads, &one), calls8 = run(specs, 8, threads, &win);
-    printf("threads=%d: 30 steps in %d calls one step a call, %d in windows of up to 8\n",
-           threads, calls1, calls8);
+    static su_log one, win, cut;
+    int calls1 = run(specs, 1, 0, threads, &one), calls8 = run(specs, 8, 0, threads, &win);
+    /* a bound far below any step's time: every window is one step */
+    int calls_cut = run(specs, 8, 1e-6, threads, &cut);
+    printf("threads=%d: 30 steps in %d calls one step a call, %d in windows of up to 8, %d "
+           "in windows cut to 1 ns\n",
+           threads, calls1, calls8, calls_cut);
     CHECK_INT_EQ(calls1, 30);
-    CHECK(calls8 < calls1 / 2);
+    CHECK_INT_EQ(calls_cut, 30);
+    /* windows where the array trains in tiles (on more threads than one here: the members
+     * are too small to tile on one) */
+    if (threads > 1)
+        CHECK(calls8 < calls1 / 2);
+    else
+        CHECK_INT_EQ(calls8, 30);
     for (int m = 0; m < N; m++) {
+        CHECK(memcmp(one.loss[m], cut.loss[m], sizeof one.loss[m]) == 0);
         CHECK(memcmp(one.loss[m], win.loss[m], sizeof one.loss[m]) == 0);
         CHECK_INT_EQ(win.steps[m], one.steps[m]);
         CHECK_INT_EQ(win.evals[m], one.evals[m]);
@@ -114,6 +128,7 @@ static void test_same_events(int threads)
            (long long)one.failed_step[2], one.failed_text[2]);
     su_log_free(&one);
     su_log_free(&win);
+    su_log_free(&cut);
     for (int i = 0; i < N; i++)
         et_spec_free(specs[i]);
 }
@@ -121,14 +136,18 @@ static void test_same_events(int threads)
 static void test_bad_window(void)
 {
     fb_job_spec *specs[1] = {member(3)};
-    static const int bad[] = {-1, FB_SESSION_MAX_WINDOW + 1, 1 << 30};
+    static const struct {
+        int window;
+        double ms;
+    } bad[] = {{-1, 0}, {FB_SESSION_MAX_WINDOW + 1, 0}, {1 << 30, 0}, {8, -1}, {8, NAN},
+               {8, INFINITY}, {8, 1e10}};
     for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
-        fb_train_opts o = {.window = bad[c]};
+        fb_train_opts o = {.window = bad[c].window, .window_ms = bad[c].ms};
         fb_session *s = NULL;
         char msg[512] = "";
         int err = fb_session_new(&s, fb_backend_cpu(), (const fb_job_spec *const *)specs, 1,
                                  &train, &val, &o, msg, sizeof msg);
-        printf("window %d: %s: %s\n", bad[c], fb_err_code(err), msg);
+        printf("window %d, %g ms: %s: %s\n", bad[c].window, bad[c].ms, fb_err_code(err), msg);
         CHECK_INT_EQ(err, FB_ERR_OUT_OF_RANGE);
         CHECK(strstr(msg, "window of") != NULL);
         CHECK(s == NULL);
@@ -142,6 +161,7 @@ int main(void)
     val = et_synthetic(N_VAL, SIDE, CLASSES, 22);
     test_same_events(1);
     test_same_events(2);
+    test_same_events(3);
     test_bad_window();
     fb_dataset_free(&train);
     fb_dataset_free(&val);
