@@ -219,6 +219,19 @@ static bool params_finite(const fb_session *s, int b, float *tmp)
 /* The minibatches of a window take at most this much memory. */
 #define WINDOW_BYTES ((size_t)16 << 20)
 
+/* The options' window and its bound in milliseconds. */
+static int check_window(const fb_train_opts *o, char *msg, size_t msg_cap)
+{
+    if (o->window < 0 || o->window > FB_SESSION_MAX_WINDOW)
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "a window of %d steps; it is 0 or 1 (one step a call) to %d", o->window,
+                       FB_SESSION_MAX_WINDOW);
+    if (!(o->window_ms >= 0 && o->window_ms <= 1e9))
+        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
+                       "a window of %g ms; it is 0 (no bound) to 1e9", o->window_ms);
+    return FB_OK;
+}
+
 /* Sizes s->window from the options and the engine and allocates its buffers. */
 static int window_open(fb_session *s, char *msg, size_t msg_cap)
 {
@@ -276,15 +289,7 @@ int fb_session_new(fb_session **out, fb_backend *be, const fb_job_spec *const *s
         return fb_errf(msg, msg_cap, FB_ERR_INTERNAL,
                        "the loader delivers batches of %lld, the specs train with %lld",
                        (long long)fb_loader_batch_size(loader), (long long)bs);
-    int window = opts ? opts->window : 0;
-    double window_ms = opts ? opts->window_ms : 0;
-    if (window < 0 || window > FB_SESSION_MAX_WINDOW)
-        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
-                       "a window of %d steps; it is 0 or 1 (one step a call) to %d", window,
-                       FB_SESSION_MAX_WINDOW);
-    if (!(window_ms >= 0 && window_ms <= 1e9))
-        return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE,
-                       "a window of %g ms; it is 0 (no bound) to 1e9", window_ms);
+    if (opts && (err = check_window(opts, msg, msg_cap))) return err;
     int64_t start = opts ? opts->start_step : 0;
     if (start < 0)
         return fb_errf(msg, msg_cap, FB_ERR_OUT_OF_RANGE, "start step %lld is negative",
